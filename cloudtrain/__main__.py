@@ -1,0 +1,3 @@
+from cloudtrain.cli.main import main
+
+main()

@@ -1,0 +1,61 @@
+"""User config: $CLOUDTRAIN_HOME/config.yaml (or $CLOUDTRAIN_CONFIG), validated like recipes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from cloudtrain import paths
+from cloudtrain.errors import ConfigError
+from cloudtrain.yamlfile import format_validation_error, read_yaml
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class SshConfig(_Strict):
+    proxy_command: str | None = Field(default=None, description="OpenSSH ProxyCommand; %h and %p are expanded")
+    connect_timeout_s: Annotated[float, Field(gt=0)] = 10.0
+    connect_retries_s: Annotated[float, Field(ge=0)] = 300.0
+    allowed_cidr: str | None = Field(default=None, description="ingress for cloud firewalls; default caller's /32")
+
+
+class AwsConfig(_Strict):
+    region: str | None = None
+    profile: str | None = None
+
+
+class GcpConfig(_Strict):
+    project: str | None = None
+    api_endpoint: str | None = None
+
+
+class AzureConfig(_Strict):
+    subscription_id: str | None = None
+    arm_endpoint: str | None = None
+
+
+class Config(_Strict):
+    runs_dir: str = "./runs"
+    ssh: SshConfig = Field(default_factory=SshConfig)
+    aws: AwsConfig = Field(default_factory=AwsConfig)
+    gcp: GcpConfig = Field(default_factory=GcpConfig)
+    azure: AzureConfig = Field(default_factory=AzureConfig)
+
+
+def load_config(path: Path | None = None) -> Config:
+    path = path or paths.config_file()
+    if not path.exists():
+        return Config()
+    data, node, _ = read_yaml(path, ConfigError)
+    if data is None:
+        return Config()
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping at the top, got {type(data).__name__}")
+    try:
+        return Config.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error(path, node, exc, Config)) from None

@@ -1,0 +1,89 @@
+"""The error hierarchy. Library code raises these; only the CLI turns them into exit codes.
+
+Each error renders as one line: where it happened, what was expected, and (when we can) a hint.
+"""
+
+from __future__ import annotations
+
+
+class CloudtrainError(Exception):
+    """Root of every error cloudtrain raises on purpose."""
+
+    exit_code = 1
+
+    def __init__(self, message: str, *, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+    def one_line(self) -> str:
+        return f"{self.message} ({self.hint})" if self.hint else self.message
+
+
+class UsageError(CloudtrainError):
+    """Bad input from the user: recipe, flags, config. Exit code 2 like Click's own usage errors."""
+
+    exit_code = 2
+
+
+class RecipeError(UsageError):
+    """A recipe that cannot be loaded or does not validate."""
+
+
+class ConfigError(UsageError):
+    """A config file that cannot be loaded or does not validate."""
+
+
+class NotAvailableError(UsageError):
+    """A valid recipe asks for something this build cannot do yet (never silently ignored)."""
+
+
+class ClusterNotFoundError(UsageError):
+    """The named cluster is not in state."""
+
+
+class CredentialsError(CloudtrainError):
+    """A cloud's credentials are missing or rejected."""
+
+    exit_code = 2
+
+
+class ProviderError(CloudtrainError):
+    """A provider call failed (API error, capacity, quota)."""
+
+
+class CapacityError(ProviderError):
+    """No capacity anywhere we were allowed to look."""
+
+
+class RemoteError(CloudtrainError):
+    """A command or transfer on a node failed."""
+
+
+class RemoteCommandError(RemoteError):
+    """A remote command exited non-zero when success was required."""
+
+    def __init__(self, argv: list[str], exit_code: int, stderr: str) -> None:
+        tail = stderr.strip().splitlines()[-1] if stderr.strip() else "no stderr"
+        super().__init__(f"command {argv[0]!r} failed with exit code {exit_code}: {tail}")
+        self.argv = argv
+        self.returncode = exit_code
+        self.stderr = stderr
+
+
+class UnsafeArchiveError(RemoteError):
+    """An archive from a node tried to write outside its destination."""
+
+
+class JobFailedError(CloudtrainError):
+    """The user's job (or setup) exited non-zero."""
+
+    def __init__(self, message: str, job_exit_code: int) -> None:
+        super().__init__(message)
+        self.job_exit_code = job_exit_code
+
+
+class Interrupted(CloudtrainError):
+    """The user pressed Ctrl-C or the process got SIGTERM; cleanup has run."""
+
+    exit_code = 130

@@ -1,0 +1,51 @@
+"""Where cloudtrain keeps its files, and where bundled files live in a checkout or a wheel."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+_PACKAGE_DIR = Path(__file__).resolve().parent
+
+
+def home() -> Path:
+    """$CLOUDTRAIN_HOME, else the platform's user data dir. Created on first use."""
+    configured = os.environ.get("CLOUDTRAIN_HOME")
+    if configured:
+        path = Path(configured).expanduser()
+    else:
+        from platformdirs import user_data_dir
+
+        path = Path(user_data_dir("cloudtrain", appauthor=False))
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def state_db() -> Path:
+    return home() / "state.db"
+
+
+def config_file() -> Path:
+    configured = os.environ.get("CLOUDTRAIN_CONFIG")
+    return Path(configured).expanduser() if configured else home() / "config.yaml"
+
+
+def _bundled_dir(name: str) -> Path:
+    # A wheel carries templates/ and recipes/ inside the package; an editable checkout has them
+    # next to it. Look in both so the two installs behave the same.
+    for candidate in (_PACKAGE_DIR / name, _PACKAGE_DIR.parent / name):
+        if candidate.is_dir():
+            return candidate
+    raise FileNotFoundError(f"bundled {name}/ directory not found next to {_PACKAGE_DIR}")
+
+
+def templates_dir() -> Path:
+    return _bundled_dir("templates")
+
+
+def recipes_dir() -> Path:
+    return _bundled_dir("recipes")
+
+
+def bundled_jobs_dir() -> Path:
+    return _PACKAGE_DIR / "jobs"

@@ -1,0 +1,124 @@
+"""The provider contract: a small Protocol plus the typed records that cross it.
+
+Providers never open SSH and never sleep: polling and waiting live in `lifecycle`.
+"""
+
+from __future__ import annotations
+
+import getpass
+import re
+import socket
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Literal, Protocol, runtime_checkable
+
+TAG_CLUSTER = "cloudtrain-cluster"
+TAG_OWNER = "cloudtrain-owner"
+
+
+class InstanceState(str, Enum):
+    PENDING = "pending"
+    RUNNING = "running"
+    STOPPING = "stopping"
+    STOPPED = "stopped"
+    TERMINATED = "terminated"
+    UNKNOWN = "unknown"
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    supports_stop: bool
+    supports_spot: bool
+    remote: bool  # reached over SSH (False: runs on this machine)
+    priced: bool  # bills by the hour
+
+
+@dataclass(frozen=True)
+class HostSpec:
+    """An existing machine for the `ssh` provider."""
+
+    address: str
+    user: str | None = None
+    port: int = 22
+    key: str | None = None
+    proxy_command: str | None = None
+
+
+@dataclass(frozen=True)
+class InstanceSpec:
+    cluster: str
+    owner: str
+    instance_type: str | None = None
+    region: str | None = None
+    zone: str | None = None
+    image: str | None = None
+    disk_gb: int | None = None
+    spot: bool = False
+    accelerators: str | None = None
+    ssh_public_key: str | None = None
+    ssh_user: str | None = None
+    allowed_cidr: str | None = None
+    shutdown_behavior: Literal["stop", "terminate"] = "stop"
+    hosts: tuple[HostSpec, ...] = ()
+    tags: Mapping[str, str] = field(default_factory=dict)
+
+    def all_tags(self) -> dict[str, str]:
+        return {**self.tags, TAG_CLUSTER: self.cluster, TAG_OWNER: self.owner}
+
+
+@dataclass(frozen=True)
+class Instance:
+    id: str
+    cluster: str
+    state: InstanceState
+    instance_type: str | None = None
+    region: str | None = None
+    zone: str | None = None
+    public_ip: str | None = None
+    private_ip: str | None = None
+    ssh_user: str | None = None
+    ssh_port: int = 22
+    launched_at: float | None = None
+    hourly_price: float = 0.0
+    # Where the node keeps its files when the provider decides it (local: a directory here).
+    home: str | None = None
+
+
+@dataclass(frozen=True)
+class CredentialStatus:
+    cloud: str
+    ok: bool
+    detail: str
+
+
+@runtime_checkable
+class Provider(Protocol):
+    name: str
+    capabilities: Capabilities
+
+    def check_credentials(self) -> CredentialStatus: ...
+
+    def launch(self, spec: InstanceSpec, count: int) -> list[Instance]: ...
+
+    def describe(self, ids: Sequence[str]) -> list[Instance]: ...
+
+    def list_tagged(self, cluster: str | None = None) -> list[Instance]: ...
+
+    def stop(self, ids: Sequence[str]) -> None: ...
+
+    def start(self, ids: Sequence[str]) -> None: ...
+
+    def terminate(self, ids: Sequence[str]) -> None:
+        """Idempotent: an instance that is already gone counts as terminated."""
+        ...
+
+
+def owner_id() -> str:
+    """Who launched a resource, in a form every cloud accepts as a tag/label value."""
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = "unknown"
+    raw = f"{user}-{socket.gethostname()}".lower()
+    return re.sub(r"[^a-z0-9_-]", "-", raw)[:63]

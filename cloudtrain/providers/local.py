@@ -1,0 +1,144 @@
+"""The `local` provider: a node is a directory on this machine under $CLOUDTRAIN_HOME/local.
+
+It follows the same contract as a cloud, so the whole pipeline (state, runtime, sync, collect,
+teardown) is exercised without an account. Instance metadata (tags, state) lives in a JSON file in
+the node directory, which is what `list_tagged` scans, like a cloud API listing by tag.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from cloudtrain import paths
+from cloudtrain.config import Config
+from cloudtrain.providers.base import (
+    TAG_CLUSTER,
+    Capabilities,
+    CredentialStatus,
+    Instance,
+    InstanceSpec,
+    InstanceState,
+)
+
+_META = "instance.json"
+
+
+class LocalProvider:
+    name = "local"
+    capabilities = Capabilities(supports_stop=True, supports_spot=False, remote=False, priced=False)
+
+    def __init__(self, base: Path | None = None) -> None:
+        self.base = base or paths.home() / "local"
+
+    def check_credentials(self) -> CredentialStatus:
+        return CredentialStatus("local", True, f"runs on this machine under {self.base}")
+
+    def launch(self, spec: InstanceSpec, count: int) -> list[Instance]:
+        instances = []
+        for rank in range(count):
+            instance_id = f"local-{spec.cluster}-{rank}"
+            node_dir = self._dir(instance_id)
+            node_dir.mkdir(parents=True, exist_ok=True)
+            meta = {"id": instance_id, "state": InstanceState.RUNNING.value, "tags": spec.all_tags(),
+                    "launched_at": time.time()}
+            self._write_meta(node_dir, meta)
+            instances.append(self._instance(node_dir, meta))
+        return instances
+
+    def describe(self, ids: Sequence[str]) -> list[Instance]:
+        found = []
+        for instance_id in ids:
+            node_dir = self._dir(instance_id)
+            meta = self._read_meta(node_dir)
+            found.append(
+                self._instance(node_dir, meta)
+                if meta
+                else Instance(id=instance_id, cluster="", state=InstanceState.TERMINATED)
+            )
+        return found
+
+    def list_tagged(self, cluster: str | None = None) -> list[Instance]:
+        if not self.base.is_dir():
+            return []
+        found = []
+        for node_dir in sorted(self.base.iterdir()):
+            meta = self._read_meta(node_dir)
+            if meta and (cluster is None or meta["tags"].get(TAG_CLUSTER) == cluster):
+                found.append(self._instance(node_dir, meta))
+        return found
+
+    def stop(self, ids: Sequence[str]) -> None:
+        for instance_id in ids:
+            node_dir = self._dir(instance_id)
+            meta = self._read_meta(node_dir)
+            if meta:
+                # A stopped machine runs nothing: end every job the node still has.
+                _kill_jobs(node_dir)
+                meta["state"] = InstanceState.STOPPED.value
+                self._write_meta(node_dir, meta)
+
+    def start(self, ids: Sequence[str]) -> None:
+        for instance_id in ids:
+            node_dir = self._dir(instance_id)
+            meta = self._read_meta(node_dir)
+            if meta:
+                meta["state"] = InstanceState.RUNNING.value
+                self._write_meta(node_dir, meta)
+
+    def terminate(self, ids: Sequence[str]) -> None:
+        for instance_id in ids:
+            node_dir = self._dir(instance_id)
+            if node_dir.exists():
+                _kill_jobs(node_dir)
+                shutil.rmtree(node_dir)
+
+    def _dir(self, instance_id: str) -> Path:
+        return self.base / instance_id
+
+    def _instance(self, node_dir: Path, meta: dict) -> Instance:
+        return Instance(
+            id=meta["id"],
+            cluster=meta["tags"].get(TAG_CLUSTER, ""),
+            state=InstanceState(meta["state"]),
+            instance_type="local",
+            region="local",
+            public_ip="127.0.0.1",
+            private_ip="127.0.0.1",
+            launched_at=meta.get("launched_at"),
+            home=str(node_dir),
+        )
+
+    @staticmethod
+    def _read_meta(node_dir: Path) -> dict | None:
+        try:
+            return json.loads((node_dir / _META).read_text())
+        except FileNotFoundError:
+            return None
+
+    @staticmethod
+    def _write_meta(node_dir: Path, meta: dict) -> None:
+        tmp = node_dir / f".{_META}.tmp"
+        tmp.write_text(json.dumps(meta))
+        os.replace(tmp, node_dir / _META)
+
+
+def _kill_jobs(node_dir: Path) -> None:
+    """Signal the process group of every job the runner started under this node."""
+    for pid_file in node_dir.glob(".cloudtrain/*/jobs/*/pid"):
+        if (pid_file.parent / "exit_code").exists():
+            continue
+        try:
+            pgid = int(pid_file.read_text().strip())
+            os.killpg(pgid, signal.SIGTERM)
+        except (ValueError, ProcessLookupError, PermissionError):
+            continue
+
+
+def make_provider(config: Config) -> LocalProvider:
+    return LocalProvider()

@@ -1,0 +1,242 @@
+"""Recipe schema (pydantic, unknown keys rejected), `${VAR}` interpolation and loading."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from cloudtrain.errors import RecipeError
+from cloudtrain.yamlfile import format_validation_error, read_yaml
+
+Cloud = Literal["local", "ssh", "aws", "gcp", "azure", "any"]
+BUNDLED_JOBS = ("mnist_cnn",)
+_NAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,38}[a-z0-9]$|^[a-z]$")
+_ACCEL_RE = re.compile(r"^(?P<name>[A-Za-z][A-Za-z0-9-]*)(?::(?P<count>[1-9][0-9]*))?$")
+_VAR_RE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+# setup/run are shell that runs on the node with `envs` exported: `${VAR}` there is the node
+# shell's business, so we leave those two fields alone.
+_SHELL_FIELDS = frozenset({"setup", "run"})
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class SshHost(_Strict):
+    address: str = Field(min_length=1)
+    user: str | None = None
+    port: Annotated[int, Field(ge=1, le=65535)] = 22
+    key: str | None = None
+    proxy_command: str | None = None
+
+
+class Resources(_Strict):
+    cloud: Cloud = "local"
+    region: str | None = None
+    zone: str | None = None
+    instance_type: str | None = None
+    accelerators: str | None = Field(default=None, description="GPU type and count, e.g. T4:1 or V100:8")
+    cpus: Annotated[int, Field(ge=1)] | None = None
+    memory: Annotated[float, Field(gt=0, description="GiB")] | None = None
+    spot: bool = False
+    disk_gb: Annotated[int, Field(ge=8, le=65536)] | None = None
+    image: str | None = None
+    hosts: list[SshHost] | None = Field(default=None, description="cloud: ssh only")
+
+    @field_validator("accelerators")
+    @classmethod
+    def _accelerators(cls, value: str | None) -> str | None:
+        if value is not None and not _ACCEL_RE.match(value):
+            raise ValueError(f"expected GPU:COUNT like 'T4:1' or 'V100:8', got {value!r}")
+        return value
+
+    @model_validator(mode="after")
+    def _hosts_only_for_ssh(self) -> Resources:
+        if self.hosts and self.cloud != "ssh":
+            raise ValueError(f"'hosts' only applies to cloud: ssh, not cloud: {self.cloud}")
+        if self.cloud == "ssh" and not self.hosts:
+            raise ValueError("cloud: ssh needs a 'hosts' list, e.g. hosts: [{address: 10.0.0.5, user: ubuntu}]")
+        if self.zone and not self.region and self.cloud in ("aws", "gcp", "azure"):
+            raise ValueError("'zone' needs 'region' too")
+        return self
+
+    @property
+    def accelerator_name(self) -> str | None:
+        return _ACCEL_RE.match(self.accelerators).group("name") if self.accelerators else None  # type: ignore[union-attr]
+
+    @property
+    def accelerator_count(self) -> int:
+        if not self.accelerators:
+            return 0
+        return int(_ACCEL_RE.match(self.accelerators).group("count") or 1)  # type: ignore[union-attr]
+
+
+class DataMount(_Strict):
+    source: str = Field(min_length=1, description="local path (file or directory), relative to the recipe")
+    target: str = Field(min_length=1, description="path on the node; relative paths are under the workdir")
+
+
+class BundledJob(_Strict):
+    name: Literal["mnist_cnn"]
+    params: dict[str, str | int | float | bool] = Field(default_factory=dict)
+
+    @field_validator("params")
+    @classmethod
+    def _param_names(cls, value: dict[str, Any]) -> dict[str, Any]:
+        for key in value:
+            if not re.match(r"^[a-z][a-z0-9_-]*$", key):
+                raise ValueError(f"job parameter names look like 'epochs' or 'batch_size', got {key!r}")
+        return value
+
+
+class Autostop(_Strict):
+    idle_minutes: Annotated[int, Field(ge=1)] = 30
+    down: bool = False
+
+
+class Budget(_Strict):
+    max_usd: Annotated[float, Field(gt=0)] | None = None
+    max_hours: Annotated[float, Field(gt=0)] | None = None
+
+
+class Recipe(_Strict):
+    name: str
+    resources: Resources = Field(default_factory=Resources)
+    num_nodes: Annotated[int, Field(ge=1, le=512)] = 1
+    workdir: str | None = None
+    data: list[DataMount] = Field(default_factory=list)
+    envs: dict[str, str] = Field(default_factory=dict)
+    setup: str | None = None
+    run: str | None = None
+    job: BundledJob | None = None
+    results: list[str] = Field(default_factory=list)
+    autostop: Autostop | None = None
+    budget: Budget | None = None
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        if not _NAME_RE.match(value):
+            raise ValueError(
+                f"name must be 1-40 lowercase letters, digits or '-', starting with a letter, got {value!r}"
+            )
+        return value
+
+    @field_validator("envs", mode="before")
+    @classmethod
+    def _env_values_as_text(cls, value: Any) -> Any:
+        # YAML turns `EPOCHS: 3` into an int; an environment variable is text either way.
+        if isinstance(value, dict):
+            out = {}
+            for key, item in value.items():
+                if not isinstance(key, str) or not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", key):
+                    raise ValueError(f"environment variable names look like MY_VAR, got {key!r}")
+                if isinstance(item, (dict, list)) or item is None:
+                    raise ValueError(f"envs.{key} must be a string or number, got {type(item).__name__}")
+                out[key] = str(item).lower() if isinstance(item, bool) else str(item)
+            return out
+        return value
+
+    @field_validator("results")
+    @classmethod
+    def _results(cls, value: list[str]) -> list[str]:
+        for item in value:
+            if not item or item.startswith("/") or ".." in Path(item).parts:
+                raise ValueError(f"result paths are relative to the workdir without '..', got {item!r}")
+        return value
+
+    @model_validator(mode="after")
+    def _one_entry_point(self) -> Recipe:
+        if self.run and self.job:
+            raise ValueError("give either 'run' (a shell command) or 'job' (a bundled job), not both")
+        if not self.run and not self.job:
+            raise ValueError("nothing to run: add 'run: <shell command>' or 'job: {name: mnist_cnn}'")
+        if self.resources.cloud == "ssh" and self.resources.hosts and self.num_nodes > len(self.resources.hosts):
+            raise ValueError(f"num_nodes is {self.num_nodes} but only {len(self.resources.hosts)} host(s) are listed")
+        return self
+
+    def result_paths(self) -> list[str]:
+        """What `run` collects: the recipe's results, plus the bundled job's output dir."""
+        paths = list(self.results)
+        if self.job and "outputs" not in paths:
+            paths.append("outputs")
+        return paths
+
+
+class LoadedRecipe(BaseModel):
+    """A validated recipe plus where it came from (for relative paths and the run record)."""
+
+    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
+
+    recipe: Recipe
+    path: Path
+    digest: str
+    workdir: Path | None
+    data_sources: tuple[Path, ...]
+
+
+def interpolate(value: Any, where: str, path: Path, env: dict[str, str]) -> Any:
+    """Replace ${VAR} and ${VAR:-default} in every string except the shell fields."""
+    if isinstance(value, dict):
+        return {
+            k: (v if k in _SHELL_FIELDS and where == "" else interpolate(v, f"{where}.{k}" if where else str(k), path, env))
+            for k, v in value.items()
+        }
+    if isinstance(value, list):
+        return [interpolate(v, f"{where}[{i}]", path, env) for i, v in enumerate(value)]
+    if isinstance(value, str):
+
+        def substitute(match: re.Match[str]) -> str:
+            name, default = match.group(1), match.group(2)
+            if name in env:
+                return env[name]
+            if default is not None:
+                return default
+            raise RecipeError(
+                f"{path}: {where}: ${{{name}}} is not set in the environment",
+                hint=f"export {name}=... or write ${{{name}:-default}}",
+            )
+
+        return _VAR_RE.sub(substitute, value)
+    return value
+
+
+def load_recipe(path: str | Path, env: dict[str, str] | None = None) -> LoadedRecipe:
+    path = Path(path)
+    data, node, text = read_yaml(path, RecipeError)
+    if data is None:
+        raise RecipeError(f"{path}: the file is empty", hint="see `cloudtrain schema` or recipes/mnist-local.yaml")
+    if not isinstance(data, dict):
+        raise RecipeError(f"{path}: expected a mapping of recipe fields at the top, got {type(data).__name__}")
+    data = interpolate(data, "", path, dict(os.environ) if env is None else env)
+    try:
+        recipe = Recipe.model_validate(data)
+    except ValidationError as exc:
+        raise RecipeError(format_validation_error(path, node, exc, Recipe)) from None
+
+    base = path.resolve().parent
+    workdir = None
+    if recipe.workdir is not None:
+        workdir = (base / Path(recipe.workdir).expanduser()).resolve()
+        if not workdir.is_dir():
+            raise RecipeError(f"{path}: workdir: {workdir} is not a directory", hint="create it or fix the path")
+    sources = []
+    for i, mount in enumerate(recipe.data):
+        source = (base / Path(mount.source).expanduser()).resolve()
+        if not source.exists():
+            raise RecipeError(f"{path}: data[{i}].source: {source} does not exist")
+        sources.append(source)
+    digest = hashlib.sha256(text.encode()).hexdigest()
+    return LoadedRecipe(recipe=recipe, path=path, digest=digest, workdir=workdir, data_sources=tuple(sources))
+
+
+def json_schema() -> dict[str, Any]:
+    schema = Recipe.model_json_schema()
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["title"] = "cloudtrain recipe"
+    return schema

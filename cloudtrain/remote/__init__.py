@@ -1,0 +1,1 @@
+"""Everything that touches a node: transports (local, SSH), sync, the detached-job runtime."""

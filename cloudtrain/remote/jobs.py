@@ -1,0 +1,106 @@
+"""Detached jobs on a node through any Transport, driving templates/runner.sh."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from cloudtrain import paths
+from cloudtrain.errors import RemoteError
+from cloudtrain.remote.transport import Transport
+
+TERMINAL_STATES = frozenset({"succeeded", "failed", "killed", "lost"})
+
+
+@dataclass(frozen=True)
+class NodeLayout:
+    """Where cloudtrain's files live on a node: ~/.cloudtrain/<cluster>/..."""
+
+    root: str
+
+    @classmethod
+    def for_cluster(cls, transport: Transport, cluster: str) -> NodeLayout:
+        return cls(f"{transport.home}/.cloudtrain/{cluster}")
+
+    @property
+    def runner(self) -> str:
+        return f"{self.root}/runtime/runner.sh"
+
+    @property
+    def runtime(self) -> str:
+        return f"{self.root}/runtime"
+
+    @property
+    def workdir(self) -> str:
+        return f"{self.root}/workdir"
+
+    def job_dir(self, job_id: str) -> str:
+        return f"{self.root}/jobs/{job_id}"
+
+
+@dataclass(frozen=True)
+class JobStatus:
+    state: str  # pending | running | succeeded | failed | killed | lost
+    pid: int | None
+    exit_code: int | None
+    started_at: float | None
+    ended_at: float | None
+    log_bytes: int
+
+    @property
+    def finished(self) -> bool:
+        return self.state in TERMINAL_STATES
+
+
+def install_runtime(transport: Transport, layout: NodeLayout) -> None:
+    runner = (paths.templates_dir() / "runner.sh").read_bytes()
+    transport.put_file(runner, layout.runner, mode=0o755)
+
+
+def env_script(env: Mapping[str, str]) -> bytes:
+    lines = [f"export {name}={shlex.quote(value)}" for name, value in env.items()]
+    return ("\n".join(lines) + "\n").encode()
+
+
+def submit(transport: Transport, layout: NodeLayout, job_id: str, script: str, env: Mapping[str, str]) -> int:
+    """Write the job's files and start it detached; return its pid (process group id)."""
+    job_dir = layout.job_dir(job_id)
+    # env.sh may hold secrets from the recipe's envs: readable by the node's user only.
+    transport.put_file(env_script({"CLOUDTRAIN_WORKDIR": layout.workdir, **env}), f"{job_dir}/env.sh", mode=0o600)
+    transport.put_file(script.encode(), f"{job_dir}/cmd.sh", mode=0o700)
+    result = transport.run(["sh", layout.runner, "start", job_dir])
+    try:
+        return int(result.text.strip())
+    except ValueError:
+        raise RemoteError(f"{transport.label}: runner printed {result.text!r} instead of a pid") from None
+
+
+def status(transport: Transport, layout: NodeLayout, job_id: str) -> JobStatus:
+    result = transport.run(["sh", layout.runner, "status", layout.job_dir(job_id)])
+    try:
+        data = json.loads(result.text)
+    except json.JSONDecodeError:
+        raise RemoteError(f"{transport.label}: unreadable job status {result.text!r}") from None
+    return JobStatus(
+        state=data["state"],
+        pid=data["pid"],
+        exit_code=data["exit_code"],
+        started_at=data["started_at"],
+        ended_at=data["ended_at"],
+        log_bytes=int(data["log_bytes"]),
+    )
+
+
+def kill(transport: Transport, layout: NodeLayout, job_id: str) -> None:
+    transport.run(["sh", layout.runner, "kill", layout.job_dir(job_id)], timeout=60)
+
+
+def read_log(transport: Transport, layout: NodeLayout, job_id: str, offset: int, limit: int = 1 << 20) -> bytes:
+    """Up to `limit` bytes of the job's log starting at byte `offset` (empty when nothing new)."""
+    log = f"{layout.job_dir(job_id)}/log"
+    # tail -c +N is 1-based; head bounds one read so a huge log streams in chunks.
+    script = 'f="$1"; [ -f "$f" ] || exit 0; tail -c +"$2" "$f" | head -c "$3"'
+    result = transport.run(["sh", "-c", script, "sh", log, str(offset + 1), str(limit)])
+    return result.stdout

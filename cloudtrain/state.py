@@ -1,0 +1,349 @@
+"""SQLite state: clusters, nodes, jobs, runs, events, log cursors.
+
+One file under $CLOUDTRAIN_HOME. WAL mode plus short `BEGIN IMMEDIATE` write transactions make two
+CLI processes at once safe: readers never block, writers queue on the busy timeout instead of
+failing. The schema is versioned with `PRAGMA user_version` and migrated forward on open.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any, TypeVar
+
+from cloudtrain import paths
+
+_MIGRATIONS: list[str] = [
+    # version 1
+    """
+    CREATE TABLE clusters (
+        name TEXT PRIMARY KEY,
+        provider TEXT NOT NULL,
+        status TEXT NOT NULL,
+        region TEXT, zone TEXT, instance_type TEXT,
+        hourly_price REAL NOT NULL DEFAULT 0,
+        num_nodes INTEGER NOT NULL DEFAULT 1,
+        recipe_path TEXT, recipe_digest TEXT,
+        owner TEXT NOT NULL,
+        created_at REAL NOT NULL, updated_at REAL NOT NULL,
+        last_error TEXT
+    );
+    CREATE TABLE nodes (
+        cluster TEXT NOT NULL REFERENCES clusters(name) ON DELETE CASCADE,
+        rank INTEGER NOT NULL,
+        instance_id TEXT NOT NULL,
+        state TEXT NOT NULL,
+        public_ip TEXT, private_ip TEXT,
+        ssh_user TEXT, ssh_port INTEGER,
+        started_at REAL,
+        PRIMARY KEY (cluster, rank)
+    );
+    CREATE TABLE runs (
+        id TEXT PRIMARY KEY,
+        cluster TEXT NOT NULL,
+        recipe_path TEXT, recipe_digest TEXT,
+        run_dir TEXT,
+        status TEXT NOT NULL,
+        exit_code INTEGER,
+        provider TEXT, instance_type TEXT,
+        hourly_price REAL NOT NULL DEFAULT 0,
+        cost_usd REAL NOT NULL DEFAULT 0,
+        started_at REAL NOT NULL, ended_at REAL
+    );
+    CREATE TABLE jobs (
+        id TEXT PRIMARY KEY,
+        cluster TEXT NOT NULL,
+        run_id TEXT,
+        job_dir TEXT NOT NULL,
+        status TEXT NOT NULL,
+        command TEXT,
+        submitted_at REAL NOT NULL,
+        started_at REAL, ended_at REAL,
+        exit_code INTEGER
+    );
+    CREATE INDEX jobs_by_cluster ON jobs(cluster, submitted_at);
+    CREATE TABLE events (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        ts REAL NOT NULL,
+        cluster TEXT,
+        kind TEXT NOT NULL,
+        message TEXT NOT NULL
+    );
+    CREATE TABLE log_cursors (
+        job_id TEXT PRIMARY KEY,
+        offset INTEGER NOT NULL
+    );
+    """,
+]
+SCHEMA_VERSION = len(_MIGRATIONS)
+
+
+@dataclass(frozen=True)
+class ClusterRecord:
+    name: str
+    provider: str
+    status: str
+    region: str | None
+    zone: str | None
+    instance_type: str | None
+    hourly_price: float
+    num_nodes: int
+    recipe_path: str | None
+    recipe_digest: str | None
+    owner: str
+    created_at: float
+    updated_at: float
+    last_error: str | None
+
+
+@dataclass(frozen=True)
+class NodeRecord:
+    cluster: str
+    rank: int
+    instance_id: str
+    state: str
+    public_ip: str | None
+    private_ip: str | None
+    ssh_user: str | None
+    ssh_port: int | None
+    started_at: float | None
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    id: str
+    cluster: str
+    recipe_path: str | None
+    recipe_digest: str | None
+    run_dir: str | None
+    status: str
+    exit_code: int | None
+    provider: str | None
+    instance_type: str | None
+    hourly_price: float
+    cost_usd: float
+    started_at: float
+    ended_at: float | None
+
+
+@dataclass(frozen=True)
+class JobRecord:
+    id: str
+    cluster: str
+    run_id: str | None
+    job_dir: str
+    status: str
+    command: str | None
+    submitted_at: float
+    started_at: float | None
+    ended_at: float | None
+    exit_code: int | None
+
+
+@dataclass(frozen=True)
+class EventRecord:
+    id: int
+    ts: float
+    cluster: str | None
+    kind: str
+    message: str
+
+
+R = TypeVar("R")
+
+
+def _rows(cursor: sqlite3.Cursor, record: type[R]) -> list[R]:
+    names = [f.name for f in fields(record)]  # type: ignore[arg-type]
+    return [record(**{n: row[n] for n in names}) for row in cursor.fetchall()]
+
+
+class StateStore:
+    """The only place SQL lives. `lifecycle` is the only writer of cluster state."""
+
+    def __init__(self, path: Path | None = None) -> None:
+        self.path = path or paths.state_db()
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._db = sqlite3.connect(self.path, timeout=30.0, isolation_level=None, check_same_thread=False)
+        self._db.row_factory = sqlite3.Row
+        self._db.execute("PRAGMA busy_timeout = 30000")
+        self._db.execute("PRAGMA foreign_keys = ON")
+        mode = self._db.execute("PRAGMA journal_mode").fetchone()[0]
+        if mode != "wal":
+            self._db.execute("PRAGMA journal_mode = WAL")
+        self._db.execute("PRAGMA synchronous = NORMAL")
+        self._migrate()
+
+    def close(self) -> None:
+        self._db.close()
+
+    @contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        # IMMEDIATE takes the write lock up front, so two processes never both read-then-upgrade
+        # and deadlock; the loser waits on busy_timeout.
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            yield self._db
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        self._db.execute("COMMIT")
+
+    def _migrate(self) -> None:
+        version = self._db.execute("PRAGMA user_version").fetchone()[0]
+        if version > SCHEMA_VERSION:
+            from cloudtrain.errors import CloudtrainError
+
+            raise CloudtrainError(
+                f"{self.path}: state schema v{version} is newer than this cloudtrain (v{SCHEMA_VERSION})",
+                hint="upgrade cloudtrain",
+            )
+        if version == SCHEMA_VERSION:
+            return
+        with self._write() as db:
+            # Re-read under the lock: another process may have migrated meanwhile.
+            version = db.execute("PRAGMA user_version").fetchone()[0]
+            for step in range(version, SCHEMA_VERSION):
+                for statement in _MIGRATIONS[step].split(";"):
+                    if statement.strip():
+                        db.execute(statement)
+                db.execute(f"PRAGMA user_version = {step + 1}")
+
+    # clusters ------------------------------------------------------------------------------------
+
+    def upsert_cluster(self, **values: Any) -> None:
+        now = time.time()
+        values.setdefault("updated_at", now)
+        with self._write() as db:
+            existing = db.execute("SELECT name FROM clusters WHERE name = ?", (values["name"],)).fetchone()
+            if existing:
+                sets = ", ".join(f"{k} = :{k}" for k in values if k != "name")
+                db.execute(f"UPDATE clusters SET {sets} WHERE name = :name", values)
+            else:
+                values.setdefault("created_at", now)
+                cols = ", ".join(values)
+                db.execute(f"INSERT INTO clusters ({cols}) VALUES ({', '.join(':' + k for k in values)})", values)
+
+    def set_cluster_status(self, name: str, status: str, error: str | None = None) -> None:
+        with self._write() as db:
+            db.execute(
+                "UPDATE clusters SET status = ?, last_error = ?, updated_at = ? WHERE name = ?",
+                (status, error, time.time(), name),
+            )
+
+    def get_cluster(self, name: str) -> ClusterRecord | None:
+        found = _rows(self._db.execute("SELECT * FROM clusters WHERE name = ?", (name,)), ClusterRecord)
+        return found[0] if found else None
+
+    def list_clusters(self) -> list[ClusterRecord]:
+        return _rows(self._db.execute("SELECT * FROM clusters ORDER BY created_at"), ClusterRecord)
+
+    def delete_cluster(self, name: str) -> None:
+        with self._write() as db:
+            db.execute("DELETE FROM nodes WHERE cluster = ?", (name,))
+            db.execute("DELETE FROM clusters WHERE name = ?", (name,))
+
+    # nodes ---------------------------------------------------------------------------------------
+
+    def put_nodes(self, cluster: str, nodes: list[NodeRecord]) -> None:
+        with self._write() as db:
+            db.execute("DELETE FROM nodes WHERE cluster = ?", (cluster,))
+            for node in nodes:
+                db.execute(
+                    "INSERT INTO nodes VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (node.cluster, node.rank, node.instance_id, node.state, node.public_ip, node.private_ip,
+                     node.ssh_user, node.ssh_port, node.started_at),
+                )
+
+    def get_nodes(self, cluster: str) -> list[NodeRecord]:
+        return _rows(self._db.execute("SELECT * FROM nodes WHERE cluster = ? ORDER BY rank", (cluster,)), NodeRecord)
+
+    # runs ----------------------------------------------------------------------------------------
+
+    def insert_run(self, run: RunRecord) -> None:
+        with self._write() as db:
+            cols = [f.name for f in fields(run)]
+            db.execute(
+                f"INSERT INTO runs ({', '.join(cols)}) VALUES ({', '.join('?' for _ in cols)})",
+                [getattr(run, c) for c in cols],
+            )
+
+    def update_run(self, run_id: str, **values: Any) -> None:
+        with self._write() as db:
+            sets = ", ".join(f"{k} = :{k}" for k in values)
+            db.execute(f"UPDATE runs SET {sets} WHERE id = :id", {**values, "id": run_id})
+
+    def get_run(self, run_id: str) -> RunRecord | None:
+        found = _rows(self._db.execute("SELECT * FROM runs WHERE id = ?", (run_id,)), RunRecord)
+        return found[0] if found else None
+
+    def list_runs(self, cluster: str | None = None, limit: int = 20) -> list[RunRecord]:
+        if cluster:
+            cur = self._db.execute(
+                "SELECT * FROM runs WHERE cluster = ? ORDER BY started_at DESC LIMIT ?", (cluster, limit)
+            )
+        else:
+            cur = self._db.execute("SELECT * FROM runs ORDER BY started_at DESC LIMIT ?", (limit,))
+        return _rows(cur, RunRecord)
+
+    # jobs ----------------------------------------------------------------------------------------
+
+    def insert_job(self, job: JobRecord) -> None:
+        with self._write() as db:
+            cols = [f.name for f in fields(job)]
+            db.execute(
+                f"INSERT INTO jobs ({', '.join(cols)}) VALUES ({', '.join('?' for _ in cols)})",
+                [getattr(job, c) for c in cols],
+            )
+
+    def update_job(self, job_id: str, **values: Any) -> None:
+        with self._write() as db:
+            sets = ", ".join(f"{k} = :{k}" for k in values)
+            db.execute(f"UPDATE jobs SET {sets} WHERE id = :id", {**values, "id": job_id})
+
+    def get_job(self, job_id: str) -> JobRecord | None:
+        found = _rows(self._db.execute("SELECT * FROM jobs WHERE id = ?", (job_id,)), JobRecord)
+        return found[0] if found else None
+
+    def list_jobs(self, cluster: str) -> list[JobRecord]:
+        cur = self._db.execute("SELECT * FROM jobs WHERE cluster = ? ORDER BY submitted_at", (cluster,))
+        return _rows(cur, JobRecord)
+
+    def latest_jobs(self) -> dict[str, JobRecord]:
+        """The newest job of every cluster, in one query (status must stay fast with many clusters)."""
+        cur = self._db.execute(
+            "SELECT j.* FROM jobs j JOIN (SELECT cluster, MAX(submitted_at) AS t FROM jobs GROUP BY cluster) m "
+            "ON j.cluster = m.cluster AND j.submitted_at = m.t"
+        )
+        return {job.cluster: job for job in _rows(cur, JobRecord)}
+
+    # events and log cursors ----------------------------------------------------------------------
+
+    def add_event(self, cluster: str | None, kind: str, message: str) -> None:
+        with self._write() as db:
+            db.execute(
+                "INSERT INTO events (ts, cluster, kind, message) VALUES (?, ?, ?, ?)",
+                (time.time(), cluster, kind, message),
+            )
+
+    def list_events(self, cluster: str | None = None) -> list[EventRecord]:
+        if cluster:
+            cur = self._db.execute("SELECT * FROM events WHERE cluster = ? ORDER BY id", (cluster,))
+        else:
+            cur = self._db.execute("SELECT * FROM events ORDER BY id")
+        return _rows(cur, EventRecord)
+
+    def get_log_cursor(self, job_id: str) -> int:
+        row = self._db.execute("SELECT offset FROM log_cursors WHERE job_id = ?", (job_id,)).fetchone()
+        return int(row["offset"]) if row else 0
+
+    def set_log_cursor(self, job_id: str, offset: int) -> None:
+        with self._write() as db:
+            db.execute(
+                "INSERT INTO log_cursors (job_id, offset) VALUES (?, ?) "
+                "ON CONFLICT(job_id) DO UPDATE SET offset = excluded.offset",
+                (job_id, offset),
+            )

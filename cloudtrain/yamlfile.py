@@ -1,0 +1,126 @@
+"""Loading YAML files (recipes, config) with errors that name the file, line and field.
+
+pydantic reports a field path; we map it back to the YAML node so the user gets `file:line`.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from cloudtrain.errors import UsageError
+
+
+def read_yaml(path: Path, error_cls: type[UsageError]) -> tuple[Any, yaml.Node | None, str]:
+    """Return (data, node tree, raw text); raise error_cls with file:line:col on syntax errors."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise error_cls(f"{path}: file not found", hint="check the path") from None
+    except IsADirectoryError:
+        raise error_cls(f"{path}: is a directory, expected a YAML file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise error_cls(f"{path}: cannot read: {exc}") from None
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        data = yaml.safe_load(text)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
+        raise error_cls(f"{where}: YAML syntax error: {exc.problem}") from None
+    except yaml.YAMLError as exc:
+        raise error_cls(f"{path}: YAML error: {exc}") from None
+    return data, node, text
+
+
+def line_of(node: yaml.Node | None, loc: Sequence[str | int]) -> int | None:
+    """1-based line of the deepest YAML node on the path `loc` that exists."""
+    line = node.start_mark.line + 1 if node is not None else None
+    for part in loc:
+        if isinstance(node, yaml.MappingNode):
+            match = next((v for k, v in node.value if getattr(k, "value", None) == part), None)
+            key = next((k for k, _ in node.value if getattr(k, "value", None) == part), None)
+            if match is None:
+                break
+            line = (key.start_mark.line if key is not None else match.start_mark.line) + 1
+            node = match
+        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and part < len(node.value):
+            node = node.value[part]
+            line = node.start_mark.line + 1
+        else:
+            break
+    return line
+
+
+def did_you_mean(word: str, choices: Sequence[str]) -> str | None:
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return f"did you mean {close[0]!r}?" if close else None
+
+
+def format_validation_error(path: Path, node: yaml.Node | None, exc: Any, model: type) -> str:
+    """One line for the first pydantic error: file:line: field.path: what was expected."""
+    errors = exc.errors(include_url=False)
+    first = errors[0]
+    loc = [p for p in first["loc"] if not (isinstance(p, str) and p.startswith("function-"))]
+    field = ".".join(str(p) for p in loc) or "(top level)"
+    line = line_of(node, loc)
+    where = f"{path}:{line}" if line else str(path)
+    message = _describe(first, loc, model)
+    more = f" (and {len(errors) - 1} more problem{'s' if len(errors) > 2 else ''})" if len(errors) > 1 else ""
+    return f"{where}: {field}: {message}{more}"
+
+
+def _fields_at(model: type, loc: Sequence[str | int]) -> list[str]:
+    """Field names of the model that owns the last element of loc (for did-you-mean)."""
+    from pydantic import BaseModel
+
+    current: Any = model
+    for part in loc[:-1]:
+        if isinstance(part, int):
+            continue
+        if isinstance(current, type) and issubclass(current, BaseModel) and part in current.model_fields:
+            current = _inner_model(current.model_fields[part].annotation)
+        else:
+            return []
+    if isinstance(current, type) and issubclass(current, BaseModel):
+        return list(current.model_fields)
+    return []
+
+
+def _inner_model(annotation: Any) -> Any:
+    from pydantic import BaseModel
+
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in getattr(annotation, "__args__", ()) or ():
+        found = _inner_model(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def _describe(error: dict[str, Any], loc: Sequence[str | int], model: type) -> str:
+    kind = error["type"]
+    got = error.get("input")
+    if kind == "extra_forbidden":
+        name = str(loc[-1]) if loc else "?"
+        fields = _fields_at(model, loc)
+        hint = did_you_mean(name, fields)
+        expected = f"expected one of: {', '.join(fields)}" if fields else "unknown key"
+        return f"unknown key {name!r}; " + (hint or expected)
+    if kind == "literal_error":
+        expected = error.get("ctx", {}).get("expected", "")
+        hint = did_you_mean(str(got), [e.strip(" '") for e in expected.replace(" or ", ", ").split(",")])
+        return f"expected one of {expected}, got {got!r}" + (f"; {hint}" if hint else "")
+    if kind == "missing":
+        return "required field is missing"
+    msg = error["msg"]
+    if msg.startswith("Value error, "):
+        msg = msg[len("Value error, ") :]
+    if kind in ("value_error", "assertion_error"):
+        return msg
+    return f"{msg[0].lower()}{msg[1:]}, got {got!r}" if isinstance(got, (str, int, float, bool)) else msg[0].lower() + msg[1:]
