@@ -39,6 +39,7 @@ _MIGRATIONS: list[str] = [
         state TEXT NOT NULL,
         public_ip TEXT, private_ip TEXT,
         ssh_user TEXT, ssh_port INTEGER,
+        ssh_key TEXT, proxy_command TEXT,
         started_at REAL,
         PRIMARY KEY (cluster, rank)
     );
@@ -110,6 +111,8 @@ class NodeRecord:
     private_ip: str | None
     ssh_user: str | None
     ssh_port: int | None
+    ssh_key: str | None
+    proxy_command: str | None
     started_at: float | None
 
 
@@ -253,9 +256,9 @@ class StateStore:
             db.execute("DELETE FROM nodes WHERE cluster = ?", (cluster,))
             for node in nodes:
                 db.execute(
-                    "INSERT INTO nodes VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    "INSERT INTO nodes VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     (node.cluster, node.rank, node.instance_id, node.state, node.public_ip, node.private_ip,
-                     node.ssh_user, node.ssh_port, node.started_at),
+                     node.ssh_user, node.ssh_port, node.ssh_key, node.proxy_command, node.started_at),
                 )
 
     def get_nodes(self, cluster: str) -> list[NodeRecord]:

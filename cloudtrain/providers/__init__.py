@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import importlib.util
 
 from cloudtrain.config import Config
 from cloudtrain.errors import NotAvailableError

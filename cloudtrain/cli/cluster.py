@@ -1,0 +1,114 @@
+"""`up`, `status`, `stop`, `start`, `down`."""
+
+from __future__ import annotations
+
+import time
+
+import click
+
+from cloudtrain.cli import output
+from cloudtrain.cli.common import cluster_option, open_lifecycle
+
+
+@click.command()
+@click.argument("recipe_path", metavar="RECIPE")
+@cluster_option
+def up(recipe_path: str, cluster: str | None) -> None:
+    """Provision the cluster RECIPE describes, or reuse it if it is already up."""
+    from cloudtrain.recipe import load_recipe
+
+    loaded = load_recipe(recipe_path)
+    display = output.RunDisplay()
+    lc = open_lifecycle(display)
+    name = cluster or loaded.recipe.name
+    display.phase_start("provision", loaded.recipe.resources.cloud)
+    started = time.monotonic()
+    result, created = lc.up(loaded.recipe, name, str(loaded.path), loaded.digest)
+    display.phase_end("provision", time.monotonic() - started)
+    verb = "created" if created else "reused"
+    output.info(f"cluster {name} {verb}: {len(result.nodes)} node(s) on {result.provider.name}")
+
+
+@click.command()
+@click.argument("name", required=False)
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option("--refresh", is_flag=True, help="Ask the providers for the real state (finds instances by tag).")
+def status(name: str | None, as_json: bool, refresh: bool) -> None:
+    """Show clusters (or one cluster), their nodes, and recent runs."""
+    # Reads state directly: no provider, config or SDK import on this path unless --refresh.
+    from cloudtrain.state import StateStore
+
+    store = StateStore()
+    if refresh:
+        lc = open_lifecycle()
+        for record in store.list_clusters():
+            if name is None or record.name == name:
+                lc.refresh(record.name)
+    clusters = [c for c in store.list_clusters() if name is None or c.name == name]
+    if name is not None and not clusters:
+        from cloudtrain.errors import ClusterNotFoundError
+
+        raise ClusterNotFoundError(f"no cluster named {name!r}", hint="see `cloudtrain status`")
+    latest = store.latest_jobs()
+    runs = store.list_runs(cluster=name, limit=10)
+    if as_json:
+        output.print_json({
+            "clusters": [
+                {**c.__dict__, "nodes": [n.__dict__ for n in store.get_nodes(c.name)],
+                 "last_job": latest[c.name].__dict__ if c.name in latest else None}
+                for c in clusters
+            ],
+            "runs": [r.__dict__ for r in runs],
+        })
+        return
+    now = time.time()
+    if clusters:
+        output.table(
+            ["CLUSTER", "CLOUD", "STATUS", "NODES", "TYPE", "$/H", "AGE", "LAST JOB"],
+            [
+                (c.name, c.provider, c.status, c.num_nodes, c.instance_type, output.money(c.hourly_price),
+                 output.age(now - c.created_at),
+                 f"{latest[c.name].status}" + (f" ({latest[c.name].exit_code})" if latest[c.name].exit_code not in (None, 0) else "")
+                 if c.name in latest else "-")
+                for c in clusters
+            ],
+        )
+    else:
+        output.info("no clusters")
+    if runs:
+        output.echo()
+        output.table(
+            ["RUN", "STATUS", "EXIT", "CLOUD", "COST", "STARTED"],
+            [(r.id, r.status, r.exit_code, r.provider, output.money(r.cost_usd),
+              time.strftime("%Y-%m-%d %H:%M", time.localtime(r.started_at))) for r in runs],
+        )
+
+
+@click.command()
+@click.argument("name")
+def stop(name: str) -> None:
+    """Stop NAME's instances: no compute billing, disks kept, `start` resumes."""
+    lc = open_lifecycle(output.RunDisplay())
+    lc.stop(name)
+    output.info(f"cluster {name} stopped")
+
+
+@click.command()
+@click.argument("name")
+def start(name: str) -> None:
+    """Start a stopped cluster."""
+    lc = open_lifecycle(output.RunDisplay())
+    cluster = lc.start(name)
+    output.info(f"cluster {name} started: {len(cluster.nodes)} node(s)")
+
+
+@click.command()
+@click.argument("names", nargs=-1, required=True)
+def down(names: tuple[str, ...]) -> None:
+    """Terminate clusters and everything they created. Safe to repeat."""
+    lc = open_lifecycle(output.RunDisplay())
+    for name in names:
+        if lc.down(name):
+            output.info(f"cluster {name} is down")
+        else:
+            output.info(f"cluster {name}: nothing to do (not in state; already down?)")

@@ -1,0 +1,98 @@
+"""Entry point. Commands load lazily so `cloudtrain --help` imports almost nothing."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import sys
+
+import click
+
+# name -> (module, attribute, one-line help shown by --help without importing the module)
+COMMANDS: dict[str, tuple[str, str, str]] = {
+    "run": ("cloudtrain.cli.run", "run", "Up if needed, sync, set up, run the job, collect results, tear down."),
+    "up": ("cloudtrain.cli.cluster", "up", "Provision a cluster from a recipe (or reuse it)."),
+    "exec": ("cloudtrain.cli.run", "exec_", "Run a command on an existing cluster."),
+    "logs": ("cloudtrain.cli.run", "logs", "Print or follow a job's log."),
+    "status": ("cloudtrain.cli.cluster", "status", "Show clusters, their nodes and last jobs."),
+    "stop": ("cloudtrain.cli.cluster", "stop", "Stop a cluster's instances (keeps disks)."),
+    "start": ("cloudtrain.cli.cluster", "start", "Start a stopped cluster."),
+    "down": ("cloudtrain.cli.cluster", "down", "Terminate a cluster and everything it created."),
+    "validate": ("cloudtrain.cli.recipe", "validate", "Check a recipe without running anything."),
+    "schema": ("cloudtrain.cli.recipe", "schema", "Print the recipe JSON Schema (for editors)."),
+    "check": ("cloudtrain.cli.check", "check", "Report which clouds are usable and why not."),
+    "compare": ("cloudtrain.cli.compare", "compare", "Compare runs: device, sec/batch, images/s, speed-up, cost."),
+}
+
+
+class LazyGroup(click.Group):
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return [name for name in COMMANDS if importlib.util.find_spec(COMMANDS[name][0]) is not None]
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        entry = COMMANDS.get(cmd_name)
+        if entry is None or importlib.util.find_spec(entry[0]) is None:
+            return None
+        module = importlib.import_module(entry[0])
+        return getattr(module, entry[1])
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        rows = [(name, COMMANDS[name][2]) for name in self.list_commands(ctx)]
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
+
+    def resolve_command(self, ctx: click.Context, args: list[str]):  # noqa: ANN201
+        name = args[0] if args else ""
+        if name and not name.startswith("-") and name not in COMMANDS:
+            import difflib
+
+            close = difflib.get_close_matches(name, list(COMMANDS), n=1)
+            hint = f" Did you mean {close[0]!r}?" if close else ""
+            ctx.fail(f"No such command {name!r}.{hint}")
+        return super().resolve_command(ctx, args)
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--debug", is_flag=True, envvar="CLOUDTRAIN_DEBUG", help="Show tracebacks for errors.")
+@click.version_option(package_name="cloudtrain", message="cloudtrain %(version)s")
+@click.pass_context
+def cli(ctx: click.Context, debug: bool) -> None:
+    """cloudtrain: run a training job on a GPU VM, or on this machine, and bring the results home.
+
+    \b
+    Quick start:
+      cloudtrain run recipes/mnist-local.yaml
+      cloudtrain status
+    """
+    ctx.ensure_object(dict)
+    ctx.obj["debug"] = debug
+
+
+def main(argv: list[str] | None = None) -> None:
+    debug = "--debug" in (argv if argv is not None else sys.argv[1:]) or os.environ.get("CLOUDTRAIN_DEBUG") == "1"
+    try:
+        cli.main(args=argv, prog_name="cloudtrain", standalone_mode=False)
+    except click.exceptions.Abort:
+        click.echo("Aborted.", err=True)
+        sys.exit(130)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(exc.exit_code)
+    except click.exceptions.Exit as exc:
+        sys.exit(exc.exit_code)
+    except KeyboardInterrupt:
+        click.echo("cloudtrain: interrupted", err=True)
+        sys.exit(130)
+    except Exception as exc:  # the one place errors become exit codes
+        from cloudtrain.errors import CloudtrainError
+
+        if debug:
+            raise
+        if isinstance(exc, CloudtrainError):
+            click.echo(f"error: {exc.one_line()}", err=True)
+            sys.exit(exc.exit_code)
+        click.echo(f"internal error: {type(exc).__name__}: {exc} (rerun with --debug for the traceback)", err=True)
+        sys.exit(1)
+    sys.exit(0)

