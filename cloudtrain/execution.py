@@ -23,9 +23,9 @@ from typing import Literal
 
 from cloudtrain import paths
 from cloudtrain.cost import cost_usd
-from cloudtrain.errors import CloudtrainError, Interrupted, JobFailedError, RecipeError, RemoteError
+from cloudtrain.errors import CloudtrainError, Interrupted, JobFailedError, RecipeError, RemoteError, UsageError
 from cloudtrain.events import Reporter, parse_progress
-from cloudtrain.lifecycle import Cluster, Lifecycle
+from cloudtrain.lifecycle import Cluster, Lifecycle, refuse_unavailable
 from cloudtrain.nodes import Node, close_all, connect, on_all
 from cloudtrain.recipe import LoadedRecipe, Recipe
 from cloudtrain.remote import jobs
@@ -80,6 +80,10 @@ class Executor:
 
     def run(self, loaded: LoadedRecipe, cluster_name: str, teardown: Teardown, runs_dir: Path) -> RunResult:
         recipe = loaded.recipe
+        # Usage errors surface before anything exists: no run directory, no state row.
+        refuse_unavailable(recipe)
+        if recipe.resources.cloud != "any":
+            self.lc.provider(recipe.resources.cloud)
         run_id = new_run_id(cluster_name)
         run_dir = (runs_dir / run_id).resolve()
         run_dir.mkdir(parents=True, exist_ok=False)
@@ -95,6 +99,7 @@ class Executor:
         nodes: list[Node] = []
         job_id = f"{run_id}-run"
         status, exit_code, error = "failed", None, None
+        usage_error: UsageError | None = None
         cluster_started = time.time()
         try:
             with clock.phase("provision", recipe.resources.cloud):
@@ -118,12 +123,15 @@ class Executor:
             exit_code, error = exc.job_exit_code, exc.message
         except CloudtrainError as exc:
             error = exc.one_line()
+            usage_error = exc if isinstance(exc, UsageError) else None
             self._kill_all(nodes, job_id)
         finally:
             with _no_interrupts():
                 self._finish(loaded, cluster, created, nodes, run_id, job_id, run_dir, clock, teardown,
                              status, exit_code, error, started, cluster_started)
         result = RunResult(run_id, run_dir, status, exit_code, self.store.get_run(run_id).cost_usd, clock.timings, error)  # type: ignore[union-attr]
+        if usage_error is not None:
+            raise usage_error
         if status == "interrupted":
             raise Interrupted(f"run {run_id} interrupted; logs and partial results are in {run_dir}")
         return result
@@ -204,9 +212,11 @@ class Executor:
                 t.put_file(data.read_bytes(), f"{node.layout.runtime}/jobs/{data.name}")
 
     def _sync(self, node: Node, loaded: LoadedRecipe) -> None:
+        t = node.transport
+        if loaded.workdir is None and not loaded.recipe.data:
+            return
         from cloudtrain.remote.ignore import load_ignore
 
-        t = node.transport
         if loaded.workdir is not None:
             stats = t.put_tree(loaded.workdir, node.layout.workdir, ignore=load_ignore(loaded.workdir))
             if node.rank == 0:
@@ -463,8 +473,6 @@ def exec_command(lc: Lifecycle, reporter: Reporter, name: str, script: str, deta
 def print_logs(lc: Lifecycle, name: str, job_id: str | None, follow: bool, resume: bool,
                write: Callable[[str], None] | None = None) -> jobs.JobStatus:
     """Print a job's log from the start (or, with resume, from where the last `logs` stopped)."""
-    import click
-
     cluster = lc.get(name)
     if job_id is None:
         all_jobs = lc.store.list_jobs(name)
@@ -481,7 +489,8 @@ def print_logs(lc: Lifecycle, name: str, job_id: str | None, follow: bool, resum
         raise UsageError(f"no job {job_id!r} on cluster {name!r}", hint=hint)
     store = lc.store
     offset = store.get_log_cursor(job_id) if resume else 0
-    emit = write or (lambda line: click.echo(line))
+    # Flushed per line: a follower piped into grep or a file sees lines as they come.
+    emit = write or (lambda line: print(line, flush=True))
     from cloudtrain.events import NullReporter
 
     nodes = connect(list(cluster.nodes[:1]), cluster.provider, lc.config)

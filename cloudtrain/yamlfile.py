@@ -64,7 +64,8 @@ def did_you_mean(word: str, choices: Sequence[str]) -> str | None:
 def format_validation_error(path: Path, node: yaml.Node | None, exc: Any, model: type) -> str:
     """One line for the first pydantic error: file:line: field.path: what was expected."""
     errors = exc.errors(include_url=False)
-    first = errors[0]
+    # A misspelt key also makes its intended field "missing": report the typo, it explains both.
+    first = sorted(errors, key=lambda e: e["type"] != "extra_forbidden")[0]
     loc = [p for p in first["loc"] if not (isinstance(p, str) and p.startswith("function-"))]
     field = ".".join(str(p) for p in loc) or "(top level)"
     line = line_of(node, loc)

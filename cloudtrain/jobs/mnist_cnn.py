@@ -266,10 +266,13 @@ class NativeCapture:
 
     def __exit__(self, *exc: object) -> None:
         _flush_native()
-        # C stdout stays pointed at stderr afterwards: later placer printf()s must not reach the protocol.
         os.dup2(self.saved_stderr, 2)
-        os.dup2(self.saved_stderr, 1)
         os.close(self.saved_stderr)
+        # TF 2.21 keeps logging placements whenever a function is first instantiated (checkpoint, summary,
+        # save ...). Those printf()s only duplicate INFO log lines, so C stdout goes nowhere from now on.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 1)
+        os.close(devnull)
         texts = []
         for f in self.files:
             f.seek(0)
@@ -454,6 +457,7 @@ def main(argv: list[str] | None = None) -> int:
     # TensorFlow prints natively can interleave with progress lines.
     rep = Reporter(os.fdopen(os.dup(1), "w", buffering=1, encoding="utf-8"))
     os.dup2(2, 1)
+    sys.stdout = sys.stderr  # Python-level prints from libraries stay visible wherever fd 1 goes
     try:
         return train(args, rep, t_start)
     except JobError as e:
@@ -464,6 +468,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def train(args: argparse.Namespace, rep: Reporter, t_start: float) -> int:
+    # TF's INFO level carries one "Executing op" line per training step while placement logging is on
+    # (it cannot be switched off again in TF 2.21); the placer's own printf()s are what is summarized.
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
     num_workers, task_index, is_chief, scratch = cluster_role()
     out = args.output / scratch if scratch else args.output
     out.mkdir(parents=True, exist_ok=True)
@@ -633,6 +640,9 @@ def train(args: argparse.Namespace, rep: Reporter, t_start: float) -> int:
         rep.log(f"resuming from the checkpoint after epoch {initial_epoch} of {args.epochs}")
 
     writer = tf.summary.create_file_writer(str(out / "tensorboard"))
+    from tensorflow.core.framework import summary_pb2
+    scalar_meta = summary_pb2.SummaryMetadata(plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name="scalars"),
+                                             data_class=summary_pb2.DATA_CLASS_SCALAR)
     rep.progress("start", epochs=args.epochs, steps_per_epoch=steps, initial_epoch=initial_epoch)
     warmup = max(1, math.ceil(0.1 * steps))  # at least the first step, which includes tracing
     timings: list[tuple[float, int]] = []  # (training seconds, steps) counted as steady state, per epoch
@@ -665,7 +675,9 @@ def train(args: argparse.Namespace, rep: Reporter, t_start: float) -> int:
         history.append(row)
         with writer.as_default(step=epoch):
             for key in ("loss", "accuracy", "val_loss", "val_accuracy", "epoch_time_s"):
-                tf.summary.scalar(key, row[key])
+                # tf.summary.write with the scalars plugin's metadata: tf.summary.scalar needs the
+                # tensorboard package, which a TF-only VM may lack.
+                tf.summary.write(key, tf.constant(row[key], tf.float32), metadata=scalar_meta)
         writer.flush()
         # History first, then the checkpoint: a kill in between retrains this epoch instead of losing its row.
         write_json(out / "train_state.json", {"config": config, "history": history})

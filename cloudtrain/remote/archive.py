@@ -2,6 +2,10 @@
 
 A compromised or buggy VM must not be able to write outside the run directory: absolute paths,
 `..`, links that point outside, hard links to outside files and device/fifo members are refused.
+
+Extraction streams (the archive is never held in memory or seeked) into a staging directory
+inside the destination; only when every member passed are the staged files moved into place, so a
+refused archive leaves the destination exactly as it was.
 """
 
 from __future__ import annotations
@@ -9,61 +13,108 @@ from __future__ import annotations
 import io
 import os
 import posixpath
+import shutil
 import tarfile
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import IO
 
-from cloudtrain.errors import UnsafeArchiveError
+from cloudtrain.errors import RemoteError, UnsafeArchiveError
+
+_STAGING_PREFIX = ".cloudtrain-extract-"
 
 
 def fetch_as_tar(transport, remote_dir: str, paths: Sequence[str], local: Path) -> list[str]:  # noqa: ANN001
     """Tar the existing `paths` under remote_dir on the node and extract them safely into local."""
-    # Missing result paths are normal (a job that failed early); ask the node which exist first.
-    script = 'cd "$1" || exit 3; shift; for p in "$@"; do [ -e "$p" ] && printf "%s\\0" "$p"; done; exit 0'
-    listing = transport.run(["sh", "-c", script, "sh", remote_dir, *paths])
-    present = [p for p in listing.stdout.decode().split("\0") if p]
+    present = list_present(transport, remote_dir, paths)
     if not present:
         return []
     result = transport.run(["tar", "-C", remote_dir, "-cf", "-", "--", *present])
     return safe_extract(io.BytesIO(result.stdout), local)
 
 
+def list_present(transport, remote_dir: str, paths: Sequence[str]) -> list[str]:  # noqa: ANN001
+    """Which of `paths` exist under remote_dir on the node (missing results are normal)."""
+    script = 'cd "$1" || exit 3; shift; for p in "$@"; do [ -e "$p" ] && printf "%s\\0" "$p"; done; exit 0'
+    listing = transport.run(["sh", "-c", script, "sh", remote_dir, *paths])
+    return [p for p in listing.stdout.decode(errors="surrogateescape").split("\0") if p]
+
+
 def safe_extract(fileobj: IO[bytes], dest: Path) -> list[str]:
-    """Extract a tar stream into dest after checking every member; nothing is written if one is bad."""
+    """Extract a tar stream into dest after checking every member; nothing lands if one is bad.
+
+    `fileobj` is read sequentially once, so a network stream works without buffering it whole.
+    Returns the member names in archive order.
+    """
     dest = dest.resolve()
     dest.mkdir(parents=True, exist_ok=True)
-    with tarfile.open(fileobj=fileobj, mode="r:*") as archive:
-        members = archive.getmembers()
-        for member in members:
-            _check_member(member, dest)
-        # The 'data' filter re-checks the same rules inside tarfile (defence in depth) and drops
-        # setuid bits and ownership from the node.
-        archive.extractall(dest, members=members, filter="data")
-    return [m.name for m in members]
+    staging = Path(tempfile.mkdtemp(prefix=_STAGING_PREFIX, dir=dest))
+    names: list[str] = []
+    try:
+        try:
+            with tarfile.open(fileobj=fileobj, mode="r|*") as archive:
+                for member in archive:
+                    # Checked against the staging root right before extraction, so a link that an
+                    # earlier member created on disk is resolved too (symlink-then-write-through).
+                    _check_member(member, staging)
+                    # The 'data' filter re-checks the same rules inside tarfile (defence in depth)
+                    # and drops setuid bits and ownership from the node.
+                    archive.extract(member, staging, filter="data")
+                    names.append(member.name)
+        except tarfile.FilterError as exc:
+            raise UnsafeArchiveError(f"refused archive member: {exc}") from None
+        except (tarfile.TarError, KeyError) as exc:
+            raise RemoteError(f"unreadable archive from the node: {exc}") from None
+        _merge_into(staging, dest)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return names
 
 
-def _check_member(member: tarfile.TarInfo, dest: Path) -> None:
+def _check_member(member: tarfile.TarInfo, root: Path) -> None:
     name = member.name
     if name.startswith("/") or (len(name) > 1 and name[1] == ":"):
         raise UnsafeArchiveError(f"refused archive member {name!r}: absolute path")
     if ".." in Path(name).parts:
         raise UnsafeArchiveError(f"refused archive member {name!r}: '..' in path")
-    target = (dest / name).resolve()
-    if target != dest and dest not in target.parents:
-        raise UnsafeArchiveError(f"refused archive member {name!r}: resolves outside {dest}")
+    target = (root / name).resolve()
+    if not _inside(target, root):
+        raise UnsafeArchiveError(f"refused archive member {name!r}: resolves outside the destination")
     if member.ischr() or member.isblk() or member.isfifo() or member.isdev():
         raise UnsafeArchiveError(f"refused archive member {name!r}: device or fifo")
+    if not (member.isfile() or member.isdir() or member.issym() or member.islnk()):
+        raise UnsafeArchiveError(f"refused archive member {name!r}: unsupported type {member.type!r}")
     if member.issym():
         link = member.linkname
-        resolved = (dest / posixpath.dirname(name) / link) if not link.startswith("/") else Path(link)
-        if link.startswith("/") or not _inside(Path(os.path.normpath(resolved)), dest):
+        resolved = (root / posixpath.dirname(name) / link).resolve()
+        if link.startswith("/") or not _inside(resolved, root):
             raise UnsafeArchiveError(f"refused archive member {name!r}: symlink to {link!r} points outside")
     if member.islnk():
         link = member.linkname
-        if link.startswith("/") or ".." in Path(link).parts or not _inside((dest / link).resolve(), dest):
+        if link.startswith("/") or ".." in Path(link).parts or not _inside((root / link).resolve(), root):
             raise UnsafeArchiveError(f"refused archive member {name!r}: hard link to {link!r} points outside")
 
 
-def _inside(path: Path, dest: Path) -> bool:
-    return path == dest or dest in path.parents
+def _inside(path: Path, root: Path) -> bool:
+    return path == root or root in path.parents
+
+
+def _merge_into(staging: Path, dest: Path) -> None:
+    """Move everything staged into dest, replacing what is there (a fresh fetch wins)."""
+    for dirpath, dirnames, filenames in os.walk(staging):
+        rel = os.path.relpath(dirpath, staging)
+        target_dir = dest if rel == "." else dest / rel
+        # os.walk lists symlinks to directories among dirnames without descending: move them as files.
+        links = [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]
+        dirnames[:] = [d for d in dirnames if d not in links]
+        for name in dirnames:
+            target = target_dir / name
+            if target.is_symlink() or (target.exists() and not target.is_dir()):
+                target.unlink()
+            target.mkdir(exist_ok=True)
+        for name in [*filenames, *links]:
+            target = target_dir / name
+            if target.is_dir() and not target.is_symlink():
+                shutil.rmtree(target)
+            os.replace(os.path.join(dirpath, name), target)

@@ -1,0 +1,284 @@
+"""From a recipe to where it runs and what it costs: a pure function over the catalog.
+
+`make_plan` does no I/O and asks no cloud: it picks the cheapest catalog offer that fits the recipe's
+resources and lists every other fitting placement after it, cheapest first, so the lifecycle can fail
+over (next zone is the provider's job; next region or type is the lifecycle's, from this list).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from cloudtrain.catalog import Catalog, Offer
+from cloudtrain.errors import NotAvailableError, UsageError
+from cloudtrain.recipe import Recipe
+from cloudtrain.yamlfile import did_you_mean
+
+# Clouds whose machines already exist (or are this one): nothing to pick, nothing to pay.
+FREE_CLOUDS = ("local", "ssh")
+
+
+@dataclass(frozen=True)
+class Placement:
+    """One place the cluster could run: every node of the cluster in the same region (and zone)."""
+
+    cloud: str
+    region: str | None
+    zone: str | None  # None: the provider tries the region's zones in order
+    instance_type: str | None
+    hourly_price: float  # USD per hour per node
+    spot: bool
+    accelerators: str | None = None  # e.g. "T4:1", per node
+    vcpus: int | None = None
+    memory_gib: float | None = None
+
+    def describe(self) -> str:
+        where = "/".join(p for p in (self.cloud, self.zone or self.region) if p)
+        if self.instance_type:
+            what = self.instance_type
+        else:
+            what = "this machine" if self.cloud == "local" else "the listed hosts"
+        gpu = f" ({self.accelerators})" if self.accelerators else ""
+        market = " spot" if self.spot else ""
+        return f"{what}{gpu}{market} in {where} at ${self.hourly_price:.4g}/h"
+
+
+@dataclass(frozen=True)
+class Plan:
+    cloud: str
+    num_nodes: int
+    spot: bool
+    candidates: tuple[Placement, ...]  # cheapest first; never empty
+    max_usd: float | None = None
+    max_hours: float | None = None
+
+    @property
+    def best(self) -> Placement:
+        return self.candidates[0]
+
+    @property
+    def hourly_cost(self) -> float:
+        """USD per hour for the whole cluster at the best placement."""
+        return self.best.hourly_price * self.num_nodes
+
+    @property
+    def estimated_cost(self) -> float | None:
+        """Worst case for the run when the budget bounds its duration."""
+        return self.hourly_cost * self.max_hours if self.max_hours is not None else None
+
+    @property
+    def affordable_hours(self) -> float | None:
+        """How long the budget lasts at the best placement (None: no money limit or free)."""
+        if self.max_usd is None or self.hourly_cost == 0:
+            return None
+        return self.max_usd / self.hourly_cost
+
+    def cost_for(self, hours: float, placement: Placement | None = None) -> float:
+        return (placement or self.best).hourly_price * self.num_nodes * hours
+
+    def summary(self) -> str:
+        nodes = f"{self.num_nodes} x " if self.num_nodes > 1 else ""
+        line = f"{nodes}{self.best.describe()} = ${self.hourly_cost:.4g}/h"
+        if self.estimated_cost is not None:
+            line += f", at most ${self.estimated_cost:.2f} for {self.max_hours:g} h"
+        return line
+
+
+def make_plan(
+    recipe: Recipe,
+    catalog: Catalog,
+    clouds: Sequence[str],
+    *,
+    default_region: str | None = None,
+) -> Plan:
+    """Choose where `recipe` runs among `clouds` (the clouds this cloudtrain can use).
+
+    `default_region` (the user's configured region) only breaks price ties, so equal prices
+    prefer the region the user already works in.
+    """
+    res = recipe.resources
+    budget = recipe.budget
+    max_usd = budget.max_usd if budget else None
+    max_hours = budget.max_hours if budget else None
+    if res.cloud in FREE_CLOUDS:
+        free = Placement(cloud=res.cloud, region=None, zone=None, instance_type=None, hourly_price=0.0, spot=False)
+        return Plan(res.cloud, recipe.num_nodes, False, (free,), max_usd, max_hours)
+
+    priced = [c for c in catalog.clouds() if c in clouds]
+    if res.cloud == "any":
+        if not priced:
+            raise NotAvailableError(
+                "cloud any: none of the usable clouds has offers in the catalog",
+                hint=f"usable: {', '.join(clouds) or 'none'}; run `cloudtrain check`",
+            )
+        targets = priced
+    elif res.cloud not in clouds:
+        raise NotAvailableError(
+            f"cloud {res.cloud!r} is not available yet in this cloudtrain", hint=f"available: {', '.join(clouds)}"
+        )
+    elif res.cloud not in priced:
+        raise NotAvailableError(f"no catalog of {res.cloud} offers yet", hint="pick another cloud")
+    else:
+        targets = [res.cloud]
+
+    if res.region is not None:
+        _check_region(catalog, targets, res.region)
+    offers = _fitting_offers(recipe, catalog, targets)
+    placements = _placements(offers, res.zone, res.spot)
+    placements.sort(key=lambda p: (p.hourly_price, p.region != default_region, p.cloud, p.region or "", p.instance_type or ""))
+
+    if max_usd is not None and max_hours is not None:
+        affordable = [p for p in placements if p.hourly_price * recipe.num_nodes * max_hours <= max_usd]
+        if not affordable:
+            cheapest = placements[0]
+            cost = cheapest.hourly_price * recipe.num_nodes * max_hours
+            nodes = f" x {recipe.num_nodes} nodes" if recipe.num_nodes > 1 else ""
+            raise UsageError(
+                f"budget: the cheapest fit, {cheapest.describe()}{nodes}, costs ${cost:.2f} for "
+                f"{max_hours:g} h, over budget.max_usd ${max_usd:.2f}",
+                hint="raise budget.max_usd, lower budget.max_hours or num_nodes"
+                + ("" if res.spot else ", or set resources.spot: true"),
+            )
+        placements = affordable
+    return Plan(res.cloud, recipe.num_nodes, res.spot, tuple(placements), max_usd, max_hours)
+
+
+def _check_region(catalog: Catalog, clouds: Sequence[str], region: str) -> None:
+    known = sorted({r for c in clouds for r in catalog.regions(c)})
+    if region in known:
+        return
+    hint = did_you_mean(region, known)
+    if hint:
+        raise UsageError(f"resources.region: {', '.join(clouds)} has no region {region!r}", hint=hint)
+    raise NotAvailableError(
+        f"resources.region: no price data for region {region!r}", hint=f"the catalog covers {', '.join(known)}"
+    )
+
+
+def _fitting_offers(recipe: Recipe, catalog: Catalog, clouds: Sequence[str]) -> list[Offer]:
+    res = recipe.resources
+    where = f" in {res.region}" if res.region else ""
+    market = "spot " if res.spot else ""
+    common = dict(cloud=clouds, region=res.region, zone=res.zone, spot=res.spot)
+
+    if res.instance_type is not None:
+        known = [t for c in clouds for t in catalog.instance_types(c)]
+        if res.instance_type not in known:
+            raise UsageError(
+                f"resources.instance_type: unknown {'/'.join(clouds)} instance type {res.instance_type!r}",
+                hint=did_you_mean(res.instance_type, known) or "see the catalog in cloudtrain/catalog_data/",
+            )
+        offers = catalog.query(instance_type=res.instance_type, **common)  # type: ignore[arg-type]
+        if not offers:
+            raise NotAvailableError(
+                f"no {market}offer of {res.instance_type}{where}",
+                hint=_elsewhere(catalog.query(cloud=clouds, instance_type=res.instance_type, spot=res.spot)),
+            )
+        _check_type_fits(recipe, offers[0])
+        return offers
+
+    if res.accelerators is not None:
+        name = res.accelerator_name or ""
+        canonical = catalog.canonical_accelerator(name)
+        if canonical is None:
+            known_gpus = catalog.accelerator_names()
+            close = did_you_mean(name.upper(), list(known_gpus)) or did_you_mean(name, list(known_gpus))
+            raise UsageError(
+                f"resources.accelerators: no cloud offers a GPU called {name!r}",
+                hint=close or f"known GPUs: {', '.join(known_gpus)}",
+            )
+        count = res.accelerator_count
+        anywhere = catalog.query(cloud=clouds, accelerator=canonical)
+        if not anywhere:
+            others = sorted({o.cloud for o in catalog.query(accelerator=canonical)})
+            raise NotAvailableError(
+                f"resources.accelerators: {'/'.join(clouds)} has no {canonical} GPUs",
+                hint=f"offered on {', '.join(others)}" if others else None,
+            )
+        most = max(anywhere, key=lambda o: o.accelerator_count)
+        if most.accelerator_count < count:
+            raise NotAvailableError(
+                f"resources.accelerators: at most {canonical}:{most.accelerator_count} on one node "
+                f"({most.instance_type}), the recipe asks for {canonical}:{count}",
+                hint="use num_nodes for more GPUs",
+            )
+        offers = catalog.query(
+            accelerator=canonical,
+            min_accelerators=count,
+            min_vcpus=res.cpus or 0,
+            min_memory_gib=res.memory or 0,
+            **common,  # type: ignore[arg-type]
+        )
+        if not offers:
+            raise NotAvailableError(
+                f"no {market}offer with {canonical}:{count}{_sizes(recipe)}{where}",
+                hint=_elsewhere(
+                    catalog.query(
+                        cloud=clouds, accelerator=canonical, min_accelerators=count, spot=res.spot,
+                        min_vcpus=res.cpus or 0, min_memory_gib=res.memory or 0,
+                    )
+                ),
+            )
+        return offers
+
+    # No GPU asked for: CPU-only types, so a recipe without accelerators never lands on a GPU bill.
+    offers = catalog.query(cpu_only=True, min_vcpus=res.cpus or 0, min_memory_gib=res.memory or 0, **common)  # type: ignore[arg-type]
+    if not offers:
+        raise NotAvailableError(f"no {market}CPU offer{_sizes(recipe)}{where}", hint="lower resources.cpus/memory")
+    return offers
+
+
+def _check_type_fits(recipe: Recipe, offer: Offer) -> None:
+    res = recipe.resources
+    if res.accelerators is not None:
+        name = (res.accelerator_name or "").lower()
+        if (offer.accelerator or "").lower() != name or offer.accelerator_count < res.accelerator_count:
+            has = offer.accelerators or "no GPU"
+            raise UsageError(
+                f"resources.instance_type {offer.instance_type} has {has}, "
+                f"resources.accelerators asks for {res.accelerators}",
+                hint="drop one of the two, or make them agree",
+            )
+    if (res.cpus or 0) > offer.vcpus or (res.memory or 0) > offer.memory_gib:
+        raise UsageError(
+            f"resources.instance_type {offer.instance_type} has {offer.vcpus} vCPUs and {offer.memory_gib:g} GiB, "
+            f"the recipe asks for{_sizes(recipe)}",
+            hint="drop cpus/memory or pick a bigger instance_type",
+        )
+
+
+def _sizes(recipe: Recipe) -> str:
+    res = recipe.resources
+    parts = ([f"{res.cpus} vCPUs"] if res.cpus else []) + ([f"{res.memory:g} GiB"] if res.memory else [])
+    if not parts:
+        return ""
+    return (" and " if res.accelerators else " with ") + ", ".join(parts)
+
+
+def _elsewhere(offers: Sequence[Offer]) -> str | None:
+    regions = sorted({o.region for o in offers})
+    return f"offered in {', '.join(regions)}" if regions else None
+
+
+def _placements(offers: Sequence[Offer], zone: str | None, spot: bool) -> list[Placement]:
+    seen: dict[tuple[str, str, str | None, str], Placement] = {}
+    for offer in offers:
+        price = offer.hourly(spot)
+        assert price is not None  # query() left out offers without a price for this market
+        placement = Placement(
+            cloud=offer.cloud,
+            region=offer.region,
+            zone=zone or offer.zone,
+            instance_type=offer.instance_type,
+            hourly_price=price,
+            spot=spot,
+            accelerators=offer.accelerators,
+            vcpus=offer.vcpus,
+            memory_gib=offer.memory_gib,
+        )
+        key = (offer.cloud, offer.region, placement.zone, offer.instance_type)
+        # A zone-specific price row and the region's row can both match: keep the cheaper one.
+        if key not in seen or price < seen[key].hourly_price:
+            seen[key] = placement
+    return list(seen.values())

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Creates .venv and installs cloudtrain with the extras this checkout needs. Idempotent and quick on
+# a second run: it reinstalls only when pyproject.toml changed.
+#   scripts/setup.sh            runtime + TensorFlow (for the local MNIST recipe)
+#   scripts/setup.sh --test     also the test dependencies and the apt packages the tests use
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+want_test=0
+[ "${1:-}" = "--test" ] && want_test=1
+
+PYTHON=${PYTHON:-python3}
+if ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; then
+    echo "cloudtrain needs Python 3.11+; set PYTHON=/path/to/python3.11" >&2
+    exit 2
+fi
+
+if [ "$want_test" = 1 ]; then
+    missing=()
+    [ -x /usr/sbin/sshd ] || missing+=(openssh-server)
+    command -v rsync >/dev/null || missing+=(rsync)
+    command -v ssh >/dev/null || missing+=(openssh-client)
+    if [ ${#missing[@]} -gt 0 ]; then
+        SUDO=""
+        [ "$(id -u)" = 0 ] || SUDO="sudo"
+        echo "installing apt packages: ${missing[*]}"
+        $SUDO apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
+    fi
+fi
+
+[ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
+extras="tf,ssh,aws"
+[ "$want_test" = 1 ] && extras="$extras,dev"
+stamp=".venv/.cloudtrain-$(sha256sum pyproject.toml | cut -c1-16)-$extras"
+if [ ! -f "$stamp" ]; then
+    .venv/bin/python -m pip install -q --upgrade pip
+    .venv/bin/python -m pip install -q -e ".[$extras]"
+    touch "$stamp"
+fi

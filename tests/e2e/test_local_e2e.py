@@ -1,0 +1,203 @@
+"""The local provider end to end, driving `cloudtrain` as a subprocess like a user would."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, cli_env, cloudtrain
+
+
+def write_recipe(tmp_path: Path, body: str, name: str = "recipe.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(body))
+    return path
+
+
+def test_run_shell_job_collects_results(tmp_path: Path) -> None:
+    work = tmp_path / "code"
+    work.mkdir()
+    (work / "train.sh").write_text("mkdir -p outputs && echo \"$GREETING\" > outputs/greeting.txt\n")
+    (work / "ignored.log").write_text("secret\n")
+    (work / ".cloudtrainignore").write_text("*.log\n")
+    recipe = write_recipe(tmp_path, """\
+        name: shell-job
+        workdir: code
+        envs: {GREETING: "hello 'world' $(not run); ok"}
+        setup: echo setting up
+        run: |
+          sh train.sh
+          ls
+          echo "rank $CLOUDTRAIN_NODE_RANK of $CLOUDTRAIN_NUM_NODES"
+        results: [outputs]
+    """)
+    proc = cloudtrain("run", str(recipe), "--runs-dir", str(tmp_path / "runs"), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    run_dir = Path(proc.stdout.strip().splitlines()[-1])
+    assert run_dir.parent == tmp_path / "runs"
+    assert (run_dir / "outputs" / "greeting.txt").read_text() == "hello 'world' $(not run); ok\n"
+    log = (run_dir / "job.log").read_text()
+    assert "rank 0 of 1" in log
+    assert "ignored.log" not in log and "train.sh" in log
+    assert "setting up" in (run_dir / "setup.log").read_text()
+    record = json.loads((run_dir / "run.json").read_text())
+    assert record["status"] == "succeeded" and record["exit_code"] == 0
+    assert record["provider"] == "local" and record["hourly_price_usd"] == 0 and record["cost_usd"] == 0
+    assert set(record["phases_s"]) >= {"provision", "sync", "setup", "run", "collect", "teardown"}
+    assert record["teardown"] == "down"
+    assert len(record["recipe"]["digest"]) == 64
+    assert "GREETING" not in (run_dir / "run.json").read_text()  # envs may be secrets
+    status = cloudtrain("status", "--json")
+    data = json.loads(status.stdout)
+    assert data["clusters"] == []  # torn down
+    assert data["runs"][0]["status"] == "succeeded"
+
+
+def test_failing_job_collects_logs_and_exits_nonzero(tmp_path: Path) -> None:
+    recipe = write_recipe(tmp_path, """\
+        name: will-fail
+        run: |
+          mkdir -p outputs; echo partial > outputs/partial.txt
+          echo "about to fail" >&2
+          exit 7
+        results: [outputs]
+    """)
+    proc = cloudtrain("run", str(recipe), "--keep", "--runs-dir", str(tmp_path / "runs"), cwd=tmp_path)
+    assert proc.returncode == 7, proc.stdout + proc.stderr
+    run_dir = Path(proc.stdout.strip().splitlines()[-1])
+    assert (run_dir / "outputs" / "partial.txt").read_text() == "partial\n"
+    assert "about to fail" in (run_dir / "job.log").read_text()
+    assert json.loads((run_dir / "run.json").read_text())["status"] == "failed"
+    status = cloudtrain("status")
+    assert "will-fail" in status.stdout and "failed (7)" in status.stdout
+    down = cloudtrain("down", "will-fail")
+    assert down.returncode == 0
+    again = cloudtrain("down", "will-fail")  # idempotent
+    assert again.returncode == 0 and "nothing to do" in again.stdout
+
+
+def _wait_for(predicate, timeout: float = 60.0, what: str = "condition") -> None:  # noqa: ANN001
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_sigint_during_run_tears_down(tmp_path: Path, cloudtrain_home: Path) -> None:
+    marker = tmp_path / "job-started"
+    recipe = write_recipe(tmp_path, f"""\
+        name: interrupted
+        run: |
+          echo $$ > {marker}
+          sleep 600
+    """)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "cloudtrain", "run", str(recipe), "--runs-dir", str(tmp_path / "runs")],
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cli_env(),
+    )
+    _wait_for(lambda: marker.exists() and marker.read_text().strip(), what="job start")
+    job_pid = int(marker.read_text())
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, out + err
+    _wait_for(lambda: not _alive(job_pid), timeout=15, what="job process to exit")
+    data = json.loads(cloudtrain("status", "--json").stdout)
+    assert data["clusters"] == []
+    assert data["runs"][0]["status"] == "interrupted"
+    assert not list((cloudtrain_home / "local").glob("*")), "local node directory left behind"
+    run_dir = next((tmp_path / "runs").iterdir())
+    assert json.loads((run_dir / "run.json").read_text())["status"] == "interrupted"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie waiting for its parent counts as gone.
+    try:
+        return "Z" not in Path(f"/proc/{pid}/stat").read_text().split()[2]
+    except FileNotFoundError:
+        return False
+
+
+def test_logs_follow_interrupted_and_resumed(tmp_path: Path) -> None:
+    recipe = write_recipe(tmp_path, "name: logbox\nrun: 'true'\n")
+    assert cloudtrain("up", str(recipe)).returncode == 0
+    started = cloudtrain("exec", "logbox", "--detach", "--",
+                         "for i in $(seq 1 60); do echo line-$i; sleep 0.05; done")
+    assert started.returncode == 0, started.stderr
+    first = subprocess.Popen(
+        [sys.executable, "-m", "cloudtrain", "logs", "logbox", "-f", "--resume"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cli_env(),
+    )
+    got: list[str] = []
+    assert first.stdout is not None
+    while len(got) < 5:
+        got.append(first.stdout.readline().rstrip("\n"))
+    first.send_signal(signal.SIGINT)
+    # Read through the same buffered pipe object: communicate() would skip what readline buffered.
+    got += [line for line in first.stdout.read().splitlines() if line]
+    first.wait(timeout=30)
+    assert first.returncode == 130
+    second = cloudtrain("logs", "logbox", "-f", "--resume")
+    assert second.returncode == 0, second.stderr
+    got += second.stdout.splitlines()
+    assert got == [f"line-{i}" for i in range(1, 61)]
+    full = cloudtrain("logs", "logbox")
+    assert full.stdout.splitlines() == [f"line-{i}" for i in range(1, 61)]
+    assert cloudtrain("down", "logbox").returncode == 0
+
+
+def test_exec_on_kept_cluster_and_stop_start(tmp_path: Path) -> None:
+    recipe = write_recipe(tmp_path, "name: box\nrun: echo first\n")
+    assert cloudtrain("run", str(recipe), "--keep", "--runs-dir", str(tmp_path / "runs")).returncode == 0
+    out = cloudtrain("exec", "box", "--", "echo", "it's $(here)")
+    assert out.returncode == 0 and "it's $(here)" in out.stdout
+    failing = cloudtrain("exec", "box", "--", "sh", "-c", "exit 4")
+    assert failing.returncode == 4
+    assert cloudtrain("stop", "box").returncode == 0
+    assert "stopped" in cloudtrain("status", "box").stdout
+    refused = cloudtrain("exec", "box", "--", "true")
+    assert refused.returncode == 2 and "cloudtrain start box" in refused.stderr
+    assert cloudtrain("start", "box").returncode == 0
+    assert cloudtrain("exec", "box", "--", "true").returncode == 0
+    assert cloudtrain("down", "box").returncode == 0
+
+
+@pytest.mark.parametrize(
+    "args,expected",
+    [
+        (["run", "missing.yaml"], "file not found"),
+        (["validate", "bad.yaml"], "resources.cloud"),
+        (["logs", "no-such-cluster"], "no cluster named"),
+        (["run", "unavailable.yaml"], "autostop is not available yet for cloud local"),
+        (["run", "later-cloud.yaml"], "cloud 'gcp' is not available yet"),
+    ],
+)
+def test_bad_input_is_one_line_exit_2(tmp_path: Path, args: list[str], expected: str) -> None:
+    (tmp_path / "bad.yaml").write_text("name: x\nrun: y\nresources: {cloud: nope}\n")
+    (tmp_path / "unavailable.yaml").write_text("name: x\nrun: y\nautostop: {idle_minutes: 5}\n")
+    (tmp_path / "later-cloud.yaml").write_text("name: x\nrun: y\nresources: {cloud: gcp}\n")
+    proc = cloudtrain(*args, cwd=tmp_path)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and expected in lines[0], proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_validate_and_schema(tmp_path: Path) -> None:
+    ok = cloudtrain("validate", str(REPO / "recipes" / "mnist-local.yaml"))
+    assert ok.returncode == 0 and "ok" in ok.stdout
+    schema = json.loads(cloudtrain("schema").stdout)
+    assert "resources" in schema["properties"]

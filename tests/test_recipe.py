@@ -1,0 +1,133 @@
+"""Recipe validation: every bad recipe gets one line naming the place and what was expected."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from cloudtrain.errors import RecipeError
+from cloudtrain.recipe import json_schema, load_recipe
+
+OK_BASE = "name: demo\nrun: echo hi\n"
+
+# (id, recipe text, substrings the one-line message must contain)
+BAD = [
+    ("empty-file", "", ["the file is empty"]),
+    ("top-level-list", "- a\n- b\n", ["expected a mapping", "list"]),
+    ("yaml-syntax", "name: demo\nrun: [echo\n", ["YAML syntax error", ":3:1"]),
+    ("yaml-bad-indent", "name: demo\n  run: x\n", ["YAML syntax error", ":2:"]),
+    ("unknown-top-key", OK_BASE + "nmae: x\n", ["nmae", "unknown key", ":3"]),
+    ("did-you-mean-top", OK_BASE + "setpu: pip install x\n", ["did you mean 'setup'"]),
+    ("unknown-resources-key", OK_BASE + "resources: {clod: aws}\n", ["resources.clod", "did you mean 'cloud'"]),
+    ("unknown-cloud", OK_BASE + "resources:\n  cloud: awz\n", ["resources.cloud", "did you mean 'aws'", ":4"]),
+    ("unknown-cloud-far", OK_BASE + "resources: {cloud: openstack}\n", ["resources.cloud", "expected one of"]),
+    ("missing-name", "run: echo hi\n", ["name", "required field is missing"]),
+    ("bad-name-upper", "name: Demo\nrun: x\n", ["name", "lowercase"]),
+    ("bad-name-space", "name: my job\nrun: x\n", ["name", "lowercase"]),
+    ("bad-name-type", "name: [a]\nrun: x\n", ["name", "valid string"]),
+    ("no-entry-point", "name: demo\n", ["nothing to run"]),
+    ("run-and-job", OK_BASE + "job: {name: mnist_cnn}\n", ["either 'run'", "not both"]),
+    ("unknown-job", "name: demo\njob: {name: resnet}\n", ["job.name", "mnist_cnn"]),
+    ("job-unknown-key", "name: demo\njob: {name: mnist_cnn, parms: {}}\n", ["job.parms", "did you mean 'params'"]),
+    ("job-param-nested", "name: demo\njob: {name: mnist_cnn, params: {epochs: [1]}}\n", ["job.params.epochs"]),
+    ("negative-nodes", OK_BASE + "num_nodes: -1\n", ["num_nodes", "greater than or equal to 1", "-1"]),
+    ("zero-nodes", OK_BASE + "num_nodes: 0\n", ["num_nodes", "greater than or equal to 1"]),
+    ("nodes-not-int", OK_BASE + "num_nodes: two\n", ["num_nodes", "valid integer"]),
+    ("negative-cpus", OK_BASE + "resources: {cpus: -4}\n", ["resources.cpus", "greater than or equal to 1"]),
+    ("negative-memory", OK_BASE + "resources: {memory: -1}\n", ["resources.memory", "greater than 0"]),
+    ("tiny-disk", OK_BASE + "resources: {disk_gb: 2}\n", ["resources.disk_gb", "greater than or equal to 8"]),
+    ("spot-not-bool", OK_BASE + "resources: {spot: maybe}\n", ["resources.spot", "valid boolean"]),
+    ("bad-accelerators", OK_BASE + "resources: {accelerators: 'T4:x'}\n", ["resources.accelerators", "T4:1"]),
+    ("zero-accelerators", OK_BASE + "resources: {accelerators: 'T4:0'}\n", ["resources.accelerators"]),
+    ("zone-without-region", OK_BASE + "resources: {cloud: aws, zone: us-east-1a}\n", ["'zone' needs 'region'"]),
+    ("hosts-on-aws", OK_BASE + "resources: {cloud: aws, hosts: [{address: a}]}\n", ["'hosts' only applies"]),
+    ("ssh-without-hosts", OK_BASE + "resources: {cloud: ssh}\n", ["needs a 'hosts' list"]),
+    ("ssh-host-bad-port", OK_BASE + "resources: {cloud: ssh, hosts: [{address: a, port: 70000}]}\n",
+     ["resources.hosts.0.port", "less than or equal to 65535"]),
+    ("ssh-host-unknown-key", OK_BASE + "resources: {cloud: ssh, hosts: [{adress: a}]}\n",
+     ["resources.hosts.0.adress", "did you mean 'address'"]),
+    ("too-few-hosts", OK_BASE + "num_nodes: 2\nresources: {cloud: ssh, hosts: [{address: a}]}\n",
+     ["num_nodes is 2", "1 host"]),
+    ("envs-list", OK_BASE + "envs: [A, B]\n", ["envs", "valid dictionary"]),
+    ("envs-bad-name", OK_BASE + "envs: {'1X': y}\n", ["envs", "MY_VAR"]),
+    ("envs-nested", OK_BASE + "envs: {A: {b: c}}\n", ["envs.A must be a string"]),
+    ("undefined-var", OK_BASE + "envs: {TOKEN: '${CT_TEST_UNDEFINED_VAR}'}\n",
+     ["envs.TOKEN", "${CT_TEST_UNDEFINED_VAR} is not set", "export CT_TEST_UNDEFINED_VAR"]),
+    ("undefined-var-nested", "name: demo\nrun: x\nresources: {region: '${CT_TEST_NOPE}'}\n",
+     ["resources.region", "${CT_TEST_NOPE}"]),
+    ("missing-workdir", OK_BASE + "workdir: ./does-not-exist\n", ["workdir", "is not a directory"]),
+    ("missing-data-source", OK_BASE + "data: [{source: ./nope, target: data}]\n", ["data[0].source", "does not exist"]),
+    ("data-missing-target", OK_BASE + "data: [{source: .}]\n", ["data.0.target", "required field is missing"]),
+    ("results-absolute", OK_BASE + "results: [/etc]\n", ["results", "relative to the workdir"]),
+    ("results-dotdot", OK_BASE + "results: [../x]\n", ["results", "without '..'"]),
+    ("autostop-negative", OK_BASE + "autostop: {idle_minutes: -5}\n", ["autostop.idle_minutes"]),
+    ("budget-negative", OK_BASE + "budget: {max_usd: -1}\n", ["budget.max_usd", "greater than 0"]),
+    ("budget-unknown", OK_BASE + "budget: {maxusd: 5}\n", ["budget.maxusd", "did you mean 'max_usd'"]),
+]
+
+
+@pytest.mark.parametrize("text,expected", [(t, e) for _, t, e in BAD], ids=[i for i, _, _ in BAD])
+def test_bad_recipe_one_clear_line(tmp_path: Path, text: str, expected: list[str]) -> None:
+    path = tmp_path / "recipe.yaml"
+    path.write_text(text)
+    with pytest.raises(RecipeError) as info:
+        load_recipe(path, env={})
+    line = info.value.one_line()
+    assert "\n" not in line
+    assert str(path) in line
+    for fragment in expected:
+        assert fragment in line, f"{fragment!r} not in {line!r}"
+    assert info.value.exit_code == 2
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(RecipeError, match="file not found"):
+        load_recipe(tmp_path / "nope.yaml")
+
+
+def test_interpolation_and_defaults(tmp_path: Path) -> None:
+    (tmp_path / "code").mkdir()
+    path = tmp_path / "r.yaml"
+    path.write_text(textwrap.dedent("""\
+        name: demo
+        workdir: ${CODE_DIR}
+        envs: {LR: "${LR:-0.01}", EPOCHS: 3, FLAG: true}
+        run: echo ${LEFT_FOR_THE_NODE_SHELL}
+    """))
+    loaded = load_recipe(path, env={"CODE_DIR": str(tmp_path / "code")})
+    assert loaded.workdir == (tmp_path / "code").resolve()
+    assert loaded.recipe.envs == {"LR": "0.01", "EPOCHS": "3", "FLAG": "true"}
+    # run/setup are shell for the node: ${...} there is not ours to expand.
+    assert loaded.recipe.run == "echo ${LEFT_FOR_THE_NODE_SHELL}"
+
+
+def test_accelerators_parsed(tmp_path: Path) -> None:
+    path = tmp_path / "r.yaml"
+    path.write_text("name: demo\nrun: x\nresources: {cloud: aws, accelerators: 'V100:8'}\n")
+    res = load_recipe(path).recipe.resources
+    assert (res.accelerator_name, res.accelerator_count) == ("V100", 8)
+
+
+def test_bundled_job_collects_outputs(tmp_path: Path) -> None:
+    path = tmp_path / "r.yaml"
+    path.write_text("name: demo\njob: {name: mnist_cnn, params: {epochs: 1}}\nresults: [extra]\n")
+    assert load_recipe(path).recipe.result_paths() == ["extra", "outputs"]
+
+
+def test_every_bundled_recipe_validates() -> None:
+    root = Path(__file__).resolve().parents[1] / "recipes"
+    env = {"CT_SSH_HOST": "127.0.0.1", "CT_SSH_PORT": "22", "CT_SSH_USER": "u", "CT_SSH_KEY": "/k",
+           "CT_SSH_HOST2": "127.0.0.1", "CT_SSH_PORT2": "22"}
+    recipes = sorted(root.glob("*.yaml"))
+    assert recipes
+    for recipe in recipes:
+        load_recipe(recipe, env=env)
+
+
+def test_schema_is_json_schema() -> None:
+    schema = json_schema()
+    assert schema["title"] == "cloudtrain recipe"
+    assert {"name", "resources", "run", "job", "budget", "autostop"} <= set(schema["properties"])
+    assert schema["additionalProperties"] is False
