@@ -1,29 +1,21 @@
-"""Shared pieces of Click commands: building the core objects from flags and environment."""
+"""Shared pieces of Click commands. Imports stay inside functions: `status` must not pay for pydantic."""
 
 from __future__ import annotations
 
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
-from cloudtrain.config import Config, load_config
-from cloudtrain.events import Reporter
-from cloudtrain.recipe import LoadedRecipe, load_recipe
+if TYPE_CHECKING:
+    from cloudtrain.events import Reporter
+    from cloudtrain.lifecycle import Lifecycle
 
 cluster_option = click.option("--cluster", "-c", "cluster", metavar="NAME", help="Cluster name (default: recipe name).")
 
 
-def open_lifecycle(reporter: Reporter | None = None):  # noqa: ANN201
+def open_lifecycle(reporter: Reporter | None = None) -> Lifecycle:
+    from cloudtrain.config import load_config
     from cloudtrain.lifecycle import Lifecycle
     from cloudtrain.state import StateStore
 
-    config = load_config()
-    return Lifecycle(StateStore(), config, reporter)
-
-
-def config() -> Config:
-    return load_config()
-
-
-def recipe(path: str) -> LoadedRecipe:
-    return load_recipe(Path(path))
+    return Lifecycle(StateStore(), load_config(), reporter)

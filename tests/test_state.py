@@ -1,0 +1,79 @@
+"""State store: schema versioning and two processes writing at once."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from cloudtrain.errors import CloudtrainError
+from cloudtrain.state import SCHEMA_VERSION, JobRecord, StateStore
+from tests.conftest import cli_env, cloudtrain
+
+WRITER = textwrap.dedent("""
+    import sys, time
+    from cloudtrain.state import StateStore, JobRecord
+    store = StateStore()
+    who = sys.argv[1]
+    for i in range(150):
+        store.upsert_cluster(name=f"{who}-{i % 10}", provider="local", status="up", owner=who)
+        store.insert_job(JobRecord(id=f"{who}-{i}", cluster=f"{who}-{i % 10}", run_id=None, job_dir="/x",
+                                   status="running", command=None, submitted_at=time.time(), started_at=None,
+                                   ended_at=None, exit_code=None))
+        store.add_event(f"{who}-{i % 10}", "test", str(i))
+""")
+
+
+def test_two_processes_write_concurrently(cloudtrain_home: Path) -> None:
+    StateStore().close()
+    procs = [
+        subprocess.Popen([sys.executable, "-c", WRITER, who], env=cli_env(), stderr=subprocess.PIPE, text=True)
+        for who in ("a", "b")
+    ]
+    for proc in procs:
+        _, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0, err
+    store = StateStore()
+    assert len(store.list_clusters()) == 20
+    assert len(store.list_events()) == 300
+    assert len(store.list_jobs("a-3")) == 15
+
+
+def test_two_cli_runs_at_once_share_one_state_db(tmp_path: Path) -> None:
+    for name in ("alpha", "beta"):
+        (tmp_path / f"{name}.yaml").write_text(f"name: {name}\nrun: echo {name}; sleep 1\n")
+    procs = [
+        subprocess.Popen([sys.executable, "-m", "cloudtrain", "run", f"{name}.yaml", "--keep"], cwd=tmp_path,
+                         env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for name in ("alpha", "beta")
+    ]
+    for proc in procs:
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0, out + err
+    data = json.loads(cloudtrain("status", "--json").stdout)
+    assert sorted(c["name"] for c in data["clusters"]) == ["alpha", "beta"]
+    assert all(c["last_job"]["status"] == "succeeded" for c in data["clusters"])
+    assert sorted(r["status"] for r in data["runs"]) == ["succeeded", "succeeded"]
+    assert cloudtrain("down", "alpha", "beta").returncode == 0
+
+
+def test_schema_version_and_wal(cloudtrain_home: Path) -> None:
+    store = StateStore()
+    assert store._db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+    assert store._db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    store._db.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
+    store.close()
+    with pytest.raises(CloudtrainError, match="newer than this cloudtrain"):
+        StateStore()
+
+
+def test_log_cursor_round_trip(cloudtrain_home: Path) -> None:
+    store = StateStore()
+    assert store.get_log_cursor("j") == 0
+    store.set_log_cursor("j", 42)
+    store.set_log_cursor("j", 43)
+    assert store.get_log_cursor("j") == 43
