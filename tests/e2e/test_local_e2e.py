@@ -201,3 +201,23 @@ def test_validate_and_schema(tmp_path: Path) -> None:
     assert ok.returncode == 0 and "ok" in ok.stdout
     schema = json.loads(cloudtrain("schema").stdout)
     assert "resources" in schema["properties"]
+
+
+def test_bundled_mnist_recipe_end_to_end(tmp_path: Path) -> None:
+    """The README's first command, shortened to one epoch: metrics, run.json and the log come home."""
+    recipe = (REPO / "recipes" / "mnist-local.yaml").read_text().replace("epochs: 3", "epochs: 1")
+    assert "epochs: 1" in recipe
+    path = tmp_path / "mnist-local.yaml"
+    path.write_text(recipe)
+    proc = cloudtrain("run", str(path), "--runs-dir", str(tmp_path / "runs"), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    run_dir = Path(proc.stdout.strip().splitlines()[-1])
+    metrics = json.loads((run_dir / "outputs" / "metrics.json").read_text())
+    assert metrics["epochs"] == 1 and metrics["device"] == "CPU" and metrics["data_source"] == "bundled"
+    assert 0.5 < metrics["test_accuracy"] <= 1.0
+    assert (run_dir / "outputs" / "device_placement.json").is_file()
+    assert "epoch 1/1" in proc.stdout  # progress lines rendered by the CLI
+    log = (run_dir / "job.log").read_text()
+    assert '"cloudtrain": "progress"' in log or '"cloudtrain":"progress"' in log
+    record = json.loads((run_dir / "run.json").read_text())
+    assert record["status"] == "succeeded" and "outputs/metrics.json" in record["results"]
