@@ -151,7 +151,7 @@ class Lifecycle:
         self.store.add_event(name, "launch", f"{provider.name}: launching {recipe.num_nodes} node(s)")
         launched: list[Instance] = []
         try:
-            launched = provider.launch(spec, recipe.num_nodes)
+            launched = self._launch(recipe, spec, provider)
             self._record_nodes(name, launched, spec.hosts)
             running = self._wait_running(provider, [i.id for i in launched])
             self._record_nodes(name, running, spec.hosts)
@@ -164,6 +164,37 @@ class Lifecycle:
             self._cleanup_failed_launch(name, provider, launched, exc)
             raise
         return Cluster(self.store.get_cluster(name), tuple(self.store.get_nodes(name)), provider)  # type: ignore[arg-type]
+
+    def _launch(self, recipe: Recipe, spec: InstanceSpec, provider: Provider) -> list[Instance]:
+        """Launch at the cheapest placement; on a capacity error fail over to the next one."""
+        if not provider.capabilities.priced:
+            return provider.launch(spec, recipe.num_nodes)
+        from dataclasses import replace
+
+        from cloudtrain.catalog import default_catalog
+        from cloudtrain.errors import CapacityError
+        from cloudtrain.plan import make_plan
+
+        default_region = getattr(getattr(self.config, provider.name, None), "region", None)
+        plan = make_plan(recipe, default_catalog(), [provider.name], default_region=default_region)
+        self.reporter.info(f"plan: {plan.summary()}")
+        failures = []
+        for placement in plan.candidates:
+            attempt = replace(spec, region=placement.region, zone=placement.zone,
+                              instance_type=placement.instance_type, spot=placement.spot)
+            try:
+                instances = provider.launch(attempt, recipe.num_nodes)
+            except CapacityError as exc:
+                failures.append(f"{placement.describe()}: {exc.message}")
+                self.store.add_event(spec.cluster, "capacity", failures[-1])
+                self.reporter.warn(f"no capacity: {placement.describe()}; trying the next placement")
+                continue
+            # The catalog knows the price; providers may not.
+            return [i if i.hourly_price else replace(i, hourly_price=placement.hourly_price) for i in instances]
+        raise CapacityError(
+            f"no capacity for {spec.cluster} in any of {len(failures)} placement(s): " + "; ".join(failures),
+            hint="try another region, instance type or later",
+        )
 
     def _cleanup_failed_launch(self, name: str, provider: Provider, launched: list[Instance], exc: BaseException) -> None:
         # Whatever the provider created, by our records or by its tags, goes away now.
