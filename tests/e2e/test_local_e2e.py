@@ -221,3 +221,26 @@ def test_bundled_mnist_recipe_end_to_end(tmp_path: Path) -> None:
     assert '"cloudtrain": "progress"' in log or '"cloudtrain":"progress"' in log
     record = json.loads((run_dir / "run.json").read_text())
     assert record["status"] == "succeeded" and "outputs/metrics.json" in record["results"]
+
+
+def test_multi_node_ranks_and_one_node_failure(tmp_path: Path) -> None:
+    recipe = write_recipe(tmp_path, """\
+        name: pair
+        num_nodes: 2
+        run: |
+          echo "rank=$CLOUDTRAIN_NODE_RANK nodes=$CLOUDTRAIN_NUM_NODES ips=$CLOUDTRAIN_NODE_IPS"
+          if [ "$CLOUDTRAIN_NODE_RANK" = 1 ] && [ -n "$FAIL_RANK_1" ]; then exit 5; fi
+          if [ "$CLOUDTRAIN_NODE_RANK" = 0 ] && [ -n "$FAIL_RANK_1" ]; then sleep 600; fi
+    """)
+    ok = cloudtrain("run", str(recipe), "--runs-dir", str(tmp_path / "runs"), cwd=tmp_path)
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    run_dir = Path(ok.stdout.strip().splitlines()[-1])
+    assert "rank=0 nodes=2 ips=127.0.0.1,127.0.0.1" in (run_dir / "job.log").read_text()
+    assert "rank=1 nodes=2" in (run_dir / "node-1-job.log").read_text()
+
+    (tmp_path / "fail.yaml").write_text(recipe.read_text().replace("name: pair", "name: pair-fail\nenvs: {FAIL_RANK_1: 'yes'}"))
+    started = time.monotonic()
+    bad = cloudtrain("run", "fail.yaml", "--runs-dir", str(tmp_path / "runs"), cwd=tmp_path, timeout=120)
+    assert bad.returncode == 5, bad.stdout + bad.stderr
+    assert time.monotonic() - started < 60, "rank 0 should be stopped when rank 1 fails"
+    assert "node 1 failed (exit code 5)" in bad.stdout
