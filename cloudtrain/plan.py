@@ -7,6 +7,7 @@ over (next zone is the provider's job; next region or type is the lifecycle's, f
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -125,6 +126,19 @@ def make_plan(
     if res.region is not None:
         _check_region(catalog, targets, res.region)
     offers = _fitting_offers(recipe, catalog, targets)
+    if res.image and res.image.startswith("ami-") and res.region is None:
+        # AMI ids exist in one region only: failing over to another region could never use it.
+        if default_region is None:
+            raise UsageError(
+                f"resources.image {res.image} is an AMI id, which belongs to one region",
+                hint="set resources.region too",
+            )
+        offers = [o for o in offers if o.region == default_region]
+        if not offers:
+            raise NotAvailableError(
+                f"resources.image {res.image} pins the plan to region {default_region}, where nothing fits",
+                hint="set resources.region to the AMI's region",
+            )
     placements = _placements(offers, res.zone, res.spot)
     placements.sort(key=lambda p: (p.hourly_price, p.region != default_region, p.cloud, p.region or "", p.instance_type or ""))
 
@@ -183,10 +197,9 @@ def _fitting_offers(recipe: Recipe, catalog: Catalog, clouds: Sequence[str]) -> 
         canonical = catalog.canonical_accelerator(name)
         if canonical is None:
             known_gpus = catalog.accelerator_names()
-            close = did_you_mean(name.upper(), list(known_gpus)) or did_you_mean(name, list(known_gpus))
             raise UsageError(
                 f"resources.accelerators: no cloud offers a GPU called {name!r}",
-                hint=close or f"known GPUs: {', '.join(known_gpus)}",
+                hint=_gpu_did_you_mean(name, known_gpus) or f"known GPUs: {', '.join(known_gpus)}",
             )
         count = res.accelerator_count
         anywhere = catalog.query(cloud=clouds, accelerator=canonical)
@@ -227,6 +240,14 @@ def _fitting_offers(recipe: Recipe, catalog: Catalog, clouds: Sequence[str]) -> 
     if not offers:
         raise NotAvailableError(f"no {market}CPU offer{_sizes(recipe)}{where}", hint="lower resources.cpus/memory")
     return offers
+
+
+def _gpu_did_you_mean(name: str, known: Sequence[str]) -> str | None:
+    # GPU names are short ("T4", "A100"): one wrong character is a big edit ratio, so the cutoff
+    # is lower than for field names, and the comparison ignores case.
+    by_upper = {k.upper(): k for k in known}
+    close = difflib.get_close_matches(name.upper(), list(by_upper), n=1, cutoff=0.5)
+    return f"did you mean {by_upper[close[0]]!r}?" if close else None
 
 
 def _check_type_fits(recipe: Recipe, offer: Offer) -> None:

@@ -6,8 +6,8 @@ TensorFlow (imported inside main() so that --help and argument errors are instan
 
 stdout carries the progress protocol the cloudtrain CLI parses: single-line JSON objects
 with "cloudtrain": "progress" and a "type" of start, step, epoch or done; any other line
-is a human log line. TensorFlow's native output (including the placer's printf() to C
-stdout) is diverted to stderr so that it can never split a protocol line.
+is a human log line. Native (C/C++) writes to stdout never reach that stream: fd 1 is
+pointed at stderr, captured while placements are logged, then discarded.
 Exit codes: 0 success or already complete, 2 bad input (one-line message), else a crash.
 """
 from __future__ import annotations
@@ -158,8 +158,8 @@ def read_npz(path: Path) -> tuple[np.ndarray, ...]:
             arrays = {k: f[k] for k in ("x_train", "y_train", "x_test", "y_test")}
     except KeyError as e:
         raise JobError(f"{path}: npz lacks {e} (expected x_train, y_train, x_test, y_test)") from None
-    except (OSError, ValueError, EOFError, zlib.error) as e:
-        raise JobError(f"{path}: not a readable .npz file ({e})") from None
+    except (OSError, ValueError, EOFError, zlib.error):
+        raise JobError(f"{path}: not a readable .npz archive") from None
     return (*_check_xy(arrays["x_train"], arrays["y_train"], f"{path} train"),
             *_check_xy(arrays["x_test"], arrays["y_test"], f"{path} test"))
 
@@ -220,6 +220,8 @@ def load_data(spec: str, val_fraction: float, script_dir: Path, log: Any) -> Dat
         return _with_val(x[rest], y[rest], x[test], y[test], val_fraction,
                          "bundled" if spec == "bundled" else "csv", str(path), note)
     path = Path(spec)
+    if not path.exists():
+        raise JobError(f"--data {spec}: no such file or directory (expected auto, bundled or a PATH)")
     if path.is_dir():
         return _with_val(*read_idx_dir(path), val_fraction, "idx", str(path), note)
     if path.is_file() and path.suffix == ".npz":
@@ -294,35 +296,26 @@ def short_device(name: str) -> str:
     return local if m["job"] == "localhost" else f"{m['job']}:{m['task']}/{local}"
 
 
-def summarize_placement(stdout_text: str, stderr_text: str, gpu_visible: bool) -> dict[str, Any]:
-    """Count the placer's graph-node lines between the train-step markers (C stdout, unaffected by
-    TF_CPP_MIN_LOG_LEVEL; the same lines on stderr are duplicates and are not counted)."""
-    def section(text: str) -> list[str]:
-        lines, inside = [], False
-        for line in text.splitlines():
-            if line.startswith(MARK):
-                inside = line.endswith("begin")
-            elif inside:
-                lines.append(line)
-        return lines
-
+def summarize_placement(stdout_text: str, gpu_visible: bool) -> dict[str, Any]:
+    """Count the placer's graph-node lines between the train-step markers. They come from C stdout,
+    which TF_CPP_MIN_LOG_LEVEL does not filter; the same lines in the INFO log are not counted."""
     by_device: Counter[str] = Counter()
     by_type: dict[str, Counter[str]] = defaultdict(Counter)
-    for line in section(stdout_text):
-        m = PLACER_RE.match(line)
-        if m:
+    inside = False
+    for line in stdout_text.splitlines():
+        if line.startswith(MARK):
+            inside = line.endswith("begin")
+        elif inside and (m := PLACER_RE.match(line)):
             dev = short_device(m["device"])
             by_device[dev] += 1
             by_type[m["op"]][dev] += 1
-    eager = sorted({f"{m['op']} on {short_device(m['device'])}"
-                    for m in map(EAGER_RE.search, section(stderr_text)) if m})
     heavy = {op: dict(devs) for op, devs in sorted(by_type.items()) if op in HEAVY_OPS}
     warnings = [f"{op} ran on {dev} ({n} ops) although a GPU is visible"
                 for op, devs in heavy.items() for dev, n in devs.items() if gpu_visible and "CPU" in dev]
     return {"enabled": True, "scope": "first training step (graph nodes placed by the TensorFlow placer)",
             "ops_total": sum(by_device.values()), "ops_by_device": dict(sorted(by_device.items())),
             "ops_by_type": {op: dict(d) for op, d in sorted(by_type.items())}, "heavy_ops": heavy,
-            "devices": sorted(by_device), "gpu_visible": gpu_visible, "eager_ops": eager, "warnings": warnings}
+            "devices": sorted(by_device), "gpu_visible": gpu_visible, "warnings": warnings}
 
 
 # ---------------------------------------------------------------- small helpers
@@ -346,17 +339,24 @@ class Reporter:
     """Progress protocol and human log lines on the original stdout, one write per line."""
 
     def __init__(self, stream: TextIO) -> None:
-        self.stream = stream
+        self.stream: TextIO | None = stream
+
+    def _write(self, line: str) -> None:
+        if self.stream is None:
+            return
+        try:
+            self.stream.write(line + "\n")
+            self.stream.flush()
+        except OSError:  # the reader went away (closed pipe): keep training, results still land on disk
+            self.stream = None
 
     def log(self, msg: str) -> None:
-        self.stream.write(f"[mnist_cnn] {msg}\n")
-        self.stream.flush()
+        self._write(f"[mnist_cnn] {msg}")
 
     def progress(self, kind: str, **fields: Any) -> None:
         obj = {"cloudtrain": "progress", "type": kind}
         obj.update({k: round(v, 6) if isinstance(v, float) else v for k, v in fields.items()})
-        self.stream.write(json.dumps(obj, separators=(",", ":")) + "\n")
-        self.stream.flush()
+        self._write(json.dumps(obj, separators=(",", ":")))
 
 
 def cluster_role() -> tuple[int, int, bool, str | None]:
@@ -379,7 +379,8 @@ def run_config(args: argparse.Namespace) -> dict[str, Any]:
     """Settings that must match for a checkpoint to be resumed."""
     return {"batch_size": args.batch_size, "lr": args.lr, "seed": args.seed, "data": args.data,
             "val_fraction": args.val_fraction, "limit_train": args.limit_train, "limit_test": args.limit_test,
-            "max_steps_per_epoch": args.max_steps_per_epoch, "cpu_devices": args.cpu_devices}
+            "max_steps_per_epoch": args.max_steps_per_epoch, "cpu_devices": args.cpu_devices,
+            "mixed_precision": args.mixed_precision}
 
 
 def clean_outputs(out: Path) -> None:
@@ -458,8 +459,11 @@ def main(argv: list[str] | None = None) -> int:
     rep = Reporter(os.fdopen(os.dup(1), "w", buffering=1, encoding="utf-8"))
     os.dup2(2, 1)
     sys.stdout = sys.stderr  # Python-level prints from libraries stay visible wherever fd 1 goes
+    # TF's INFO level carries one "Executing op" line per training step while placement logging is on
+    # (it cannot be switched off again in TF 2.21); the placer's own printf()s are what is summarized.
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
     try:
-        return train(args, rep, t_start)
+        return run(args, rep, t_start)
     except JobError as e:
         print(f"mnist_cnn: error: {e}", file=sys.stderr)
         return 2
@@ -467,47 +471,32 @@ def main(argv: list[str] | None = None) -> int:
         _flush_native()
 
 
-def train(args: argparse.Namespace, rep: Reporter, t_start: float) -> int:
-    # TF's INFO level carries one "Executing op" line per training step while placement logging is on
-    # (it cannot be switched off again in TF 2.21); the placer's own printf()s are what is summarized.
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
-    num_workers, task_index, is_chief, scratch = cluster_role()
-    out = args.output / scratch if scratch else args.output
-    out.mkdir(parents=True, exist_ok=True)
-    config = run_config(args)
-    if args.force:
-        clean_outputs(out)
+def previous_state(out: Path, args: argparse.Namespace, config: dict[str, Any]) -> dict[str, Any]:
+    """Earlier work in `out`: {"done": metrics} when nothing is left to do, else the resumable state."""
     done = read_json(out / "metrics.json")
     if done and done.get("complete") and done.get("config") == config:
         if done.get("epochs") == args.epochs:
-            rep.log(f"{out} already holds the final result of {args.epochs} epochs "
-                    f"(test_accuracy {done.get('test_accuracy')}); not retraining (use --force to retrain)")
-            rep.progress("done", test_accuracy=done.get("test_accuracy"), test_loss=done.get("test_loss"))
-            return 0
+            return {"done": done}
         if done.get("epochs", 0) > args.epochs:
             raise JobError(f"{out} holds a finished run of {done.get('epochs')} epochs, more than --epochs "
                            f"{args.epochs}; use --force or another --output")
-    state = read_json(out / "train_state.json")
+    state = read_json(out / "train_state.json") or {}
     if state and state.get("config") != config:
-        raise JobError(f"{out} holds checkpoints from different settings ({state.get('config')}); "
-                       "use --force or another --output")
+        old = state.get("config") or {}
+        diff = ", ".join(f"{k} {old.get(k)!r} -> {v!r}" for k, v in config.items() if old.get(k) != v)
+        raise JobError(f"{out} holds checkpoints made with other settings ({diff}); use --force or another --output")
+    return state
 
-    data = load_data(args.data, args.val_fraction, Path(__file__).resolve().parent, rep.log)
-    if args.limit_train:
-        data.x_train, data.y_train = data.x_train[:args.limit_train], data.y_train[:args.limit_train]
-    if args.limit_test:
-        data.x_test, data.y_test = data.x_test[:args.limit_test], data.y_test[:args.limit_test]
-    rep.log(f"data: {data.source} ({data.path}) train {len(data.x_train)}, val {len(data.x_val)}, "
-            f"test {len(data.x_test)}" + (f"; {data.note}" if data.note else ""))
 
-    import tensorflow as tf  # deferred so --help, argument and data errors are instant
-    import keras
+@dataclass
+class Devices:
+    gpus: list[Any]
+    names: list[str]
+    details: list[dict[str, Any]]
 
-    if args.placement_log:
-        # TF 2.21 fixes this setting when the runtime initializes (a later toggle is ignored), so it
-        # goes on now; the placer only logs when a function is instantiated, so steady-state steps
-        # pay nothing. Everything native until the first step finishes is captured below.
-        tf.debugging.set_log_device_placement(True)
+
+def configure_devices(tf: Any, args: argparse.Namespace) -> Devices:
+    """Device visibility and logical splits; must run before the TensorFlow runtime initializes."""
     if args.device == "cpu":
         tf.config.set_visible_devices([], "GPU")
     gpus = tf.config.list_physical_devices("GPU")
@@ -516,52 +505,52 @@ def train(args: argparse.Namespace, rep: Reporter, t_start: float) -> int:
     if args.cpu_devices > 1:
         cpu = tf.config.list_physical_devices("CPU")[0]
         tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * args.cpu_devices)
-    gpu_details = [tf.config.experimental.get_device_details(g) for g in gpus]
-    gpu_names = [str(d.get("device_name", g.name)) for g, d in zip(gpus, gpu_details)]
-    kind = args.strategy
-    if kind == "auto":
-        kind = "multiworker" if num_workers > 1 else "mirrored" if len(gpus) > 1 else "default"
-    mixed = args.mixed_precision == "on" or (args.mixed_precision == "auto" and bool(gpus) and all(
-        tuple(d.get("compute_capability", (0, 0))) >= (7, 0) for d in gpu_details))
+    details = [tf.config.experimental.get_device_details(g) for g in gpus]
+    return Devices(gpus, [str(d.get("device_name", g.name)) for g, d in zip(gpus, details)], details)
 
-    capture = NativeCapture(out) if args.placement_log else None
-    if capture:
-        capture.__enter__()
-    try:
-        if kind == "multiworker":
-            strategy = tf.distribute.MultiWorkerMirroredStrategy()
-        elif kind == "mirrored":
-            strategy = tf.distribute.MirroredStrategy(
-                None if gpus else [d.name for d in tf.config.list_logical_devices("CPU")])
-        else:
-            strategy = tf.distribute.get_strategy()
-        replicas = strategy.num_replicas_in_sync
-        global_batch = args.batch_size * replicas
-        steps = len(data.x_train) // global_batch
+
+def make_strategy(tf: Any, kind: str, devices: Devices) -> Any:
+    if kind == "multiworker":
+        return tf.distribute.MultiWorkerMirroredStrategy()
+    if kind == "mirrored":  # on a CPU-only host, mirror over the logical CPUs from --cpu-devices
+        return tf.distribute.MirroredStrategy(None if devices.gpus else [d.name for d in tf.config.list_logical_devices("CPU")])
+    return tf.distribute.get_strategy()
+
+
+class Loop:
+    """One custom training loop for every strategy (Keras 3 model.fit fails under MultiWorkerMirroredStrategy)."""
+
+    def __init__(self, tf: Any, keras: Any, strategy: Any, data: Data, args: argparse.Namespace, mixed: bool,
+                 out: Path) -> None:
+        self.tf, self.strategy, self.data = tf, strategy, data
+        self.global_batch = global_batch = args.batch_size * strategy.num_replicas_in_sync
+        self.steps = len(data.x_train) // global_batch
         if args.max_steps_per_epoch:
-            steps = min(steps, args.max_steps_per_epoch)
-        if steps < 1:
+            self.steps = min(self.steps, args.max_steps_per_epoch)
+        if self.steps < 1:
             raise JobError(f"{len(data.x_train)} training images do not fill one global batch of {global_batch}")
         keras.utils.set_random_seed(args.seed)
         if mixed:
             keras.mixed_precision.set_global_policy("mixed_float16")
         with strategy.scope():
-            model = build_model(keras)
+            self.model = model = build_model(keras)
             optimizer = keras.optimizers.Adam(args.lr)
             if mixed:
                 optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
             optimizer.build(model.trainable_variables)
-        epoch_var = tf.Variable(0, dtype=tf.int64, trainable=False)
-        ckpt = tf.train.Checkpoint(model=model, optimizer=optimizer, epoch=epoch_var)
-        manager = tf.train.CheckpointManager(ckpt, str(out / "checkpoints"), max_to_keep=2)
-
+        self.epoch_var = tf.Variable(0, dtype=tf.int64, trainable=False)
+        self.ckpt = tf.train.Checkpoint(model=model, optimizer=optimizer, epoch=self.epoch_var)
+        self.manager = tf.train.CheckpointManager(self.ckpt, str(out / "checkpoints"), max_to_keep=2)
         options = tf.data.Options()
         # In-memory arrays cannot be sharded by file; shard by element so each worker gets its part of every batch.
         options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
         train_ds = (tf.data.Dataset.from_tensor_slices((data.x_train, data.y_train)).cache()
                     .shuffle(len(data.x_train), seed=args.seed, reshuffle_each_iteration=True)
                     .batch(global_batch, drop_remainder=True).prefetch(tf.data.AUTOTUNE).with_options(options))
-        dist_train = strategy.experimental_distribute_dataset(train_ds)
+        self.dist_train = strategy.experimental_distribute_dataset(train_ds)
+
+        def correct_count(y: Any, probs: Any) -> Any:
+            return tf.reduce_sum(tf.cast(tf.equal(tf.argmax(probs, -1, output_type=tf.int32), y), tf.float32))
 
         def replica_step(x: Any, y: Any) -> tuple[Any, Any]:
             with tf.GradientTape() as tape:
@@ -571,49 +560,116 @@ def train(args: argparse.Namespace, rep: Reporter, t_start: float) -> int:
                 scaled = optimizer.scale_loss(loss)  # identity unless mixed precision
             grads = tape.gradient(scaled, model.trainable_variables)
             optimizer.apply(grads, model.trainable_variables)  # all-reduces across replicas and unscales
-            correct = tf.reduce_sum(tf.cast(tf.equal(tf.argmax(probs, -1, output_type=tf.int32), y), tf.float32))
-            return loss, correct
+            return loss, correct_count(y, probs)
 
         @tf.function
         def train_step(iterator: Any) -> tuple[Any, Any]:
             loss, correct = strategy.run(replica_step, args=next(iterator))
-            return (strategy.reduce("SUM", loss, axis=None), strategy.reduce("SUM", correct, axis=None))
+            return strategy.reduce("SUM", loss, axis=None), strategy.reduce("SUM", correct, axis=None)
 
         @tf.function(input_signature=[tf.TensorSpec([None, 28, 28, 1], tf.uint8), tf.TensorSpec([None], tf.int32)])
         def eval_step(x: Any, y: Any) -> tuple[Any, Any]:
             probs = model(x, training=False)
-            loss = tf.reduce_sum(keras.losses.sparse_categorical_crossentropy(y, probs))
-            return loss, tf.reduce_sum(tf.cast(tf.equal(tf.argmax(probs, -1, output_type=tf.int32), y), tf.float32))
+            return tf.reduce_sum(keras.losses.sparse_categorical_crossentropy(y, probs)), correct_count(y, probs)
 
-        def evaluate(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
-            # Every worker evaluates everything with identical weights, so all report the same numbers.
-            loss = correct = 0.0
-            for i in range(0, len(x), 1000):
-                batch_loss, batch_correct = eval_step(x[i:i + 1000], y[i:i + 1000])
-                loss, correct = loss + float(batch_loss), correct + float(batch_correct)
-            return loss / len(x), correct / len(x)
+        self.train_step, self.eval_step = train_step, eval_step
 
-        initial_epoch = 0
-        if manager.latest_checkpoint:
-            ckpt.restore(manager.latest_checkpoint).assert_existing_objects_matched()
-            initial_epoch = int(epoch_var.numpy())
-        history = (state or {}).get("history", [])[:initial_epoch]
-        iterator = iter(dist_train)
-        t_first = time.perf_counter()
+    def restore(self) -> int:
+        """Last completed epoch from the newest checkpoint, 0 without one."""
+        latest = self.manager.latest_checkpoint
+        if not latest:
+            return 0
+        try:
+            self.ckpt.restore(latest).assert_existing_objects_matched()
+        except (AssertionError, ValueError, self.tf.errors.OpError) as e:
+            first = (str(e).strip().splitlines() or [""])[0][:200]
+            raise JobError(f"cannot resume from {latest} ({type(e).__name__}: {first}); use --force to start over") from None
+        return int(self.epoch_var.numpy())
+
+    def evaluate(self, x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
+        # Every worker evaluates everything with identical weights, so all report the same numbers.
+        loss = correct = 0.0
+        for i in range(0, len(x), 1000):
+            batch_loss, batch_correct = self.eval_step(x[i:i + 1000], y[i:i + 1000])
+            loss, correct = loss + float(batch_loss), correct + float(batch_correct)
+        return loss / len(x), correct / len(x)
+
+
+def environment_info(tf: Any, keras: Any, devices: Devices, role: tuple[int, int, bool, str | None]) -> dict[str, Any]:
+    return {
+        "hostname": socket.gethostname(), "platform": platform.platform(), "python": platform.python_version(),
+        "tensorflow": tf.__version__, "keras": keras.__version__, "numpy": np.__version__, "cpu_count": os.cpu_count(),
+        "build_info": {k: str(v) for k, v in tf.sysconfig.get_build_info().items()},  # cuda_version, cudnn_version
+        "physical_devices": [d.name for d in tf.config.list_physical_devices()],
+        "logical_devices": [d.name for d in tf.config.list_logical_devices()],
+        "gpus": [{"name": n, "device": g.name, "compute_capability": ".".join(map(str, d.get("compute_capability", ()))) or None}
+                 for g, n, d in zip(devices.gpus, devices.names, devices.details)],
+        "nvidia_smi": gpu_inventory(), "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        "cluster": {"num_workers": role[0], "task_index": role[1], "chief": role[2]},
+    }
+
+
+def run(args: argparse.Namespace, rep: Reporter, t_start: float) -> int:
+    role = num_workers, task_index, is_chief, scratch = cluster_role()
+    out = args.output / scratch if scratch else args.output
+    out.mkdir(parents=True, exist_ok=True)
+    config = run_config(args)
+    if args.force:
+        clean_outputs(out)
+    state = previous_state(out, args, config)
+    if "done" in state:
+        done = state["done"]
+        rep.log(f"{out} already holds the final result of {args.epochs} epochs "
+                f"(test_accuracy {done.get('test_accuracy')}); not retraining (use --force to retrain)")
+        rep.progress("done", test_accuracy=done.get("test_accuracy"), test_loss=done.get("test_loss"))
+        return 0
+    data = load_data(args.data, args.val_fraction, Path(__file__).resolve().parent, rep.log)
+    data.x_train, data.y_train = data.x_train[:args.limit_train], data.y_train[:args.limit_train]
+    data.x_test, data.y_test = data.x_test[:args.limit_test], data.y_test[:args.limit_test]
+    rep.log(f"data: {data.source} ({data.path}) train {len(data.x_train)}, val {len(data.x_val)}, "
+            f"test {len(data.x_test)}" + (f"; {data.note}" if data.note else ""))
+
+    import tensorflow as tf  # deferred so --help, argument and data errors are instant
+    import keras
+
+    if args.placement_log:
+        # TF 2.21 fixes this setting when the runtime initializes (later toggles are ignored), so it goes
+        # on now. The placer logs only when a function is first instantiated, so steady-state steps pay
+        # nothing; all native output until the first step has run is captured.
+        tf.debugging.set_log_device_placement(True)
+    devices = configure_devices(tf, args)
+    kind = args.strategy
+    if kind == "auto":
+        kind = "multiworker" if num_workers > 1 else "mirrored" if len(devices.gpus) > 1 else "default"
+    mixed = args.mixed_precision == "on" or (args.mixed_precision == "auto" and bool(devices.gpus) and all(
+        tuple(d.get("compute_capability", (0, 0))) >= (7, 0) for d in devices.details))
+
+    capture = NativeCapture(out) if args.placement_log else None
+    first: tuple[Any, Any] | None = None
+    first_step_s = 0.0
+    try:
         if capture:
-            capture.mark("train_step begin")
-        first_loss, first_correct = train_step(iterator)
-        first_loss = float(first_loss)  # waits for the step, so its placement is complete
-        if capture:
-            capture.mark("train_step end")
-            tf.debugging.set_log_device_placement(False)  # states intent; see the note where it was set
-        evaluate(data.x_val[:2], data.y_val[:2])  # instantiate eval now, while native output is still captured
-        first_step_s = time.perf_counter() - t_first
+            capture.__enter__()
+        strategy = make_strategy(tf, kind, devices)
+        loop = Loop(tf, keras, strategy, data, args, mixed, out)
+        initial_epoch = loop.restore()
+        iterator = iter(loop.dist_train)
+        if initial_epoch < args.epochs:  # the first step is real training, so only when an epoch remains
+            if capture:
+                capture.mark("train_step begin")
+            t_first = time.perf_counter()
+            first = loop.train_step(iterator)
+            float(first[0])  # wait for the step so its placement is complete
+            first_step_s = time.perf_counter() - t_first
+            if capture:
+                capture.mark("train_step end")
+                tf.debugging.set_log_device_placement(False)  # states intent; see the note where it was set
+        loop.evaluate(data.x_val[:2], data.y_val[:2])  # instantiate eval while native output is still captured
     finally:
         if capture:
             capture.__exit__(None, None, None)
 
-    placement = (summarize_placement(*capture.text, gpu_visible=bool(gpus)) if capture
+    placement = (summarize_placement(capture.text[0], gpu_visible=bool(devices.gpus)) if capture
                  else {"enabled": False, "warnings": []})
     if capture:
         with gzip.open(out / "device_placement.log.gz", "wt") as f:
@@ -621,109 +677,107 @@ def train(args: argparse.Namespace, rep: Reporter, t_start: float) -> int:
     write_json(out / "device_placement.json", placement)
     for warning in placement["warnings"]:
         rep.log(f"placement warning: {warning}")
-    device = gpu_names[0] if gpus else "CPU"
-    environment = {
-        "hostname": socket.gethostname(), "platform": platform.platform(), "python": platform.python_version(),
-        "tensorflow": tf.__version__, "keras": keras.__version__, "numpy": np.__version__,
-        "cpu_count": os.cpu_count(), "build_info": {k: str(v) for k, v in tf.sysconfig.get_build_info().items()},
-        "physical_devices": [d.name for d in tf.config.list_physical_devices()],
-        "logical_devices": [d.name for d in tf.config.list_logical_devices()],
-        "gpus": [{"name": n, "device": g.name, "compute_capability": ".".join(map(str, d.get("compute_capability", ()))) or None}
-                 for g, n, d in zip(gpus, gpu_names, gpu_details)],
-        "nvidia_smi": gpu_inventory(), "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
-        "tf_config_task": {"num_workers": num_workers, "index": task_index, "chief": is_chief},
-    }
-    write_json(out / "environment.json", environment)
+    write_json(out / "environment.json", environment_info(tf, keras, devices, role))
+    device = devices.names[0] if devices.gpus else "CPU"
+    replicas, global_batch, steps = strategy.num_replicas_in_sync, loop.global_batch, loop.steps
     rep.log(f"device {device}, strategy {kind}, replicas {replicas}, global batch {global_batch}, "
-            f"mixed precision {'on' if mixed else 'off'}, first step {first_step_s:.2f}s")
+            f"mixed precision {'on' if mixed else 'off'}, first step (tracing) {first_step_s:.2f}s")
     if initial_epoch:
         rep.log(f"resuming from the checkpoint after epoch {initial_epoch} of {args.epochs}")
 
-    writer = tf.summary.create_file_writer(str(out / "tensorboard"))
-    from tensorflow.core.framework import summary_pb2
-    scalar_meta = summary_pb2.SummaryMetadata(plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name="scalars"),
-                                             data_class=summary_pb2.DATA_CLASS_SCALAR)
-    rep.progress("start", epochs=args.epochs, steps_per_epoch=steps, initial_epoch=initial_epoch)
-    warmup = max(1, math.ceil(0.1 * steps))  # at least the first step, which includes tracing
-    timings: list[tuple[float, int]] = []  # (training seconds, steps) counted as steady state, per epoch
-    for epoch in range(initial_epoch + 1, args.epochs + 1):
-        first_epoch_here = epoch == initial_epoch + 1
-        t0 = time.perf_counter()
-        if first_epoch_here:  # the first step already ran (and was timed) during the placement capture
-            losses, corrects, start_step = [first_loss], [first_correct], 2
-        else:
-            iterator, losses, corrects, start_step = iter(dist_train), [], [], 1
-        t_steady = t0 if not first_epoch_here or warmup == 1 else None
-        for step in range(start_step, steps + 1):
-            loss, correct = train_step(iterator)
-            losses.append(loss)
-            corrects.append(correct)
-            if step % args.progress_every == 0 or step == steps:
-                rep.progress("step", epoch=epoch, epochs=args.epochs, step=step, steps_per_epoch=steps, loss=float(loss))
-            if first_epoch_here and step == warmup:
-                float(loss)  # synchronise so the steady-state clock starts after the warm-up steps
-                t_steady = time.perf_counter()
-        train_loss = float(tf.add_n([tf.cast(v, tf.float32) for v in losses])) / steps
-        t_train_end = time.perf_counter()
-        train_acc = float(tf.add_n([tf.cast(v, tf.float32) for v in corrects])) / (steps * global_batch)
-        if t_steady is not None and (not first_epoch_here or steps > warmup):
-            timings.append((t_train_end - t_steady, steps - (warmup if first_epoch_here else 0)))
-        val_loss, val_acc = evaluate(data.x_val, data.y_val)
-        epoch_time = time.perf_counter() - t0 + (first_step_s if first_epoch_here else 0.0)
-        row = {"epoch": epoch, "loss": train_loss, "accuracy": train_acc, "val_loss": val_loss,
-               "val_accuracy": val_acc, "epoch_time_s": epoch_time, "steps": steps}
-        history.append(row)
-        with writer.as_default(step=epoch):
-            for key in ("loss", "accuracy", "val_loss", "val_accuracy", "epoch_time_s"):
-                # tf.summary.write with the scalars plugin's metadata: tf.summary.scalar needs the
-                # tensorboard package, which a TF-only VM may lack.
-                tf.summary.write(key, tf.constant(row[key], tf.float32), metadata=scalar_meta)
-        writer.flush()
-        # History first, then the checkpoint: a kill in between retrains this epoch instead of losing its row.
-        write_json(out / "train_state.json", {"config": config, "history": history})
-        epoch_var.assign(epoch)
-        manager.save(checkpoint_number=epoch)
-        rep.progress("epoch", epoch=epoch, epochs=args.epochs, loss=train_loss, accuracy=train_acc,
-                     val_loss=val_loss, val_accuracy=val_acc, epoch_time_s=epoch_time)
-
-    test_loss, test_acc = evaluate(data.x_test, data.y_test)
-    model_tmp = out / "model.tmp.keras"
-    model.save(model_tmp)
-    os.replace(model_tmp, out / "model.keras")
+    history = state.get("history", [])[:initial_epoch]
+    timings = train_epochs(tf, loop, args, rep, out, config, history, initial_epoch, iterator, first, first_step_s)
+    test_loss, test_acc = loop.evaluate(data.x_test, data.y_test)
+    loop.model.save(out / "model.tmp.keras")
+    os.replace(out / "model.tmp.keras", out / "model.keras")
     with open(out / "history.csv", "w") as f:
         keys = list(history[0]) if history else ["epoch"]
         f.write(",".join(keys) + "\n" + "".join(",".join(str(r[k]) for k in keys) + "\n" for r in history))
 
-    # Steady state: epochs after this process's first; with one epoch, that epoch minus its warm-up steps.
+    # Steady state: the epochs after this process's first; with one epoch, it minus its warm-up steps.
+    warmup = max(1, math.ceil(0.1 * steps))
     steady = timings[1:] if len(timings) > 1 else timings[:1]
     steady_s, steady_steps = sum(t for t, _ in steady), sum(n for _, n in steady)
     sec_per_batch = steady_s / steady_steps if steady_steps else None
     last = history[-1] if history else {}
-    memory = tf.config.experimental.get_memory_info("GPU:0")["peak"] if gpus else None
     metrics = {
         "complete": True, "test_accuracy": test_acc, "test_loss": test_loss,
         "train_accuracy": last.get("accuracy"), "train_loss": last.get("loss"),
         "val_accuracy": last.get("val_accuracy"), "val_loss": last.get("val_loss"),
         "sec_per_batch": sec_per_batch, "images_per_sec": global_batch / sec_per_batch if sec_per_batch else None,
-        "steady_state": ("epochs after the first of this run" if len(timings) > 1 else
-                         f"single epoch, first {warmup} of {steps} steps excluded as warm-up"),
+        "steady_state": ("epochs after the first one of this process" if len(timings) > 1 else
+                         f"one epoch, its first {warmup} of {steps} steps excluded as warm-up"),
         "warmup_steps_excluded": 0 if len(timings) > 1 else warmup, "steady_state_steps": steady_steps,
         "epoch_times_s": [r["epoch_time_s"] for r in history], "train_time_s": sum(r["epoch_time_s"] for r in history),
         "wall_time_s": time.perf_counter() - t_start, "first_step_s": first_step_s,
         "epochs": args.epochs, "steps_per_epoch": steps, "batch_size": args.batch_size,
         "per_replica_batch_size": args.batch_size, "global_batch_size": global_batch, "lr": args.lr,
-        "device": device, "gpu_names": gpu_names, "strategy": kind, "replicas": replicas,
-        "num_workers": num_workers, "worker_index": task_index, "is_chief": is_chief,
-        "mixed_precision": mixed, "data_source": data.source, "data_path": data.path, "data_note": data.note,
+        "device": device, "gpu_names": devices.names, "strategy": kind, "replicas": replicas,
+        "num_workers": num_workers, "worker_index": task_index, "is_chief": is_chief, "mixed_precision": mixed,
+        "data_source": data.source, "data_path": data.path, "data_note": data.note,
         "num_train": len(data.x_train), "num_val": len(data.x_val), "num_test": len(data.x_test),
-        "seed": args.seed, "resumed_from_epoch": initial_epoch, "gpu_peak_memory_bytes": memory,
-        "placement_warnings": placement["warnings"], "tensorflow": tf.__version__, "config": config,
+        "seed": args.seed, "resumed_from_epoch": initial_epoch, "placement_warnings": placement["warnings"],
+        "gpu_peak_memory_bytes": tf.config.experimental.get_memory_info("GPU:0")["peak"] if devices.gpus else None,
+        "tensorflow": tf.__version__, "config": config,
     }
     write_json(out / "metrics.json", metrics)
     rep.log(f"test accuracy {test_acc:.4f}, loss {test_loss:.4f}; "
             f"{metrics['images_per_sec'] or 0:.0f} images/s steady state; results in {out}")
     rep.progress("done", test_accuracy=test_acc, test_loss=test_loss)
     return 0
+
+
+def train_epochs(tf: Any, loop: Loop, args: argparse.Namespace, rep: Reporter, out: Path, config: dict[str, Any],
+                 history: list[dict[str, Any]], initial_epoch: int, iterator: Any, first: tuple[Any, Any] | None,
+                 first_step_s: float) -> list[tuple[float, int]]:
+    """Run the remaining epochs, checkpointing each; returns (seconds, steps) timed per epoch."""
+    from tensorflow.core.framework import summary_pb2
+
+    # tf.summary.write with the scalars plugin's metadata, because tf.summary.scalar needs the
+    # tensorboard package, which a TF-only VM may lack.
+    scalar_meta = summary_pb2.SummaryMetadata(plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name="scalars"),
+                                              data_class=summary_pb2.DATA_CLASS_SCALAR)
+    writer = tf.summary.create_file_writer(str(out / "tensorboard"))
+    steps, data = loop.steps, loop.data
+    rep.progress("start", epochs=args.epochs, steps_per_epoch=steps, initial_epoch=initial_epoch)
+    warmup = max(1, math.ceil(0.1 * steps))  # at least the first step, which includes tracing
+    timings: list[tuple[float, int]] = []
+    for epoch in range(initial_epoch + 1, args.epochs + 1):
+        if first is None:
+            iterator = iter(loop.dist_train)
+        t0 = time.perf_counter()
+        results, start_step = ([first], 2) if first else ([], 1)  # the first step ran during the capture
+        t_steady = t0 if not first or warmup == 1 else None
+        for step in range(start_step, steps + 1):
+            results.append(loop.train_step(iterator))
+            if step % args.progress_every == 0 or step == steps:
+                rep.progress("step", epoch=epoch, epochs=args.epochs, step=step, steps_per_epoch=steps,
+                             loss=float(results[-1][0]))
+            if first and step == warmup:
+                float(results[-1][0])  # synchronise so the steady-state clock starts after the warm-up steps
+                t_steady = time.perf_counter()
+        train_loss = float(tf.add_n([r[0] for r in results])) / steps
+        t_train = time.perf_counter()
+        train_acc = float(tf.add_n([r[1] for r in results])) / (steps * loop.global_batch)
+        if t_steady is not None and (not first or steps > warmup):
+            timings.append((t_train - t_steady, steps - (warmup if first else 0)))
+        val_loss, val_acc = loop.evaluate(data.x_val, data.y_val)
+        epoch_time = time.perf_counter() - t0 + (first_step_s if first else 0.0)
+        row = {"epoch": epoch, "loss": train_loss, "accuracy": train_acc, "val_loss": val_loss,
+               "val_accuracy": val_acc, "epoch_time_s": epoch_time, "steps": steps}
+        history.append(row)
+        with writer.as_default(step=epoch):
+            for key in ("loss", "accuracy", "val_loss", "val_accuracy", "epoch_time_s"):
+                tf.summary.write(key, tf.constant(row[key], tf.float32), metadata=scalar_meta)
+        writer.flush()
+        # History first, then the checkpoint: a kill in between retrains this epoch instead of losing its row.
+        write_json(out / "train_state.json", {"config": config, "history": history})
+        loop.epoch_var.assign(epoch)
+        loop.manager.save(checkpoint_number=epoch)
+        rep.progress("epoch", epoch=epoch, epochs=args.epochs, loss=train_loss, accuracy=train_acc,
+                     val_loss=val_loss, val_accuracy=val_acc, epoch_time_s=epoch_time)
+        first = None
+    return timings
 
 
 if __name__ == "__main__":

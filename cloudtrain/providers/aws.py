@@ -23,17 +23,32 @@ boto3 is imported in the constructor only: the CLI imports it when a command use
 from __future__ import annotations
 
 import ipaddress
-import logging
-import os
-import re
 import uuid
-from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import Any
 
 from cloudtrain.catalog import Catalog, default_catalog
 from cloudtrain.config import Config
 from cloudtrain.errors import CapacityError, CredentialsError, NotAvailableError, ProviderError, UsageError
+from cloudtrain.providers.aws_api import (
+    CAPACITY_CODES,
+    EC2_STATES,
+    LIVE_STATES,
+    REGION_QUOTA_CODES,
+    SSH_USER,
+    TAG_SSH_USER,
+    AwsApiError,
+    AwsCapacityError,
+    Ec2Api,
+    Image,
+    ZoneAttempt,
+    chunks,
+    instance_family,
+    key_body,
+    log,
+    tag_spec,
+    tags_of,
+)
 from cloudtrain.providers.base import (
     TAG_CLUSTER,
     TAG_OWNER,
@@ -45,100 +60,8 @@ from cloudtrain.providers.base import (
     owner_id,
 )
 
-log = logging.getLogger(__name__)
+__all__ = ["AwsApiError", "AwsCapacityError", "AwsProvider", "ZoneAttempt", "make_provider"]
 
-SSH_USER = "ubuntu"
-TAG_SSH_USER = "cloudtrain-ssh-user"
-DEFAULT_MAX_ATTEMPTS = 5
-NO_CREDENTIALS = "no AWS credentials found (run `aws configure` or set AWS_PROFILE)"
-
-EC2_STATES = {
-    "pending": InstanceState.PENDING,
-    "running": InstanceState.RUNNING,
-    "stopping": InstanceState.STOPPING,
-    "stopped": InstanceState.STOPPED,
-    # Irreversible and no longer billed for compute: as good as gone for the lifecycle.
-    "shutting-down": InstanceState.TERMINATED,
-    "terminated": InstanceState.TERMINATED,
-}
-_LIVE = ["pending", "running", "stopping", "stopped"]
-
-# Errors that say "not here, maybe in another zone".
-ZONE_CAPACITY_CODES = frozenset(
-    {"InsufficientInstanceCapacity", "InsufficientCapacity", "InsufficientHostCapacity", "Unsupported", "SpotMaxPriceTooLow"}
-)
-# Quotas are per region: another zone would fail the same way, so the region ends here.
-REGION_QUOTA_CODES = frozenset({"InstanceLimitExceeded", "VcpuLimitExceeded", "MaxSpotInstanceCountExceeded"})
-CAPACITY_CODES = ZONE_CAPACITY_CODES | REGION_QUOTA_CODES
-CREDENTIAL_CODES = frozenset(
-    {
-        "AuthFailure",
-        "UnauthorizedOperation",
-        "InvalidClientTokenId",
-        "SignatureDoesNotMatch",
-        "ExpiredToken",
-        "ExpiredTokenException",
-        "RequestExpired",
-        "UnrecognizedClientException",
-        "InvalidAccessKeyId",
-    }
-)
-
-# Public SSM parameters naming the current AMI, and the image-name pattern to search when a
-# region or endpoint lacks the parameter. GPU types get the Deep Learning Base AMI (NVIDIA driver
-# installed); CPU types plain Ubuntu. Both log in as `ubuntu`.
-IMAGE_PARAMS = {
-    ("gpu", "x86_64"): "/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-ubuntu-22.04/latest/ami-id",
-    ("gpu", "arm64"): "/aws/service/deeplearning/ami/arm64/base-oss-nvidia-driver-gpu-ubuntu-22.04/latest/ami-id",
-    ("cpu", "x86_64"): "/aws/service/canonical/ubuntu/server/22.04/stable/current/amd64/hvm/ebs-gp2/ami-id",
-    ("cpu", "arm64"): "/aws/service/canonical/ubuntu/server/22.04/stable/current/arm64/hvm/ebs-gp2/ami-id",
-}
-IMAGE_SEARCH = {
-    ("gpu", "x86_64"): ("amazon", "Deep Learning Base OSS Nvidia Driver GPU AMI (Ubuntu 22.04)*"),
-    ("gpu", "arm64"): ("amazon", "Deep Learning ARM64 Base OSS Nvidia Driver GPU AMI (Ubuntu 22.04)*"),
-    ("cpu", "x86_64"): ("099720109477", "ubuntu/images/hvm-ssd/ubuntu-jammy-22.04-amd64-server-*"),
-    ("cpu", "arm64"): ("099720109477", "ubuntu/images/hvm-ssd/ubuntu-jammy-22.04-arm64-server-*"),
-}
-_FAMILY_RE = re.compile(r"^(?P<series>[a-z]+)(?P<gen>\d+)(?P<options>[a-z-]*)\.")
-
-
-class AwsApiError(ProviderError):
-    """An EC2/SSM/STS call answered with an error code we do not handle specially."""
-
-    def __init__(self, operation: str, region: str, code: str, aws_message: str) -> None:
-        super().__init__(f"AWS {operation} in {region} failed: {code}: {aws_message}")
-        self.operation = operation
-        self.region = region
-        self.code = code
-        self.aws_message = aws_message
-
-
-@dataclass(frozen=True)
-class ZoneAttempt:
-    zone: str
-    code: str
-    message: str
-
-
-class AwsCapacityError(CapacityError):
-    """Every zone we were allowed to try in one region refused the launch."""
-
-    def __init__(self, region: str, instance_type: str, count: int, attempts: Sequence[ZoneAttempt], why: str = "") -> None:
-        tried = ", ".join(f"{a.zone}: {a.code}" for a in attempts) or why
-        super().__init__(
-            f"no capacity for {count} x {instance_type} in {region} ({tried})",
-            hint="another region, zone or instance type may have capacity; quotas: AWS Service Quotas console",
-        )
-        self.region = region
-        self.instance_type = instance_type
-        self.attempts = tuple(attempts)
-
-
-@dataclass(frozen=True)
-class _Image:
-    image_id: str
-    root_device: str
-    root_size_gb: int | None
 
 
 class AwsProvider:
@@ -158,137 +81,25 @@ class AwsProvider:
         """`regions`: where `list_tagged` and id lookups search besides the default region
         (default: the catalog's AWS regions). Listing shows only resources whose owner tag is this
         user's `owner_id()`, so one user's `gc` never touches a colleague's clusters in a shared
-        account; `all_owners` lifts that."""
-        import boto3  # heavy: imported only when AWS is used
-        import botocore.exceptions
-
-        self._boto3 = boto3
-        self._exc = botocore.exceptions
-        self.profile = profile
-        self._configured_region = region
+        account; `all_owners` lifts that. `max_attempts` (default AWS_MAX_ATTEMPTS or 5) bounds
+        botocore's retries of throttling and 5xx answers."""
+        self.api = Ec2Api(region, profile, max_attempts)
         self._search_regions = tuple(regions) if regions is not None else None
         self.owner: str | None = None if all_owners else owner_id()
         self.catalog = catalog or default_catalog()
-        self.max_attempts = max_attempts or _env_int("AWS_MAX_ATTEMPTS", DEFAULT_MAX_ATTEMPTS)
-        self._session: Any = None
-        self._clients: dict[tuple[str, str], Any] = {}
         self._where: dict[str, str] = {}  # instance id -> region, learned from launches and lookups
-
-    # session, clients, errors ----------------------------------------------------------------
-
-    def session(self) -> Any:
-        if self._session is None:
-            try:
-                self._session = self._boto3.session.Session(profile_name=self.profile)
-            except self._exc.ProfileNotFound as exc:
-                raise CredentialsError(f"AWS {exc}", hint="check aws.profile in the config or AWS_PROFILE") from None
-        return self._session
 
     @property
     def default_region(self) -> str | None:
-        return self._configured_region or self.session().region_name
+        return self.api.default_region
 
     def regions(self) -> tuple[str, ...]:
         """Where lookups search, default region first."""
         extra = self._search_regions if self._search_regions is not None else self.catalog.regions("aws")
-        return tuple(dict.fromkeys([r for r in (self.default_region, *extra) if r]))
-
-    def _region(self, wanted: str | None) -> str:
-        region = wanted or self.default_region
-        if not region:
-            raise UsageError(
-                "no AWS region: set resources.region in the recipe, aws.region in the config, or AWS_DEFAULT_REGION"
-            )
-        return region
-
-    def _client(self, service: str, region: str) -> Any:
-        key = (service, region)
-        if key not in self._clients:
-            from botocore.config import Config as BotoConfig
-
-            config = BotoConfig(
-                retries={"mode": "adaptive", "max_attempts": self.max_attempts},
-                connect_timeout=10,
-                read_timeout=60,
-                user_agent_extra="cloudtrain",
-            )
-            self._clients[key] = self.session().client(service, region_name=region, config=config)
-        return self._clients[key]
-
-    def _call(self, service: str, region: str, operation: str, **params: Any) -> dict[str, Any]:
-        """One API call with errors turned into ours: credentials, API error codes, transport."""
-        client = self._client(service, region)
-        try:
-            return getattr(client, operation)(**params)
-        except self._exc.NoCredentialsError:
-            raise CredentialsError(NO_CREDENTIALS) from None
-        except self._exc.ClientError as exc:
-            error = exc.response.get("Error", {})
-            code, message = str(error.get("Code", "Unknown")), str(error.get("Message", ""))
-            if code in CREDENTIAL_CODES:
-                raise CredentialsError(
-                    f"AWS refused {operation} in {region}: {code}: {message}",
-                    hint="check the account, profile and IAM permissions (`cloudtrain check`)",
-                ) from None
-            raise AwsApiError(operation, region, code, message) from None
-        except self._exc.BotoCoreError as exc:
-            raise ProviderError(f"AWS {operation} in {region} failed: {exc}") from None
-
-    def _pages(self, region: str, operation: str, key: str, **params: Any) -> Iterator[dict[str, Any]]:
-        """Items of a paginated EC2 call, following NextToken."""
-        while True:
-            page = self._call("ec2", region, operation, **params)
-            yield from page.get(key, [])
-            token = page.get("NextToken")
-            if not token:
-                return
-            params["NextToken"] = token
-
-    def _instances(self, region: str, filters: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        return [
-            raw
-            for reservation in self._pages(region, "describe_instances", "Reservations", Filters=filters)
-            for raw in reservation.get("Instances", [])
-        ]
-
-    def _require_credentials(self) -> None:
-        try:
-            credentials = self.session().get_credentials()
-        except self._exc.BotoCoreError as exc:
-            raise CredentialsError(f"AWS credentials could not be loaded: {exc}") from None
-        if credentials is None:
-            raise CredentialsError(NO_CREDENTIALS)
-
-    # check -----------------------------------------------------------------------------------
+        return tuple(dict.fromkeys([r for r in (self.api.default_region, *extra) if r]))
 
     def check_credentials(self) -> CredentialStatus:
-        try:
-            session = self.session()
-            credentials = session.get_credentials()
-        except CredentialsError as exc:
-            return CredentialStatus("aws", False, exc.one_line())
-        except self._exc.BotoCoreError as exc:
-            return CredentialStatus("aws", False, f"AWS credentials could not be loaded: {exc}")
-        if credentials is None:
-            return CredentialStatus("aws", False, NO_CREDENTIALS)
-        source = _credential_source(session, credentials)
-        region = self.default_region
-        from botocore.config import Config as BotoConfig
-
-        # A short leash: `check` should answer in seconds even when STS is unreachable.
-        sts = session.client(
-            "sts", region_name=region or "us-east-1",
-            config=BotoConfig(retries={"mode": "standard", "max_attempts": 2}, connect_timeout=5, read_timeout=10),
-        )
-        try:
-            account = sts.get_caller_identity()["Account"]
-        except self._exc.ClientError as exc:
-            error = exc.response.get("Error", {})
-            return CredentialStatus("aws", False, f"{source}: AWS rejected them ({error.get('Code')}: {error.get('Message')})")
-        except self._exc.BotoCoreError as exc:
-            return CredentialStatus("aws", False, f"{source}: could not reach AWS STS: {exc}")
-        where = f"region {region}" if region else "no default region (set aws.region or name one in recipes)"
-        return CredentialStatus("aws", True, f"{source}, account {account}, {where}")
+        return self.api.check_credentials()
 
     # launch ----------------------------------------------------------------------------------
 
@@ -296,13 +107,15 @@ class AwsProvider:
         if count < 1:
             raise UsageError(f"cannot launch {count} instances")
         if not spec.instance_type:
-            raise UsageError("resources.instance_type: AWS needs an instance type", hint="set instance_type or accelerators")
+            raise UsageError(
+                "resources.instance_type: AWS needs an instance type", hint="set instance_type or accelerators"
+            )
         if not spec.ssh_public_key:
             raise UsageError(f"cluster {spec.cluster}: no SSH public key to install on AWS instances")
-        self._require_credentials()
-        region = self._region(spec.region)
+        self.api.require_credentials()
+        region = self.api.region(spec.region)
         cidr = _ingress_cidr(spec.allowed_cidr)
-        image = self._resolve_image(region, spec)
+        image = self.api.resolve_image(region, spec.image, spec.instance_type, self._is_gpu(spec))
         zones = [spec.zone] if spec.zone else self._zones_offering(region, spec.instance_type)
         try:
             key_name = self._ensure_key_pair(region, spec)
@@ -318,7 +131,14 @@ class AwsProvider:
         return instances
 
     def _run_in_zones(
-        self, region: str, zones: Sequence[str], spec: InstanceSpec, count: int, image: _Image, key_name: str, group_id: str
+        self,
+        region: str,
+        zones: Sequence[str],
+        spec: InstanceSpec,
+        count: int,
+        image: Image,
+        key_name: str,
+        group_id: str,
     ) -> list[Instance]:
         assert spec.instance_type is not None
         attempts: list[ZoneAttempt] = []
@@ -326,7 +146,7 @@ class AwsProvider:
             token = uuid.uuid4().hex
             params = self._run_params(spec, count, image, key_name, group_id, zone, token)
             try:
-                response = self._call("ec2", region, "run_instances", **params)
+                response = self.api.ec2(region, "run_instances", **params)
             except AwsApiError as exc:
                 if exc.code not in CAPACITY_CODES:
                     raise
@@ -344,11 +164,13 @@ class AwsProvider:
         raise AwsCapacityError(region, spec.instance_type, count, attempts, why="no zone to try")
 
     def _run_params(
-        self, spec: InstanceSpec, count: int, image: _Image, key_name: str, group_id: str, zone: str, token: str
+        self, spec: InstanceSpec, count: int, image: Image, key_name: str, group_id: str, zone: str, token: str
     ) -> dict[str, Any]:
         tags = spec.all_tags()
-        if spec.ssh_user:
-            tags[TAG_SSH_USER] = spec.ssh_user
+        user = spec.ssh_user or image.ssh_user
+        if user != SSH_USER:
+            # Remembered on the instance, so `describe` in a later process names the right user.
+            tags[TAG_SSH_USER] = user
         shutdown = spec.shutdown_behavior
         if spec.spot and shutdown == "stop":
             # One-time spot instances cannot be stopped, by the API or from inside the VM.
@@ -365,16 +187,17 @@ class AwsProvider:
             "InstanceInitiatedShutdownBehavior": shutdown,
             "ClientToken": token,
             "MetadataOptions": {"HttpTokens": "required", "HttpEndpoint": "enabled"},
-            "TagSpecifications": [_tag_spec("instance", tags), _tag_spec("volume", spec.all_tags())],
+            "TagSpecifications": [tag_spec("instance", tags), tag_spec("volume", spec.all_tags())],
         }
         if spec.disk_gb is not None:
             size = spec.disk_gb
             if image.root_size_gb and size < image.root_size_gb:
-                log.warning("aws: disk_gb %s is below the image's %s GB root snapshot; using %s", size, image.root_size_gb, image.root_size_gb)
+                # A root volume smaller than the image's snapshot is an API error; a few GB more is not.
+                log.warning("aws: disk_gb %s is below the image's %s GB root snapshot; using %s GB",
+                            size, image.root_size_gb, image.root_size_gb)
                 size = image.root_size_gb
-            params["BlockDeviceMappings"] = [
-                {"DeviceName": image.root_device, "Ebs": {"VolumeSize": size, "VolumeType": "gp3", "DeleteOnTermination": True}}
-            ]
+            ebs = {"VolumeSize": size, "VolumeType": "gp3", "DeleteOnTermination": True}
+            params["BlockDeviceMappings"] = [{"DeviceName": image.root_device, "Ebs": ebs}]
         if spec.spot:
             params["InstanceMarketOptions"] = {
                 "MarketType": "spot",
@@ -383,17 +206,13 @@ class AwsProvider:
         return params
 
     def _zones_offering(self, region: str, instance_type: str) -> list[str]:
-        zones = sorted(
-            z["ZoneName"]
-            for z in self._call(
-                "ec2", region, "describe_availability_zones",
-                Filters=[{"Name": "state", "Values": ["available"]}, {"Name": "zone-type", "Values": ["availability-zone"]}],
-            )["AvailabilityZones"]
-        )
+        available = [{"Name": "state", "Values": ["available"]}, {"Name": "zone-type", "Values": ["availability-zone"]}]
+        listed = self.api.ec2(region, "describe_availability_zones", Filters=available)["AvailabilityZones"]
+        zones = sorted(z["ZoneName"] for z in listed)
         try:
             offered = {
                 o["Location"]
-                for o in self._pages(
+                for o in self.api.pages(
                     region, "describe_instance_type_offerings", "InstanceTypeOfferings",
                     LocationType="availability-zone", Filters=[{"Name": "instance-type", "Values": [instance_type]}],
                 )
@@ -414,44 +233,54 @@ class AwsProvider:
         name = f"cloudtrain-{spec.cluster}"
         material = spec.ssh_public_key.strip().encode()
         try:
-            self._call("ec2", region, "import_key_pair", KeyName=name, PublicKeyMaterial=material,
-                       TagSpecifications=[_tag_spec("key-pair", spec.all_tags())])
+            self._import_key(region, name, material, spec)
             return name
         except AwsApiError as exc:
             if exc.code != "InvalidKeyPair.Duplicate":
                 raise
-        existing = self._call("ec2", region, "describe_key_pairs", KeyNames=[name], IncludePublicKey=True)["KeyPairs"][0]
-        if _tags(existing).get(TAG_CLUSTER) != spec.cluster:
-            raise ProviderError(f"key pair {name} in {region} exists and is not cloudtrain's for cluster {spec.cluster}",
-                                hint="delete it or use another cluster name")
-        if _key_body(existing.get("PublicKey", "")) == _key_body(spec.ssh_public_key):
+        existing = self.api.ec2(region, "describe_key_pairs", KeyNames=[name], IncludePublicKey=True)["KeyPairs"][0]
+        if tags_of(existing).get(TAG_CLUSTER) != spec.cluster:
+            raise ProviderError(
+                f"key pair {name} in {region} exists and is not cloudtrain's for cluster {spec.cluster}",
+                hint="delete it or use another cluster name",
+            )
+        if key_body(existing.get("PublicKey", "")) == key_body(spec.ssh_public_key):
             return name
         # Same cluster name, new local key (state was lost): replace it unless instances rely on it.
         if self._in_use(region, "key-name", name):
             raise ProviderError(f"key pair {name} in {region} holds another public key and instances still use it",
                                 hint=f"`cloudtrain down {spec.cluster}` first")
-        self._call("ec2", region, "delete_key_pair", KeyName=name)
-        self._call("ec2", region, "import_key_pair", KeyName=name, PublicKeyMaterial=material,
-                   TagSpecifications=[_tag_spec("key-pair", spec.all_tags())])
+        self.api.ec2(region, "delete_key_pair", KeyName=name)
+        self._import_key(region, name, material, spec)
         return name
+
+    def _import_key(self, region: str, name: str, material: bytes, spec: InstanceSpec) -> None:
+        self.api.ec2(region, "import_key_pair", KeyName=name, PublicKeyMaterial=material,
+                     TagSpecifications=[tag_spec("key-pair", spec.all_tags())])
 
     def _ensure_security_group(self, region: str, spec: InstanceSpec, cidr: str) -> str:
         name = f"cloudtrain-{spec.cluster}"
-        vpcs = self._call("ec2", region, "describe_vpcs", Filters=[{"Name": "isDefault", "Values": ["true"]}])["Vpcs"]
+        vpcs = self.api.ec2(region, "describe_vpcs", Filters=[{"Name": "isDefault", "Values": ["true"]}])["Vpcs"]
         if not vpcs:
-            raise ProviderError(f"no default VPC in {region}", hint=f"create one: aws ec2 create-default-vpc --region {region}")
+            raise ProviderError(
+                f"no default VPC in {region}", hint=f"create one: aws ec2 create-default-vpc --region {region}"
+            )
         vpc_id = vpcs[0]["VpcId"]
-        found = self._call("ec2", region, "describe_security_groups",
-                           Filters=[{"Name": "group-name", "Values": [name]}, {"Name": "vpc-id", "Values": [vpc_id]}])["SecurityGroups"]
+        by_name = [{"Name": "group-name", "Values": [name]}, {"Name": "vpc-id", "Values": [vpc_id]}]
+        found = self.api.ec2(region, "describe_security_groups", Filters=by_name)["SecurityGroups"]
         if found:
             group = found[0]
-            if _tags(group).get(TAG_CLUSTER) != spec.cluster:
-                raise ProviderError(f"security group {name} in {region} exists and is not cloudtrain's for cluster {spec.cluster}",
-                                    hint="delete it or use another cluster name")
+            if tags_of(group).get(TAG_CLUSTER) != spec.cluster:
+                raise ProviderError(
+                    f"security group {name} in {region} exists and is not cloudtrain's for cluster {spec.cluster}",
+                    hint="delete it or use another cluster name",
+                )
         else:
-            created = self._call("ec2", region, "create_security_group", GroupName=name, VpcId=vpc_id,
-                                 Description=f"cloudtrain cluster {spec.cluster}: SSH from one address, nodes to each other",
-                                 TagSpecifications=[_tag_spec("security-group", spec.all_tags())])
+            created = self.api.ec2(
+                region, "create_security_group", GroupName=name, VpcId=vpc_id,
+                Description=f"cloudtrain cluster {spec.cluster}: SSH from one address, nodes to each other",
+                TagSpecifications=[tag_spec("security-group", spec.all_tags())],
+            )
             group = {"GroupId": created["GroupId"], "IpPermissions": []}
         group_id = group["GroupId"]
         ssh_cidrs = [
@@ -471,18 +300,17 @@ class AwsProvider:
         if not self_rule:
             wanted.append({"IpProtocol": "-1", "UserIdGroupPairs": [{"GroupId": group_id}]})
         if wanted:
-            self._call("ec2", region, "authorize_security_group_ingress", GroupId=group_id, IpPermissions=wanted)
+            self.api.ec2(region, "authorize_security_group_ingress", GroupId=group_id, IpPermissions=wanted)
         stale = [c for c in ssh_cidrs if c != cidr]
         if stale:
             # The caller's address changed since the group was made: SSH stays open to one address.
-            self._call("ec2", region, "revoke_security_group_ingress", GroupId=group_id,
-                       IpPermissions=[{"IpProtocol": "tcp", "FromPort": 22, "ToPort": 22,
-                                       "IpRanges": [{"CidrIp": c} for c in stale]}])
+            revoke = {"IpProtocol": "tcp", "FromPort": 22, "ToPort": 22, "IpRanges": [{"CidrIp": c} for c in stale]}
+            self.api.ec2(region, "revoke_security_group_ingress", GroupId=group_id, IpPermissions=[revoke])
         return group_id
 
     def _in_use(self, region: str, filter_name: str, value: str) -> bool:
-        return bool(self._instances(region, [{"Name": filter_name, "Values": [value]},
-                                             {"Name": "instance-state-name", "Values": _LIVE}]))
+        live = {"Name": "instance-state-name", "Values": LIVE_STATES}
+        return bool(self.api.instances(region, [{"Name": filter_name, "Values": [value]}, live]))
 
     def release(self, cluster: str, regions: Sequence[str] | None = None) -> list[str]:
         """Delete the cluster's key pair and security group wherever no live instance uses them.
@@ -499,21 +327,21 @@ class AwsProvider:
         name = f"cloudtrain-{cluster}"
         mine = [{"Name": f"tag:{TAG_CLUSTER}", "Values": [cluster]}]
         left = []
-        keys = self._call("ec2", region, "describe_key_pairs", Filters=[{"Name": "key-name", "Values": [name]}, *mine])["KeyPairs"]
-        if keys:
+        keys = self.api.ec2(region, "describe_key_pairs", Filters=[{"Name": "key-name", "Values": [name]}, *mine])
+        if keys["KeyPairs"]:
             if self._in_use(region, "key-name", name):
                 left.append(f"key pair {name} in {region} (in use)")
             else:
-                self._call("ec2", region, "delete_key_pair", KeyName=name)
-        groups = self._call("ec2", region, "describe_security_groups",
-                            Filters=[{"Name": "group-name", "Values": [name]}, *mine])["SecurityGroups"]
+                self.api.ec2(region, "delete_key_pair", KeyName=name)
+        by_name = [{"Name": "group-name", "Values": [name]}, *mine]
+        groups = self.api.ec2(region, "describe_security_groups", Filters=by_name)["SecurityGroups"]
         for group in groups:
             group_id = group["GroupId"]
             if self._in_use(region, "instance.group-id", group_id):
                 left.append(f"security group {group_id} in {region} (in use)")
                 continue
             try:
-                self._call("ec2", region, "delete_security_group", GroupId=group_id)
+                self.api.ec2(region, "delete_security_group", GroupId=group_id)
             except AwsApiError as exc:
                 if exc.code == "DependencyViolation":
                     left.append(f"security group {group_id} in {region} (instances still shutting down)")
@@ -533,88 +361,40 @@ class AwsProvider:
 
     def _terminate_token_quietly(self, region: str, cluster: str, token: str) -> None:
         try:
-            raws = self._instances(region, [{"Name": f"tag:{TAG_CLUSTER}", "Values": [cluster]},
-                                            {"Name": "instance-state-name", "Values": _LIVE}])
+            live = {"Name": "instance-state-name", "Values": LIVE_STATES}
+            raws = self.api.instances(region, [{"Name": f"tag:{TAG_CLUSTER}", "Values": [cluster]}, live])
             ids = [r["InstanceId"] for r in raws if r.get("ClientToken") == token]
             if ids:
-                self._call("ec2", region, "terminate_instances", InstanceIds=ids)
+                self.api.ec2(region, "terminate_instances", InstanceIds=ids)
         except (ProviderError, CredentialsError) as exc:
             log.warning("aws: could not check for instances of interrupted launch %s: %s", token, exc.one_line())
 
-    # image -----------------------------------------------------------------------------------
-
-    def _resolve_image(self, region: str, spec: InstanceSpec) -> _Image:
-        assert spec.instance_type is not None
-        image = spec.image
-        if image and image.startswith("ami-"):
-            ami = image
-        elif image:
-            param = image.removeprefix("resolve:ssm:").removeprefix("ssm:")
-            if not param.startswith("/"):
-                raise UsageError(f"resources.image: expected an AMI id (ami-...) or an SSM parameter (resolve:ssm:/path), got {image!r}")
-            ami = self._ssm_image(region, param)
-            if ami is None:
-                raise UsageError(f"resources.image: SSM parameter {param} not found in {region}")
-        else:
-            kind = ("gpu" if self._is_gpu(spec) else "cpu", _arch(spec.instance_type))
-            ami = self._ssm_image(region, IMAGE_PARAMS[kind]) or self._search_image(region, *IMAGE_SEARCH[kind])
-            if ami is None:
-                raise ProviderError(f"no {kind[0].upper()} {kind[1]} Ubuntu 22.04 image found in {region} "
-                                    f"(SSM parameter {IMAGE_PARAMS[kind]} missing)", hint="set resources.image to an AMI id")
-        try:
-            images = self._call("ec2", region, "describe_images", ImageIds=[ami])["Images"]
-        except AwsApiError as exc:
-            if not exc.code.startswith("InvalidAMIID"):
-                raise
-            images = []
-        if not images:
-            raise UsageError(f"resources.image: AMI {ami} not found in {region}", hint="AMI ids differ between regions")
-        found = images[0]
-        root = found.get("RootDeviceName") or "/dev/sda1"
-        size = next((m.get("Ebs", {}).get("VolumeSize") for m in found.get("BlockDeviceMappings", []) if m.get("DeviceName") == root), None)
-        return _Image(ami, root, size)
-
-    def _ssm_image(self, region: str, param: str) -> str | None:
-        try:
-            return str(self._call("ssm", region, "get_parameter", Name=param)["Parameter"]["Value"])
-        except AwsApiError as exc:
-            if exc.code in ("ParameterNotFound", "AccessDeniedException"):
-                return None
-            raise
-
-    def _search_image(self, region: str, owner: str, pattern: str) -> str | None:
-        images = self._call("ec2", region, "describe_images", Owners=[owner],
-                            Filters=[{"Name": "name", "Values": [pattern]}, {"Name": "state", "Values": ["available"]}])["Images"]
-        newest = max(images, key=lambda i: i.get("CreationDate", ""), default=None)
-        return newest["ImageId"] if newest else None
-
     def _is_gpu(self, spec: InstanceSpec) -> bool:
+        """GPU types get the Deep Learning AMI (driver installed); the catalog knows, else the name."""
         assert spec.instance_type is not None
         offer = self.catalog.describe_type("aws", spec.instance_type)
         if offer is not None:
             return offer.accelerator_count > 0
-        match = _FAMILY_RE.match(spec.instance_type)
-        return bool(spec.accelerators) or bool(match and match.group("series") in ("g", "p"))
+        return bool(spec.accelerators) or instance_family(spec.instance_type) in ("g", "p")
 
     # describe, list, stop, start, terminate --------------------------------------------------
 
     def describe(self, ids: Sequence[str]) -> list[Instance]:
         found = self._lookup(ids)
-        return [
-            self._instance(found[i][1], found[i][0]) if i in found else Instance(id=i, cluster="", state=InstanceState.TERMINATED)
-            for i in ids
-        ]
+        gone = InstanceState.TERMINATED
+        return [self._instance(found[i][1], found[i][0]) if i in found else Instance(i, "", gone) for i in ids]
 
     def list_tagged(self, cluster: str | None = None) -> list[Instance]:
-        filters = [
-            {"Name": f"tag:{TAG_CLUSTER}", "Values": [cluster]} if cluster else {"Name": "tag-key", "Values": [TAG_CLUSTER]},
-            {"Name": "instance-state-name", "Values": _LIVE},
-        ]
+        if cluster:
+            tagged = {"Name": f"tag:{TAG_CLUSTER}", "Values": [cluster]}
+        else:
+            tagged = {"Name": "tag-key", "Values": [TAG_CLUSTER]}
+        filters = [tagged, {"Name": "instance-state-name", "Values": LIVE_STATES}]
         if self.owner:
             filters.append({"Name": f"tag:{TAG_OWNER}", "Values": [self.owner]})
         found = []
         for region in self.regions():
-            for raw in self._instances(region, filters):
+            for raw in self.api.instances(region, filters):
                 self._where[raw["InstanceId"]] = region
                 found.append(self._instance(raw, region))
         return found
@@ -626,10 +406,10 @@ class AwsProvider:
             tag_filters.append({"Name": f"tag:{TAG_OWNER}", "Values": [self.owner]})
         found: dict[str, list[str]] = {}
         for region in self.regions():
-            items = self._call("ec2", region, "describe_key_pairs", Filters=tag_filters)["KeyPairs"]
-            items += self._call("ec2", region, "describe_security_groups", Filters=tag_filters)["SecurityGroups"]
+            items = self.api.ec2(region, "describe_key_pairs", Filters=tag_filters)["KeyPairs"]
+            items += self.api.ec2(region, "describe_security_groups", Filters=tag_filters)["SecurityGroups"]
             for item in items:
-                regions = found.setdefault(_tags(item)[TAG_CLUSTER], [])
+                regions = found.setdefault(tags_of(item)[TAG_CLUSTER], [])
                 if region not in regions:
                     regions.append(region)
         return found
@@ -638,11 +418,13 @@ class AwsProvider:
         for region, raws in self._by_region(ids, "stop").items():
             spot = [r["InstanceId"] for r in raws if r.get("InstanceLifecycle") == "spot"]
             if spot:
-                raise ProviderError(f"cannot stop spot instance(s) {', '.join(spot)}: one-time spot instances only terminate",
-                                    hint="use `cloudtrain down`")
+                raise ProviderError(
+                    f"cannot stop spot instance(s) {', '.join(spot)}: one-time spot instances only terminate",
+                    hint="use `cloudtrain down`",
+                )
             todo = [r["InstanceId"] for r in raws if r["State"]["Name"] not in ("stopping", "stopped")]
             if todo:
-                self._call("ec2", region, "stop_instances", InstanceIds=todo)
+                self.api.ec2(region, "stop_instances", InstanceIds=todo)
 
     def start(self, ids: Sequence[str]) -> None:
         for region, raws in self._by_region(ids, "start").items():
@@ -650,12 +432,14 @@ class AwsProvider:
             if not todo:
                 continue
             try:
-                self._call("ec2", region, "start_instances", InstanceIds=todo)
+                self.api.ec2(region, "start_instances", InstanceIds=todo)
             except AwsApiError as exc:
                 if exc.code in CAPACITY_CODES:
                     # A stopped instance is pinned to its zone: nothing to fail over to.
-                    raise CapacityError(f"no capacity to start {', '.join(todo)} in {region}: {exc.code}",
-                                        hint="try again later, or `cloudtrain down` and launch elsewhere") from None
+                    raise CapacityError(
+                        f"no capacity to start {', '.join(todo)} in {region}: {exc.code}",
+                        hint="try again later, or `cloudtrain down` and launch elsewhere",
+                    ) from None
                 raise
 
     def terminate(self, ids: Sequence[str]) -> None:
@@ -667,13 +451,13 @@ class AwsProvider:
         for instance_id, (region, raw) in found.items():
             if raw["State"]["Name"] not in ("shutting-down", "terminated"):
                 by_region.setdefault(region, []).append(instance_id)
-            cluster = _tags(raw).get(TAG_CLUSTER)
+            cluster = tags_of(raw).get(TAG_CLUSTER)
             if cluster:
                 clusters.add((region, cluster))
         for region, live in by_region.items():
-            for chunk in _chunks(live, 500):
+            for chunk in chunks(live, 500):
                 try:
-                    self._call("ec2", region, "terminate_instances", InstanceIds=chunk)
+                    self.api.ec2(region, "terminate_instances", InstanceIds=chunk)
                 except AwsApiError as exc:
                     if exc.code != "InvalidInstanceID.NotFound":
                         raise
@@ -687,7 +471,7 @@ class AwsProvider:
 
     def _terminate_one(self, region: str, instance_id: str) -> None:
         try:
-            self._call("ec2", region, "terminate_instances", InstanceIds=[instance_id])
+            self.api.ec2(region, "terminate_instances", InstanceIds=[instance_id])
         except AwsApiError as exc:
             if exc.code != "InvalidInstanceID.NotFound":
                 raise
@@ -696,8 +480,10 @@ class AwsProvider:
         found = self._lookup(ids)
         gone = [i for i in ids if i not in found or found[i][1]["State"]["Name"] in ("shutting-down", "terminated")]
         if gone:
-            raise ProviderError(f"cannot {verb} {', '.join(gone)}: no such live instance in {', '.join(self.regions())}",
-                                hint="`cloudtrain status --refresh` shows what exists")
+            raise ProviderError(
+                f"cannot {verb} {', '.join(gone)}: no such live instance in {', '.join(self.regions())}",
+                hint="`cloudtrain status --refresh` shows what exists",
+            )
         grouped: dict[str, list[dict[str, Any]]] = {}
         for region, raw in found.values():
             grouped.setdefault(region, []).append(raw)
@@ -712,15 +498,15 @@ class AwsProvider:
         for region in order:
             if not remaining:
                 break
-            for chunk in _chunks(remaining, 200):
-                for raw in self._instances(region, [{"Name": "instance-id", "Values": chunk}]):
+            for chunk in chunks(remaining, 200):
+                for raw in self.api.instances(region, [{"Name": "instance-id", "Values": chunk}]):
                     found[raw["InstanceId"]] = (region, raw)
                     self._where[raw["InstanceId"]] = region
             remaining = [i for i in remaining if i not in found]
         return found
 
     def _instance(self, raw: dict[str, Any], region: str) -> Instance:
-        tags = _tags(raw)
+        tags = tags_of(raw)
         instance_type = raw.get("InstanceType")
         zone = raw.get("Placement", {}).get("AvailabilityZone")
         spot = raw.get("InstanceLifecycle") == "spot"
@@ -744,61 +530,23 @@ class AwsProvider:
 # helpers -------------------------------------------------------------------------------------
 
 
-def _tag_spec(resource_type: str, tags: dict[str, str]) -> dict[str, Any]:
-    return {"ResourceType": resource_type, "Tags": [{"Key": k, "Value": v} for k, v in sorted(tags.items())]}
-
-
-def _tags(item: dict[str, Any]) -> dict[str, str]:
-    return {t["Key"]: t["Value"] for t in item.get("Tags") or []}
-
-
-def _key_body(public_key: str) -> str:
-    """'ssh-ed25519 AAAA... comment' -> 'ssh-ed25519 AAAA...' (AWS drops the comment)."""
-    return " ".join(public_key.split()[:2])
-
-
-def _chunks(items: Sequence[str], size: int) -> Iterable[list[str]]:
-    for start in range(0, len(items), size):
-        yield list(items[start : start + size])
-
-
-def _arch(instance_type: str) -> str:
-    """Graviton families carry a 'g' after the generation (m6g, c7gn, t4g, g5g); a1 is arm too."""
-    match = _FAMILY_RE.match(instance_type)
-    if instance_type.startswith("a1.") or (match and "g" in match.group("options")):
-        return "arm64"
-    return "x86_64"
-
-
 def _ingress_cidr(cidr: str | None) -> str:
     if not cidr:
-        raise UsageError("no address to allow SSH from", hint="set ssh.allowed_cidr in the config, e.g. 203.0.113.7/32")
+        raise UsageError(
+            "ssh.allowed_cidr is not set: no address to allow SSH from",
+            hint="set ssh.allowed_cidr in the config, e.g. 203.0.113.7/32",
+        )
     try:
         network = ipaddress.ip_network(cidr, strict=False)
     except ValueError:
         raise UsageError(f"ssh.allowed_cidr: {cidr!r} is not a CIDR like 203.0.113.7/32") from None
     if network.version != 4:
-        raise NotAvailableError(f"ssh.allowed_cidr: IPv6 ({cidr}) is not supported on AWS yet", hint="give an IPv4 /32")
+        raise NotAvailableError(
+            f"ssh.allowed_cidr: IPv6 ({cidr}) is not supported on AWS yet", hint="give an IPv4 /32"
+        )
     if network.prefixlen == 0:
         log.warning("aws: SSH is open to the whole internet (allowed_cidr %s); prefer your address/32", cidr)
     return str(network)
-
-
-def _credential_source(session: Any, credentials: Any) -> str:
-    method = getattr(credentials, "method", "") or "unknown"
-    readable = {
-        "env": "environment variables",
-        "iam-role": "instance role",
-        "container-role": "container role",
-    }
-    if method in readable:
-        return f"credentials from {readable[method]}"
-    return f"profile {session.profile_name} ({method})"
-
-
-def _env_int(name: str, default: int) -> int:
-    value = os.environ.get(name, "")
-    return int(value) if value.isdigit() and int(value) > 0 else default
 
 
 def make_provider(config: Config) -> AwsProvider:

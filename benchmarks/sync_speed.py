@@ -1,0 +1,147 @@
+"""Workdir sync speed: cloudtrain's sync_tree (rsync and tar-delta methods) vs plain `rsync -e ssh`.
+
+One run, one loopback sshd VM (cloudtrain.testing.sshd), three scenarios:
+  small-first   5,000 small files into an empty directory
+  small-resync  the same tree again after changing one file
+  big-first     one 200 MB random file into an empty directory
+
+Each measurement is the median of --repeat runs. cloudtrain's time is one sync_tree call on an
+open transport (as lifecycle calls it); rsync's is one `rsync -a -e ssh` process, handshake included
+(cloudtrain's rsync method also starts one ssh per sync, so both pay it).
+Targets: small-first <= 1.3x rsync's time, small-resync <= 1.5x, big-first >= 0.8x rsync's throughput.
+
+    python benchmarks/sync_speed.py [--repeat 3] [--files 5000] [--big-mb 200]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+TARGETS = {"small-first": 1.3, "small-resync": 1.5, "big-first": 1 / 0.8}
+
+
+def make_small_tree(root: Path, count: int) -> None:
+    rng = random.Random(7)
+    for i in range(count):
+        path = root / f"pkg{i % 50:02d}" / f"mod{i}.py"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(os.urandom(rng.randint(100, 2000)))
+
+
+def median_time(action: Callable[[int], None], prepare: Callable[[int], None], repeat: int) -> float:
+    times = []
+    for i in range(repeat):
+        prepare(i)
+        started = time.perf_counter()
+        action(i)
+        times.append(time.perf_counter() - started)
+    return statistics.median(times)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--files", type=int, default=5000)
+    parser.add_argument("--big-mb", type=int, default=200)
+    args = parser.parse_args()
+
+    work = Path(tempfile.mkdtemp(prefix="ct-syncbench-"))
+    os.environ["CLOUDTRAIN_HOME"] = str(work / "ct-home")
+    from cloudtrain.config import Config
+    from cloudtrain.remote.ssh import open_transport
+    from cloudtrain.remote.sync import sync_tree
+    from cloudtrain.testing.sshd import SshdFactory
+
+    factory = SshdFactory(work / "vms")
+    vm = factory.start()
+    key = factory.client_key.private_path
+    transport = open_transport(cluster="bench", instance=vm.instance("i-bench"), config=Config(), key_path=key)
+    ssh = (f"ssh -i {key} -p {vm.port} -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null "
+           "-o LogLevel=ERROR -o BatchMode=yes")
+    target = f"{vm.user}@127.0.0.1"
+    home = Path(vm.home)
+
+    small = work / "small"
+    make_small_tree(small, args.files)
+    big = work / "big"
+    big.mkdir()
+    with open(big / "blob.bin", "wb") as handle:
+        for _ in range(args.big_mb):
+            handle.write(os.urandom(1 << 20))
+
+    def rsync(src: Path, dest: str) -> None:
+        subprocess.run(["rsync", "-a", "-e", ssh, f"{src}/", f"{target}:{dest}/"], check=True)
+
+    def ours(method: str) -> Callable[[Path, str], None]:
+        return lambda src, dest: sync_tree(transport, src, f"{vm.home}/{dest}", method=method) and None
+
+    tools: dict[str, Callable[[Path, str], None]] = {
+        "rsync -e ssh": rsync,
+        "cloudtrain (rsync)": ours("rsync"),
+        "cloudtrain (tar-delta)": ours("tar-delta"),
+    }
+    results: dict[str, dict[str, float]] = {name: {} for name in tools}
+    try:
+        for name, tool in tools.items():
+            slug = name.split()[0] + name.split("(")[-1].strip(")").replace(" ", "")
+            # First sync into a fresh directory each repetition.
+            results[name]["small-first"] = median_time(
+                lambda i: tool(small, f"{slug}-small-{i}"), lambda i: None, args.repeat
+            )
+            # Re-sync after one changed file, into the directory the first sync filled.
+            victim = small / "pkg07" / "mod7.py"
+
+            def touch_one(i: int) -> None:
+                victim.write_bytes(os.urandom(500 + i))
+                tool(small, f"{slug}-small-0")  # absorb any change left by the previous tool
+                victim.write_bytes(os.urandom(600 + i))
+
+            results[name]["small-resync"] = median_time(lambda i: tool(small, f"{slug}-small-0"), touch_one, args.repeat)
+            results[name]["big-first"] = median_time(
+                lambda i: tool(big, f"{slug}-big-{i}"),
+                lambda i: subprocess.run(["rm", "-rf", str(home / f"{slug}-big-{i}")], check=True),
+                args.repeat,
+            )
+            for i in range(args.repeat):  # keep the VM's disk use bounded
+                subprocess.run(["rm", "-rf", str(home / f"{slug}-big-{i}")], check=True)
+    finally:
+        transport.close()
+        factory.close()
+
+    base = results["rsync -e ssh"]
+    print(f"\nsync speed, loopback sshd, median of {args.repeat}; {args.files} small files "
+          f"({sum(p.stat().st_size for p in small.rglob('*') if p.is_file()) / 1e6:.1f} MB), one {args.big_mb} MB file\n")
+    print(f"{'tool':<24}{'small-first':>14}{'small-resync':>14}{'big-first':>12}{'big MB/s':>10}")
+    for name, row in results.items():
+        print(f"{name:<24}{row['small-first']:>13.2f}s{row['small-resync']:>13.2f}s{row['big-first']:>11.2f}s"
+              f"{args.big_mb / row['big-first']:>10.0f}")
+    print("\nratio to rsync (time; lower is better) and target:")
+    failed = False
+    for name, row in results.items():
+        if name == "rsync -e ssh":
+            continue
+        cells = []
+        for scenario, limit in TARGETS.items():
+            ratio = row[scenario] / base[scenario]
+            ok = ratio <= limit
+            failed |= not ok and name == "cloudtrain (rsync)"
+            cells.append(f"{scenario} {ratio:.2f}x (<= {limit:.2f}) {'ok' if ok else 'MISS'}")
+        print(f"  {name:<24}" + "   ".join(cells))
+    print("  (big-first as throughput: cloudtrain / rsync = "
+          + ", ".join(f"{n} {base['big-first'] / r['big-first']:.2f}x" for n, r in results.items() if n != "rsync -e ssh")
+          + "; target >= 0.80x)")
+    subprocess.run(["rm", "-rf", str(work)], check=False)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

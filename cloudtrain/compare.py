@@ -1,0 +1,214 @@
+"""Side-by-side comparison of finished training runs (the core of `cloudtrain compare`).
+
+A run directory holds the job's metrics.json and environment.json, either at its top level or in a
+subdirectory (for example `outputs/` after results were collected), and optionally a top-level
+run.json written by cloudtrain with `hourly_price_usd` (the price of everything the run used) and
+`cost_usd`. Nothing here prints or exits; errors are CompareError (a ValueError) with the path.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+# Scratch output of non-chief workers and the job's own subtrees never hold the run's result.
+_SKIP_PARTS = ("checkpoints", "tensorboard")
+_REQUIRED = ("images_per_sec", "sec_per_batch", "test_accuracy")
+
+
+class CompareError(ValueError):
+    """A run directory is missing, unreadable or not a finished training run."""
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    name: str
+    path: Path
+    metrics_path: Path
+    device: str
+    gpu_names: tuple[str, ...]
+    strategy: str
+    replicas: int
+    global_batch_size: int | None
+    sec_per_batch: float | None
+    images_per_sec: float | None
+    test_accuracy: float | None
+    wall_time_s: float | None
+    train_time_s: float | None
+    epochs: int | None
+    epoch_times_s: tuple[float, ...]
+    data_source: str | None
+    hostname: str | None
+    tensorflow: str | None
+    hourly_price_usd: float | None
+    cost_usd: float | None
+
+    @property
+    def mean_epoch_time_s(self) -> float | None:
+        return sum(self.epoch_times_s) / len(self.epoch_times_s) if self.epoch_times_s else None
+
+
+@dataclass(frozen=True)
+class CompareRow:
+    run: str
+    device: str  # "GPU" or "CPU"
+    gpu_model: str | None
+    strategy: str
+    replicas: int
+    sec_per_batch: float | None
+    images_per_sec: float | None
+    speedup: float | None  # images/s relative to the first run
+    test_accuracy: float | None
+    wall_time_s: float | None
+    cost_per_epoch_usd: float | None
+    cost_usd: float | None
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except OSError as e:
+        raise CompareError(f"{path}: cannot read ({e.strerror or e})") from None
+    except ValueError as e:
+        raise CompareError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise CompareError(f"{path}: expected a JSON object, got {type(data).__name__}")
+    return data
+
+
+def _find_metrics(run_dir: Path) -> Path:
+    top = run_dir / "metrics.json"
+    if top.is_file():
+        return top
+    found = [p for p in run_dir.rglob("metrics.json")
+             if not any(part.startswith("worker-") or part in _SKIP_PARTS for part in p.relative_to(run_dir).parts)]
+    if not found:
+        raise CompareError(f"{run_dir}: no metrics.json in it or its subdirectories (is the run finished and collected?)")
+    depth = min(len(p.parts) for p in found)
+    shallowest = sorted(p for p in found if len(p.parts) == depth)
+    if len(shallowest) > 1:
+        listed = ", ".join(str(p.relative_to(run_dir)) for p in shallowest)
+        raise CompareError(f"{run_dir}: several metrics.json files ({listed}); pass the one directory you mean")
+    return shallowest[0]
+
+
+def _number(source: Path, data: dict[str, Any], key: str) -> float | None:
+    value = data.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise CompareError(f"{source}: field {key!r} should be a number, got {value!r}")
+    return float(value)
+
+
+def load_run(run_dir: Path | str, name: str | None = None) -> RunSummary:
+    run_dir = Path(run_dir)
+    if not run_dir.exists():
+        raise CompareError(f"{run_dir}: no such run directory")
+    if not run_dir.is_dir():
+        raise CompareError(f"{run_dir}: not a directory")
+    metrics_path = _find_metrics(run_dir)
+    m = _read_json(metrics_path)
+    missing = [k for k in _REQUIRED if k not in m]
+    if missing:
+        raise CompareError(f"{metrics_path}: missing {', '.join(missing)} (not written by the cloudtrain job?)")
+    env_path = metrics_path.with_name("environment.json")
+    env = _read_json(env_path) if env_path.exists() else {}
+    price_path = run_dir / "run.json"
+    price = _read_json(price_path) if price_path.exists() else {}
+    gpu_names = m.get("gpu_names") or []
+    if not isinstance(gpu_names, list):
+        raise CompareError(f"{metrics_path}: field 'gpu_names' should be a list")
+    epoch_times = m.get("epoch_times_s") or []
+    if not isinstance(epoch_times, list):
+        raise CompareError(f"{metrics_path}: field 'epoch_times_s' should be a list")
+    times = tuple(_number(metrics_path, {"epoch_times_s": t}, "epoch_times_s") or 0.0 for t in epoch_times)
+    replicas, epochs, gbs = (_number(metrics_path, m, k) for k in ("replicas", "epochs", "global_batch_size"))
+    return RunSummary(
+        name=name or run_dir.resolve().name, path=run_dir, metrics_path=metrics_path,
+        device=str(m.get("device") or ("GPU" if gpu_names else "CPU")), gpu_names=tuple(map(str, gpu_names)),
+        strategy=str(m.get("strategy") or "default"), replicas=int(replicas or 1),
+        global_batch_size=int(gbs) if gbs is not None else None,
+        sec_per_batch=_number(metrics_path, m, "sec_per_batch"), images_per_sec=_number(metrics_path, m, "images_per_sec"),
+        test_accuracy=_number(metrics_path, m, "test_accuracy"), wall_time_s=_number(metrics_path, m, "wall_time_s"),
+        train_time_s=_number(metrics_path, m, "train_time_s"), epochs=int(epochs) if epochs is not None else None,
+        epoch_times_s=times, data_source=m.get("data_source"), hostname=env.get("hostname"),
+        tensorflow=env.get("tensorflow") or m.get("tensorflow"),
+        hourly_price_usd=_number(price_path, price, "hourly_price_usd"), cost_usd=_number(price_path, price, "cost_usd"),
+    )
+
+
+def load_runs(dirs: Sequence[Path | str]) -> list[RunSummary]:
+    if not dirs:
+        raise CompareError("no run directories given")
+    names = [Path(d).resolve().name for d in dirs]
+    # Two runs from different parents may share a directory name; the given path tells them apart.
+    return [load_run(d, name=str(d) if names.count(n) > 1 else n) for d, n in zip(dirs, names)]
+
+
+def _gpu_model(names: tuple[str, ...]) -> str | None:
+    if not names:
+        return None
+    counts: dict[str, int] = {}
+    for n in names:
+        counts[n] = counts.get(n, 0) + 1
+    return ", ".join(f"{c}x {n}" if c > 1 else n for n, c in counts.items())
+
+
+def compare_table(runs: Sequence[RunSummary]) -> list[CompareRow]:
+    base = runs[0].images_per_sec if runs else None
+    rows = []
+    for r in runs:
+        per_epoch = (r.hourly_price_usd * r.mean_epoch_time_s / 3600
+                     if r.hourly_price_usd is not None and r.mean_epoch_time_s is not None else None)
+        rows.append(CompareRow(
+            run=r.name, device="GPU" if r.gpu_names else "CPU", gpu_model=_gpu_model(r.gpu_names),
+            strategy=r.strategy, replicas=r.replicas, sec_per_batch=r.sec_per_batch, images_per_sec=r.images_per_sec,
+            speedup=r.images_per_sec / base if base and r.images_per_sec is not None else None,
+            test_accuracy=r.test_accuracy, wall_time_s=r.wall_time_s, cost_per_epoch_usd=per_epoch, cost_usd=r.cost_usd))
+    return rows
+
+
+HEADERS = ("run", "device", "GPU", "strategy", "replicas", "sec/batch", "images/s", "speed-up",
+           "test acc", "wall s", "cost/epoch")
+
+
+def _fmt(value: float | None, spec: str, prefix: str = "", suffix: str = "") -> str:
+    return "-" if value is None else f"{prefix}{value:{spec}}{suffix}"
+
+
+def format_rows(rows: Sequence[CompareRow]) -> tuple[list[str], list[list[str]]]:
+    cells = [[r.run, r.device, r.gpu_model or "-", r.strategy, str(r.replicas), _fmt(r.sec_per_batch, ".4f"),
+              _fmt(r.images_per_sec, ",.0f"), _fmt(r.speedup, ".2f", suffix="x"), _fmt(r.test_accuracy, ".4f"),
+              _fmt(r.wall_time_s, ".1f"), _fmt(r.cost_per_epoch_usd, ".4f", prefix="$")] for r in rows]
+    return list(HEADERS), cells
+
+
+def render_png(rows: Sequence[CompareRow], path: Path | str) -> Path:
+    """Bar chart of images/s per run; the Agg canvas is used directly so no GUI backend or pyplot
+    global state is touched (matplotlib is imported here: `cloudtrain --help` must not pay for it)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    if not rows:
+        raise CompareError("nothing to plot: no runs")
+    path = Path(path)
+    fig = Figure(figsize=(max(4.0, 1.4 * len(rows) + 2), 4.0), layout="constrained")
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    labels = [f"{r.run}\n{r.gpu_model or r.device} {r.strategy} x{r.replicas}" for r in rows]
+    values = [r.images_per_sec or 0.0 for r in rows]
+    bars = ax.bar(range(len(rows)), values, color=["#4C72B0" if r.device == "GPU" else "#8C8C8C" for r in rows])
+    for bar, r in zip(bars, rows):
+        note = "-" if r.images_per_sec is None else f"{r.images_per_sec:,.0f}" + (
+            f"\n{r.speedup:.2f}x" if r.speedup is not None else "")
+        ax.annotate(note, (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center", va="bottom", fontsize=8)
+    ax.set_xticks(range(len(rows)), labels, fontsize=8)
+    ax.set_ylabel("training images/s (steady state)")
+    ax.set_title("cloudtrain compare")
+    ax.margins(y=0.2)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    return path

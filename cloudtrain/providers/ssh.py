@@ -1,0 +1,75 @@
+"""The `ssh` provider: machines that already exist, listed in the recipe's `resources.hosts`.
+
+Nothing is created, stopped or deleted: `launch` turns hosts into Instance records and
+`terminate` succeeds without touching the machine (lifecycle removes ~/.cloudtrain/<cluster> on
+it; we never power a host off). Reachability and GPUs are checked by lifecycle with
+`cloudtrain.remote.facts.probe_host`, because providers never open SSH.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+from cloudtrain.config import Config
+from cloudtrain.errors import NotAvailableError, ProviderError
+from cloudtrain.providers.base import Capabilities, CredentialStatus, Instance, InstanceSpec, InstanceState
+from cloudtrain.remote.keys import current_user
+
+
+def instance_id(cluster: str, rank: int, address: str) -> str:
+    return f"ssh-{cluster}-{rank}-{address}"
+
+
+class SshProvider:
+    name = "ssh"
+    capabilities = Capabilities(supports_stop=False, supports_spot=False, remote=True, priced=False)
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+
+    def check_credentials(self) -> CredentialStatus:
+        return CredentialStatus("ssh", True, "uses the key in each host entry, else your ssh-agent/default keys")
+
+    def launch(self, spec: InstanceSpec, count: int) -> list[Instance]:
+        if count > len(spec.hosts):
+            raise ProviderError(f"{count} node(s) requested but only {len(spec.hosts)} host(s) listed",
+                                hint="add hosts to resources.hosts or lower num_nodes")
+        now = time.time()
+        return [
+            Instance(
+                id=instance_id(spec.cluster, rank, host.address),
+                cluster=spec.cluster,
+                state=InstanceState.RUNNING,
+                instance_type="existing",
+                region="ssh",
+                public_ip=host.address,
+                private_ip=host.address,
+                ssh_user=host.user or spec.ssh_user or current_user(),
+                ssh_port=host.port,
+                launched_at=now,
+            )
+            for rank, host in enumerate(spec.hosts[:count])
+        ]
+
+    def describe(self, ids: Sequence[str]) -> list[Instance]:
+        # Existing machines are always "running" as far as the provider knows; whether one
+        # answers is the probe's business. Addresses live in lifecycle's node rows.
+        return [Instance(id=i, cluster="", state=InstanceState.RUNNING) for i in ids]
+
+    def list_tagged(self, cluster: str | None = None) -> list[Instance]:
+        # Nothing is created on a host's behalf, so nothing can leak for `gc` to find.
+        return []
+
+    def stop(self, ids: Sequence[str]) -> None:
+        raise NotAvailableError("ssh hosts are not stopped by cloudtrain", hint="use `cloudtrain down` instead")
+
+    def start(self, ids: Sequence[str]) -> None:
+        return None
+
+    def terminate(self, ids: Sequence[str]) -> None:
+        return None
+
+
+def make_provider(config: Config) -> SshProvider:
+    return SshProvider(config)

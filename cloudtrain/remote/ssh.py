@@ -1,0 +1,585 @@
+"""SSHTransport: the Transport contract over one paramiko connection per node.
+
+Every command is an exec channel on the same connection (no per-command handshake). The
+connection is re-opened transparently when it dropped between calls; a drop DURING a command
+raises ConnectionLostError, because only the caller knows whether the command is safe to repeat
+(`read_log` with an offset is, `submit` is not).
+
+Routing: a ProxyCommand (recipe host or config.ssh.proxy_command, OpenSSH %h %p %r tokens) runs
+with one end of a socketpair as its stdin/stdout, exactly like OpenSSH does it. That is how a
+bastion is used, and how tests map a fake cloud address to a loopback sshd without sending a
+packet to that address.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import select
+import shlex
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import IO
+
+import paramiko
+
+from cloudtrain.config import Config
+from cloudtrain.errors import RemoteCommandError, RemoteError
+from cloudtrain.providers.base import HostSpec, Instance
+from cloudtrain.remote.archive import list_present, safe_extract
+from cloudtrain.remote.keys import Endpoint, HostKeyMismatchError, KnownHosts, node_config, resolve_endpoint
+from cloudtrain.remote.transport import CommandResult, SyncStats
+
+log = logging.getLogger(__name__)
+
+# A large window keeps a high-latency link busy (2 MiB at 100 ms RTT would cap at ~20 MB/s).
+_WINDOW_BYTES = 16 << 20
+_KEEPALIVE_S = 15
+# Re-opening a connection that dropped between calls: a blip, not a boot; don't wait minutes.
+_RECONNECT_BUDGET_S = 30.0
+# A freshly launched VM may accept TCP before cloud-init installed our key: retry auth that long.
+_AUTH_GRACE_S = 900.0
+_STDERR_KEEP = 1 << 20
+_CHUNK = 1 << 18
+
+InputSource = bytes | bytearray | memoryview | IO[bytes]
+
+
+class SSHConnectError(RemoteError):
+    """The node could not be reached (refused, timed out, no route, proxy failed)."""
+
+
+class SSHAuthError(RemoteError):
+    """The node answered but refused our key."""
+
+
+class ConnectionLostError(RemoteError):
+    """The connection dropped while a command was running; the command's outcome is unknown."""
+
+
+def open_transport(
+    *,
+    cluster: str,
+    instance: Instance,
+    config: Config,
+    host: HostSpec | None = None,
+    key_path: Path | None = None,
+    known_hosts: KnownHosts | None = None,
+) -> SSHTransport:
+    """Connect to a node, retrying with backoff for up to config.ssh.connect_retries_s (VM boot)."""
+    endpoint = resolve_endpoint(instance=instance, config=config, host=host, key_path=key_path)
+    fresh = instance.launched_at is not None and time.time() - instance.launched_at < _AUTH_GRACE_S
+    transport = SSHTransport(
+        endpoint,
+        cluster=cluster,
+        known_hosts=known_hosts or KnownHosts(),
+        connect_timeout=config.ssh.connect_timeout_s,
+        retry_for=config.ssh.connect_retries_s,
+        retry_auth=fresh,
+    )
+    transport.connect()
+    return transport
+
+
+class _PinPolicy(paramiko.MissingHostKeyPolicy):
+    """Every server key goes through the pins (paramiko's own host key store stays empty)."""
+
+    def __init__(self, known_hosts: KnownHosts, endpoint: Endpoint) -> None:
+        self.known_hosts = known_hosts
+        self.endpoint = endpoint
+
+    def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
+        self.known_hosts.check(self.endpoint.instance_id, key.get_name(), key.asbytes(), self.endpoint.address)
+
+
+class _Connection:
+    """One live paramiko client plus the proxy process carrying it, if any."""
+
+    def __init__(self, client: paramiko.SSHClient, proxy: subprocess.Popen[bytes] | None,
+                 proxy_errors: IO[bytes] | None) -> None:
+        self.client = client
+        self.proxy = proxy
+        self.proxy_errors = proxy_errors
+
+    @property
+    def transport(self) -> paramiko.Transport | None:
+        return self.client.get_transport()
+
+    def alive(self) -> bool:
+        transport = self.transport
+        return transport is not None and transport.is_active()
+
+    def exception(self) -> BaseException | None:
+        transport = self.transport
+        return transport.get_exception() if transport is not None else None
+
+    def close(self) -> None:
+        self.client.close()
+        if self.proxy is not None:
+            # Its stdin (our socket) is closed now, so a well-behaved proxy exits by itself.
+            try:
+                self.proxy.wait(timeout=2)
+            except subprocess.TimeoutExpired:
+                self.proxy.kill()
+                self.proxy.wait()
+        if self.proxy_errors is not None:
+            self.proxy_errors.close()
+
+
+class SSHTransport:
+    """Transport to one node over SSH. Thread-safe: channels may run from several threads."""
+
+    def __init__(
+        self,
+        endpoint: Endpoint,
+        *,
+        cluster: str,
+        known_hosts: KnownHosts,
+        connect_timeout: float = 10.0,
+        retry_for: float = 0.0,
+        retry_auth: bool = False,
+    ) -> None:
+        self.endpoint = endpoint
+        self.cluster = cluster
+        self.known_hosts = known_hosts
+        self.connect_timeout = connect_timeout
+        self.retry_for = retry_for
+        self.retry_auth = retry_auth
+        self.connects = 0  # how many connections were opened (1 + reconnects)
+        self._conn: _Connection | None = None
+        self._lock = threading.RLock()
+        self._home: str | None = None
+        self._commands: dict[str, bool] = {}
+
+    # ------------------------------------------------------------------ Transport contract
+
+    @property
+    def label(self) -> str:
+        return self.endpoint.label
+
+    @property
+    def home(self) -> str:
+        if self._home is None:
+            text = self.run(["sh", "-c", 'printf %s "${HOME:-$(pwd)}"']).text.strip()
+            if not text.startswith("/"):
+                raise RemoteError(f"{self.label}: could not determine the home directory (got {text!r})")
+            self._home = text
+        return self._home
+
+    def run(
+        self,
+        argv: Sequence[str],
+        *,
+        input: InputSource | None = None,
+        timeout: float | None = None,
+        check: bool = True,
+    ) -> CommandResult:
+        """Run argv (quoted for a POSIX shell) on the node. `input` may be bytes or a binary file."""
+        args = [str(a) for a in argv]
+        proc = self.start(shlex.join(args), input=input, timeout=timeout, what=args[0])
+        try:
+            stdout = proc.read_all()
+            code = proc.wait()
+        finally:
+            proc.close()
+        result = CommandResult(tuple(args), code, stdout, proc.stderr)
+        if check and code != 0:
+            raise RemoteCommandError(args, code, proc.stderr.decode(errors="replace"))
+        return result
+
+    def put_file(self, data: bytes, remote_path: str, mode: int = 0o644) -> None:
+        # mktemp creates the temp file 0600, so a secret is never readable by others, and the
+        # rename makes the new content appear whole or not at all.
+        script = (
+            'd=$(dirname -- "$1") && mkdir -p -- "$d" && t=$(mktemp "$d/.ct-put.XXXXXX") || exit 1; '
+            'if cat > "$t" && chmod "$2" "$t" && mv -f -- "$t" "$1"; then exit 0; fi; rm -f -- "$t"; exit 1'
+        )
+        self.run(["sh", "-c", script, "sh", remote_path, format(mode, "o")], input=data)
+
+    def put_tree(self, local: Path, remote_dir: str, *, ignore: Callable[[str], bool] | None = None) -> SyncStats:
+        from cloudtrain.remote.sync import sync_tree
+
+        return sync_tree(self, local, remote_dir, ignore)
+
+    def get_tree(self, remote_dir: str, paths: Sequence[str], local: Path) -> list[str]:
+        """Stream a tar of `paths` from the node straight into safe_extract (never buffered whole)."""
+        present = list_present(self, remote_dir, paths)
+        if not present:
+            return []
+        argv = ["tar", "-C", remote_dir, "-cf", "-", "--", *present]
+        proc = self.start(shlex.join(argv), what="tar")
+        try:
+            names = safe_extract(io.BufferedReader(_ProcessReader(proc), _CHUNK), local)
+            proc.read_all()  # trailing zero blocks after the end-of-archive marker
+            code = proc.wait()
+        finally:
+            proc.close()
+        # GNU tar exits 1 when a file changed while it was read (a job still writing): the archive
+        # is complete and valid, so keep it and say so.
+        if code == 1:
+            log.warning("%s: tar reported files changing during the copy: %s", self.label, proc.stderr_tail())
+        elif code != 0:
+            raise RemoteCommandError(argv, code, proc.stderr.decode(errors="replace"))
+        return names
+
+    def close(self) -> None:
+        with self._lock:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+
+    def __enter__(self) -> SSHTransport:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ extras used by sync and lifecycle
+
+    def has_command(self, name: str) -> bool:
+        """Whether `name` is on the node's PATH (cached per transport)."""
+        if name not in self._commands:
+            result = self.run(["sh", "-c", 'command -v "$1" >/dev/null 2>&1', "sh", name], check=False)
+            self._commands[name] = result.exit_code == 0
+        return self._commands[name]
+
+    def openssh_command(self) -> list[str]:
+        """argv for OpenSSH reaching this node with the same key, proxy and pinned host key.
+
+        The host to name on the command line is `ct-node`; e.g. rsync -e "<this>" ct-node:/path.
+        """
+        return ["ssh", "-F", str(node_config(self.endpoint, self.known_hosts, connect_timeout=self.connect_timeout))]
+
+    def start(
+        self, command: str, *, input: InputSource | None = None, timeout: float | None = None, what: str = ""
+    ) -> RemoteProcess:
+        """Start a raw shell command on its own channel; the caller reads, waits and closes."""
+        conn, chan = self._open_channel()
+        try:
+            chan.exec_command(command)
+        except (paramiko.SSHException, EOFError, OSError) as exc:
+            chan.close()
+            # The request may have reached the node: the command's fate is unknown.
+            raise self._lost(f"starting {what or command.split(' ', 1)[0]!r}", exc) from None
+        proc = RemoteProcess(self, conn, chan, what or command.split(" ", 1)[0], timeout)
+        if input is not None:
+            proc.feed(input)
+        else:
+            chan.shutdown_write()
+        return proc
+
+    # ------------------------------------------------------------------ connection management
+
+    def connect(self, retry_for: float | None = None) -> None:
+        """Open the connection, retrying with capped exponential backoff for up to retry_for s."""
+        budget = self.retry_for if retry_for is None else retry_for
+        started = time.monotonic()
+        delay = 0.25
+        attempts = 0
+        while True:
+            attempts += 1
+            try:
+                conn = self._connect_once()
+            except HostKeyMismatchError:
+                raise
+            except SSHAuthError:
+                if not self.retry_auth or time.monotonic() - started >= budget:
+                    raise
+                last: BaseException = RuntimeError("authentication refused")
+            except SSHConnectError as exc:
+                last = exc
+                if time.monotonic() - started >= budget:
+                    raise SSHConnectError(
+                        f"cannot reach {self.label} (instance {self.endpoint.instance_id}) after {attempts} "
+                        f"attempt(s) in {time.monotonic() - started:.0f}s: {exc.message}",
+                        hint=exc.hint,
+                    ) from None
+            else:
+                with self._lock:
+                    if self._conn is not None:
+                        self._conn.close()
+                    self._conn = conn
+                    self.connects += 1
+                return
+            log.debug("%s: connect attempt %d failed (%s); retrying in %.2fs", self.label, attempts, last, delay)
+            remaining = budget - (time.monotonic() - started)
+            time.sleep(max(0.0, min(delay, remaining)))
+            delay = min(delay * 2, 5.0)
+
+    def _connect_once(self) -> _Connection:
+        ep = self.endpoint
+        where = f"{ep.address}:{ep.port}"
+        pkey = self._load_key()
+        sock, proxy, proxy_err = self._open_socket()
+        client = paramiko.SSHClient()
+        client.set_missing_host_key_policy(_PinPolicy(self.known_hosts, ep))
+        try:
+            client.connect(
+                hostname=ep.address,
+                port=ep.port,
+                username=ep.user,
+                pkey=pkey,
+                allow_agent=pkey is None,
+                look_for_keys=pkey is None,
+                timeout=self.connect_timeout,
+                banner_timeout=self.connect_timeout,
+                auth_timeout=self.connect_timeout,
+                channel_timeout=self.connect_timeout,
+                sock=sock,
+            )
+        except HostKeyMismatchError:
+            _abandon(client, sock, proxy, proxy_err)
+            raise
+        except paramiko.AuthenticationException as exc:
+            _abandon(client, sock, proxy, proxy_err)
+            key = f"key {ep.identity_file}" if ep.identity_file else "your agent/default keys"
+            raise SSHAuthError(
+                f"{ep.user}@{where} (instance {ep.instance_id}) refused {key}: {exc}",
+                hint="check the user name and that the public key is in the node's ~/.ssh/authorized_keys",
+            ) from None
+        except (paramiko.SSHException, EOFError, OSError) as exc:
+            said = _abandon(client, sock, proxy, proxy_err)
+            hint = (
+                f"ProxyCommand {ep.expanded_proxy_command()!r} said: {said}" if proxy and said
+                else "is the machine up, sshd running and the port open to you?"
+            )
+            raise SSHConnectError(f"{where}: {exc or type(exc).__name__}", hint=hint) from None
+        transport = client.get_transport()
+        assert transport is not None
+        transport.set_keepalive(_KEEPALIVE_S)
+        transport.default_window_size = _WINDOW_BYTES
+        return _Connection(client, proxy, proxy_err)
+
+    def _open_socket(self) -> tuple[socket.socket, subprocess.Popen[bytes] | None, IO[bytes] | None]:
+        ep = self.endpoint
+        command = ep.expanded_proxy_command()
+        if command:
+            ours, theirs = socket.socketpair()
+            errors = tempfile.TemporaryFile()
+            try:
+                proxy = subprocess.Popen(
+                    command, shell=True, stdin=theirs, stdout=theirs, stderr=errors, start_new_session=True
+                )
+            except OSError as exc:
+                ours.close()
+                raise SSHConnectError(f"ProxyCommand {command!r} failed to start: {exc}") from None
+            finally:
+                theirs.close()
+            return ours, proxy, errors
+        try:
+            sock = socket.create_connection((ep.address, ep.port), timeout=self.connect_timeout)
+        except OSError as exc:
+            raise SSHConnectError(
+                f"{ep.address}:{ep.port}: {exc.strerror or exc}",
+                hint="is the machine up, sshd running and the port open to you?",
+            ) from None
+        _tune_tcp(sock)
+        return sock, None, None
+
+    def _load_key(self) -> paramiko.PKey | None:
+        path = self.endpoint.identity_file
+        if path is None:
+            return None
+        try:
+            return paramiko.PKey.from_path(path)
+        except FileNotFoundError:
+            raise SSHAuthError(f"SSH key {path} does not exist", hint="fix `key:` in the recipe's hosts") from None
+        except paramiko.PasswordRequiredException:
+            raise SSHAuthError(
+                f"SSH key {path} is encrypted", hint="load it into ssh-agent and leave `key:` unset"
+            ) from None
+        except (paramiko.SSHException, ValueError, OSError) as exc:
+            raise SSHAuthError(f"cannot read SSH key {path}: {exc}") from None
+
+    def _live_connection(self) -> _Connection:
+        with self._lock:
+            if self._conn is not None and self._conn.alive():
+                return self._conn
+            if self._conn is not None:
+                log.info("%s: connection dropped; reconnecting", self.label)
+                self._conn.close()
+                self._conn = None
+                self.connect(retry_for=min(self.retry_for, _RECONNECT_BUDGET_S) or _RECONNECT_BUDGET_S)
+            else:
+                self.connect()
+            assert self._conn is not None
+            return self._conn
+
+    def _open_channel(self) -> tuple[_Connection, paramiko.Channel]:
+        for attempt in range(2):
+            conn = self._live_connection()
+            transport = conn.transport
+            try:
+                if transport is None:
+                    raise EOFError("no transport")
+                chan = transport.open_session(window_size=_WINDOW_BYTES, timeout=self.connect_timeout)
+                return conn, chan
+            except paramiko.ChannelException as exc:
+                raise RemoteError(
+                    f"{self.label}: the node refused a new session ({exc})",
+                    hint="too many commands at once for sshd's MaxSessions?",
+                ) from None
+            except (paramiko.SSHException, EOFError, OSError) as exc:
+                # Nothing ran yet, so trying once more on a fresh connection is safe.
+                self._discard(conn)
+                if attempt:
+                    raise self._lost("opening a channel", exc) from None
+        raise AssertionError("unreachable")
+
+    def _discard(self, conn: _Connection) -> None:
+        with self._lock:
+            if self._conn is conn:
+                self._conn = None
+        conn.close()
+
+    def _lost(self, doing: str, exc: BaseException | None) -> ConnectionLostError:
+        return ConnectionLostError(
+            f"{self.label}: connection lost while {doing}" + (f" ({exc})" if exc else ""),
+            hint="the next command reconnects; a job started on the node keeps running",
+        )
+
+
+class RemoteProcess:
+    """One exec channel: stdout is read by the caller, stderr is collected, stdin fed by a thread."""
+
+    def __init__(self, owner: SSHTransport, conn: _Connection, chan: paramiko.Channel, what: str,
+                 timeout: float | None) -> None:
+        self.owner = owner
+        self.conn = conn
+        self.chan = chan
+        self.what = what
+        self.timeout = timeout
+        self.deadline = None if timeout is None else time.monotonic() + timeout
+        self._stderr = bytearray()
+        self._writer: threading.Thread | None = None
+
+    @property
+    def stderr(self) -> bytes:
+        return bytes(self._stderr)
+
+    def stderr_tail(self) -> str:
+        text = self._stderr.decode(errors="replace").strip()
+        return text.splitlines()[-1] if text else ""
+
+    def feed(self, source: InputSource) -> None:
+        self._writer = threading.Thread(target=self._write, args=(source,), name=f"ssh-stdin-{self.what}", daemon=True)
+        self._writer.start()
+
+    def _write(self, source: InputSource) -> None:
+        try:
+            if isinstance(source, (bytes, bytearray, memoryview)):
+                view = memoryview(source)
+                for start in range(0, len(view), _CHUNK):
+                    self.chan.sendall(view[start : start + _CHUNK])
+            else:
+                while chunk := source.read(_CHUNK):
+                    self.chan.sendall(chunk)
+            self.chan.shutdown_write()
+        except (OSError, EOFError, paramiko.SSHException) as exc:
+            # The command exited without reading all its input, or the connection died: either
+            # way the exit status (or ConnectionLostError from wait) tells the caller.
+            log.debug("%s: stdin not fully delivered: %s", self.what, exc)
+
+    def read(self, size: int = _CHUNK) -> bytes:
+        """Up to `size` bytes of stdout; b'' at end of output."""
+        chan = self.chan
+        while True:
+            if chan.recv_stderr_ready():
+                self._stderr += chan.recv_stderr(_CHUNK)
+                del self._stderr[:-_STDERR_KEEP]
+                continue
+            if chan.recv_ready():
+                return chan.recv(size)
+            if chan.eof_received or chan.closed:
+                if chan.recv_ready() or chan.recv_stderr_ready():
+                    continue
+                return b""
+            self._wait_readable()
+
+    def read_all(self) -> bytes:
+        chunks = []
+        while chunk := self.read():
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    def wait(self) -> int:
+        """Exit status of the command once its output ended."""
+        while not self.chan.status_event.is_set():
+            if not self.conn.alive():
+                break
+            self._check_deadline()
+            self.chan.status_event.wait(0.2)
+        if self._writer is not None:
+            self._writer.join(timeout=5)
+        code = self.chan.exit_status
+        if code == -1:
+            if not self.conn.alive():
+                raise self.owner._lost(f"running {self.what!r}", self.conn.exception())
+            # The channel closed without an exit-status: the command died from a signal.
+            code = 255
+        return code
+
+    def close(self) -> None:
+        self.chan.close()
+
+    def _wait_readable(self) -> None:
+        self._check_deadline()
+        if not self.conn.alive() and not (self.chan.recv_ready() or self.chan.recv_stderr_ready()):
+            if not (self.chan.eof_received or self.chan.closed):
+                raise self.owner._lost(f"running {self.what!r}", self.conn.exception())
+        limit = 1.0 if self.deadline is None else max(0.0, min(1.0, self.deadline - time.monotonic()))
+        select.select([self.chan], [], [], limit)
+
+    def _check_deadline(self) -> None:
+        if self.deadline is not None and time.monotonic() > self.deadline:
+            self.chan.close()
+            raise RemoteError(f"{self.owner.label}: {self.what} timed out after {self.timeout}s")
+
+
+class _ProcessReader(io.RawIOBase):
+    def __init__(self, proc: RemoteProcess) -> None:
+        self.proc = proc
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: bytearray | memoryview) -> int:  # type: ignore[override]
+        data = self.proc.read(len(buffer))
+        buffer[: len(data)] = data
+        return len(data)
+
+
+def _abandon(client: paramiko.SSHClient, sock: socket.socket, proxy: subprocess.Popen[bytes] | None,
+             errors: IO[bytes] | None) -> str:
+    """Tear down a failed attempt; return the last line the proxy wrote to stderr, if any."""
+    client.close()
+    sock.close()
+    if proxy is not None:
+        try:
+            proxy.wait(timeout=2)
+        except subprocess.TimeoutExpired:
+            proxy.kill()
+            proxy.wait()
+    if errors is None:
+        return ""
+    errors.seek(0)
+    text = errors.read()[-2000:].decode(errors="replace").strip()
+    errors.close()
+    return text.splitlines()[-1] if text else ""
+
+
+def _tune_tcp(sock: socket.socket) -> None:
+    # Small request/response packets (channel open, exec, exit status) would otherwise wait on
+    # Nagle + delayed ACK: ~40 ms per command.
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    # The kernel notices a peer that vanished without a FIN (NAT timeout, VM gone) in about a minute.
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    for name, value in (("TCP_KEEPIDLE", 30), ("TCP_KEEPINTVL", 10), ("TCP_KEEPCNT", 3)):
+        option = getattr(socket, name, None)
+        if option is not None:
+            sock.setsockopt(socket.IPPROTO_TCP, option, value)

@@ -1,0 +1,166 @@
+#!/bin/sh
+# cloudtrain bootstrap: runs on a fresh VM at the first `up`, as the login user (no root needed).
+#
+#   bootstrap.sh                        report what the VM has, as one JSON line on stdout
+#   bootstrap.sh --ensure-tf            also make sure a TensorFlow that fits this VM imports
+#   bootstrap.sh --ensure-tf --dry-run  decide and report what would be installed; install nothing
+#
+# The report: GPUs and driver from nvidia-smi, the CUDA version the driver supports, python3's
+# version, the TensorFlow that imports (if any), the package chosen and what this run installed.
+#
+# The choice is made from the VM itself: `tensorflow[and-cuda]` (CUDA libraries from pip) when
+# nvidia-smi works, i.e. a driver is loaded; `tensorflow-cpu` otherwise (`tensorflow` on aarch64,
+# where no -cpu wheel exists). Idempotent: when TensorFlow already imports, nothing is installed.
+# TensorFlow goes into a venv under ~/.cloudtrain/venv that also sees the system's packages: no
+# root, and no fight with a distro Python that refuses `pip install` (PEP 668).
+#
+# Environment, for unusual images and for tests:
+#   CLOUDTRAIN_PYTHON       base interpreter (default: python3)
+#   CLOUDTRAIN_VENV         the venv (default: $HOME/.cloudtrain/venv)
+#   CLOUDTRAIN_TF_VERSION   version pin appended to the package, e.g. "==2.16.*"
+#   CLOUDTRAIN_PIP_INSTALL  installer command; the package is appended as one argument.
+#                           Default: VENV/bin/python -m pip install --quiet. The command sees
+#                           CLOUDTRAIN_TARGET_PYTHON, the interpreter that must import TensorFlow.
+# Progress and errors go to stderr. Exit codes: 0 ok, 2 usage, 3 no python3, 4 venv or pip
+# unavailable, 5 installed but TensorFlow still does not import.
+set -u
+
+usage() { sed -n '2,6p' "$0" | sed 's/^# \{0,1\}//'; }
+
+ensure=0
+dry_run=0
+for arg in "$@"; do
+    case "$arg" in
+    --ensure-tf) ensure=1 ;;
+    --dry-run) dry_run=1 ;;
+    -h | --help) usage; exit 0 ;;
+    *) echo "bootstrap: unknown option $arg" >&2; usage >&2; exit 2 ;;
+    esac
+done
+
+say() { echo "bootstrap: $*" >&2; }
+
+base_python=${CLOUDTRAIN_PYTHON:-python3}
+if ! command -v "$base_python" >/dev/null 2>&1; then
+    say "$base_python not found; cloudtrain needs python3 on the VM"
+    exit 3
+fi
+venv=${CLOUDTRAIN_VENV:-$HOME/.cloudtrain/venv}
+
+# --- what the VM has -------------------------------------------------------------------------
+smi_status=absent
+smi_query=
+cuda=
+if command -v nvidia-smi >/dev/null 2>&1; then
+    # A GPU image without a loaded driver still has nvidia-smi; it fails. Only a working one counts.
+    if smi_query=$(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null) &&
+        [ -n "$smi_query" ]; then
+        smi_status=ok
+        cuda=$(nvidia-smi 2>/dev/null | sed -n 's/.*CUDA Version: *\([0-9][0-9.]*\).*/\1/p' | head -n 1)
+    else
+        smi_status=failed
+        smi_query=
+    fi
+fi
+arch=$(uname -m)
+
+if [ "$smi_status" = ok ]; then
+    package="tensorflow[and-cuda]"
+elif [ "$arch" = aarch64 ] || [ "$arch" = arm64 ]; then
+    package="tensorflow"
+else
+    package="tensorflow-cpu"
+fi
+package="$package${CLOUDTRAIN_TF_VERSION:-}"
+
+tf_version() {
+    # Prints the version if TensorFlow imports with interpreter $1, nothing otherwise.
+    TF_CPP_MIN_LOG_LEVEL=3 "$1" -c 'import tensorflow as tf; print(tf.__version__)' 2>/dev/null | tail -n 1
+}
+
+python=$base_python
+[ -x "$venv/bin/python" ] && python=$venv/bin/python
+tf_before=$(tf_version "$python")
+
+# --- ensure TensorFlow -----------------------------------------------------------------------
+ensure_venv() {
+    if [ ! -x "$venv/bin/python" ]; then
+        mkdir -p "$(dirname "$venv")" || exit 4
+        # --without-pip: Debian/Ubuntu strip ensurepip from the system Python; pip comes later.
+        if ! "$base_python" -m venv --system-site-packages --without-pip "$venv" >&2; then
+            say "cannot create a venv at $venv with $base_python"
+            exit 4
+        fi
+    fi
+    python=$venv/bin/python
+}
+
+ensure_pip() {
+    "$python" -m pip --version >/dev/null 2>&1 && return 0
+    "$python" -m ensurepip --default-pip >/dev/null 2>&1 && return 0
+    say "no pip for $python; fetching get-pip.py"
+    if "$python" -c 'import sys, urllib.request
+sys.stdout.buffer.write(urllib.request.urlopen("https://bootstrap.pypa.io/get-pip.py", timeout=120).read())' \
+        >"$venv/get-pip.py" && "$python" "$venv/get-pip.py" --quiet >&2; then
+        return 0
+    fi
+    say "could not install pip into $venv"
+    exit 4
+}
+
+installed=
+would_install=
+if [ "$ensure" = 1 ] && [ -z "$tf_before" ]; then
+    if [ "$dry_run" = 1 ]; then
+        would_install=$package
+    else
+        ensure_venv
+        # The venv sees system packages: an image with TensorFlow preinstalled needs nothing.
+        if [ -z "$(tf_version "$python")" ]; then
+            say "installing $package for $python"
+            if [ -n "${CLOUDTRAIN_PIP_INSTALL:-}" ]; then
+                CLOUDTRAIN_TARGET_PYTHON=$python sh -c "$CLOUDTRAIN_PIP_INSTALL \"\$1\"" sh "$package" >&2
+            else
+                ensure_pip
+                "$python" -m pip install --quiet --disable-pip-version-check "$package" >&2
+            fi || { say "installing $package failed"; exit 4; }
+            installed=$package
+        fi
+    fi
+fi
+tf_after=$(tf_version "$python")
+
+# --- report: one JSON line, built by Python so every string is escaped properly --------------
+CT_SMI_STATUS=$smi_status CT_SMI_QUERY=$smi_query CT_CUDA=$cuda CT_ARCH=$arch CT_PACKAGE=$package \
+    CT_TF_BEFORE=$tf_before CT_TF=$tf_after CT_INSTALLED=$installed CT_WOULD=$would_install \
+    CT_PYTHON=$python CT_ENSURE=$ensure "$base_python" -c '
+import json, os, platform
+env = os.environ
+gpus = []
+for line in env["CT_SMI_QUERY"].splitlines():
+    parts = [p.strip() for p in line.split(",")]
+    if parts and parts[0]:
+        gpus.append({"name": parts[0], "driver": parts[1] if len(parts) > 1 else None,
+                     "memory": parts[2] if len(parts) > 2 else None})
+print(json.dumps({
+    "gpu": bool(gpus),
+    "gpu_count": len(gpus),
+    "gpus": gpus,
+    "nvidia_smi": env["CT_SMI_STATUS"],
+    "driver_version": gpus[0]["driver"] if gpus else None,
+    "cuda_version": env["CT_CUDA"] or None,
+    "arch": env["CT_ARCH"],
+    "python_version": platform.python_version(),
+    "python": env["CT_PYTHON"],
+    "tf_package": env["CT_PACKAGE"],
+    "tensorflow": env["CT_TF"] or None,
+    "installed": env["CT_INSTALLED"] or None,
+    "would_install": env["CT_WOULD"] or None,
+}, sort_keys=True))
+'
+
+if [ "$ensure" = 1 ] && [ "$dry_run" = 0 ] && [ -z "$tf_after" ]; then
+    say "TensorFlow still does not import with $python"
+    exit 5
+fi
+exit 0

@@ -1,0 +1,56 @@
+"""The ssh provider: existing hosts become Instances; nothing is created, stopped or deleted."""
+
+from __future__ import annotations
+
+import pytest
+
+from cloudtrain.config import Config
+from cloudtrain.errors import NotAvailableError, ProviderError
+from cloudtrain.providers import get_provider
+from cloudtrain.providers.base import HostSpec, InstanceSpec, InstanceState, Provider
+from cloudtrain.remote.facts import probe_host
+from cloudtrain.remote.ssh import open_transport
+from cloudtrain.testing.sshd import SshdFactory
+
+
+def _spec(*hosts: HostSpec) -> InstanceSpec:
+    return InstanceSpec(cluster="lab", owner="me", hosts=hosts)
+
+
+def test_launch_turns_hosts_into_running_instances() -> None:
+    provider = get_provider("ssh", Config())
+    assert isinstance(provider, Provider)
+    assert provider.capabilities.remote and not provider.capabilities.supports_stop and not provider.capabilities.priced
+    hosts = (HostSpec("10.0.0.5", user="ubuntu"), HostSpec("gpu-2.lab", port=2222), HostSpec("unused"))
+    nodes = provider.launch(_spec(*hosts), 2)
+    assert [n.id for n in nodes] == ["ssh-lab-0-10.0.0.5", "ssh-lab-1-gpu-2.lab"]
+    assert all(n.state is InstanceState.RUNNING and n.cluster == "lab" for n in nodes)
+    assert (nodes[0].public_ip, nodes[0].ssh_user, nodes[0].ssh_port) == ("10.0.0.5", "ubuntu", 22)
+    assert (nodes[1].public_ip, nodes[1].ssh_port) == ("gpu-2.lab", 2222) and nodes[1].ssh_user
+    assert [n.id for n in provider.launch(_spec(*hosts), 2)] == [n.id for n in nodes]  # same hosts, same ids
+
+
+def test_too_few_hosts_and_lifecycle_calls() -> None:
+    provider = get_provider("ssh", Config())
+    with pytest.raises(ProviderError, match="only 1 host"):
+        provider.launch(_spec(HostSpec("a")), 2)
+    provider.terminate(["ssh-lab-0-a"])  # never touches the machine
+    provider.start(["ssh-lab-0-a"])
+    assert provider.list_tagged("lab") == []
+    assert provider.describe(["ssh-lab-0-a"])[0].state is InstanceState.RUNNING
+    with pytest.raises(NotAvailableError):
+        provider.stop(["ssh-lab-0-a"])
+    assert provider.check_credentials().ok
+
+
+def test_launched_hosts_are_reachable_and_probed(sshd_vm_factory: SshdFactory) -> None:
+    """What lifecycle does with an ssh host: launch record -> open_transport(host=...) -> probe."""
+    vms = sshd_vm_factory.start_many(2)
+    key = str(sshd_vm_factory.client_key.private_path)
+    hosts = tuple(vm.host_spec(key) for vm in vms)
+    provider = get_provider("ssh", Config())
+    nodes = provider.launch(_spec(*hosts), 2)
+    for node, host, vm in zip(nodes, hosts, vms):
+        with open_transport(cluster="lab", instance=node, config=Config(ssh={"connect_retries_s": 0}), host=host) as t:
+            facts = probe_host(t)
+            assert facts.python3 and t.home == vm.home

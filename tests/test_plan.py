@@ -1,0 +1,183 @@
+"""make_plan: a pure function from recipe + catalog to placements in price order."""
+
+from __future__ import annotations
+
+from dataclasses import FrozenInstanceError
+from typing import Any
+
+import pytest
+
+from cloudtrain import paths
+from cloudtrain.catalog import Catalog, default_catalog
+from cloudtrain.errors import NotAvailableError, UsageError
+from cloudtrain.plan import Placement, Plan, make_plan
+from cloudtrain.recipe import Recipe, load_recipe
+
+CLOUDS = ("local", "ssh", "aws")
+
+
+def recipe(resources: dict[str, Any], **top: Any) -> Recipe:
+    return Recipe.model_validate({"name": "p", "run": "true", "resources": {"cloud": "aws", **resources}, **top})
+
+
+def plan(resources: dict[str, Any], catalog: Catalog | None = None, **top: Any) -> Plan:
+    default_region = top.pop("default_region", None)
+    return make_plan(recipe(resources, **top), catalog or default_catalog(), CLOUDS, default_region=default_region)
+
+
+def where(p: Plan) -> list[tuple[str | None, str | None, float]]:
+    return [(c.region, c.instance_type, c.hourly_price) for c in p.candidates]
+
+
+# (case, resources, extra recipe fields, best (region, type, price per node), hourly cost of the cluster)
+CHEAPEST = [
+    ("one T4", {"accelerators": "T4:1"}, {}, ("us-east-1", "g4dn.xlarge", 0.526), 0.526),
+    ("gpu name in any case", {"accelerators": "a10g"}, {}, ("us-east-1", "g5.xlarge", 1.006), 1.006),
+    ("two T4 need the 4-GPU type", {"accelerators": "T4:2"}, {}, ("us-east-1", "g4dn.12xlarge", 3.912), 3.912),
+    ("T4 with 8 vCPUs", {"accelerators": "T4:1", "cpus": 8}, {}, ("us-east-1", "g4dn.2xlarge", 0.752), 0.752),
+    ("instance type given", {"instance_type": "p3.2xlarge"}, {}, ("us-east-1", "p3.2xlarge", 3.06), 3.06),
+    ("type and matching gpu", {"instance_type": "g5.xlarge", "accelerators": "A10G:1"}, {}, ("us-east-1", "g5.xlarge", 1.006), 1.006),
+    ("region given", {"accelerators": "T4:1", "region": "eu-west-1"}, {}, ("eu-west-1", "g4dn.xlarge", 0.587), 0.587),
+    ("cpu only, smallest", {}, {}, ("us-east-1", "t3.medium", 0.0416), 0.0416),
+    ("cpu by vcpus", {"cpus": 4}, {}, ("us-east-1", "c5.xlarge", 0.17), 0.17),
+    ("cpu by memory", {"memory": 8}, {}, ("us-east-1", "m5.large", 0.096), 0.096),
+    ("spot price", {"accelerators": "T4:1", "spot": True}, {}, ("us-east-2", "g4dn.xlarge", 0.1578), 0.1578),
+    ("nodes multiply", {"accelerators": "T4:1"}, {"num_nodes": 3}, ("us-east-1", "g4dn.xlarge", 0.526), 1.578),
+    ("tie goes to home region", {"accelerators": "T4:1"}, {"default_region": "us-west-2"}, ("us-west-2", "g4dn.xlarge", 0.526), 0.526),
+]
+
+
+@pytest.mark.parametrize(("case", "resources", "top", "best", "hourly"), CHEAPEST, ids=[c[0] for c in CHEAPEST])
+def test_cheapest_fitting_offer(case: str, resources: dict, top: dict, best: tuple, hourly: float) -> None:
+    p = plan(resources, **top)
+    assert (p.best.region, p.best.instance_type, p.best.hourly_price) == best
+    assert p.hourly_cost == pytest.approx(hourly)
+    assert p.cloud == "aws" and p.best.cloud == "aws"
+    assert [c.hourly_price for c in p.candidates] == sorted(c.hourly_price for c in p.candidates)
+
+
+def test_candidates_fail_over_across_regions_then_bigger_types_in_price_order() -> None:
+    p = plan({"accelerators": "T4:1"})
+    assert where(p)[:6] == [
+        ("us-east-1", "g4dn.xlarge", 0.526),
+        ("us-east-2", "g4dn.xlarge", 0.526),
+        ("us-west-2", "g4dn.xlarge", 0.526),
+        ("eu-west-1", "g4dn.xlarge", 0.587),
+        ("us-east-1", "g4dn.2xlarge", 0.752),
+        ("us-east-2", "g4dn.2xlarge", 0.752),
+    ]
+    assert len(p.candidates) == 12  # 3 T4 types x 4 regions; each one is a distinct placement
+    assert all(c.zone is None and not c.spot and c.accelerators in ("T4:1", "T4:4") for c in p.candidates)
+
+
+def test_spot_candidates_follow_spot_prices() -> None:
+    p = plan({"instance_type": "g4dn.xlarge", "spot": True})
+    assert where(p) == [
+        ("us-east-2", "g4dn.xlarge", 0.1578),
+        ("us-west-2", "g4dn.xlarge", 0.1836),
+        ("us-east-1", "g4dn.xlarge", 0.2104),
+        ("eu-west-1", "g4dn.xlarge", 0.2348),
+    ]
+    assert all(c.spot for c in p.candidates) and p.spot
+
+
+def test_zone_is_carried_into_every_candidate() -> None:
+    p = plan({"instance_type": "g4dn.xlarge", "region": "us-east-1", "zone": "us-east-1c"})
+    assert [(c.region, c.zone) for c in p.candidates] == [("us-east-1", "us-east-1c")]
+
+
+# (case, resources, extra recipe fields, error type, text the one-line message must contain)
+REFUSED = [
+    ("unknown gpu", {"accelerators": "T5:1"}, {}, UsageError, "did you mean 'T4'?"),
+    ("unknown gpu, no close name", {"accelerators": "Z9000"}, {}, UsageError, "known GPUs: A100, A10G, H100, T4, V100"),
+    ("too many gpus per node", {"accelerators": "H100:16"}, {}, NotAvailableError, "at most H100:8"),
+    ("gpu not in region", {"accelerators": "H100:8", "region": "eu-west-1"}, {}, NotAvailableError, "offered in us-east-1, us-east-2, us-west-2"),
+    ("unknown type", {"instance_type": "g4dn.xlarg"}, {}, UsageError, "did you mean 'g4dn.xlarge'?"),
+    ("type not in region", {"instance_type": "p5.48xlarge", "region": "eu-west-1"}, {}, NotAvailableError, "no offer of p5.48xlarge in eu-west-1"),
+    ("type and gpu disagree", {"instance_type": "g4dn.xlarge", "accelerators": "A100:1"}, {}, UsageError, "has T4:1"),
+    ("type too small", {"instance_type": "t3.medium", "cpus": 8}, {}, UsageError, "2 vCPUs"),
+    ("region typo", {"accelerators": "T4:1", "region": "us-east1"}, {}, UsageError, "did you mean 'us-east-1'?"),
+    ("region without prices", {"accelerators": "T4:1", "region": "ap-south-1"}, {}, NotAvailableError, "catalog covers"),
+    ("cpu too big", {"cpus": 512}, {}, NotAvailableError, "no CPU offer with 512 vCPUs"),
+    ("cloud not available", {"cloud": "gcp", "accelerators": "T4:1"}, {}, NotAvailableError, "'gcp' is not available yet"),
+    ("ami without region or home", {"accelerators": "T4:1", "image": "ami-0123456789abcdef0"}, {}, UsageError, "set resources.region"),
+    (
+        "budget refused",
+        {"accelerators": "T4:1"},
+        {"budget": {"max_usd": 5, "max_hours": 10}},
+        UsageError,
+        "costs $5.26 for 10 h, over budget.max_usd $5.00",
+    ),
+    (
+        "budget counts every node",
+        {"accelerators": "T4:1", "spot": True},
+        {"num_nodes": 4, "budget": {"max_usd": 5, "max_hours": 10}},
+        UsageError,
+        "x 4 nodes, costs $6.31",
+    ),
+]
+
+
+@pytest.mark.parametrize(("case", "resources", "top", "error", "text"), REFUSED, ids=[c[0] for c in REFUSED])
+def test_refusals_are_one_clear_line(case: str, resources: dict, top: dict, error: type, text: str) -> None:
+    with pytest.raises(error) as caught:
+        plan(resources, **top)
+    line = caught.value.one_line()
+    assert text in line and "\n" not in line
+
+
+def test_budget_keeps_only_affordable_candidates() -> None:
+    p = plan({"instance_type": "g4dn.xlarge", "spot": True}, budget={"max_usd": 2, "max_hours": 10})
+    assert [c.region for c in p.candidates] == ["us-east-2", "us-west-2"]  # 1.58 and 1.84; the rest exceed $2
+    assert p.estimated_cost == pytest.approx(1.578)
+    assert p.affordable_hours == pytest.approx(2 / 0.1578)
+    assert "at most $1.58 for 10 h" in p.summary()
+
+
+def test_money_limit_without_hours_gives_a_runway() -> None:
+    p = plan({"accelerators": "T4:1"}, budget={"max_usd": 1.052})
+    assert p.estimated_cost is None and p.affordable_hours == pytest.approx(2.0)
+
+
+@pytest.mark.parametrize("cloud", ["local", "ssh"])
+def test_local_and_ssh_plans_are_free(cloud: str) -> None:
+    resources = {"cloud": cloud}
+    if cloud == "ssh":
+        resources["hosts"] = [{"address": "10.0.0.5"}, {"address": "10.0.0.6"}]
+    p = plan(resources, num_nodes=2, budget={"max_usd": 0.01, "max_hours": 100})
+    assert p.candidates == (Placement(cloud, None, None, None, 0.0, False),)
+    assert (p.hourly_cost, p.estimated_cost, p.affordable_hours) == (0.0, 0.0, None)
+    assert "$0/h" in p.summary()
+
+
+def test_ami_id_pins_the_plan_to_the_home_region() -> None:
+    p = plan({"accelerators": "T4:1", "image": "ami-0123456789abcdef0"}, default_region="eu-west-1")
+    assert {c.region for c in p.candidates} == {"eu-west-1"}
+
+
+def test_any_cloud_plans_over_the_priced_clouds_given() -> None:
+    p = plan({"cloud": "any", "accelerators": "T4:1"})
+    assert p.best.cloud == "aws"
+    with pytest.raises(NotAvailableError, match="cloud any"):
+        make_plan(recipe({"cloud": "any"}), default_catalog(), ("local",))
+
+
+def test_plan_is_pure_and_frozen() -> None:
+    r = recipe({"accelerators": "T4:1"})
+    first = make_plan(r, default_catalog(), CLOUDS)
+    assert make_plan(r, default_catalog(), CLOUDS) == first
+    with pytest.raises(FrozenInstanceError):
+        first.best.hourly_price = 0  # type: ignore[misc]
+    assert "g4dn.xlarge (T4:1) in aws/us-east-1 at $0.526/h" in first.summary()
+
+
+@pytest.mark.parametrize(
+    ("name", "best"),
+    [("mnist-aws-t4.yaml", ("us-east-1", "g4dn.xlarge", False)), ("mnist-aws-spot.yaml", ("us-east-2", "g4dn.xlarge", True))],
+)
+def test_bundled_aws_recipes_plan(name: str, best: tuple) -> None:
+    loaded = load_recipe(paths.recipes_dir() / name, env={})
+    assert loaded.recipe.job is not None and loaded.recipe.job.params == {"epochs": 3}
+    p = make_plan(loaded.recipe, default_catalog(), CLOUDS)
+    assert (p.best.region, p.best.instance_type, p.best.spot) == best
+    assert p.best.accelerators == "T4:1"
