@@ -29,6 +29,7 @@ from cloudtrain.lifecycle import Cluster, Lifecycle, refuse_unavailable
 from cloudtrain.nodes import Node, close_all, connect, on_all
 from cloudtrain.recipe import LoadedRecipe, Recipe
 from cloudtrain.remote import jobs
+from cloudtrain.remote.transport import LocalTransport
 from cloudtrain.state import JobRecord, RunRecord
 
 Teardown = Literal["auto", "down", "stop", "keep"]
@@ -75,6 +76,7 @@ class Executor:
         self.store = lifecycle.store
         self.config = lifecycle.config
         self.reporter = reporter
+        self._python: dict[int, str] = {}  # rank -> interpreter the bootstrap chose
 
     # run -----------------------------------------------------------------------------------------
 
@@ -200,10 +202,30 @@ class Executor:
 
     # node preparation ----------------------------------------------------------------------------
 
+    def up(self, loaded: LoadedRecipe, cluster_name: str) -> tuple[Cluster, bool]:
+        """`cloudtrain up`: provision (or reuse) and make every node ready to run the recipe."""
+        cluster, created = self.lc.up(loaded.recipe, cluster_name, str(loaded.path), loaded.digest)
+        nodes: list[Node] = []
+        try:
+            nodes = connect(list(cluster.nodes), cluster.provider, self.config)
+            on_all(nodes, lambda n: self._prepare(n, loaded.recipe))
+        except BaseException:
+            close_all(nodes)
+            if created:
+                # A cluster we cannot reach or bootstrap is money burning for nothing.
+                self.reporter.warn("nodes not usable; tearing the new cluster down")
+                with _no_interrupts():
+                    self.lc.down(cluster_name)
+            raise
+        close_all(nodes)
+        return cluster, created
+
     def _prepare(self, node: Node, recipe: Recipe) -> None:
         t = node.transport
         t.run(["mkdir", "-p", node.layout.workdir, f"{node.layout.root}/jobs", f"{node.layout.runtime}/jobs"])
         jobs.install_runtime(t, node.layout)
+        if not isinstance(t, LocalTransport):
+            self._python[node.rank] = self._bootstrap(node, ensure_tf=recipe.job is not None)
         if recipe.job is not None:
             job_file = paths.bundled_jobs_dir() / f"{recipe.job.name}.py"
             t.put_file(job_file.read_bytes(), f"{node.layout.runtime}/jobs/{job_file.name}")
@@ -223,7 +245,7 @@ class Executor:
                 self.reporter.info(f"workdir: sent {stats.files_sent} of {stats.files_total} files ({stats.method})")
         for mount, source in zip(loaded.recipe.data, loaded.data_sources):
             target = mount.target if mount.target.startswith("/") else f"{node.layout.workdir}/{mount.target}"
-            if t.label.startswith("local:") and mount.target.startswith("/"):
+            if isinstance(t, LocalTransport) and mount.target.startswith("/"):
                 raise RecipeError(
                     f"data target {mount.target!r}: the local cloud keeps files inside the cluster directory",
                     hint="use a relative target",
@@ -237,7 +259,7 @@ class Executor:
         if recipe.run is not None:
             return recipe.run + "\n"
         assert recipe.job is not None
-        python = sys.executable if node.transport.label.startswith("local:") else "python3"
+        python = self._python.get(node.rank, sys.executable if isinstance(node.transport, LocalTransport) else "python3")
         args = [python, "-u", f"{node.layout.runtime}/jobs/{recipe.job.name}.py", "--output", "outputs"]
         for key, value in recipe.job.params.items():
             flag = "--" + key.replace("_", "-")
@@ -247,6 +269,29 @@ class Executor:
                 args += [flag, str(value)]
         # A fresh run starts clean; resuming a preempted run reuses outputs/ (its checkpoints).
         return f"rm -rf outputs\nexec {shlex.join(args)}\n"
+
+    def _bootstrap(self, node: Node, ensure_tf: bool) -> str:
+        """Probe the VM and, for the bundled job, make TensorFlow importable; return the python to use."""
+        from cloudtrain.remote.facts import probe_host
+
+        t = node.transport
+        facts = probe_host(t)
+        if not facts.python3:
+            raise RemoteError(f"{t.label}: no python3 on the node", hint="use an image with python3 or install it in setup")
+        if node.rank == 0:
+            self.reporter.info(f"node: {facts.summary()}")
+        script = f"{node.layout.runtime}/bootstrap.sh"
+        t.put_file((paths.templates_dir() / "bootstrap.sh").read_bytes(), script, mode=0o755)
+        args = ["sh", script] + (["--ensure-tf"] if ensure_tf else [])
+        result = t.run(args, timeout=3600, check=False)
+        report = _last_json_line(result.text)
+        if result.exit_code != 0 or report is None:
+            tail = result.stderr.decode(errors="replace").strip().splitlines()[-1:] or ["no output"]
+            raise RemoteError(f"{t.label}: bootstrap failed (exit {result.exit_code}): {tail[0]}")
+        if report.get("installed"):
+            self.reporter.info(f"node {node.rank}: installed {report['installed']}")
+        t.put_file(json.dumps(report).encode(), f"{node.layout.root}/bootstrap.json")
+        return str(report.get("python") or facts.python3)
 
     # jobs ----------------------------------------------------------------------------------------
 
@@ -367,6 +412,16 @@ class Executor:
                     target.write_bytes(log)
                     written.append(target.name)
         return written
+
+
+def _last_json_line(text: str) -> dict | None:
+    for line in reversed(text.strip().splitlines()):
+        try:
+            value = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        return value if isinstance(value, dict) else None
+    return None
 
 
 def _read_all(node: Node, job_id: str) -> bytes | None:

@@ -15,6 +15,7 @@ from cloudtrain.cli.common import cluster_option, open_lifecycle
 @cluster_option
 def up(recipe_path: str, cluster: str | None) -> None:
     """Provision the cluster RECIPE describes, or reuse it if it is already up."""
+    from cloudtrain.execution import Executor
     from cloudtrain.recipe import load_recipe
 
     loaded = load_recipe(recipe_path)
@@ -23,7 +24,7 @@ def up(recipe_path: str, cluster: str | None) -> None:
     name = cluster or loaded.recipe.name
     display.phase_start("provision", loaded.recipe.resources.cloud)
     started = time.monotonic()
-    result, created = lc.up(loaded.recipe, name, str(loaded.path), loaded.digest)
+    result, created = Executor(lc, display).up(loaded, name)
     display.phase_end("provision", time.monotonic() - started)
     verb = "created" if created else "reused"
     output.info(f"cluster {name} {verb}: {len(result.nodes)} node(s) on {result.provider.name}")

@@ -27,6 +27,9 @@ class SshProvider:
 
     def __init__(self, config: Config) -> None:
         self.config = config
+        # Records handed out by launch in this process, so describe can repeat them (the ids do
+        # not encode port or user). Another process gets state only; lifecycle keeps addresses.
+        self._launched: dict[str, Instance] = {}
 
     def check_credentials(self) -> CredentialStatus:
         return CredentialStatus("ssh", True, "uses the key in each host entry, else your ssh-agent/default keys")
@@ -36,7 +39,7 @@ class SshProvider:
             raise ProviderError(f"{count} node(s) requested but only {len(spec.hosts)} host(s) listed",
                                 hint="add hosts to resources.hosts or lower num_nodes")
         now = time.time()
-        return [
+        instances = [
             Instance(
                 id=instance_id(spec.cluster, rank, host.address),
                 cluster=spec.cluster,
@@ -51,11 +54,13 @@ class SshProvider:
             )
             for rank, host in enumerate(spec.hosts[:count])
         ]
+        self._launched.update({i.id: i for i in instances})
+        return instances
 
     def describe(self, ids: Sequence[str]) -> list[Instance]:
         # Existing machines are always "running" as far as the provider knows; whether one
-        # answers is the probe's business. Addresses live in lifecycle's node rows.
-        return [Instance(id=i, cluster="", state=InstanceState.RUNNING) for i in ids]
+        # answers is the probe's business (remote.facts.probe_host).
+        return [self._launched.get(i) or Instance(id=i, cluster="", state=InstanceState.RUNNING) for i in ids]
 
     def list_tagged(self, cluster: str | None = None) -> list[Instance]:
         # Nothing is created on a host's behalf, so nothing can leak for `gc` to find.

@@ -38,6 +38,8 @@ def test_too_few_hosts_and_lifecycle_calls() -> None:
     provider.start(["ssh-lab-0-a"])
     assert provider.list_tagged("lab") == []
     assert provider.describe(["ssh-lab-0-a"])[0].state is InstanceState.RUNNING
+    launched = provider.launch(_spec(HostSpec("10.1.1.1", port=2200)), 1)
+    assert provider.describe([launched[0].id]) == launched  # same process: the full record
     with pytest.raises(NotAvailableError):
         provider.stop(["ssh-lab-0-a"])
     assert provider.check_credentials().ok
