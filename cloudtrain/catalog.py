@@ -158,7 +158,9 @@ class Catalog:
         rows.sort(key=lambda o: o.zone is None)
         return rows[0] if rows else None
 
-    def price(self, cloud: str, region: str, instance_type: str, *, spot: bool = False, zone: str | None = None) -> float | None:
+    def price(
+        self, cloud: str, region: str, instance_type: str, *, spot: bool = False, zone: str | None = None
+    ) -> float | None:
         offer = self.find(cloud, region, instance_type, zone)
         return offer.hourly(spot) if offer else None
 

@@ -140,7 +140,9 @@ def make_plan(
                 hint="set resources.region to the AMI's region",
             )
     placements = _placements(offers, res.zone, res.spot)
-    placements.sort(key=lambda p: (p.hourly_price, p.region != default_region, p.cloud, p.region or "", p.instance_type or ""))
+    placements.sort(
+        key=lambda p: (p.hourly_price, p.region != default_region, p.cloud, p.region or "", p.instance_type or "")
+    )
 
     if max_usd is not None and max_hours is not None:
         affordable = [p for p in placements if p.hourly_price * recipe.num_nodes * max_hours <= max_usd]
@@ -236,7 +238,9 @@ def _fitting_offers(recipe: Recipe, catalog: Catalog, clouds: Sequence[str]) -> 
         return offers
 
     # No GPU asked for: CPU-only types, so a recipe without accelerators never lands on a GPU bill.
-    offers = catalog.query(cpu_only=True, min_vcpus=res.cpus or 0, min_memory_gib=res.memory or 0, **common)  # type: ignore[arg-type]
+    offers = catalog.query(
+        cpu_only=True, min_vcpus=res.cpus or 0, min_memory_gib=res.memory or 0, **common  # type: ignore[arg-type]
+    )
     if not offers:
         raise NotAvailableError(f"no {market}CPU offer{_sizes(recipe)}{where}", hint="lower resources.cpus/memory")
     return offers

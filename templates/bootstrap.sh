@@ -110,13 +110,15 @@ sys.stdout.buffer.write(urllib.request.urlopen("https://bootstrap.pypa.io/get-pi
 
 installed=
 would_install=
+tf_after=$tf_before # importing TensorFlow takes seconds: only ask again when something changed
 if [ "$ensure" = 1 ] && [ -z "$tf_before" ]; then
     if [ "$dry_run" = 1 ]; then
         would_install=$package
     else
         ensure_venv
         # The venv sees system packages: an image with TensorFlow preinstalled needs nothing.
-        if [ -z "$(tf_version "$python")" ]; then
+        tf_after=$(tf_version "$python")
+        if [ -z "$tf_after" ]; then
             say "installing $package for $python"
             if [ -n "${CLOUDTRAIN_PIP_INSTALL:-}" ]; then
                 CLOUDTRAIN_TARGET_PYTHON=$python sh -c "$CLOUDTRAIN_PIP_INSTALL \"\$1\"" sh "$package" >&2
@@ -125,10 +127,10 @@ if [ "$ensure" = 1 ] && [ -z "$tf_before" ]; then
                 "$python" -m pip install --quiet --disable-pip-version-check "$package" >&2
             fi || { say "installing $package failed"; exit 4; }
             installed=$package
+            tf_after=$(tf_version "$python")
         fi
     fi
 fi
-tf_after=$(tf_version "$python")
 
 # --- report: one JSON line, built by Python so every string is escaped properly --------------
 CT_SMI_STATUS=$smi_status CT_SMI_QUERY=$smi_query CT_CUDA=$cuda CT_ARCH=$arch CT_PACKAGE=$package \

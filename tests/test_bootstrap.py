@@ -53,7 +53,9 @@ class Vm:
     home: Path
     bin: Path
 
-    def run(self, *args: str, gpu: str | None = None, extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    def run(
+        self, *args: str, gpu: str | None = None, extra_env: dict[str, str] | None = None
+    ) -> subprocess.CompletedProcess:
         smi = self.bin / "nvidia-smi"
         smi.unlink(missing_ok=True)
         if gpu is not None:

@@ -173,7 +173,10 @@ def test_plan_is_pure_and_frozen() -> None:
 
 @pytest.mark.parametrize(
     ("name", "best"),
-    [("mnist-aws-t4.yaml", ("us-east-1", "g4dn.xlarge", False)), ("mnist-aws-spot.yaml", ("us-east-2", "g4dn.xlarge", True))],
+    [
+        ("mnist-aws-t4.yaml", ("us-east-1", "g4dn.xlarge", False)),
+        ("mnist-aws-spot.yaml", ("us-east-2", "g4dn.xlarge", True)),
+    ],
 )
 def test_bundled_aws_recipes_plan(name: str, best: tuple) -> None:
     loaded = load_recipe(paths.recipes_dir() / name, env={})

@@ -25,6 +25,7 @@ from __future__ import annotations
 import ipaddress
 import uuid
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from cloudtrain.catalog import Catalog, default_catalog
@@ -60,7 +61,19 @@ from cloudtrain.providers.base import (
     owner_id,
 )
 
-__all__ = ["AwsApiError", "AwsCapacityError", "AwsProvider", "ZoneAttempt", "make_provider"]
+__all__ = ["AwsApiError", "AwsCapacityError", "AwsProvider", "Leftover", "ZoneAttempt", "make_provider"]
+
+
+@dataclass(frozen=True)
+class Leftover:
+    """A key pair or security group `release` had to keep."""
+
+    resource: str
+    reason: str
+    retry_later: bool  # True: it will be deletable soon (instances shutting down), not in use
+
+    def __str__(self) -> str:
+        return f"{self.resource} ({self.reason})"
 
 
 
@@ -312,25 +325,26 @@ class AwsProvider:
         live = {"Name": "instance-state-name", "Values": LIVE_STATES}
         return bool(self.api.instances(region, [{"Name": filter_name, "Values": [value]}, live]))
 
-    def release(self, cluster: str, regions: Sequence[str] | None = None) -> list[str]:
+    def release(self, cluster: str, regions: Sequence[str] | None = None) -> list[Leftover]:
         """Delete the cluster's key pair and security group wherever no live instance uses them.
 
-        Returns what had to stay (e.g. a group still attached to instances shutting down), to be
-        retried by a later call; `terminate` calls this for every cluster it touches.
+        Returns what had to stay: in use by live instances, or a group still attached to instances
+        shutting down (`retry_later`), which a later call deletes. `terminate` calls this for
+        every cluster it touches; `gc` can call it for `clusters_with_resources()`.
         """
-        left: list[str] = []
+        left: list[Leftover] = []
         for region in regions or self.regions():
             left.extend(self._release(region, cluster))
         return left
 
-    def _release(self, region: str, cluster: str) -> list[str]:
+    def _release(self, region: str, cluster: str) -> list[Leftover]:
         name = f"cloudtrain-{cluster}"
         mine = [{"Name": f"tag:{TAG_CLUSTER}", "Values": [cluster]}]
-        left = []
+        left: list[Leftover] = []
         keys = self.api.ec2(region, "describe_key_pairs", Filters=[{"Name": "key-name", "Values": [name]}, *mine])
         if keys["KeyPairs"]:
             if self._in_use(region, "key-name", name):
-                left.append(f"key pair {name} in {region} (in use)")
+                left.append(Leftover(f"key pair {name} in {region}", "in use", retry_later=False))
             else:
                 self.api.ec2(region, "delete_key_pair", KeyName=name)
         by_name = [{"Name": "group-name", "Values": [name]}, *mine]
@@ -338,13 +352,14 @@ class AwsProvider:
         for group in groups:
             group_id = group["GroupId"]
             if self._in_use(region, "instance.group-id", group_id):
-                left.append(f"security group {group_id} in {region} (in use)")
+                left.append(Leftover(f"security group {group_id} in {region}", "in use", retry_later=False))
                 continue
             try:
                 self.api.ec2(region, "delete_security_group", GroupId=group_id)
             except AwsApiError as exc:
                 if exc.code == "DependencyViolation":
-                    left.append(f"security group {group_id} in {region} (instances still shutting down)")
+                    left.append(Leftover(f"security group {group_id} in {region}", "instances still shutting down",
+                                         retry_later=True))
                 elif exc.code != "InvalidGroup.NotFound":
                     raise
         return left
@@ -356,8 +371,7 @@ class AwsProvider:
         except (ProviderError, CredentialsError) as exc:
             log.warning("aws: could not clean up cluster %s in %s: %s", cluster, region, exc.one_line())
             return
-        if left:
-            log.warning("aws: left for a later `cloudtrain down`: %s", "; ".join(left))
+        _log_leftovers(cluster, left)
 
     def _terminate_token_quietly(self, region: str, cluster: str, token: str) -> None:
         try:
@@ -465,9 +479,7 @@ class AwsProvider:
                     for instance_id in chunk:
                         self._terminate_one(region, instance_id)
         for region, cluster in sorted(clusters):
-            left = self._release(region, cluster)
-            if left:
-                log.warning("aws: left for a later `cloudtrain down` of %s: %s", cluster, "; ".join(left))
+            _log_leftovers(cluster, self._release(region, cluster))
 
     def _terminate_one(self, region: str, instance_id: str) -> None:
         try:
@@ -528,6 +540,15 @@ class AwsProvider:
 
 
 # helpers -------------------------------------------------------------------------------------
+
+
+def _log_leftovers(cluster: str, left: Sequence[Leftover]) -> None:
+    later = [str(item) for item in left if item.retry_later]
+    if later:
+        log.warning("aws: kept for a later `cloudtrain down %s`: %s", cluster, "; ".join(later))
+    kept = [str(item) for item in left if not item.retry_later]
+    if kept:
+        log.info("aws: kept for the cluster's other instances: %s", "; ".join(kept))
 
 
 def _ingress_cidr(cidr: str | None) -> str:

@@ -131,6 +131,16 @@ class Ec2Api:
 
         self._boto3 = boto3
         self.exc = botocore.exceptions
+        # Credential chain failures (expired SSO token, broken credential_process, partial keys):
+        # the user must re-authenticate, so they are credentials errors, not provider errors.
+        self._credential_failures: tuple[type[Exception], ...] = (
+            self.exc.NoCredentialsError,
+            self.exc.PartialCredentialsError,
+            self.exc.CredentialRetrievalError,
+            self.exc.TokenRetrievalError,
+            self.exc.SSOError,
+            self.exc.NoAuthTokenError,
+        )
         self.profile = profile
         self.configured_region = region
         self.max_attempts = max_attempts or _env_int("AWS_MAX_ATTEMPTS", DEFAULT_MAX_ATTEMPTS)
@@ -181,6 +191,9 @@ class Ec2Api:
             return getattr(client, operation)(**params)
         except self.exc.NoCredentialsError:
             raise CredentialsError(NO_CREDENTIALS) from None
+        except self._credential_failures as exc:
+            raise CredentialsError(f"AWS credentials could not be loaded: {exc}", 
+                                   hint="log in again (e.g. `aws sso login`), then `cloudtrain check aws`") from None
         except self.exc.ClientError as exc:
             error = exc.response.get("Error", {})
             code, message = str(error.get("Code", "Unknown")), str(error.get("Message", ""))
@@ -239,7 +252,9 @@ class Ec2Api:
         sts = session.client(
             "sts",
             region_name=region or "us-east-1",
-            config=BotoConfig(retries={"mode": "standard", "total_max_attempts": 2}, connect_timeout=5, read_timeout=10),
+            config=BotoConfig(
+                retries={"mode": "standard", "total_max_attempts": 2}, connect_timeout=5, read_timeout=10
+            ),
         )
         try:
             account = sts.get_caller_identity()["Account"]
@@ -247,8 +262,11 @@ class Ec2Api:
             error = exc.response.get("Error", {})
             detail = f"{source}: AWS rejected them ({error.get('Code')}: {error.get('Message')})"
             return CredentialStatus("aws", False, detail)
-        except self.exc.BotoCoreError as exc:
+        except (self.exc.ConnectionError, self.exc.HTTPClientError) as exc:
             return CredentialStatus("aws", False, f"{source}: could not reach AWS STS: {exc}")
+        except self.exc.BotoCoreError as exc:
+            # e.g. an expired SSO session: the chain found a profile but cannot produce keys.
+            return CredentialStatus("aws", False, f"{source}: {exc}")
         where = f"region {region}" if region else "no default region (set aws.region or name one in recipes)"
         return CredentialStatus("aws", True, f"{source}, account {account}, {where}")
 

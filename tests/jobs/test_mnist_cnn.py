@@ -26,7 +26,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 JOB = ROOT / "cloudtrain" / "jobs" / "mnist_cnn.py"
-TINY = ["--data", "bundled", "--limit-train", "640", "--progress-every", "5"]  # 10 steps of 64
+TINY = ["--data", "bundled", "--limit-train", "640", "--batch-size", "64", "--progress-every", "5"]  # 10 steps
 
 
 def _load_job() -> ModuleType:
@@ -228,7 +228,7 @@ def test_finished_output_is_not_retrained(one_epoch: tuple[Path, subprocess.Comp
     assert [e["type"] for e in progress_lines(res.stdout)] == ["done"]
     assert (out / "metrics.json").stat().st_mtime_ns == before and time.perf_counter() - t0 < 10
     res = run_job(out, *TINY, "--epochs", "1", "--lr", "0.01")  # other settings: refuse, don't mix
-    assert res.returncode == 2 and "lr 0.001 -> 0.01" in res.stderr
+    assert res.returncode == 2 and "lr 0.002 -> 0.01" in res.stderr
 
 
 def test_gpu_request_fails_clearly_without_gpu(tmp_path: Path) -> None:

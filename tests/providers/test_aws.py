@@ -344,9 +344,8 @@ def test_relaunch_reuses_key_pair_and_moves_ssh_to_the_new_address(
     a = aws.launch(first, 1)[0]
     second = spec(moto_server, instance_type="t3.medium", cluster=first.cluster, allowed_cidr="198.51.100.9/32")
     b = aws.launch(second, 1)[0]
-    (group,) = ec2.describe_security_groups(Filters=[{"Name": "group-name", "Values": [f"cloudtrain-{first.cluster}"]}])[
-        "SecurityGroups"
-    ]
+    by_name = [{"Name": "group-name", "Values": [f"cloudtrain-{first.cluster}"]}]
+    (group,) = ec2.describe_security_groups(Filters=by_name)["SecurityGroups"]
     ssh = [r["CidrIp"] for p in group["IpPermissions"] if p["IpProtocol"] == "tcp" for r in p["IpRanges"]]
     assert ssh == ["198.51.100.9/32"]
     # A different public key while instances use the key pair would lock them out: refused.
@@ -407,3 +406,44 @@ def test_unknown_profile_is_a_credentials_problem(moto_server: MotoServer) -> No
     assert not status.ok and "nope" in status.detail
     with pytest.raises(CredentialsError, match="nope"):
         AwsProvider(region=REGION, profile="nope").list_tagged()
+
+
+def test_group_still_attached_while_shutting_down_is_left_for_the_next_terminate(
+    aws: AwsProvider, ec2: Any, moto_server: MotoServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Real EC2 refuses to delete a group while its instances shut down; moto deletes at once.
+    s = spec(moto_server, instance_type="t3.medium")
+    (inst,) = aws.launch(s, 1)
+    moto_server.faults.add("DependencyViolation", action="DeleteSecurityGroup", status=400,
+                           message="resource sg-x has a dependent object")
+    with caplog.at_level(logging.WARNING, logger="cloudtrain.providers.aws"):
+        aws.terminate([inst.id])  # no error: terminating worked, the group is reported and kept
+    assert "instances still shutting down" in caplog.text and f"cloudtrain down {s.cluster}" in caplog.text
+    left = leftovers(ec2, s.cluster)
+    assert left["instances"] == [] and left["key_pairs"] == [] and len(left["security_groups"]) == 1
+
+    moto_server.faults.clear()
+    aws.terminate([inst.id])  # the later `down`: the terminated instance still names its cluster
+    assert leftovers(ec2, s.cluster) == NOTHING
+
+
+def test_rejected_credentials_are_credentials_errors(aws: AwsProvider, moto_server: MotoServer) -> None:
+    moto_server.faults.add("AuthFailure", action="DescribeInstances", status=401,
+                           message="AWS was not able to validate the provided access credentials")
+    with pytest.raises(CredentialsError, match="AuthFailure"):
+        aws.list_tagged()
+
+
+def test_a_broken_credential_chain_is_reported_not_raised(
+    moto_server: MotoServer, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.delenv("AWS_ACCESS_KEY_ID")
+    monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")
+    config = tmp_path / "aws-config"
+    config.write_text("[default]\ncredential_process = /bin/false\n")
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(config))
+    provider = AwsProvider(region=REGION)
+    status = provider.check_credentials()
+    assert not status.ok and status.detail.startswith("AWS credentials could not be loaded")
+    with pytest.raises(CredentialsError, match="could not be loaded"):
+        provider.launch(spec(moto_server), 1)

@@ -1,0 +1,128 @@
+"""`cloudtrain compare` core on real job outputs: one CPU device vs. two logical CPU devices."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cloudtrain.compare import (CompareError, CompareRow, RunSummary, compare_table, format_rows, load_runs,
+                                render_png)
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ["--data", "bundled", "--limit-train", "640", "--epochs", "2", "--progress-every", "100"]
+
+
+def _train(out: Path, *extra: str) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
+    env["PYTHONPATH"] = str(ROOT)
+    res = subprocess.run([sys.executable, "-m", "cloudtrain.jobs.mnist_cnn", "--output", str(out), *TINY, *extra],
+                         capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """Two real runs laid out the two ways compare must read: results at the top, and results
+    collected under outputs/ next to cloudtrain's run.json with a price."""
+    base = tmp_path_factory.mktemp("runs")
+    one, two = base / "cpu-1", base / "cpu-2"
+    _train(one, "--batch-size", "64")
+    _train(two / "outputs", "--batch-size", "32", "--strategy", "mirrored", "--cpu-devices", "2")
+    (two / "run.json").write_text(json.dumps({"hourly_price_usd": 0.36, "cost_usd": 0.0012}))
+    return one, two
+
+
+def test_table_of_one_and_two_device_runs(runs: tuple[Path, Path], tmp_path: Path) -> None:
+    one, two = runs
+    summaries = load_runs([one, two])
+    assert all(isinstance(s, RunSummary) for s in summaries)
+    a, b = summaries
+    assert (a.name, a.strategy, a.replicas, a.device, a.gpu_names) == ("cpu-1", "default", 1, "CPU", ())
+    assert (b.name, b.strategy, b.replicas, b.global_batch_size) == ("cpu-2", "mirrored", 2, 64)
+    assert b.metrics_path == two / "outputs" / "metrics.json" and b.hostname and b.tensorflow
+    assert b.hourly_price_usd == 0.36 and a.hourly_price_usd is None and len(b.epoch_times_s) == 2
+    with pytest.raises(AttributeError):
+        a.name = "x"  # type: ignore[misc]  # frozen
+
+    rows = compare_table(summaries)
+    assert all(isinstance(r, CompareRow) for r in rows)
+    assert rows[0].speedup == 1.0
+    assert rows[1].speedup == pytest.approx(b.images_per_sec / a.images_per_sec)
+    assert rows[0].cost_per_epoch_usd is None
+    assert rows[1].cost_per_epoch_usd == pytest.approx(0.36 * sum(b.epoch_times_s) / 2 / 3600)
+    assert rows[1].cost_usd == 0.0012 and rows[0].gpu_model is None and rows[1].device == "CPU"
+
+    headers, cells = format_rows(rows)
+    assert headers == ["run", "device", "GPU", "strategy", "replicas", "sec/batch", "images/s", "speed-up",
+                       "test acc", "wall s", "cost/epoch"]
+    assert cells[0][:5] == ["cpu-1", "CPU", "-", "default", "1"] and cells[0][7] == "1.00x" and cells[0][10] == "-"
+    assert cells[1][:5] == ["cpu-2", "CPU", "-", "mirrored", "2"] and cells[1][10].startswith("$")
+    assert all(len(row) == len(headers) for row in cells)
+    assert float(cells[1][5]) == pytest.approx(b.sec_per_batch, abs=1e-4)
+
+    png = render_png(rows, tmp_path / "chart" / "compare.png")
+    data = png.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
+
+
+def _fake_run(path: Path, **metrics: Any) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    base = {"images_per_sec": 1000.0, "sec_per_batch": 0.128, "test_accuracy": 0.98, "device": "NVIDIA T4",
+            "gpu_names": ["NVIDIA T4", "NVIDIA T4"], "strategy": "mirrored", "replicas": 2, "epoch_times_s": [3.0, 1.0]}
+    base.update(metrics)
+    (path / "metrics.json").write_text(json.dumps(base))
+    return path
+
+
+def test_gpu_names_speedup_and_worker_dirs_are_skipped(tmp_path: Path) -> None:
+    first = _fake_run(tmp_path / "a" / "outputs", images_per_sec=500.0).parent
+    _fake_run(tmp_path / "a" / "outputs" / "worker-1", images_per_sec=1.0)  # a non-chief's scratch copy
+    second = _fake_run(tmp_path / "b")
+    (second / "run.json").write_text(json.dumps({"hourly_price_usd": 3.6}))
+    rows = compare_table(load_runs([first, second]))
+    assert rows[0].images_per_sec == 500.0 and rows[1].speedup == 2.0
+    assert rows[1].gpu_model == "2x NVIDIA T4" and rows[1].device == "GPU"
+    assert rows[1].cost_per_epoch_usd == pytest.approx(3.6 * 2.0 / 3600)
+    assert format_rows(rows)[1][1][2] == "2x NVIDIA T4"
+    twin = _fake_run(tmp_path / "other" / "a")
+    assert [r.name for r in load_runs([first, twin])] == [str(first), str(twin)]  # same basename: full paths
+
+
+def test_missing_metrics_fields_render_as_dash(tmp_path: Path) -> None:
+    run = _fake_run(tmp_path / "r", images_per_sec=None, sec_per_batch=None, gpu_names=[], epoch_times_s=[])
+    rows = compare_table(load_runs([run]))
+    assert rows[0].speedup is None and rows[0].cost_per_epoch_usd is None
+    cells = format_rows(rows)[1][0]
+    assert cells[5] == cells[6] == cells[7] == cells[10] == "-"
+    assert render_png(rows, tmp_path / "c.png").exists()
+
+
+@pytest.mark.parametrize("setup, message", [
+    (lambda p: None, "no such run directory"),
+    (lambda p: p.write_text("x"), "not a directory"),
+    (lambda p: p.mkdir(), "no metrics.json"),
+    (lambda p: (p.mkdir(), (p / "metrics.json").write_text("{broken")), "not valid JSON"),
+    (lambda p: (p.mkdir(), (p / "metrics.json").write_text("[1]")), "expected a JSON object"),
+    (lambda p: (p.mkdir(), (p / "metrics.json").write_text('{"test_accuracy": 1}')), "missing images_per_sec"),
+    (lambda p: (_fake_run(p), (p / "run.json").write_text('{"hourly_price_usd": "cheap"}')), "should be a number"),
+    (lambda p: (_fake_run(p / "n1"), _fake_run(p / "n2")), "several metrics.json"),
+    (lambda p: _fake_run(p, images_per_sec="fast"), "should be a number"),
+])
+def test_bad_run_dirs_raise_compare_error(tmp_path: Path, setup: Any, message: str) -> None:
+    run = tmp_path / "run"
+    setup(run)
+    with pytest.raises(CompareError, match=message) as info:
+        load_runs([run])
+    assert isinstance(info.value, ValueError) and str(run) in str(info.value)
+
+
+def test_no_runs(tmp_path: Path) -> None:
+    with pytest.raises(CompareError, match="no run directories"):
+        load_runs([])
+    with pytest.raises(CompareError):
+        render_png([], tmp_path / "x.png")
