@@ -118,10 +118,17 @@ class Lifecycle:
             for h in (res.hosts or [])
         )
         public_key = None
+        allowed_cidr = self.config.ssh.allowed_cidr
         if res.cloud not in ("local", "ssh"):
             from cloudtrain.remote import keys
 
             public_key = keys.cluster_key(name).public_openssh
+            if allowed_cidr is None:
+                # Never 0.0.0.0/0 by default: SSH is opened to the caller's own address only.
+                from cloudtrain.netaddr import caller_cidr
+
+                allowed_cidr = caller_cidr()
+                self.reporter.info(f"SSH ingress limited to {allowed_cidr} (set ssh.allowed_cidr to change)")
         return InstanceSpec(
             cluster=name,
             owner=owner_id(),
@@ -133,7 +140,7 @@ class Lifecycle:
             spot=res.spot,
             accelerators=res.accelerators,
             ssh_public_key=public_key,
-            allowed_cidr=self.config.ssh.allowed_cidr,
+            allowed_cidr=allowed_cidr,
             hosts=hosts,
         )
 

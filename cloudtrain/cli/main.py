@@ -73,7 +73,8 @@ def cli(ctx: click.Context, debug: bool) -> None:
 def main(argv: list[str] | None = None) -> None:
     debug = "--debug" in (argv if argv is not None else sys.argv[1:]) or os.environ.get("CLOUDTRAIN_DEBUG") == "1"
     try:
-        cli.main(args=argv, prog_name="cloudtrain", standalone_mode=False)
+        # Without standalone mode Click returns ctx.exit(n)'s code instead of exiting with it.
+        code = cli.main(args=argv, prog_name="cloudtrain", standalone_mode=False)
     except click.exceptions.Abort:
         click.echo("Aborted.", err=True)
         sys.exit(130)
@@ -95,4 +96,4 @@ def main(argv: list[str] | None = None) -> None:
             sys.exit(exc.exit_code)
         click.echo(f"internal error: {type(exc).__name__}: {exc} (rerun with --debug for the traceback)", err=True)
         sys.exit(1)
-    sys.exit(0)
+    sys.exit(code if isinstance(code, int) else 0)
