@@ -40,5 +40,7 @@ def test_public_address_as_slash_32(echo_server: list[bytes]) -> None:
 @pytest.mark.parametrize("body", [b"<html>nope</html>", b"2001:db8::1"])
 def test_unusable_answer_is_a_clear_error(echo_server: list[bytes], body: bytes) -> None:
     echo_server[0] = body
-    with pytest.raises(ConfigError, match="set ssh.allowed_cidr"):
+    with pytest.raises(ConfigError) as info:
         caller_cidr()
+    assert "cannot detect your public IP" in info.value.one_line()
+    assert "set ssh.allowed_cidr" in info.value.one_line()
