@@ -19,6 +19,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -28,7 +29,7 @@ from cloudtrain.jobs import mnist_cnn  # noqa: E402  (numpy only; TensorFlow is 
 BATCH = 128
 
 
-def baseline(epochs: int) -> dict[str, float]:
+def baseline(epochs: int) -> dict[str, Any]:
     """Runs in its own process: Keras model.fit on numpy arrays, timed per epoch by a callback."""
     import keras
 
@@ -51,21 +52,22 @@ def baseline(epochs: int) -> dict[str, float]:
     return {"images_per_sec": len(x) * len(steady) / sum(steady), "epoch_times_s": times, "num_train": len(x)}
 
 
-def run_baseline(epochs: int) -> dict[str, float]:
+def run_baseline(epochs: int) -> dict[str, Any]:
     out = subprocess.run([sys.executable, __file__, "--_baseline", "--epochs", str(epochs)],
                          check=True, capture_output=True, text=True, cwd=ROOT)
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+    return result
 
 
-def run_job(epochs: int) -> dict[str, float]:
+def run_job(epochs: int, *extra: str) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         subprocess.run([sys.executable, "-m", "cloudtrain.jobs.mnist_cnn", "--output", tmp, "--data", "bundled",
-                        "--epochs", str(epochs), "--batch-size", str(BATCH)],
+                        "--epochs", str(epochs), "--batch-size", str(BATCH), *extra],
                        check=True, capture_output=True, text=True, cwd=ROOT)
         metrics = json.loads((Path(tmp) / "metrics.json").read_text())
         placement = json.loads((Path(tmp) / "device_placement.json").read_text())
     return {"images_per_sec": metrics["images_per_sec"], "epoch_times_s": metrics["epoch_times_s"],
-            "num_train": metrics["num_train"], "placement_ops": placement["ops_total"],
+            "num_train": metrics["num_train"], "placement_ops": placement.get("ops_total", 0),
             "test_accuracy": metrics["test_accuracy"]}
 
 
@@ -73,17 +75,22 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--epochs", type=int, default=6)
     p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--also-without-placement-log", action="store_true",
+                   help="also time the job with --no-placement-log, to show the log costs no steady-state time")
     p.add_argument("--_baseline", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args._baseline:
         print(json.dumps(baseline(args.epochs)))
         return 0
-    base, job = [], []
+    base, job, nolog = [], [], []
     for i in range(args.repeats):
         base.append(run_baseline(args.epochs))
         job.append(run_job(args.epochs))
+        if args.also_without_placement_log:
+            nolog.append(run_job(args.epochs, "--no-placement-log"))
         print(f"round {i + 1}: keras fit {base[-1]['images_per_sec']:.0f} images/s, "
-              f"job {job[-1]['images_per_sec']:.0f} images/s", flush=True)
+              f"job {job[-1]['images_per_sec']:.0f} images/s"
+              + (f", job without placement log {nolog[-1]['images_per_sec']:.0f}" if nolog else ""), flush=True)
     b = statistics.median(r["images_per_sec"] for r in base)
     j = statistics.median(r["images_per_sec"] for r in job)
     print(f"data: bundled training split, {job[0]['num_train']} images; batch {BATCH}; {args.epochs} epochs, "
@@ -91,6 +98,9 @@ def main() -> int:
     print(f"keras model.fit (baseline):            {b:8.0f} images/s")
     print(f"cloudtrain job, placement log on:       {j:8.0f} images/s "
           f"({job[0]['placement_ops']} placements logged)")
+    if nolog:
+        print(f"cloudtrain job, placement log off:      "
+              f"{statistics.median(r['images_per_sec'] for r in nolog):8.0f} images/s")
     print(f"ratio job/baseline:                     {j / b:8.2f}  (target >= 1.0)")
     return 0
 

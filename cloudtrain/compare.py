@@ -11,7 +11,8 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 # Scratch output of non-chief workers and the job's own subtrees never hold the run's result.
 _SKIP_PARTS = ("checkpoints", "tensorboard")
@@ -85,7 +86,8 @@ def _find_metrics(run_dir: Path) -> Path:
     found = [p for p in run_dir.rglob("metrics.json")
              if not any(part.startswith("worker-") or part in _SKIP_PARTS for part in p.relative_to(run_dir).parts)]
     if not found:
-        raise CompareError(f"{run_dir}: no metrics.json in it or its subdirectories (is the run finished and collected?)")
+        raise CompareError(f"{run_dir}: no metrics.json in it or its subdirectories "
+                           "(is the run finished and collected?)")
     depth = min(len(p.parts) for p in found)
     shallowest = sorted(p for p in found if len(p.parts) == depth)
     if len(shallowest) > 1:
@@ -131,12 +133,14 @@ def load_run(run_dir: Path | str, name: str | None = None) -> RunSummary:
         device=str(m.get("device") or ("GPU" if gpu_names else "CPU")), gpu_names=tuple(map(str, gpu_names)),
         strategy=str(m.get("strategy") or "default"), replicas=int(replicas or 1),
         global_batch_size=int(gbs) if gbs is not None else None,
-        sec_per_batch=_number(metrics_path, m, "sec_per_batch"), images_per_sec=_number(metrics_path, m, "images_per_sec"),
+        sec_per_batch=_number(metrics_path, m, "sec_per_batch"),
+        images_per_sec=_number(metrics_path, m, "images_per_sec"),
         test_accuracy=_number(metrics_path, m, "test_accuracy"), wall_time_s=_number(metrics_path, m, "wall_time_s"),
         train_time_s=_number(metrics_path, m, "train_time_s"), epochs=int(epochs) if epochs is not None else None,
         epoch_times_s=times, data_source=m.get("data_source"), hostname=env.get("hostname"),
         tensorflow=env.get("tensorflow") or m.get("tensorflow"),
-        hourly_price_usd=_number(price_path, price, "hourly_price_usd"), cost_usd=_number(price_path, price, "cost_usd"),
+        hourly_price_usd=_number(price_path, price, "hourly_price_usd"),
+        cost_usd=_number(price_path, price, "cost_usd"),
     )
 
 
@@ -167,7 +171,8 @@ def compare_table(runs: Sequence[RunSummary]) -> list[CompareRow]:
             run=r.name, device="GPU" if r.gpu_names else "CPU", gpu_model=_gpu_model(r.gpu_names),
             strategy=r.strategy, replicas=r.replicas, sec_per_batch=r.sec_per_batch, images_per_sec=r.images_per_sec,
             speedup=r.images_per_sec / base if base and r.images_per_sec is not None else None,
-            test_accuracy=r.test_accuracy, wall_time_s=r.wall_time_s, cost_per_epoch_usd=per_epoch, cost_usd=r.cost_usd))
+            test_accuracy=r.test_accuracy, wall_time_s=r.wall_time_s, cost_per_epoch_usd=per_epoch,
+            cost_usd=r.cost_usd))
     return rows
 
 

@@ -50,6 +50,7 @@ def test_table_of_one_and_two_device_runs(runs: tuple[Path, Path], tmp_path: Pat
         a.name = "x"  # type: ignore[misc]  # frozen
 
     rows = compare_table(summaries)
+    assert a.images_per_sec and b.images_per_sec and b.sec_per_batch
     assert all(isinstance(r, CompareRow) for r in rows)
     assert rows[0].speedup == 1.0
     assert rows[1].speedup == pytest.approx(b.images_per_sec / a.images_per_sec)

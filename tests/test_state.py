@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from cloudtrain.errors import CloudtrainError
-from cloudtrain.state import SCHEMA_VERSION, JobRecord, StateStore
+from cloudtrain.state import SCHEMA_VERSION, StateStore
 from tests.conftest import cli_env, cloudtrain
 
 WRITER = textwrap.dedent("""

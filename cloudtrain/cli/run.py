@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import shlex
 import signal
-import time
 from pathlib import Path
 
 import click
@@ -78,7 +77,7 @@ def _summary(result) -> None:  # noqa: ANN001
 @click.option("--detach", "-d", is_flag=True, help="Start the command and return; follow with `logs -f`.")
 def exec_(name: str, command: tuple[str, ...], detach: bool) -> None:
     """Run COMMAND on cluster NAME (rank 0), in the synced workdir: `cloudtrain exec NAME -- CMD...`."""
-    from cloudtrain.execution import exec_command
+    from cloudtrain.attach import exec_command
 
     display = output.RunDisplay()
     lc = open_lifecycle(display)
@@ -99,7 +98,7 @@ def exec_(name: str, command: tuple[str, ...], detach: bool) -> None:
 @click.option("--resume", is_flag=True, help="Continue where the last interrupted `logs` stopped.")
 def logs(name: str, job: str | None, follow: bool, resume: bool) -> None:
     """Print the log of JOB (default: the cluster's latest job) on cluster NAME."""
-    from cloudtrain.execution import print_logs
+    from cloudtrain.attach import print_logs
 
     lc = open_lifecycle()
     print_logs(lc, name, job, follow=follow, resume=resume)

@@ -50,6 +50,7 @@ PLACER_RE = re.compile(r"^(?P<node>\S+): \((?P<op>\w+)\): (?P<device>/job:\S+)$"
 EAGER_RE = re.compile(r"Executing op (?P<op>\S+) in device (?P<device>/job:\S+)")
 DEVICE_RE = re.compile(r"/job:(?P<job>\w+)/replica:\d+/task:(?P<task>\d+)/device:(?P<type>\w+):(?P<idx>\d+)")
 MARK = "@@cloudtrain-placement"
+Split = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]  # x_train, y_train, x_test, y_test
 
 
 class JobError(Exception):
@@ -77,7 +78,7 @@ def stratified_split(y: np.ndarray, fraction: float, seed: int) -> tuple[np.ndar
     rest, held = [], []
     for label in np.unique(y):
         idx = rng.permutation(np.flatnonzero(y == label))
-        n_held = int(round(len(idx) * fraction))
+        n_held = round(len(idx) * fraction)
         held.append(idx[:n_held])
         rest.append(idx[n_held:])
     return rng.permutation(np.concatenate(rest)), rng.permutation(np.concatenate(held))
@@ -142,17 +143,18 @@ def _read_idx(path: Path) -> np.ndarray:
     return body.reshape(dims)
 
 
-def read_idx_dir(directory: Path) -> tuple[np.ndarray, ...]:
+def read_idx_dir(directory: Path) -> Split:
     arrays = []
     for stem in ("train-images", "train-labels", "t10k-images", "t10k-labels"):
         found = sorted(p for p in directory.iterdir() if re.fullmatch(rf"{stem}[-.]idx[13]-ubyte(\.gz)?", p.name))
         if not found:
             raise JobError(f"{directory}: missing {stem}-idx?-ubyte[.gz] (expected the 4 original MNIST IDX files)")
         arrays.append(_read_idx(found[0]))
-    return (*_check_xy(arrays[0], arrays[1], f"{directory} train"), *_check_xy(arrays[2], arrays[3], f"{directory} test"))
+    return (*_check_xy(arrays[0], arrays[1], f"{directory} train"),
+            *_check_xy(arrays[2], arrays[3], f"{directory} test"))
 
 
-def read_npz(path: Path) -> tuple[np.ndarray, ...]:
+def read_npz(path: Path) -> Split:
     try:
         with np.load(path, allow_pickle=False) as f:
             arrays = {k: f[k] for k in ("x_train", "y_train", "x_test", "y_test")}
@@ -181,11 +183,14 @@ def _reachable(host: str, port: int, timeout: float) -> bool:
     return bool(ok and ok[0])
 
 
-def load_full_mnist(log: Any) -> tuple[tuple[np.ndarray, ...], str] | None:
+def load_full_mnist(log: Any) -> tuple[Split, str] | None:
     """Full MNIST from Keras' cache or download; None when neither works (no network)."""
     cached = Path(os.environ.get("KERAS_HOME", Path.home() / ".keras")) / "datasets" / "mnist.npz"
     if cached.is_file():
-        return read_npz(cached), str(cached)
+        try:
+            return read_npz(cached), str(cached)
+        except JobError as e:  # a damaged cache is Keras' problem; auto still has somewhere to go
+            log(f"auto data: ignoring the cached download: {e}")
     proxied = any(os.environ.get(v) for v in ("https_proxy", "HTTPS_PROXY"))
     if not proxied and not _reachable("storage.googleapis.com", 443, 3.0):
         log("auto data: storage.googleapis.com unreachable")
@@ -354,7 +359,7 @@ class Reporter:
         self._write(f"[mnist_cnn] {msg}")
 
     def progress(self, kind: str, **fields: Any) -> None:
-        obj = {"cloudtrain": "progress", "type": kind}
+        obj: dict[str, Any] = {"cloudtrain": "progress", "type": kind}
         obj.update({k: round(v, 6) if isinstance(v, float) else v for k, v in fields.items()})
         self._write(json.dumps(obj, separators=(",", ":")))
 
@@ -502,7 +507,8 @@ def configure_devices(tf: Any, args: argparse.Namespace) -> Devices:
         tf.config.set_visible_devices([], "GPU")
     gpus = tf.config.list_physical_devices("GPU")
     if args.device == "gpu" and not gpus:
-        raise JobError("--device gpu: TensorFlow sees no GPU (check the driver, CUDA and tf.sysconfig.get_build_info())")
+        raise JobError("--device gpu: TensorFlow sees no GPU "
+                       "(check the driver, CUDA and tf.sysconfig.get_build_info())")
     if args.cpu_devices > 1:
         cpu = tf.config.list_physical_devices("CPU")[0]
         tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * args.cpu_devices)
@@ -514,7 +520,8 @@ def make_strategy(tf: Any, kind: str, devices: Devices) -> Any:
     if kind == "multiworker":
         return tf.distribute.MultiWorkerMirroredStrategy()
     if kind == "mirrored":  # on a CPU-only host, mirror over the logical CPUs from --cpu-devices
-        return tf.distribute.MirroredStrategy(None if devices.gpus else [d.name for d in tf.config.list_logical_devices("CPU")])
+        cpus = [d.name for d in tf.config.list_logical_devices("CPU")]
+        return tf.distribute.MirroredStrategy(None if devices.gpus else cpus)
     return tf.distribute.get_strategy()
 
 
@@ -574,6 +581,17 @@ class Loop:
             return tf.reduce_sum(keras.losses.sparse_categorical_crossentropy(y, probs)), correct_count(y, probs)
 
         self.train_step, self.eval_step = train_step, eval_step
+        self.iterator: Any = None
+        self.first: tuple[Any, Any] | None = None  # (loss, correct) of a step already taken this epoch
+        self.first_step_s = 0.0
+
+    def run_first_step(self) -> None:
+        """Train on the first batch; this call traces and places train_step."""
+        self.iterator = iter(self.dist_train)
+        t0 = time.perf_counter()
+        self.first = self.train_step(self.iterator)
+        float(self.first[0])  # wait for the step so its placement is complete
+        self.first_step_s = time.perf_counter() - t0
 
     def restore(self) -> int:
         """Last completed epoch from the newest checkpoint, 0 without one."""
@@ -584,7 +602,8 @@ class Loop:
             self.ckpt.restore(latest).assert_existing_objects_matched()
         except (AssertionError, ValueError, self.tf.errors.OpError) as e:
             first = (str(e).strip().splitlines() or [""])[0][:200]
-            raise JobError(f"cannot resume from {latest} ({type(e).__name__}: {first}); use --force to start over") from None
+            raise JobError(f"cannot resume from {latest} ({type(e).__name__}: {first}); "
+                           "use --force to start over") from None
         return int(self.epoch_var.numpy())
 
     def evaluate(self, x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
@@ -603,7 +622,8 @@ def environment_info(tf: Any, keras: Any, devices: Devices, role: tuple[int, int
         "build_info": {k: str(v) for k, v in tf.sysconfig.get_build_info().items()},  # cuda_version, cudnn_version
         "physical_devices": [d.name for d in tf.config.list_physical_devices()],
         "logical_devices": [d.name for d in tf.config.list_logical_devices()],
-        "gpus": [{"name": n, "device": g.name, "compute_capability": ".".join(map(str, d.get("compute_capability", ()))) or None}
+        "gpus": [{"name": n, "device": g.name,
+                  "compute_capability": ".".join(map(str, d.get("compute_capability", ()))) or None}
                  for g, n, d in zip(devices.gpus, devices.names, devices.details)],
         "nvidia_smi": gpu_inventory(), "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
         "cluster": {"num_workers": role[0], "task_index": role[1], "chief": role[2]},
@@ -646,22 +666,16 @@ def run(args: argparse.Namespace, rep: Reporter, t_start: float) -> int:
         tuple(d.get("compute_capability", (0, 0))) >= (7, 0) for d in devices.details))
 
     capture = NativeCapture(out) if args.placement_log else None
-    first: tuple[Any, Any] | None = None
-    first_step_s = 0.0
     try:
         if capture:
             capture.__enter__()
         strategy = make_strategy(tf, kind, devices)
         loop = Loop(tf, keras, strategy, data, args, mixed, out)
         initial_epoch = loop.restore()
-        iterator = iter(loop.dist_train)
         if initial_epoch < args.epochs:  # the first step is real training, so only when an epoch remains
             if capture:
                 capture.mark("train_step begin")
-            t_first = time.perf_counter()
-            first = loop.train_step(iterator)
-            float(first[0])  # wait for the step so its placement is complete
-            first_step_s = time.perf_counter() - t_first
+            loop.run_first_step()
             if capture:
                 capture.mark("train_step end")
                 tf.debugging.set_log_device_placement(False)  # states intent; see the note where it was set
@@ -670,7 +684,7 @@ def run(args: argparse.Namespace, rep: Reporter, t_start: float) -> int:
         if capture:
             capture.__exit__(None, None, None)
 
-    placement = (summarize_placement(capture.text[0], gpu_visible=bool(devices.gpus)) if capture
+    placement: dict[str, Any] = (summarize_placement(capture.text[0], gpu_visible=bool(devices.gpus)) if capture
                  else {"enabled": False, "warnings": []})
     if capture:
         with gzip.open(out / "device_placement.log.gz", "wt") as f:
@@ -682,12 +696,12 @@ def run(args: argparse.Namespace, rep: Reporter, t_start: float) -> int:
     device = devices.names[0] if devices.gpus else "CPU"
     replicas, global_batch, steps = strategy.num_replicas_in_sync, loop.global_batch, loop.steps
     rep.log(f"device {device}, strategy {kind}, replicas {replicas}, global batch {global_batch}, "
-            f"mixed precision {'on' if mixed else 'off'}, first step (tracing) {first_step_s:.2f}s")
+            f"mixed precision {'on' if mixed else 'off'}, first step (tracing) {loop.first_step_s:.2f}s")
     if initial_epoch:
         rep.log(f"resuming from the checkpoint after epoch {initial_epoch} of {args.epochs}")
 
     history = state.get("history", [])[:initial_epoch]
-    timings = train_epochs(tf, loop, args, rep, out, config, history, initial_epoch, iterator, first, first_step_s)
+    timings = train_epochs(loop, args, rep, out, config, history, initial_epoch)
     test_loss, test_acc = loop.evaluate(data.x_test, data.y_test)
     loop.model.save(out / "model.tmp.keras")
     os.replace(out / "model.tmp.keras", out / "model.keras")
@@ -707,10 +721,11 @@ def run(args: argparse.Namespace, rep: Reporter, t_start: float) -> int:
         "val_accuracy": last.get("val_accuracy"), "val_loss": last.get("val_loss"),
         "sec_per_batch": sec_per_batch, "images_per_sec": global_batch / sec_per_batch if sec_per_batch else None,
         "steady_state": ("epochs after the first one of this process" if len(timings) > 1 else
-                         f"one epoch, its first {warmup} of {steps} steps excluded as warm-up"),
+                         f"one epoch, its first {warmup} of {steps} steps excluded as warm-up" if timings else
+                         "not measured: no epoch with steps after warm-up ran in this process"),
         "warmup_steps_excluded": 0 if len(timings) > 1 else warmup, "steady_state_steps": steady_steps,
         "epoch_times_s": [r["epoch_time_s"] for r in history], "train_time_s": sum(r["epoch_time_s"] for r in history),
-        "wall_time_s": time.perf_counter() - t_start, "first_step_s": first_step_s,
+        "wall_time_s": time.perf_counter() - t_start, "first_step_s": loop.first_step_s,
         "epochs": args.epochs, "steps_per_epoch": steps, "batch_size": args.batch_size,
         "per_replica_batch_size": args.batch_size, "global_batch_size": global_batch, "lr": args.lr,
         "device": device, "gpu_names": devices.names, "strategy": kind, "replicas": replicas,
@@ -728,11 +743,12 @@ def run(args: argparse.Namespace, rep: Reporter, t_start: float) -> int:
     return 0
 
 
-def train_epochs(tf: Any, loop: Loop, args: argparse.Namespace, rep: Reporter, out: Path, config: dict[str, Any],
-                 history: list[dict[str, Any]], initial_epoch: int, iterator: Any, first: tuple[Any, Any] | None,
-                 first_step_s: float) -> list[tuple[float, int]]:
+def train_epochs(loop: Loop, args: argparse.Namespace, rep: Reporter, out: Path, config: dict[str, Any],
+                 history: list[dict[str, Any]], initial_epoch: int) -> list[tuple[float, int]]:
     """Run the remaining epochs, checkpointing each; returns (seconds, steps) timed per epoch."""
     from tensorflow.core.framework import summary_pb2
+
+    tf, iterator, first = loop.tf, loop.iterator, loop.first
 
     # tf.summary.write with the scalars plugin's metadata, because tf.summary.scalar needs the
     # tensorboard package, which a TF-only VM may lack.
@@ -763,7 +779,7 @@ def train_epochs(tf: Any, loop: Loop, args: argparse.Namespace, rep: Reporter, o
         if t_steady is not None and (not first or steps > warmup):
             timings.append((t_train - t_steady, steps - (warmup if first else 0)))
         val_loss, val_acc = loop.evaluate(data.x_val, data.y_val)
-        epoch_time = time.perf_counter() - t0 + (first_step_s if first else 0.0)
+        epoch_time = time.perf_counter() - t0 + (loop.first_step_s if first else 0.0)
         row = {"epoch": epoch, "loss": train_loss, "accuracy": train_acc, "val_loss": val_loss,
                "val_accuracy": val_acc, "epoch_time_s": epoch_time, "steps": steps}
         history.append(row)

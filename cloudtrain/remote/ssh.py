@@ -32,6 +32,16 @@ from cloudtrain.config import Config
 from cloudtrain.errors import RemoteCommandError, RemoteError
 from cloudtrain.providers.base import HostSpec, Instance
 from cloudtrain.remote.archive import list_present, safe_extract
+from cloudtrain.remote.channel import (
+    CHUNK,
+    ConnectionLostError,
+    InputSource,
+    RemoteProcess,
+    SSHAuthError,
+    SSHConnectError,
+    lost,
+    reader,
+)
 from cloudtrain.remote.keys import Endpoint, HostKeyMismatchError, KnownHosts, node_config, resolve_endpoint
 from cloudtrain.remote.transport import CommandResult, SyncStats
 
@@ -44,23 +54,8 @@ _KEEPALIVE_S = 15
 _RECONNECT_BUDGET_S = 30.0
 # A freshly launched VM may accept TCP before cloud-init installed our key: retry auth that long.
 _AUTH_GRACE_S = 900.0
-_STDERR_KEEP = 1 << 20
-_CHUNK = 1 << 18
 
-InputSource = bytes | bytearray | memoryview | IO[bytes]
-
-
-class SSHConnectError(RemoteError):
-    """The node could not be reached (refused, timed out, no route, proxy failed)."""
-
-
-class SSHAuthError(RemoteError):
-    """The node answered but refused our key."""
-
-
-class ConnectionLostError(RemoteError):
-    """The connection dropped while a command was running; the command's outcome is unknown."""
-
+__all__ = ["ConnectionLostError", "SSHAuthError", "SSHConnectError", "SSHTransport", "open_transport"]
 
 def open_transport(
     *,
@@ -181,12 +176,22 @@ class SSHTransport:
     ) -> CommandResult:
         """Run argv (quoted for a POSIX shell) on the node. `input` may be bytes or a binary file."""
         args = [str(a) for a in argv]
-        proc = self.start(shlex.join(args), input=input, timeout=timeout, what=args[0])
+        command = shlex.join(args)
+        remote_limit = timeout is not None and self.has_command("timeout")
+        if remote_limit:
+            # Closing our channel does not stop the remote process, and until it exits it holds
+            # one of sshd's MaxSessions slots: the node enforces the limit (exit code 124), our
+            # own deadline, a little later, covers a silent network.
+            command = shlex.join(["timeout", "-k", "2", f"{timeout:g}", *args])
+        started = time.monotonic()
+        proc = self.start(command, input=input, timeout=None if timeout is None else timeout + 3, what=args[0])
         try:
             stdout = proc.read_all()
             code = proc.wait()
         finally:
             proc.close()
+        if remote_limit and code in (124, 137) and time.monotonic() - started >= timeout:  # type: ignore[operator]
+            raise RemoteError(f"{self.label}: {args[0]} timed out after {timeout}s")
         result = CommandResult(tuple(args), code, stdout, proc.stderr)
         if check and code != 0:
             raise RemoteCommandError(args, code, proc.stderr.decode(errors="replace"))
@@ -214,7 +219,7 @@ class SSHTransport:
         argv = ["tar", "-C", remote_dir, "-cf", "-", "--", *present]
         proc = self.start(shlex.join(argv), what="tar")
         try:
-            names = safe_extract(io.BufferedReader(_ProcessReader(proc), _CHUNK), local)
+            names = safe_extract(reader(proc), local)
             proc.read_all()  # trailing zero blocks after the end-of-archive marker
             code = proc.wait()
         finally:
@@ -244,7 +249,7 @@ class SSHTransport:
     def has_command(self, name: str) -> bool:
         """Whether `name` is on the node's PATH (cached per transport)."""
         if name not in self._commands:
-            result = self.run(["sh", "-c", 'command -v "$1" >/dev/null 2>&1', "sh", name], check=False)
+            result = self.run(["sh", "-c", 'command -v "$1" >/dev/null 2>&1', "sh", name], check=False, timeout=None)
             self._commands[name] = result.exit_code == 0
         return self._commands[name]
 
@@ -266,7 +271,7 @@ class SSHTransport:
             chan.close()
             # The request may have reached the node: the command's fate is unknown.
             raise self._lost(f"starting {what or command.split(' ', 1)[0]!r}", exc) from None
-        proc = RemoteProcess(self, conn, chan, what or command.split(" ", 1)[0], timeout)
+        proc = RemoteProcess(self.label, conn, chan, what or command.split(" ", 1)[0], timeout)
         if input is not None:
             proc.feed(input)
         else:
@@ -287,12 +292,12 @@ class SSHTransport:
                 conn = self._connect_once()
             except HostKeyMismatchError:
                 raise
-            except SSHAuthError:
+            except SSHAuthError as exc:
                 if not self.retry_auth or time.monotonic() - started >= budget:
                     raise
-                last: BaseException = RuntimeError("authentication refused")
+                last = exc.message
             except SSHConnectError as exc:
-                last = exc
+                last = exc.message
                 if time.monotonic() - started >= budget:
                     raise SSHConnectError(
                         f"cannot reach {self.label} (instance {self.endpoint.instance_id}) after {attempts} "
@@ -404,7 +409,7 @@ class SSHTransport:
                 log.info("%s: connection dropped; reconnecting", self.label)
                 self._conn.close()
                 self._conn = None
-                self.connect(retry_for=min(self.retry_for, _RECONNECT_BUDGET_S) or _RECONNECT_BUDGET_S)
+                self.connect(retry_for=min(self.retry_for, _RECONNECT_BUDGET_S))
             else:
                 self.connect()
             assert self._conn is not None
@@ -438,120 +443,7 @@ class SSHTransport:
         conn.close()
 
     def _lost(self, doing: str, exc: BaseException | None) -> ConnectionLostError:
-        return ConnectionLostError(
-            f"{self.label}: connection lost while {doing}" + (f" ({exc})" if exc else ""),
-            hint="the next command reconnects; a job started on the node keeps running",
-        )
-
-
-class RemoteProcess:
-    """One exec channel: stdout is read by the caller, stderr is collected, stdin fed by a thread."""
-
-    def __init__(self, owner: SSHTransport, conn: _Connection, chan: paramiko.Channel, what: str,
-                 timeout: float | None) -> None:
-        self.owner = owner
-        self.conn = conn
-        self.chan = chan
-        self.what = what
-        self.timeout = timeout
-        self.deadline = None if timeout is None else time.monotonic() + timeout
-        self._stderr = bytearray()
-        self._writer: threading.Thread | None = None
-
-    @property
-    def stderr(self) -> bytes:
-        return bytes(self._stderr)
-
-    def stderr_tail(self) -> str:
-        text = self._stderr.decode(errors="replace").strip()
-        return text.splitlines()[-1] if text else ""
-
-    def feed(self, source: InputSource) -> None:
-        self._writer = threading.Thread(target=self._write, args=(source,), name=f"ssh-stdin-{self.what}", daemon=True)
-        self._writer.start()
-
-    def _write(self, source: InputSource) -> None:
-        try:
-            if isinstance(source, (bytes, bytearray, memoryview)):
-                view = memoryview(source)
-                for start in range(0, len(view), _CHUNK):
-                    self.chan.sendall(view[start : start + _CHUNK])
-            else:
-                while chunk := source.read(_CHUNK):
-                    self.chan.sendall(chunk)
-            self.chan.shutdown_write()
-        except (OSError, EOFError, paramiko.SSHException) as exc:
-            # The command exited without reading all its input, or the connection died: either
-            # way the exit status (or ConnectionLostError from wait) tells the caller.
-            log.debug("%s: stdin not fully delivered: %s", self.what, exc)
-
-    def read(self, size: int = _CHUNK) -> bytes:
-        """Up to `size` bytes of stdout; b'' at end of output."""
-        chan = self.chan
-        while True:
-            if chan.recv_stderr_ready():
-                self._stderr += chan.recv_stderr(_CHUNK)
-                del self._stderr[:-_STDERR_KEEP]
-                continue
-            if chan.recv_ready():
-                return chan.recv(size)
-            if chan.eof_received or chan.closed:
-                if chan.recv_ready() or chan.recv_stderr_ready():
-                    continue
-                return b""
-            self._wait_readable()
-
-    def read_all(self) -> bytes:
-        chunks = []
-        while chunk := self.read():
-            chunks.append(chunk)
-        return b"".join(chunks)
-
-    def wait(self) -> int:
-        """Exit status of the command once its output ended."""
-        while not self.chan.status_event.is_set():
-            if not self.conn.alive():
-                break
-            self._check_deadline()
-            self.chan.status_event.wait(0.2)
-        if self._writer is not None:
-            self._writer.join(timeout=5)
-        code = self.chan.exit_status
-        if code == -1:
-            if not self.conn.alive():
-                raise self.owner._lost(f"running {self.what!r}", self.conn.exception())
-            # The channel closed without an exit-status: the command died from a signal.
-            code = 255
-        return code
-
-    def close(self) -> None:
-        self.chan.close()
-
-    def _wait_readable(self) -> None:
-        self._check_deadline()
-        if not self.conn.alive() and not (self.chan.recv_ready() or self.chan.recv_stderr_ready()):
-            if not (self.chan.eof_received or self.chan.closed):
-                raise self.owner._lost(f"running {self.what!r}", self.conn.exception())
-        limit = 1.0 if self.deadline is None else max(0.0, min(1.0, self.deadline - time.monotonic()))
-        select.select([self.chan], [], [], limit)
-
-    def _check_deadline(self) -> None:
-        if self.deadline is not None and time.monotonic() > self.deadline:
-            self.chan.close()
-            raise RemoteError(f"{self.owner.label}: {self.what} timed out after {self.timeout}s")
-
-
-class _ProcessReader(io.RawIOBase):
-    def __init__(self, proc: RemoteProcess) -> None:
-        self.proc = proc
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer: bytearray | memoryview) -> int:  # type: ignore[override]
-        data = self.proc.read(len(buffer))
-        buffer[: len(data)] = data
-        return len(data)
+        return lost(self.label, doing, exc)
 
 
 def _abandon(client: paramiko.SSHClient, sock: socket.socket, proxy: subprocess.Popen[bytes] | None,

@@ -70,7 +70,8 @@ def progress_lines(stdout: str) -> list[dict[str, Any]]:
 
 
 def read(path: Path) -> dict[str, Any]:
-    return json.loads(path.read_text())
+    data: dict[str, Any] = json.loads(path.read_text())
+    return data
 
 
 # ---------------------------------------------------------------- data, no TensorFlow
@@ -87,7 +88,9 @@ def test_bundled_split_is_stratified_and_disjoint() -> None:
     assert np.bincount(data.y_test).tolist() == [100] * 10
     assert np.bincount(data.y_val).tolist() == [40] * 10
     assert len(np.unique(data.y_train[:50])) == 10  # shuffled: the file itself is sorted by class
-    rows = lambda a: {r.tobytes() for r in a}  # noqa: E731
+    def rows(a: np.ndarray) -> set[bytes]:
+        return {r.tobytes() for r in a}
+
     everything = rows(x)
     train, val, test = rows(data.x_train), rows(data.x_val), rows(data.x_test)
     assert len(train) + len(val) + len(test) == len(everything) == 5000
@@ -159,7 +162,8 @@ def test_unknown_data_and_bad_arguments(tmp_path: Path) -> None:
 
 def test_standalone_file_imports_only_stdlib_numpy_tensorflow() -> None:
     tree = ast.parse(JOB.read_text())
-    modules = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+    modules = {alias.name.split(".")[0]
+               for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
     modules |= {node.module.split(".")[0] for node in ast.walk(tree)
                 if isinstance(node, ast.ImportFrom) and node.module and node.level == 0}
     assert modules - set(sys.stdlib_module_names) <= {"numpy", "tensorflow", "keras"}, modules
@@ -183,7 +187,8 @@ def test_one_epoch_run_writes_every_artifact(one_epoch: tuple[Path, subprocess.C
     out, res = one_epoch
     events = progress_lines(res.stdout)
     assert [e["type"] for e in events] == ["start", "step", "step", "epoch", "done"]
-    assert events[0] == {"cloudtrain": "progress", "type": "start", "epochs": 1, "steps_per_epoch": 10, "initial_epoch": 0}
+    assert events[0] == {"cloudtrain": "progress", "type": "start", "epochs": 1, "steps_per_epoch": 10,
+                         "initial_epoch": 0}
     assert events[1] | {"loss": 0} == {"cloudtrain": "progress", "type": "step", "epoch": 1, "epochs": 1, "step": 5,
                                        "steps_per_epoch": 10, "loss": 0}
     assert set(events[3]) >= {"epoch", "epochs", "loss", "accuracy", "val_loss", "val_accuracy", "epoch_time_s"}
@@ -248,7 +253,8 @@ def test_mirrored_over_two_logical_cpus_as_standalone_file(tmp_path: Path) -> No
                   "--cpu-devices", "2", env=env, script=vm / "mnist_cnn.py")
     assert res.returncode == 0, res.stderr[-3000:]
     m = read(tmp_path / "out" / "metrics.json")
-    assert (m["strategy"], m["replicas"], m["per_replica_batch_size"], m["global_batch_size"]) == ("mirrored", 2, 32, 64)
+    assert (m["strategy"], m["replicas"], m["per_replica_batch_size"], m["global_batch_size"]) == \
+        ("mirrored", 2, 32, 64)
     assert m["data_path"] == str(vm / "mnist_5k.csv.gz")
     placement = read(tmp_path / "out" / "device_placement.json")
     assert set(placement["ops_by_device"]) == {"CPU:0", "CPU:1"}
@@ -283,7 +289,8 @@ def test_multiworker_two_local_workers_agree(tmp_path: Path) -> None:
     for p, (_, err) in zip(procs, results):
         assert p.returncode == 0, err[-3000:]
     chief, worker = read(tmp_path / "metrics.json"), read(tmp_path / "worker-1" / "metrics.json")
-    assert (chief["strategy"], chief["replicas"], chief["global_batch_size"], chief["num_workers"]) == ("multiworker", 2, 64, 2)
+    assert (chief["strategy"], chief["replicas"], chief["global_batch_size"], chief["num_workers"]) == \
+        ("multiworker", 2, 64, 2)
     assert chief["is_chief"] and not worker["is_chief"]
     for key in ("test_accuracy", "test_loss", "train_loss", "train_accuracy", "val_loss", "val_accuracy"):
         assert worker[key] == pytest.approx(chief[key], rel=1e-6, abs=1e-7), key
@@ -327,7 +334,8 @@ def test_quality_three_seeds(tmp_path: Path) -> None:
         res = run_job(tmp_path / f"seed{seed}", "--data", "bundled", "--seed", str(seed))
         assert res.returncode == 0, res.stderr[-3000:]
         results.append(read(tmp_path / f"seed{seed}" / "metrics.json"))
-    summary = [(m["seed"], m["test_accuracy"], round(m["train_time_s"], 1), round(m["images_per_sec"])) for m in results]
+    summary = [(m["seed"], m["test_accuracy"], round(m["train_time_s"], 1), round(m["images_per_sec"]))
+               for m in results]
     print(f"\nseed, test_accuracy, train_time_s, images/s: {summary}")
     assert all(m["num_test"] == 1000 for m in results)
     assert np.mean([m["test_accuracy"] for m in results]) >= 0.97, summary
