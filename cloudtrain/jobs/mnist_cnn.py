@@ -457,6 +457,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Program entry point. It rewires this process's file descriptors 1 and 2, so library callers
+    should run the job as a subprocess rather than call this."""
     args = parse_args(argv)
     t_start = time.perf_counter()
     _flush_native()

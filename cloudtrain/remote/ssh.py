@@ -13,9 +13,7 @@ packet to that address.
 
 from __future__ import annotations
 
-import io
 import logging
-import select
 import shlex
 import socket
 import subprocess
@@ -33,7 +31,6 @@ from cloudtrain.errors import RemoteCommandError, RemoteError
 from cloudtrain.providers.base import HostSpec, Instance
 from cloudtrain.remote.archive import list_present, safe_extract
 from cloudtrain.remote.channel import (
-    CHUNK,
     ConnectionLostError,
     InputSource,
     RemoteProcess,
@@ -46,6 +43,10 @@ from cloudtrain.remote.keys import Endpoint, HostKeyMismatchError, KnownHosts, n
 from cloudtrain.remote.transport import CommandResult, SyncStats
 
 log = logging.getLogger(__name__)
+# paramiko logs socket errors it also raises, and we turn those into typed errors with hints; a
+# library must not print them through logging's last-resort handler. An application that
+# configures logging (e.g. the CLI's --debug) still receives them.
+logging.getLogger("paramiko").addHandler(logging.NullHandler())
 
 # A large window keeps a high-latency link busy (2 MiB at 100 ms RTT would cap at ~20 MB/s).
 _WINDOW_BYTES = 16 << 20

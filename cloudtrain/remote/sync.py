@@ -147,6 +147,8 @@ def sync_tree(
     if method == "auto":
         method = "rsync" if shutil.which("rsync") and transport.has_command("rsync") else "tar-delta"
     if method == "rsync":
+        if not shutil.which("rsync"):
+            raise SyncError("rsync is not installed on this machine", hint="install it, or use the tar-delta method")
         sent, sent_bytes = _sync_rsync(transport, base, entries, remote_dir)
     else:
         sent, sent_bytes = _sync_tar_delta(transport, base, entries, remote_dir)

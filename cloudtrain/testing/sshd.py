@@ -131,14 +131,15 @@ class SshdVM:
         for attempt in range(5):
             self._write_config()
             log = (self.root / "sshd.log").open("ab")
+            log_start = log.tell()  # a restart appends: only this start's lines count
             self._proc = subprocess.Popen(
                 [SSHD, "-D", "-e", "-f", str(self.root / "sshd_config")],
                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
             )
             log.close()
-            if self._wait_listening():
+            if self._wait_listening(log_start):
                 return self
-            text = self.log_text()
+            text = self.log_text()[log_start:]
             self._proc = None
             if "Address already in use" in text and attempt < 4:
                 self.port = free_port()
@@ -229,13 +230,16 @@ class SshdVM:
             lines += [f"AuthorizedKeysCommand {self.authorized_keys_command}", f"AuthorizedKeysCommandUser {user}"]
         (self.root / "sshd_config").write_text("\n".join(lines) + "\n")
 
-    def _wait_listening(self, timeout: float = 10.0) -> bool:
+    def _wait_listening(self, log_start: int, timeout: float = 10.0) -> bool:
         deadline = time.monotonic() + timeout
+        needle = f"Server listening on 127.0.0.1 port {self.port}".encode()
         while time.monotonic() < deadline:
             if self._proc is None or self._proc.poll() is not None:
                 return False
-            if f"Server listening on 127.0.0.1 port {self.port}" in self.log_text():
-                return True
+            with (self.root / "sshd.log").open("rb") as handle:
+                handle.seek(log_start)
+                if needle in handle.read():
+                    return True
             time.sleep(0.005)
         return False
 

@@ -205,7 +205,7 @@ def test_validate_and_schema(tmp_path: Path) -> None:
 
 def test_bundled_mnist_recipe_end_to_end(tmp_path: Path) -> None:
     """The README's first command, shortened to one epoch: metrics, run.json and the log come home."""
-    recipe = (REPO / "recipes" / "mnist-local.yaml").read_text().replace("epochs: 3", "epochs: 1")
+    recipe = (REPO / "recipes" / "mnist-local.yaml").read_text().replace("epochs: 10", "epochs: 1")
     assert "epochs: 1" in recipe
     path = tmp_path / "mnist-local.yaml"
     path.write_text(recipe)
