@@ -127,3 +127,18 @@ def test_no_runs(tmp_path: Path) -> None:
         load_runs([])
     with pytest.raises(CompareError):
         render_png([], tmp_path / "x.png")
+
+
+def test_compare_command_prints_table_and_saves_png(runs: tuple[Path, Path], tmp_path: Path) -> None:
+    one, two = runs
+    png = tmp_path / "chart.png"
+    res = subprocess.run([sys.executable, "-m", "cloudtrain", "compare", str(one), str(two), "--png", str(png)],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    lines = res.stdout.splitlines()
+    assert lines[0].split()[:3] == ["run", "device", "GPU"]
+    assert any(line.startswith("cpu-2") and "mirrored" in line and "$" in line for line in lines)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    missing = subprocess.run([sys.executable, "-m", "cloudtrain", "compare", str(tmp_path / "nope")],
+                             capture_output=True, text=True, timeout=120)
+    assert missing.returncode == 2 and missing.stderr.startswith("error:") and "Traceback" not in missing.stderr

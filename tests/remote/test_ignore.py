@@ -77,6 +77,7 @@ def test_scan_prunes_ignored_directories(tmp_path: Path) -> None:
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / rel).write_text(rel)
     (tmp_path / ".gitignore").write_text("*.log\n")
-    base, entries = scan_tree(tmp_path, load_ignore(tmp_path))
-    assert base == tmp_path
-    assert [e.rel for e in entries] == [".gitignore", "data/x.csv", "pkg/m.py", "train.py"]
+    scan = scan_tree(tmp_path, load_ignore(tmp_path))
+    assert scan.base == tmp_path
+    assert [e.rel for e in scan.entries] == [".gitignore", "data/x.csv", "pkg/m.py", "train.py"]
+    assert scan.ignored == (".git/", "a.log", "pkg/__pycache__/", "runs/")

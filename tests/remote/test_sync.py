@@ -59,8 +59,8 @@ def _remote_digests(t: SSHTransport, remote_dir: str) -> dict[str, str]:
 def _local_digests(root: Path, ignore=None) -> dict[str, str]:  # noqa: ANN001
     from cloudtrain.remote.sync import scan_tree
 
-    base, entries = scan_tree(root, ignore)
-    return {e.rel: hashlib.sha256((base / e.rel).read_bytes()).hexdigest() for e in entries}
+    scan = scan_tree(root, ignore)
+    return {e.rel: hashlib.sha256((scan.base / e.rel).read_bytes()).hexdigest() for e in scan.entries}
 
 
 @pytest.mark.parametrize("method", METHODS)
@@ -199,3 +199,17 @@ def test_log_follow_survives_dropped_connections(flaky: tuple[SSHTransport, TcpP
     assert collected.decode().splitlines() == [f"line {i}" for i in range(lines)]
     assert jobs.status(t, layout, "j1").state == "succeeded"
     assert t.connects >= 2 and proxy.cuts >= 2
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_ignored_names_that_look_like_wildcards_stay_exact(method: str, transport: SSHTransport, tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in ["data[1].csv", "data1.csv", "star*.txt", "starX.txt", "keep.txt"]:
+        (src / name).write_text(name)
+    # Ignore the literal names; read as globs they would also match data1.csv and starX.txt.
+    (src / ".cloudtrainignore").write_text("data\\[1\\].csv\nstar\\*.txt\n")
+    ignore = load_ignore(src)
+    sync_tree(transport, src, f"{transport.home}/w", ignore, method=method)
+    assert sorted(_remote_digests(transport, f"{transport.home}/w")) == [
+        ".cloudtrainignore", "data1.csv", "keep.txt", "starX.txt"]
