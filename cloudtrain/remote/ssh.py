@@ -337,6 +337,7 @@ class SSHTransport:
                 auth_timeout=self.connect_timeout,
                 channel_timeout=self.connect_timeout,
                 sock=sock,
+                transport_factory=_make_transport,
             )
         except HostKeyMismatchError:
             _abandon(client, sock, proxy, proxy_err)
@@ -358,7 +359,6 @@ class SSHTransport:
         transport = client.get_transport()
         assert transport is not None
         transport.set_keepalive(_KEEPALIVE_S)
-        transport.default_window_size = _WINDOW_BYTES
         return _Connection(client, proxy, proxy_err)
 
     def _open_socket(self) -> tuple[socket.socket, subprocess.Popen[bytes] | None, IO[bytes] | None]:
@@ -445,6 +445,18 @@ class SSHTransport:
 
     def _lost(self, doing: str, exc: BaseException | None) -> ConnectionLostError:
         return lost(self.label, doing, exc)
+
+
+def _make_transport(sock: socket.socket, **kwargs: object) -> paramiko.Transport:
+    transport = paramiko.Transport(sock, default_window_size=_WINDOW_BYTES, **kwargs)  # type: ignore[arg-type]
+    # AES-GCM first: one AEAD pass per packet instead of CTR + HMAC makes bulk transfers ~40%
+    # faster in paramiko (measured 153 vs 108 MB/s upload on loopback). The others stay as fallback.
+    options = transport.get_security_options()
+    preferred = ("aes128-gcm@openssh.com", "aes256-gcm@openssh.com")
+    options.ciphers = tuple(c for c in preferred if c in options.ciphers) + tuple(
+        c for c in options.ciphers if c not in preferred
+    )
+    return transport
 
 
 def _abandon(client: paramiko.SSHClient, sock: socket.socket, proxy: subprocess.Popen[bytes] | None,

@@ -47,7 +47,8 @@ def _workdir(root: Path) -> Path:
 
 
 def _remote_digests(t: SSHTransport, remote_dir: str) -> dict[str, str]:
-    script = 'cd "$1" && find . \\( -type f -o -type l \\) -print0 | sort -z | xargs -0 -r sha256sum --'
+    # An interrupted rsync's receiver may still be removing its temp file: tolerate vanishing files.
+    script = 'cd "$1" && find . \\( -type f -o -type l \\) -print0 | sort -z | xargs -0 -r sha256sum -- 2>/dev/null; exit 0'
     out = t.run(["sh", "-c", script, "sh", remote_dir]).text
     digests = {}
     for line in out.splitlines():
