@@ -21,6 +21,9 @@ class SshConfig(_Strict):
     connect_timeout_s: Annotated[float, Field(gt=0)] = 10.0
     connect_retries_s: Annotated[float, Field(ge=0)] = 300.0
     allowed_cidr: str | None = Field(default=None, description="ingress for cloud firewalls; default caller's /32")
+    add_include: bool = Field(
+        default=True, description="add `Include` of cloudtrain's generated ssh config to ~/.ssh/config"
+    )
 
 
 class AwsConfig(_Strict):

@@ -109,6 +109,7 @@ class Executor:
                 cluster_started = time.time()
                 nodes = connect(list(cluster.nodes), cluster.provider, self.config)
                 on_all(nodes, lambda n: self._prepare(n, recipe))
+                self._write_ssh_config(cluster)
             with clock.phase("sync"):
                 on_all(nodes, lambda n: self._sync(n, loaded))
             if recipe.setup:
@@ -209,6 +210,7 @@ class Executor:
         try:
             nodes = connect(list(cluster.nodes), cluster.provider, self.config)
             on_all(nodes, lambda n: self._prepare(n, loaded.recipe))
+            self._write_ssh_config(cluster)
         except BaseException:
             close_all(nodes)
             if created:
@@ -270,6 +272,18 @@ class Executor:
         # A fresh run starts clean; resuming a preempted run reuses outputs/ (its checkpoints).
         return f"rm -rf outputs\nexec {shlex.join(args)}\n"
 
+    def _write_ssh_config(self, cluster: Cluster) -> None:
+        """So that `ssh <cluster>` just works, with the same key, pins and proxy cloudtrain uses."""
+        if not cluster.provider.capabilities.remote:
+            return
+        from cloudtrain.nodes import endpoint_of
+        from cloudtrain.remote import keys
+
+        name = cluster.record.name
+        keys.write_ssh_config(name, [endpoint_of(r, cluster.provider, self.config) for r in cluster.nodes])
+        if self.config.ssh.add_include and keys.ensure_ssh_include():
+            self.reporter.info(f"added cloudtrain's ssh config to ~/.ssh/config: `ssh {name}` reaches rank 0")
+
     def _bootstrap(self, node: Node, ensure_tf: bool) -> str:
         """Probe the VM and, for the bundled job, make TensorFlow importable; return the python to use."""
         from cloudtrain.remote.facts import probe_host
@@ -295,7 +309,8 @@ class Executor:
 
     # jobs ----------------------------------------------------------------------------------------
 
-    def _job_env(self, nodes: Sequence[Node], node: Node, run_id: str, recipe: Recipe) -> dict[str, str]:
+    def _job_env(self, nodes: Sequence[Node], node: Node, run_id: str, recipe: Recipe,
+                 ports: Sequence[int]) -> dict[str, str]:
         env = dict(recipe.envs)
         ips = [n.address for n in nodes]
         env.update({
@@ -307,17 +322,29 @@ class Executor:
         })
         if recipe.job is not None and len(nodes) > 1:
             env["TF_CONFIG"] = json.dumps({
-                "cluster": {"worker": [f"{ip}:{port}" for ip, port in zip(ips, self._worker_ports(nodes))]},
+                "cluster": {"worker": [f"{ip}:{port}" for ip, port in zip(ips, ports)]},
                 "task": {"type": "worker", "index": node.rank},
             })
         return env
 
-    def _worker_ports(self, nodes: Sequence[Node]) -> list[int]:
-        if not hasattr(self, "_ports"):
-            # Nodes on one address (local, or several sshd on one host) need distinct ports.
-            self._ports = [_free_port() for _ in nodes] if all(n.address.startswith("127.") for n in nodes) \
-                else [29500 + n.rank for n in nodes]
-        return self._ports
+    @staticmethod
+    def _worker_ports(nodes: Sequence[Node]) -> list[int]:
+        # Nodes on one address (local, or several sshd on one host) need distinct free ports.
+        if all(n.address.startswith("127.") for n in nodes):
+            return [_free_port() for _ in nodes]
+        return [29500 + n.rank for n in nodes]
+
+    def _wait_finished(self, node: Node, job_id: str, timeout_s: float = 600.0) -> jobs.JobStatus:
+        """Rank 0 finished; the others end moments later (or hang on a collective: then time out)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            status = self._status_retrying(node, job_id)
+            if status.finished:
+                return status
+            if time.monotonic() > deadline:
+                self._kill_all([node], job_id)
+                return self._status_retrying(node, job_id)
+            time.sleep(POLL_S)
 
     def _run_job(self, nodes: list[Node], job_id: str, run_id: str, script: str, recipe: Recipe, what: str) -> None:
         cluster = nodes[0].record.cluster
@@ -326,9 +353,12 @@ class Executor:
             id=job_id, cluster=cluster, run_id=run_id, job_dir=nodes[0].layout.job_dir(job_id), status="running",
             command=what, submitted_at=now, started_at=now, ended_at=None, exit_code=None,
         ))
-        on_all(nodes, lambda n: jobs.submit(n.transport, n.layout, job_id, script, self._job_env(nodes, n, run_id, recipe)))
+        # Every node must see the same TF_CONFIG: build all envs here, not inside the parallel submit.
+        ports = self._worker_ports(nodes)
+        envs = {n.rank: self._job_env(nodes, n, run_id, recipe, ports) for n in nodes}
+        on_all(nodes, lambda n: jobs.submit(n.transport, n.layout, job_id, script, envs[n.rank]))
         final = self.follow(nodes[0], job_id, 0, others=nodes[1:])
-        statuses = [final] + [jobs.status(n.transport, n.layout, job_id) for n in nodes[1:]]
+        statuses = [final] + [self._wait_finished(n, job_id) for n in nodes[1:]]
         worst = next((s for s in statuses if s.state != "succeeded"), final)
         self.store.update_job(job_id, status=worst.state, exit_code=worst.exit_code, ended_at=time.time())
         for rank, st in enumerate(statuses):

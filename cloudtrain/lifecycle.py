@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from cloudtrain.config import Config
 from cloudtrain.errors import ClusterNotFoundError, NotAvailableError, ProviderError, UsageError
@@ -161,6 +161,17 @@ class Lifecycle:
             launched = self._launch(recipe, spec, provider)
             self._record_nodes(name, launched, spec.hosts)
             running = self._wait_running(provider, [i.id for i in launched])
+            # describe() may know less than launch() did (an existing host has no API to ask).
+            by_id = {i.id: i for i in launched}
+            running = [
+                replace(i, public_ip=i.public_ip or by_id[i.id].public_ip,
+                        private_ip=i.private_ip or by_id[i.id].private_ip,
+                        ssh_user=i.ssh_user or by_id[i.id].ssh_user,
+                        hourly_price=i.hourly_price or by_id[i.id].hourly_price,
+                        launched_at=i.launched_at or by_id[i.id].launched_at)
+                if i.id in by_id else i
+                for i in running
+            ]
             self._record_nodes(name, running, spec.hosts)
             first = running[0]
             self.store.upsert_cluster(
@@ -176,8 +187,6 @@ class Lifecycle:
         """Launch at the cheapest placement; on a capacity error fail over to the next one."""
         if not provider.capabilities.priced:
             return provider.launch(spec, recipe.num_nodes)
-        from dataclasses import replace
-
         from cloudtrain.catalog import default_catalog
         from cloudtrain.errors import CapacityError
         from cloudtrain.plan import make_plan
@@ -338,6 +347,7 @@ class Lifecycle:
                 for instance_id in ids:
                     keys.KnownHosts().forget(instance_id)
                 keys.delete_cluster_key(name)
+                keys.remove_ssh_config(name)
             self.store.add_event(name, "down", f"terminated {len(ids)} instance(s)")
             self.store.delete_cluster(name)
         return True

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TypeVar
 
 from cloudtrain.config import Config
@@ -54,20 +55,12 @@ def instance_of(record: NodeRecord, home: str | None = None) -> Instance:
         private_ip=record.private_ip,
         ssh_user=record.ssh_user,
         ssh_port=record.ssh_port or 22,
+        launched_at=record.started_at,
         home=home,
     )
 
 
-def open_transport(record: NodeRecord, provider: Provider, config: Config) -> Transport:
-    if not provider.capabilities.remote:
-        described = provider.describe([record.instance_id])[0]
-        if described.home is None or described.state is InstanceState.TERMINATED:
-            raise RemoteError(f"node {record.instance_id} no longer exists", hint="run `cloudtrain down` then `up`")
-        return LocalTransport(described.home)
-    from cloudtrain.remote import keys, ssh
-
-    host = None
-    key_path = None
+def _host_and_key(record: NodeRecord, provider: Provider) -> tuple[HostSpec | None, Path | None]:
     if provider.name == "ssh":
         host = HostSpec(
             address=record.public_ip or "",
@@ -76,8 +69,28 @@ def open_transport(record: NodeRecord, provider: Provider, config: Config) -> Tr
             key=record.ssh_key,
             proxy_command=record.proxy_command,
         )
-    else:
-        key_path = keys.cluster_key(record.cluster).private_path
+        return host, None
+    from cloudtrain.remote import keys
+
+    return None, keys.cluster_key(record.cluster).private_path
+
+
+def endpoint_of(record: NodeRecord, provider: Provider, config: Config):  # noqa: ANN201
+    from cloudtrain.remote.keys import resolve_endpoint
+
+    host, key_path = _host_and_key(record, provider)
+    return resolve_endpoint(instance=instance_of(record), config=config, host=host, key_path=key_path)
+
+
+def open_transport(record: NodeRecord, provider: Provider, config: Config) -> Transport:
+    if not provider.capabilities.remote:
+        described = provider.describe([record.instance_id])[0]
+        if described.home is None or described.state is InstanceState.TERMINATED:
+            raise RemoteError(f"node {record.instance_id} no longer exists", hint="run `cloudtrain down` then `up`")
+        return LocalTransport(described.home)
+    from cloudtrain.remote import ssh
+
+    host, key_path = _host_and_key(record, provider)
     return ssh.open_transport(
         cluster=record.cluster, instance=instance_of(record), config=config, host=host, key_path=key_path
     )

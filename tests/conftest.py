@@ -16,6 +16,10 @@ REPO = Path(__file__).resolve().parents[1]
 def cloudtrain_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     home = tmp_path / "ct-home"
     monkeypatch.setenv("CLOUDTRAIN_HOME", str(home))
+    # `up` adds an Include to ~/.ssh/config: tests get a HOME of their own, never the real one.
+    user_home = tmp_path / "user-home"
+    user_home.mkdir()
+    monkeypatch.setenv("HOME", str(user_home))
     monkeypatch.delenv("CLOUDTRAIN_CONFIG", raising=False)
     monkeypatch.delenv("CLOUDTRAIN_DEBUG", raising=False)
     return home

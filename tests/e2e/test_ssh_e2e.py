@@ -63,6 +63,13 @@ def test_resync_sends_only_the_changed_file(sshd_vm_factory: SshdFactory, tmp_pa
     first = ct("run", str(recipe), "--keep", "--runs-dir", str(tmp_path / "runs"), env=env, cwd=tmp_path)
     assert first.returncode == 0, first.stdout + first.stderr
     assert "sent 20 of 20 files" in first.stdout
+    # `ssh <cluster>` works through the Include cloudtrain added (OpenSSH reads the passwd home,
+    # so point it at the test's HOME explicitly).
+    user_config = Path(cli_env()["HOME"]) / ".ssh" / "config"
+    assert "Include" in user_config.read_text()
+    probe = subprocess.run(["ssh", "-F", str(user_config), "-o", "BatchMode=yes", "sync-check", "cat .cloudtrain/sync-check/workdir/module_3.py"],
+                           capture_output=True, text=True, timeout=60)
+    assert probe.returncode == 0 and probe.stdout.strip() == "VALUE = 3", probe.stderr
     (code / "module_7.py").write_text("VALUE = 'changed'\n")
     second = ct("run", str(recipe), "--runs-dir", str(tmp_path / "runs"), env=env, cwd=tmp_path)
     assert second.returncode == 0, second.stdout + second.stderr
