@@ -195,6 +195,23 @@ class StateStore:
             raise
         self._db.execute("COMMIT")
 
+    def _insert(self, table: str, record: Any) -> None:
+        cols = [f.name for f in fields(record)]
+        with self._write() as db:
+            db.execute(
+                f"INSERT INTO {table} ({', '.join(cols)}) VALUES ({', '.join('?' for _ in cols)})",
+                [getattr(record, c) for c in cols],
+            )
+
+    def _update(self, table: str, record_type: type, record_id: str, values: dict[str, Any]) -> None:
+        # Column names come from code, but check them anyway: they are spliced into SQL.
+        unknown = set(values) - {f.name for f in fields(record_type)}
+        if unknown:
+            raise ValueError(f"unknown {table} columns: {sorted(unknown)}")
+        sets = ", ".join(f"{k} = :{k}" for k in values)
+        with self._write() as db:
+            db.execute(f"UPDATE {table} SET {sets} WHERE id = :id", {**values, "id": record_id})
+
     def _migrate(self) -> None:
         version = self._db.execute("PRAGMA user_version").fetchone()[0]
         if version > SCHEMA_VERSION:
@@ -267,17 +284,10 @@ class StateStore:
     # runs ----------------------------------------------------------------------------------------
 
     def insert_run(self, run: RunRecord) -> None:
-        with self._write() as db:
-            cols = [f.name for f in fields(run)]
-            db.execute(
-                f"INSERT INTO runs ({', '.join(cols)}) VALUES ({', '.join('?' for _ in cols)})",
-                [getattr(run, c) for c in cols],
-            )
+        self._insert("runs", run)
 
     def update_run(self, run_id: str, **values: Any) -> None:
-        with self._write() as db:
-            sets = ", ".join(f"{k} = :{k}" for k in values)
-            db.execute(f"UPDATE runs SET {sets} WHERE id = :id", {**values, "id": run_id})
+        self._update("runs", RunRecord, run_id, values)
 
     def get_run(self, run_id: str) -> RunRecord | None:
         found = _rows(self._db.execute("SELECT * FROM runs WHERE id = ?", (run_id,)), RunRecord)
@@ -295,17 +305,10 @@ class StateStore:
     # jobs ----------------------------------------------------------------------------------------
 
     def insert_job(self, job: JobRecord) -> None:
-        with self._write() as db:
-            cols = [f.name for f in fields(job)]
-            db.execute(
-                f"INSERT INTO jobs ({', '.join(cols)}) VALUES ({', '.join('?' for _ in cols)})",
-                [getattr(job, c) for c in cols],
-            )
+        self._insert("jobs", job)
 
     def update_job(self, job_id: str, **values: Any) -> None:
-        with self._write() as db:
-            sets = ", ".join(f"{k} = :{k}" for k in values)
-            db.execute(f"UPDATE jobs SET {sets} WHERE id = :id", {**values, "id": job_id})
+        self._update("jobs", JobRecord, job_id, values)
 
     def get_job(self, job_id: str) -> JobRecord | None:
         found = _rows(self._db.execute("SELECT * FROM jobs WHERE id = ?", (job_id,)), JobRecord)
