@@ -116,7 +116,7 @@ class Executor:
                 with clock.phase("setup"):
                     self._run_job(nodes, f"{run_id}-setup", run_id, recipe.setup, recipe, what="setup")
             with clock.phase("run"):
-                self._run_job(nodes, job_id, run_id, self._command(recipe, nodes[0]), recipe, what="job")
+                self._run_job(nodes, job_id, run_id, self._command(recipe), recipe, what="job")
             status, exit_code = "succeeded", 0
         except KeyboardInterrupt:
             status, error = "interrupted", "interrupted by the user"
@@ -257,20 +257,21 @@ class Executor:
             else:
                 t.put_file(source.read_bytes(), target if not mount.target.endswith("/") else f"{target}{source.name}")
 
-    def _command(self, recipe: Recipe, node: Node) -> str:
+    def _command(self, recipe: Recipe) -> str:
         if recipe.run is not None:
             return recipe.run + "\n"
         assert recipe.job is not None
-        python = self._python.get(node.rank, sys.executable if isinstance(node.transport, LocalTransport) else "python3")
-        args = [python, "-u", f"{node.layout.runtime}/jobs/{recipe.job.name}.py", "--output", "outputs"]
+        # One script for every node; each node's own interpreter and runtime dir come from its env.
+        args = ["--output", "outputs"]
         for key, value in recipe.job.params.items():
             flag = "--" + key.replace("_", "-")
             if value is True:
                 args.append(flag)
             elif value is not False:
                 args += [flag, str(value)]
+        job_file = f'"$CLOUDTRAIN_RUNTIME/jobs/{recipe.job.name}.py"'
         # A fresh run starts clean; resuming a preempted run reuses outputs/ (its checkpoints).
-        return f"rm -rf outputs\nexec {shlex.join(args)}\n"
+        return f'rm -rf outputs\nexec "$CLOUDTRAIN_PYTHON" -u {job_file} {shlex.join(args)}\n'
 
     def _write_ssh_config(self, cluster: Cluster) -> None:
         """So that `ssh <cluster>` just works, with the same key, pins and proxy cloudtrain uses."""
@@ -319,6 +320,10 @@ class Executor:
             "CLOUDTRAIN_NODE_RANK": str(node.rank),
             "CLOUDTRAIN_NUM_NODES": str(len(nodes)),
             "CLOUDTRAIN_NODE_IPS": ",".join(ips),
+            "CLOUDTRAIN_RUNTIME": node.layout.runtime,
+            "CLOUDTRAIN_PYTHON": self._python.get(
+                node.rank, sys.executable if isinstance(node.transport, LocalTransport) else "python3"
+            ),
         })
         if recipe.job is not None and len(nodes) > 1:
             env["TF_CONFIG"] = json.dumps({

@@ -86,5 +86,7 @@ def test_multi_node_multiworker_over_ssh(sshd_vm_factory: SshdFactory, tmp_path:
     run_dir = Path(proc.stdout.strip().splitlines()[-1])
     metrics = json.loads((run_dir / "outputs" / "metrics.json").read_text())
     assert metrics["strategy"].lower().startswith("multiworker") and metrics["replicas"] == 2
-    assert (run_dir / "node-1-job.log").read_text().strip(), "rank 1 log collected"
+    rank1_log = (run_dir / "node-1-job.log").read_text()
+    # Each node runs its own copy of the job and data, under its own home.
+    assert str(vms[1].home_dir) in rank1_log and str(vms[0].home_dir) not in rank1_log
     assert json.loads((run_dir / "run.json").read_text())["num_nodes"] == 2
