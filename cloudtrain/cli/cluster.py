@@ -76,6 +76,19 @@ def status(name: str | None, as_json: bool, refresh: bool) -> None:
         )
     else:
         output.info("no clusters")
+    if name is not None:
+        nodes = store.get_nodes(name)
+        if nodes:
+            output.echo()
+            output.table(
+                ["RANK", "INSTANCE", "STATE", "ADDRESS", "USER", "PORT"],
+                [(n.rank, n.instance_id, n.state, n.public_ip, n.ssh_user, n.ssh_port) for n in nodes],
+            )
+        if latest.get(name) is not None:
+            job = latest[name]
+            output.echo()
+            output.info(f"last job {job.id}: {job.status}" + (f", exit code {job.exit_code}" if job.exit_code is not None else "")
+                        + f"  (`cloudtrain logs {name} {job.id}`)")
     if runs:
         output.echo()
         output.table(
