@@ -146,10 +146,13 @@ class Executor:
         if nodes:
             try:
                 with clock.phase("collect"):
-                    collected = self._collect(nodes, loaded.recipe, job_id, run_dir)
-            except CloudtrainError as exc:
-                error = error or f"collect failed: {exc.one_line()}"
+                    collected = self._collect(nodes, loaded.recipe, run_id, run_dir)
+            # Whatever went wrong bringing results home, teardown below must still run.
+            except Exception as exc:  # noqa: BLE001
+                detail = exc.one_line() if isinstance(exc, CloudtrainError) else f"{type(exc).__name__}: {exc}"
+                error = error or f"collect failed: {detail}"
                 status = "failed"
+                self.reporter.warn(f"collect failed: {detail}")
         close_all(nodes)
         hourly = cluster.record.hourly_price if cluster else 0.0
         cost = cost_usd(hourly, time.time() - cluster_started) if cluster else 0.0
@@ -159,9 +162,12 @@ class Executor:
             try:
                 with clock.phase("teardown", policy):
                     teardown_done = self._teardown(cluster, policy)
-            except CloudtrainError as exc:
-                error = error or f"teardown failed: {exc.one_line()}"
-                self.reporter.warn(f"teardown failed: {exc.one_line()} - run `cloudtrain down {cluster.record.name}`")
+            # Reported loudly, and recorded in run.json below; the user must know money may be burning.
+            except Exception as exc:  # noqa: BLE001
+                detail = exc.one_line() if isinstance(exc, CloudtrainError) else f"{type(exc).__name__}: {exc}"
+                error = error or f"teardown failed: {detail}"
+                teardown_done = "failed"
+                self.reporter.warn(f"teardown failed: {detail} - run `cloudtrain down {cluster.record.name}`")
         ended = time.time()
         record = {
             "run_id": run_id,
@@ -436,11 +442,11 @@ class Executor:
 
     # collect -------------------------------------------------------------------------------------
 
-    def _collect(self, nodes: list[Node], recipe: Recipe, job_id: str, run_dir: Path) -> list[str]:
+    def _collect(self, nodes: list[Node], recipe: Recipe, run_id: str, run_dir: Path) -> list[str]:
         head = nodes[0]
         written = head.transport.get_tree(head.layout.workdir, recipe.result_paths(), run_dir)
         for node in nodes:
-            for jid, name in ((job_id, "job.log"), (job_id.replace("-run", "-setup"), "setup.log")):
+            for jid, name in ((f"{run_id}-run", "job.log"), (f"{run_id}-setup", "setup.log")):
                 log = _read_all(node, jid)
                 if log is not None:
                     target = run_dir / (name if node.rank == 0 else f"node-{node.rank}-{name}")
