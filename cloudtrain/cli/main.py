@@ -22,6 +22,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "validate": ("cloudtrain.cli.recipe", "validate", "Check a recipe without running anything."),
     "schema": ("cloudtrain.cli.recipe", "schema", "Print the recipe JSON Schema (for editors)."),
     "check": ("cloudtrain.cli.check", "check", "Report which clouds are usable and why not."),
+    "gc": ("cloudtrain.cli.gc", "gc", "Find (and with --yes remove) leaked instances and resources by tag."),
     "compare": ("cloudtrain.cli.compare", "compare", "Compare runs: device, sec/batch, images/s, speed-up, cost."),
 }
 
