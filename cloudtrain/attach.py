@@ -50,11 +50,16 @@ def exec_command(lc: Lifecycle, reporter: Reporter, name: str, script: str, deta
 def print_logs(lc: Lifecycle, name: str, job_id: str | None, follow: bool, resume: bool,
                write: Callable[[str], None] | None = None) -> jobs.JobStatus:
     """Print a job's log from the start (or, with resume, from where the last `logs` stopped)."""
+    if lc.store.get_cluster(name) is None:
+        runs = [r for r in lc.store.list_runs(cluster=name, limit=1) if r.run_dir]
+        if runs:
+            # The cluster is down, but its last run brought the log home.
+            raise UsageError(f"cluster {name!r} is down", hint=f"its last run's log is {runs[0].run_dir}/job.log")
     cluster = lc.get(name)
     if job_id is None:
         all_jobs = lc.store.list_jobs(name)
         if not all_jobs:
-                raise UsageError(f"cluster {name!r} has no jobs yet", hint=f"`cloudtrain run` or `cloudtrain exec {name} -- CMD`")
+            raise UsageError(f"cluster {name!r} has no jobs yet", hint=f"`cloudtrain run` or `cloudtrain exec {name} -- CMD`")
         job_id = all_jobs[-1].id
     elif lc.store.get_job(job_id) is None:
         from cloudtrain.yamlfile import did_you_mean

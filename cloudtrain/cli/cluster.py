@@ -18,10 +18,13 @@ def up(recipe_path: str, cluster: str | None) -> None:
     from cloudtrain.execution import Executor
     from cloudtrain.recipe import load_recipe
 
+    from cloudtrain.cli.run import sigterm_as_interrupt
+
     loaded = load_recipe(recipe_path)
     display = output.RunDisplay()
     lc = open_lifecycle(display)
     name = cluster or loaded.recipe.name
+    sigterm_as_interrupt()
     display.phase_start("provision", loaded.recipe.resources.cloud)
     started = time.monotonic()
     result, created = Executor(lc, display).up(loaded, name)

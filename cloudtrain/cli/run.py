@@ -13,7 +13,7 @@ from cloudtrain.cli import output
 from cloudtrain.cli.common import cluster_option, open_lifecycle
 
 
-def _sigterm_as_interrupt() -> None:
+def sigterm_as_interrupt() -> None:
     # `kill PID` should clean up exactly like Ctrl-C does.
     def handler(signum: int, frame: object) -> None:
         raise KeyboardInterrupt
@@ -43,7 +43,7 @@ def run(recipe_path: str, cluster: str | None, teardown: str | None, runs_dir: s
     lc = open_lifecycle(display)
     name = cluster or loaded.recipe.name
     base = Path(runs_dir or lc.config.runs_dir).expanduser()
-    _sigterm_as_interrupt()
+    sigterm_as_interrupt()
     result = Executor(lc, display).run(loaded, name, teardown or "auto", base)
     _summary(result)
     output.echo(str(result.run_dir))
@@ -81,7 +81,7 @@ def exec_(name: str, command: tuple[str, ...], detach: bool) -> None:
 
     display = output.RunDisplay()
     lc = open_lifecycle(display)
-    _sigterm_as_interrupt()
+    sigterm_as_interrupt()
     script = command[0] if len(command) == 1 else shlex.join(command)
     job_id, status = exec_command(lc, display, name, script, detach=detach)
     if detach:

@@ -58,6 +58,8 @@ def test_run_shell_job_collects_results(tmp_path: Path) -> None:
     status = cloudtrain("status", "--json")
     data = json.loads(status.stdout)
     assert data["clusters"] == []  # torn down
+    gone = cloudtrain("logs", "shell-job")
+    assert gone.returncode == 2 and f"{run_dir}/job.log" in gone.stderr
     assert data["runs"][0]["status"] == "succeeded"
 
 
