@@ -147,6 +147,13 @@ class Lifecycle:
     def _create(
         self, recipe: Recipe, name: str, provider: Provider, recipe_path: str | None, digest: str | None
     ) -> Cluster:
+        if provider.capabilities.priced:
+            # Fail before anything is written or created: the commonest first-run mistake.
+            creds = provider.check_credentials()
+            if not creds.ok:
+                from cloudtrain.errors import CredentialsError
+
+                raise CredentialsError(f"{provider.name}: {creds.detail}", hint=f"see `cloudtrain check {provider.name}`")
         spec = self._spec(recipe, name)
         # State first: if we die between the create call and the next line, `status --refresh`
         # and `down` still know to look for instances tagged with this cluster.
@@ -213,12 +220,26 @@ class Lifecycle:
         )
 
     def _cleanup_failed_launch(self, name: str, provider: Provider, launched: list[Instance], exc: BaseException) -> None:
-        # Whatever the provider created, by our records or by its tags, goes away now.
-        ids = {i.id for i in launched} | {i.id for i in provider.list_tagged(name) if i.state in _LIVE_STATES}
-        if ids:
-            self.reporter.warn(f"launch failed; terminating {len(ids)} instance(s) it created")
-            provider.terminate(sorted(ids))
+        """Whatever the provider created, by our records or by its tags, goes away now.
+
+        If the provider cannot even be asked, the state row stays (status launch-failed) so that
+        `down` or `gc` can finish the job later: forgetting it could hide a running instance.
+        """
+        from cloudtrain.errors import CloudtrainError
+
         self.store.add_event(name, "launch-failed", f"{type(exc).__name__}: {exc}")
+        try:
+            ids = {i.id for i in launched} | {i.id for i in provider.list_tagged(name) if i.state in _LIVE_STATES}
+            if ids:
+                self.reporter.warn(f"launch failed; terminating {len(ids)} instance(s) it created")
+                provider.terminate(sorted(ids))
+        except CloudtrainError as cleanup_error:
+            self.store.set_cluster_status(name, "launch-failed", error=cleanup_error.one_line())
+            self.reporter.warn(
+                f"could not check for instances left by the failed launch ({cleanup_error.one_line()}); "
+                f"run `cloudtrain down {name}` once the cloud is reachable"
+            )
+            return
         self.store.delete_cluster(name)
 
     def _record_nodes(self, name: str, instances: Sequence[Instance], hosts: Sequence[HostSpec]) -> None:

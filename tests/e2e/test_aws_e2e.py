@@ -201,3 +201,53 @@ def test_bundled_aws_recipes_validate() -> None:
     for name in ("mnist-aws-t4.yaml", "mnist-aws-spot.yaml"):
         proc = cloudtrain("validate", str(REPO / "recipes" / name))
         assert proc.returncode == 0, proc.stderr
+
+
+def test_capacity_gone_in_the_whole_region_fails_over_to_the_next_region(
+    tmp_path: Path, cloud: dict, moto_server: MotoServer
+) -> None:
+    # The same image name in every region, as a team's own AMI pipeline would publish it.
+    for region in ("us-east-1", "us-east-2", "us-west-2", "eu-west-1"):
+        ami = moto_server.register_image(ssh_user=cloud["vm"].user, region=region)
+        moto_server.client("ssm", region).put_parameter(
+            Name="/cloudtrain-test/ami", Value=ami, Type="String", Overwrite=True
+        )
+    moto_server.faults.add("InsufficientInstanceCapacity", regions={REGION}, status=400)
+    # The pooled VM reads key pairs from us-east-1 only; the cluster's key lands elsewhere, so let
+    # the VM trust it directly, as cloud-init in the other region would.
+    from cloudtrain.remote.keys import cluster_key
+
+    cloud["vm"].authorize(cluster_key("awsregion").public_openssh)
+    path = tmp_path / "awsregion.yaml"
+    path.write_text(
+        "name: awsregion\n"
+        "resources: {cloud: aws, instance_type: t3.medium, image: 'resolve:ssm:/cloudtrain-test/ami'}\n"
+        "run: echo hi\n"
+    )
+    up = cloudtrain("up", str(path))
+    assert up.returncode == 0, up.stdout + up.stderr
+    assert "trying the next placement" in up.stderr
+    record = json.loads(cloudtrain("status", "awsregion", "--json").stdout)["clusters"][0]
+    assert record["region"] != REGION
+    live = instances(moto_server.client("ec2", record["region"]), "awsregion", LIVE)
+    assert len(live) == 1
+    assert cloudtrain("down", "awsregion").returncode == 0
+    assert instances(moto_server.client("ec2", record["region"]), "awsregion", LIVE) == []
+
+
+def test_up_without_aws_credentials_is_one_line_and_creates_nothing(
+    tmp_path: Path, cloud: dict, moto_server: MotoServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from cloudtrain.testing.aws import isolate_aws_env
+
+    env = {k: v for k, v in moto_server.env().items() if not k.startswith(("AWS_ACCESS", "AWS_SECRET"))}
+    isolate_aws_env(monkeypatch, tmp_path, env)
+    monkeypatch.delenv("AWS_ACCESS_KEY_ID", raising=False)
+    monkeypatch.delenv("AWS_SECRET_ACCESS_KEY", raising=False)
+    recipe = write_recipe(tmp_path, cloud, "awsnocreds", "run: echo hi\n")
+    up = cloudtrain("up", str(recipe))
+    assert up.returncode == 2, up.stdout + up.stderr
+    errors = up.stderr.strip().splitlines()
+    assert len(errors) == 1 and errors[0].startswith("error:") and "credentials" in errors[0].lower()
+    assert "awsnocreds" not in cloudtrain("status").stdout
+    assert instances(cloud["ec2"], "awsnocreds") == []
