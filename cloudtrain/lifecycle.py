@@ -32,6 +32,12 @@ class Cluster:
     provider: Provider
 
 
+def _merged(old: NodeRecord, inst: Instance) -> NodeRecord:
+    """A node record updated with what the provider says now; what it does not say is kept."""
+    return replace(old, state=inst.state.value, public_ip=inst.public_ip or old.public_ip,
+                   private_ip=inst.private_ip or old.private_ip)
+
+
 def refuse_unavailable(recipe: Recipe) -> None:
     """Recipe fields that validate but that no provider acts on yet fail loudly at run time."""
     cloud = recipe.resources.cloud
@@ -297,18 +303,8 @@ class Lifecycle:
             return
         ids = [n.instance_id for n in nodes]
         provider.start(ids)
-        running = self._wait_running(provider, ids)
-        # A restarted cloud VM usually has a new public IP: record what the provider says now.
-        by_id = {i.id: i for i in running}
-        self.store.put_nodes(
-            record.name,
-            [
-                NodeRecord(**{**n.__dict__, "state": by_id[n.instance_id].state.value,
-                              "public_ip": by_id[n.instance_id].public_ip or n.public_ip,
-                              "private_ip": by_id[n.instance_id].private_ip or n.private_ip})
-                for n in nodes
-            ],
-        )
+        # A restarted cloud VM usually has a new public IP; the refresh that follows records it.
+        self._wait_running(provider, ids)
         self.store.set_cluster_status(record.name, "up")
         self.store.add_event(record.name, "start", "started all nodes")
 
@@ -325,15 +321,11 @@ class Lifecycle:
         described = {i.id: i for i in provider.describe(list(nodes))} if nodes else {}
         for inst in provider.list_tagged(name):
             described.setdefault(inst.id, inst)
-        updated = []
-        for rank, (instance_id, inst) in enumerate(sorted(described.items(), key=lambda kv: (nodes[kv[0]].rank if kv[0] in nodes else 1 << 30, kv[0]))):
-            old = nodes.get(instance_id)
-            fresh = node_record(name, old.rank if old else rank, inst)
-            if old is not None:
-                fresh = NodeRecord(**{**old.__dict__, "state": inst.state.value,
-                                      "public_ip": inst.public_ip or old.public_ip,
-                                      "private_ip": inst.private_ip or old.private_ip})
-            updated.append(fresh)
+        # Known nodes keep their rank; instances found only by tag are appended after them.
+        known = sorted((i for i in described if i in nodes), key=lambda i: nodes[i].rank)
+        found = sorted(i for i in described if i not in nodes)
+        updated = [_merged(nodes[i], described[i]) for i in known]
+        updated += [node_record(name, len(updated) + k, described[i]) for k, i in enumerate(found)]
         live = [n for n in updated if n.state != InstanceState.TERMINATED.value]
         self.store.put_nodes(name, updated)
         status = record.status

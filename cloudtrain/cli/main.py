@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import os
 import sys
 
@@ -29,20 +28,18 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
 
 class LazyGroup(click.Group):
     def list_commands(self, ctx: click.Context) -> list[str]:
-        return [name for name in COMMANDS if importlib.util.find_spec(COMMANDS[name][0]) is not None]
+        return list(COMMANDS)
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         entry = COMMANDS.get(cmd_name)
-        if entry is None or importlib.util.find_spec(entry[0]) is None:
+        if entry is None:
             return None
         module = importlib.import_module(entry[0])
         return getattr(module, entry[1])
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
-        rows = [(name, COMMANDS[name][2]) for name in self.list_commands(ctx)]
-        if rows:
-            with formatter.section("Commands"):
-                formatter.write_dl(rows)
+        with formatter.section("Commands"):
+            formatter.write_dl([(name, help_text) for name, (_, _, help_text) in COMMANDS.items()])
 
     def resolve_command(self, ctx: click.Context, args: list[str]):  # noqa: ANN201
         name = args[0] if args else ""

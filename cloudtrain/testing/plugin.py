@@ -1,18 +1,13 @@
 """pytest plugin (entry point `cloudtrain`): exposes the test kit's fixtures to any project.
 
-Fixture modules are imported here so `pip install cloudtrain[dev]` makes them available without a
-conftest. Each module is self-contained and documents its fixtures.
+`pip install cloudtrain[dev]` makes these available without a conftest:
+- sshd_vm, sshd_vm_factory: real OpenSSH sshd "VMs" on loopback (testing/sshd.py)
+- tcp_proxy: a loopback TCP proxy that can cut connections (testing/tcpproxy.py)
+- moto_server, moto_server_session: moto's EC2/SSM server with fault injection (testing/aws.py)
 """
 
-from __future__ import annotations
+from cloudtrain.testing.aws import moto_server, moto_server_session
+from cloudtrain.testing.sshd import sshd_vm, sshd_vm_factory
+from cloudtrain.testing.tcpproxy import tcp_proxy
 
-import importlib
-import importlib.util
-
-# Modules contributing fixtures. Listed explicitly so a typo fails loudly once they exist.
-_FIXTURE_MODULES = ("cloudtrain.testing.sshd", "cloudtrain.testing.aws")
-
-for _name in _FIXTURE_MODULES:
-    if importlib.util.find_spec(_name) is not None:
-        _module = importlib.import_module(_name)
-        globals().update({k: v for k, v in vars(_module).items() if getattr(v, "_pytestfixturefunction", None) or hasattr(v, "_fixture_function_marker") or type(v).__name__ == "FixtureFunctionDefinition"})
+__all__ = ["moto_server", "moto_server_session", "sshd_vm", "sshd_vm_factory", "tcp_proxy"]
