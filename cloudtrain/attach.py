@@ -5,11 +5,12 @@ from __future__ import annotations
 import secrets
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 from cloudtrain.errors import UsageError
 from cloudtrain.events import NullReporter, Reporter
 from cloudtrain.execution import Executor
-from cloudtrain.lifecycle import Lifecycle
+from cloudtrain.lifecycle import Cluster, Lifecycle
 from cloudtrain.nodes import close_all, connect, on_all
 from cloudtrain.remote import jobs
 from cloudtrain.state import JobRecord
@@ -48,13 +49,19 @@ def exec_command(lc: Lifecycle, reporter: Reporter, name: str, script: str, deta
 
 
 def print_logs(lc: Lifecycle, name: str, job_id: str | None, follow: bool, resume: bool,
-               write: Callable[[str], None] | None = None) -> jobs.JobStatus:
-    """Print a job's log from the start (or, with resume, from where the last `logs` stopped)."""
+               write: Callable[[str], None] | None = None) -> jobs.JobStatus | None:
+    """Print a job's log from the start (or, with resume, from where the last `logs` stopped).
+
+    Returns the job's status, or None when the log came from a run directory (cluster gone).
+    """
+    emit = write or (lambda line: print(line, flush=True))
     if lc.store.get_cluster(name) is None:
-        runs = [r for r in lc.store.list_runs(cluster=name, limit=1) if r.run_dir]
-        if runs:
+        collected = _collected_log(lc, name)
+        if collected is not None:
             # The cluster is down, but its last run brought the log home.
-            raise UsageError(f"cluster {name!r} is down", hint=f"its last run's log is {runs[0].run_dir}/job.log")
+            for line in collected.read_text(errors="replace").splitlines():
+                emit(line)
+            return None
     cluster = lc.get(name)
     if job_id is None:
         all_jobs = lc.store.list_jobs(name)
@@ -66,17 +73,88 @@ def print_logs(lc: Lifecycle, name: str, job_id: str | None, follow: bool, resum
 
         hint = did_you_mean(job_id, [j.id for j in lc.store.list_jobs(name)]) or "see `cloudtrain status --json`"
         raise UsageError(f"no job {job_id!r} on cluster {name!r}", hint=hint)
+    job = lc.store.get_job(job_id)
+    assert job is not None
     store = lc.store
     offset = store.get_log_cursor(job_id) if resume else 0
-    # Flushed per line: a follower piped into grep or a file sees lines as they come.
-    emit = write or (lambda line: print(line, flush=True))
-    nodes = connect(list(cluster.nodes[:1]), cluster.provider, lc.config)
+    nodes = _connect_for_log(lc, cluster, job)
     printed = [offset]
     try:
-        return Executor(lc, NullReporter()).follow(
+        final = Executor(lc, NullReporter()).follow(
             nodes[0], job_id, offset, raw=emit, on_offset=lambda o: printed.__setitem__(0, o), until_finished=follow
         )
     finally:
         # Saved once, on the way out (also on Ctrl-C): the offset just past the last printed line.
         store.set_log_cursor(job_id, printed[0])
+        close_all(nodes)
+    if final.finished:
+        store.update_job(job_id, status=final.state, exit_code=final.exit_code, ended_at=final.ended_at or time.time())
+    return final
+
+
+def _collected_log(lc: Lifecycle, name: str) -> Path | None:
+    """The job.log the cluster's last run brought home; a clear error when it did not."""
+    runs = [r for r in lc.store.list_runs(cluster=name, limit=1) if r.run_dir]
+    if not runs:
+        return None
+    log = Path(runs[0].run_dir) / "job.log"  # type: ignore[arg-type]
+    if log.is_file():
+        return log
+    raise UsageError(
+        f"cluster {name!r} is down and its last run ({runs[0].id}) did not bring its log home",
+        hint=f"the log was on the node and went with it; {runs[0].run_dir}/run.json says why",
+    )
+
+
+def _connect_for_log(lc: Lifecycle, cluster: Cluster, job: JobRecord) -> list:  # noqa: ANN401
+    from cloudtrain.errors import RemoteError
+
+    try:
+        return connect(list(cluster.nodes[:1]), cluster.provider, lc.config)
+    except RemoteError as exc:
+        where = f"{job.job_dir}/log"
+        run = f" {job.run_id}" if job.run_id else ""
+        raise RemoteError(
+            f"cannot reach cluster {cluster.record.name!r} to read job {job.id}: {exc.message}",
+            hint=f"the log is on the node at {where}; `cloudtrain collect {cluster.record.name}{run}` "
+                 "fetches it once the node is reachable",
+        ) from None
+
+
+def cancel(lc: Lifecycle, name: str, job_id: str | None, all_jobs: bool) -> list[tuple[str, str]]:
+    """End a job (default: the cluster's latest open job; all open ones with all_jobs) on every node.
+
+    Returns (job id, final state) for each job that was open. The job's processes and everything
+    they started get TERM, then KILL after a grace period (templates/runner.sh).
+    """
+    from cloudtrain.jobstate import OPEN_STATES, end_open_jobs, refresh_jobs
+
+    cluster = lc.get(name)
+    if job_id is not None and (lc.store.get_job(job_id) is None or lc.store.get_job(job_id).cluster != name):  # type: ignore[union-attr]
+        from cloudtrain.yamlfile import did_you_mean
+
+        hint = did_you_mean(job_id, [j.id for j in lc.store.list_jobs(name)]) or "see `cloudtrain status NAME`"
+        raise UsageError(f"no job {job_id!r} on cluster {name!r}", hint=hint)
+    if cluster.record.status == "stopped":
+        end_open_jobs(lc.store, name)
+        return []
+    nodes = connect(list(cluster.nodes), cluster.provider, lc.config)
+    try:
+        rows = refresh_jobs(lc.store, name, nodes)
+        open_jobs = [j for j in rows if j.status in OPEN_STATES]
+        if job_id is not None:
+            targets = [j for j in open_jobs if j.id == job_id]
+        elif all_jobs:
+            targets = open_jobs
+        else:
+            targets = open_jobs[-1:]
+        ended = []
+        for job in targets:
+            on_all(nodes, lambda n, j=job.id: jobs.kill(n.transport, n.layout, j))
+            final = jobs.status(nodes[0].transport, nodes[0].layout, job.id)
+            lc.store.update_job(job.id, status=final.state, exit_code=final.exit_code,
+                                ended_at=final.ended_at or time.time())
+            ended.append((job.id, final.state))
+        return ended
+    finally:
         close_all(nodes)

@@ -87,3 +87,7 @@ class Interrupted(CloudtrainError):
     """The user pressed Ctrl-C or the process got SIGTERM; cleanup has run."""
 
     exit_code = 130
+
+
+class ClusterBusyError(UsageError):
+    """Another live run is using the cluster; nothing of it was touched."""

@@ -23,13 +23,17 @@ from typing import Literal
 
 from cloudtrain import paths
 from cloudtrain.cost import cost_usd
-from cloudtrain.errors import CloudtrainError, Interrupted, JobFailedError, RecipeError, RemoteError, UsageError
+from cloudtrain.collect import Collected, collect
+from cloudtrain.errors import CloudtrainError, Interrupted, JobFailedError, RemoteError, UsageError
 from cloudtrain.events import Reporter, parse_progress
-from cloudtrain.lifecycle import Cluster, Lifecycle, refuse_unavailable
+from cloudtrain.jobstate import OPEN_STATES, refresh_jobs
+from cloudtrain.lifecycle import Cluster, Lifecycle
 from cloudtrain.nodes import Node, close_all, connect, on_all
 from cloudtrain.recipe import LoadedRecipe, Recipe
 from cloudtrain.remote import jobs
+from cloudtrain.remote.archive import Refused
 from cloudtrain.remote.transport import LocalTransport
+from cloudtrain.runrecord import RunJson
 from cloudtrain.state import JobRecord, RunRecord
 
 Teardown = Literal["auto", "down", "stop", "keep"]
@@ -45,6 +49,8 @@ class RunResult:
     cost_usd: float
     phases: dict[str, float]
     error: str | None = None
+    teardown: str = "none"
+    refused: tuple[Refused, ...] = ()
 
 
 @dataclass
@@ -66,6 +72,34 @@ class _PhaseClock:
             self.reporter.phase_end(name, elapsed, ok=ok)
 
 
+@dataclass
+class _Run:
+    """What one `run` has done so far: cleanup undoes exactly this, and run.json reports it."""
+
+    run_id: str
+    run_dir: Path
+    loaded: LoadedRecipe
+    clock: _PhaseClock
+    started: float
+    cluster: Cluster | None = None
+    created: bool = False
+    nodes: list[Node] = field(default_factory=list)
+    jobs_started: list[str] = field(default_factory=list)
+    cluster_started: float = 0.0
+    status: str = "failed"
+    exit_code: int | None = None
+    error: str | None = None
+
+    @property
+    def job_id(self) -> str:
+        return f"{self.run_id}-run"
+
+    def fail(self, error: str) -> None:
+        self.error = self.error or error
+        if self.status == "succeeded":
+            self.status = "failed"
+
+
 def new_run_id(cluster: str) -> str:
     return f"{cluster}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
 
@@ -80,137 +114,170 @@ class Executor:
 
     # run -----------------------------------------------------------------------------------------
 
+    def check(self, loaded: LoadedRecipe, cluster_name: str, teardown: Teardown) -> None:
+        """Every static check, before a run directory, state row, key or cloud call exists."""
+        from cloudtrain.lifecycle import check_stop_possible
+        from cloudtrain.names import check_cluster_name
+        from cloudtrain.preflight import preflight
+
+        check_cluster_name(cluster_name)
+        preflight(loaded, self.config)
+        if teardown == "stop":
+            check_stop_possible(self.lc.provider(loaded.recipe.resources.cloud), loaded.recipe.resources.spot)
+
     def run(self, loaded: LoadedRecipe, cluster_name: str, teardown: Teardown, runs_dir: Path) -> RunResult:
         recipe = loaded.recipe
-        # Usage errors surface before anything exists: no run directory, no state row.
-        refuse_unavailable(recipe)
-        if recipe.resources.cloud != "any":
-            self.lc.provider(recipe.resources.cloud)
+        self.check(loaded, cluster_name, teardown)
         run_id = new_run_id(cluster_name)
         run_dir = (runs_dir / run_id).resolve()
         run_dir.mkdir(parents=True, exist_ok=False)
-        clock = _PhaseClock(self.reporter)
-        started = time.time()
+        r = _Run(run_id, run_dir, loaded, _PhaseClock(self.reporter), time.time())
         self.store.insert_run(RunRecord(
             id=run_id, cluster=cluster_name, recipe_path=str(loaded.path), recipe_digest=loaded.digest,
             run_dir=str(run_dir), status="running", exit_code=None, provider=recipe.resources.cloud,
-            instance_type=None, hourly_price=0.0, cost_usd=0.0, started_at=started, ended_at=None,
+            instance_type=None, hourly_price=0.0, cost_usd=0.0, started_at=r.started, ended_at=None,
+            pid=os.getpid(), result_paths=json.dumps(recipe.result_paths()),
         ))
-        cluster: Cluster | None = None
-        created = False
-        nodes: list[Node] = []
-        job_id = f"{run_id}-run"
-        status, exit_code, error = "failed", None, None
         usage_error: UsageError | None = None
-        cluster_started = time.time()
         try:
-            with clock.phase("provision", recipe.resources.cloud):
-                cluster, created = self.lc.up(recipe, cluster_name, str(loaded.path), loaded.digest)
-                cluster_started = time.time()
-                nodes = connect(list(cluster.nodes), cluster.provider, self.config)
-                on_all(nodes, lambda n: self._prepare(n, recipe))
-                self._write_ssh_config(cluster)
-            with clock.phase("sync"):
-                on_all(nodes, lambda n: self._sync(n, loaded))
+            with r.clock.phase("provision", recipe.resources.cloud):
+                r.cluster, r.created = self.lc.up(recipe, cluster_name, str(loaded.path), loaded.digest,
+                                                  run_id=run_id)
+                r.cluster_started = time.time()
+                r.nodes = connect(list(r.cluster.nodes), r.cluster.provider, self.config)
+                on_all(r.nodes, lambda n: self._prepare(n, recipe))
+                self._write_ssh_config(r.cluster)
+            with r.clock.phase("sync"):
+                on_all(r.nodes, lambda n: self._sync(n, loaded))
             if recipe.setup:
-                with clock.phase("setup"):
-                    self._run_job(nodes, f"{run_id}-setup", run_id, recipe.setup, recipe, what="setup")
-            with clock.phase("run"):
-                self._run_job(nodes, job_id, run_id, self._command(recipe), recipe, what="job")
-            status, exit_code = "succeeded", 0
+                with r.clock.phase("setup"):
+                    self._run_job(r, f"{run_id}-setup", recipe.setup, what="setup")
+            with r.clock.phase("run"):
+                self._run_job(r, r.job_id, self._command(recipe), what="job")
+            r.status, r.exit_code = "succeeded", 0
         except KeyboardInterrupt:
-            status, error = "interrupted", "interrupted by the user"
+            r.status, r.error = "interrupted", "interrupted by the user"
             self.reporter.warn("interrupted: stopping the job, collecting logs, tearing down")
-            self._kill_all(nodes, job_id)
+            self._end_jobs(r)
         except JobFailedError as exc:
-            exit_code, error = exc.job_exit_code, exc.message
+            r.exit_code, r.error = exc.job_exit_code, exc.message
+            self._end_jobs(r)
         except CloudtrainError as exc:
-            error = exc.one_line()
+            r.error = exc.one_line()
             usage_error = exc if isinstance(exc, UsageError) else None
-            self._kill_all(nodes, job_id)
+            self._end_jobs(r)
+        except Exception as exc:
+            r.error = f"internal error: {type(exc).__name__}: {exc}"
+            self._end_jobs(r)
+            raise
         finally:
             with _no_interrupts():
-                self._finish(loaded, cluster, created, nodes, run_id, job_id, run_dir, clock, teardown,
-                             status, exit_code, error, started, cluster_started)
-        result = RunResult(run_id, run_dir, status, exit_code, self.store.get_run(run_id).cost_usd, clock.timings, error)  # type: ignore[union-attr]
+                result = self._finish(r, teardown)
         if usage_error is not None:
             raise usage_error
-        if status == "interrupted":
+        if r.status == "interrupted":
             raise Interrupted(f"run {run_id} interrupted; logs and partial results are in {run_dir}")
         return result
 
-    def _finish(self, loaded: LoadedRecipe, cluster: Cluster | None, created: bool, nodes: list[Node], run_id: str,
-                job_id: str, run_dir: Path, clock: _PhaseClock, teardown: Teardown, status: str,
-                exit_code: int | None, error: str | None, started: float, cluster_started: float) -> None:
-        collected: list[str] = []
-        if nodes:
-            try:
-                with clock.phase("collect"):
-                    collected = self._collect(nodes, loaded.recipe, run_id, run_dir)
-            # Whatever went wrong bringing results home, teardown below must still run.
-            except Exception as exc:  # noqa: BLE001
-                detail = exc.one_line() if isinstance(exc, CloudtrainError) else f"{type(exc).__name__}: {exc}"
-                error = error or f"collect failed: {detail}"
-                status = "failed"
-                self.reporter.warn(f"collect failed: {detail}")
-        close_all(nodes)
-        hourly = cluster.record.hourly_price if cluster else 0.0
-        cost = cost_usd(hourly, time.time() - cluster_started) if cluster else 0.0
+    def _finish(self, r: _Run, teardown: Teardown) -> RunResult:
+        recipe = r.loaded.recipe
+        collected = Collected()
+        if r.nodes:
+            with r.clock.phase("collect"):
+                collected = collect(r.nodes, r.run_id, recipe.result_paths(), r.run_dir,
+                                    window_s=self.config.ssh.connect_retries_s, warn=self.reporter.warn)
+            for refused in collected.refused:
+                self.reporter.warn(f"refused result {refused.member!r}: {refused.reason}")
+            if not collected.complete:
+                r.fail(f"collect failed: {collected.error}")
+                self.reporter.warn(f"collect failed: {collected.error}")
+        hourly = r.cluster.record.hourly_price if r.cluster else 0.0
+        cost = cost_usd(hourly, time.time() - r.cluster_started) if r.cluster else 0.0
         teardown_done = "none"
-        if cluster is not None:
-            policy = ("down" if created else "keep") if teardown == "auto" else teardown
+        if r.cluster is not None:
+            policy = ("down" if r.created else "keep") if teardown == "auto" else teardown
+            # Results that are not home live only on the node: never delete it under them.
+            results_at_risk = bool(r.jobs_started) and not collected.complete
             try:
-                with clock.phase("teardown", policy):
-                    teardown_done = self._teardown(cluster, policy)
+                with r.clock.phase("teardown", policy):
+                    teardown_done = self._teardown(r, policy, results_at_risk)
             # Reported loudly, and recorded in run.json below; the user must know money may be burning.
             except Exception as exc:  # noqa: BLE001
                 detail = exc.one_line() if isinstance(exc, CloudtrainError) else f"{type(exc).__name__}: {exc}"
-                error = error or f"teardown failed: {detail}"
+                r.fail(f"teardown failed: {detail}")
                 teardown_done = "failed"
-                self.reporter.warn(f"teardown failed: {detail} - run `cloudtrain down {cluster.record.name}`")
+                self.reporter.warn(f"teardown failed: {detail} - run `cloudtrain down {r.cluster.record.name}`")
+        close_all(r.nodes)
         ended = time.time()
-        record = {
-            "run_id": run_id,
-            "status": status,
-            "exit_code": exit_code,
-            "error": error,
-            "recipe": {"name": loaded.recipe.name, "path": str(loaded.path), "digest": loaded.digest},
-            "cluster": cluster.record.name if cluster else None,
-            "provider": cluster.provider.name if cluster else loaded.recipe.resources.cloud,
-            "instance_type": cluster.record.instance_type if cluster else None,
-            "num_nodes": loaded.recipe.num_nodes,
-            "hourly_price_usd": hourly,
-            "cost_usd": round(cost, 6),
-            "phases_s": clock.timings,
-            "started_at": started,
-            "ended_at": ended,
-            "wall_time_s": round(ended - started, 3),
-            "teardown": teardown_done,
-            "job_id": job_id,
-            "results": sorted(collected),
-        }
-        (run_dir / "run.json").write_text(json.dumps(record, indent=2) + "\n")
-        self.store.update_run(
-            run_id, status=status, exit_code=exit_code, ended_at=ended, cost_usd=cost,
-            instance_type=record["instance_type"], hourly_price=hourly,
+        record = RunJson(
+            run_id=r.run_id, status=r.status, exit_code=r.exit_code, error=r.error,
+            recipe={"name": recipe.name, "path": str(r.loaded.path), "digest": r.loaded.digest},
+            cluster=r.cluster.record.name if r.cluster else None,
+            provider=r.cluster.provider.name if r.cluster else recipe.resources.cloud,
+            instance_type=r.cluster.record.instance_type if r.cluster else None,
+            num_nodes=recipe.num_nodes, hourly_price_usd=hourly, cost_usd=round(cost, 6),
+            phases_s=dict(r.clock.timings), started_at=r.started, ended_at=ended,
+            wall_time_s=round(ended - r.started, 3), teardown=teardown_done, job_id=r.job_id,
+            result_paths=tuple(recipe.result_paths()), results=tuple(sorted(collected.files)),
+            refused=tuple((x.member, x.reason) for x in collected.refused),
+            collect_error=collected.error, collect_attempts=collected.attempts,
         )
+        record.write(r.run_dir)
+        self.store.update_run(
+            r.run_id, status=r.status, exit_code=r.exit_code, ended_at=ended, cost_usd=cost,
+            instance_type=record.instance_type, hourly_price=hourly,
+        )
+        return RunResult(r.run_id, r.run_dir, r.status, r.exit_code, cost, dict(r.clock.timings), r.error,
+                         teardown_done, collected.refused)
 
-    def _teardown(self, cluster: Cluster, policy: str) -> str:
+    def _teardown(self, r: _Run, policy: str, results_at_risk: bool) -> str:
+        assert r.cluster is not None
+        name = r.cluster.record.name
+        provider = r.cluster.provider
+        if policy in ("down", "stop"):
+            other = self._other_live_work(r)
+            if other is not None:
+                self.reporter.warn(f"cluster {name} kept: {other} is still running on it "
+                                   f"(`cloudtrain cancel {name} --all`, then `cloudtrain down {name}`)")
+                return "kept"
+        if results_at_risk and policy == "down":
+            where = f"`cloudtrain collect {name} {r.run_id}` fetches them, `cloudtrain down {name}` removes it"
+            caps = provider.capabilities
+            if caps.priced and caps.supports_stop and (caps.stop_spot or not r.cluster.record.spot):
+                self.lc.stop(name)
+                self.reporter.warn(f"results not collected: cluster {name} stopped (disks kept, compute not billed) "
+                                   f"instead of deleted; `cloudtrain start {name}` then {where}")
+                return "stopped"
+            self.reporter.warn(f"results not collected: cluster {name} kept so they are not lost; {where}")
+            return "kept"
         if policy == "down":
-            self.lc.down(cluster.record.name)
+            self.lc.down(name)
             return "down"
         if policy == "stop":
-            if cluster.provider.capabilities.supports_stop:
-                self.lc.stop(cluster.record.name)
-                return "stopped"
-            self.reporter.warn(f"cloud {cluster.provider.name} cannot stop; the cluster is kept")
-        self.reporter.info(f"cluster {cluster.record.name} kept; `cloudtrain down {cluster.record.name}` removes it")
+            self.lc.stop(name)
+            return "stopped"
+        self.reporter.info(f"cluster {name} kept; `cloudtrain down {name}` removes it")
         return "kept"
+
+    def _other_live_work(self, r: _Run) -> str | None:
+        """Another run or job still using the cluster (a teardown now would kill it)."""
+        assert r.cluster is not None
+        name = r.cluster.record.name
+        runs = self.lc.live_runs(name, except_run=r.run_id)
+        if runs:
+            return f"run {runs[0].id}"
+        try:
+            rows = refresh_jobs(self.store, name, r.nodes)
+        except CloudtrainError:
+            rows = self.store.list_jobs(name)
+        live = [j for j in rows if j.status in OPEN_STATES and j.id not in r.jobs_started]
+        return f"job {live[0].id}" if live else None
 
     # node preparation ----------------------------------------------------------------------------
 
     def up(self, loaded: LoadedRecipe, cluster_name: str) -> tuple[Cluster, bool]:
         """`cloudtrain up`: provision (or reuse) and make every node ready to run the recipe."""
+        self.check(loaded, cluster_name, "keep")
         cluster, created = self.lc.up(loaded.recipe, cluster_name, str(loaded.path), loaded.digest)
         nodes: list[Node] = []
         try:
@@ -252,12 +319,8 @@ class Executor:
             if node.rank == 0:
                 self.reporter.info(f"workdir: sent {stats.files_sent} of {stats.files_total} files ({stats.method})")
         for mount, source in zip(loaded.recipe.data, loaded.data_sources):
-            target = mount.target if mount.target.startswith("/") else f"{node.layout.workdir}/{mount.target}"
-            if isinstance(t, LocalTransport) and mount.target.startswith("/"):
-                raise RecipeError(
-                    f"data target {mount.target!r}: the local cloud keeps files inside the cluster directory",
-                    hint="use a relative target",
-                )
+            # Targets are relative and free of '..' (checked when the recipe loads).
+            target = f"{node.layout.workdir}/{mount.target}"
             if source.is_dir():
                 t.put_tree(source, target, ignore=load_ignore(source))
             else:
@@ -357,16 +420,19 @@ class Executor:
                 return self._status_retrying(node, job_id)
             time.sleep(POLL_S)
 
-    def _run_job(self, nodes: list[Node], job_id: str, run_id: str, script: str, recipe: Recipe, what: str) -> None:
+    def _run_job(self, r: _Run, job_id: str, script: str, what: str) -> None:
+        nodes, recipe = r.nodes, r.loaded.recipe
         cluster = nodes[0].record.cluster
         now = time.time()
         self.store.insert_job(JobRecord(
-            id=job_id, cluster=cluster, run_id=run_id, job_dir=nodes[0].layout.job_dir(job_id), status="running",
+            id=job_id, cluster=cluster, run_id=r.run_id, job_dir=nodes[0].layout.job_dir(job_id), status="running",
             command=what, submitted_at=now, started_at=now, ended_at=None, exit_code=None,
         ))
+        # Recorded before the submit: a job whose start we cannot confirm must still be ended.
+        r.jobs_started.append(job_id)
         # Every node must see the same TF_CONFIG: build all envs here, not inside the parallel submit.
         ports = self._worker_ports(nodes)
-        envs = {n.rank: self._job_env(nodes, n, run_id, recipe, ports) for n in nodes}
+        envs = {n.rank: self._job_env(nodes, n, r.run_id, recipe, ports) for n in nodes}
         on_all(nodes, lambda n: jobs.submit(n.transport, n.layout, job_id, script, envs[n.rank]))
         final = self.follow(nodes[0], job_id, 0, others=nodes[1:])
         statuses = [final] + [self._wait_finished(n, job_id) for n in nodes[1:]]
@@ -440,19 +506,17 @@ class Executor:
             except RemoteError as exc:
                 self.reporter.warn(f"could not stop the job on node {node.rank}: {exc.one_line()}")
 
-    # collect -------------------------------------------------------------------------------------
-
-    def _collect(self, nodes: list[Node], recipe: Recipe, run_id: str, run_dir: Path) -> list[str]:
-        head = nodes[0]
-        written = head.transport.get_tree(head.layout.workdir, recipe.result_paths(), run_dir)
-        for node in nodes:
-            for jid, name in ((f"{run_id}-run", "job.log"), (f"{run_id}-setup", "setup.log")):
-                log = _read_all(node, jid)
-                if log is not None:
-                    target = run_dir / (name if node.rank == 0 else f"node-{node.rank}-{name}")
-                    target.write_bytes(log)
-                    written.append(target.name)
-        return written
+    def _end_jobs(self, r: _Run) -> None:
+        """End every job this run started (setup included) on every node, and record how each ended."""
+        for job_id in r.jobs_started:
+            self._kill_all(r.nodes, job_id)
+            try:
+                final = jobs.status(r.nodes[0].transport, r.nodes[0].layout, job_id)
+            except RemoteError as exc:
+                self.reporter.warn(f"could not read the state of job {job_id}: {exc.one_line()}")
+                continue
+            self.store.update_job(job_id, status=final.state, exit_code=final.exit_code,
+                                  ended_at=final.ended_at or time.time())
 
 
 def _last_json_line(text: str) -> dict | None:
@@ -463,20 +527,6 @@ def _last_json_line(text: str) -> dict | None:
             continue
         return value if isinstance(value, dict) else None
     return None
-
-
-def _read_all(node: Node, job_id: str) -> bytes | None:
-    chunks, offset = [], 0
-    while True:
-        chunk = jobs.read_log(node.transport, node.layout, job_id, offset)
-        if not chunk:
-            break
-        chunks.append(chunk)
-        offset += len(chunk)
-    if not chunks:
-        st = jobs.status(node.transport, node.layout, job_id)
-        return None if st.state == "pending" else b""
-    return b"".join(chunks)
 
 
 def _retry(fn: Callable[[], object], attempts: int = 5):  # noqa: ANN202

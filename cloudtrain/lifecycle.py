@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from cloudtrain.config import Config
-from cloudtrain.errors import ClusterNotFoundError, NotAvailableError, ProviderError, UsageError
+from cloudtrain.errors import ClusterBusyError, ClusterNotFoundError, NotAvailableError, ProviderError, UsageError
 from cloudtrain.events import NullReporter, Reporter
 from cloudtrain.locks import cluster_lock
 from cloudtrain.providers import get_provider
@@ -79,8 +79,13 @@ class Lifecycle:
 
     # up ------------------------------------------------------------------------------------------
 
-    def up(self, recipe: Recipe, name: str, recipe_path: str | None = None, digest: str | None = None) -> tuple[Cluster, bool]:
-        """Bring the cluster up (reuse it if it exists). Returns (cluster, created_now)."""
+    def up(self, recipe: Recipe, name: str, recipe_path: str | None = None, digest: str | None = None,
+           run_id: str | None = None) -> tuple[Cluster, bool]:
+        """Bring the cluster up (reuse it if it exists). Returns (cluster, created_now).
+
+        With run_id (a `run`), an existing cluster that another live run is using is refused:
+        the two would overwrite each other's workdir and the first would tear it down under the other.
+        """
         refuse_unavailable(recipe)
         cloud = recipe.resources.cloud
         if cloud == "any":
@@ -89,8 +94,25 @@ class Lifecycle:
         with cluster_lock(name):
             existing = self.store.get_cluster(name)
             if existing is not None:
+                if run_id is not None:
+                    self.refuse_if_busy(name, run_id)
                 return self._reuse(existing, provider, recipe), False
             return self._create(recipe, name, provider, recipe_path, digest), True
+
+    def live_runs(self, name: str, except_run: str | None = None) -> list:  # noqa: ANN201
+        """Runs on this cluster whose `cloudtrain run` process is still alive on this machine."""
+        return [r for r in self.store.list_runs(cluster=name, limit=100)
+                if r.status == "running" and r.id != except_run and r.driver_alive()]
+
+    def refuse_if_busy(self, name: str, run_id: str) -> None:
+        others = self.live_runs(name, except_run=run_id)
+        if others:
+            other = others[0]
+            raise ClusterBusyError(
+                f"cluster {name!r} is in use by run {other.id} (pid {other.pid}); a second run would "
+                "overwrite its workdir",
+                hint=f"wait for it to finish, or pass --cluster {name}-2 to run on a cluster of its own",
+            )
 
     def _reuse(self, existing: ClusterRecord, provider: Provider, recipe: Recipe) -> Cluster:
         if existing.provider != provider.name:
@@ -166,7 +188,7 @@ class Lifecycle:
         self.store.upsert_cluster(
             name=name, provider=provider.name, status="provisioning", region=spec.region, zone=spec.zone,
             instance_type=spec.instance_type, num_nodes=recipe.num_nodes, recipe_path=recipe_path,
-            recipe_digest=digest, owner=spec.owner, last_error=None,
+            recipe_digest=digest, owner=spec.owner, last_error=None, spot=int(spec.spot),
         )
         self.store.add_event(name, "launch", f"{provider.name}: launching {recipe.num_nodes} node(s)")
         launched: list[Instance] = []
@@ -282,14 +304,15 @@ class Lifecycle:
 
     def stop(self, name: str) -> Cluster:
         cluster = self.get(name)
-        if not cluster.provider.capabilities.supports_stop:
-            raise NotAvailableError(
-                f"cloud {cluster.provider.name} cannot stop instances", hint="use `cloudtrain down` instead"
-            )
+        check_stop_possible(cluster.provider, bool(cluster.record.spot), name)
         with cluster_lock(name):
             cluster.provider.stop([n.instance_id for n in cluster.nodes])
             self.store.set_cluster_status(name, "stopped")
             self.store.add_event(name, "stop", "stopped all nodes")
+            # A stopped machine runs nothing: its jobs ended with it.
+            from cloudtrain.jobstate import end_open_jobs
+
+            end_open_jobs(self.store, name)
             return self._refresh_locked(name, cluster.provider)
 
     def start(self, name: str) -> Cluster:
@@ -341,16 +364,34 @@ class Lifecycle:
 
     # down ----------------------------------------------------------------------------------------
 
-    def down(self, name: str) -> bool:
-        """Terminate every instance of the cluster and forget it. False if there was nothing."""
+    def down(self, name: str, forget: bool = False) -> bool:
+        """End the cluster's jobs, terminate every instance and forget it. False if there was nothing.
+
+        On machines that outlive the cluster (local, ssh) every job is ended and our files removed
+        first; if a node cannot be reached the state row stays (status down-failed) so that a
+        later `down` finishes the job, unless `forget` says to drop it anyway.
+        """
         record = self.store.get_cluster(name)
         if record is None:
             return False
         provider = self.provider(record.provider)
         with cluster_lock(name):
             nodes = self.store.get_nodes(name)
-            if provider.name == "ssh":
-                self._clean_hosts(provider, nodes)
+            if not provider.capabilities.owns_machines:
+                failures = self._end_work_on_hosts(provider, nodes)
+                if failures and not forget:
+                    detail = "; ".join(failures)
+                    self.store.set_cluster_status(name, "down-failed", error=detail)
+                    self.store.add_event(name, "down-failed", detail)
+                    from cloudtrain.errors import RemoteError
+
+                    raise RemoteError(
+                        f"could not end jobs and remove files on {len(failures)} node(s) of {name}: {detail}",
+                        hint=f"`cloudtrain down {name}` again once the node is reachable; "
+                             f"`cloudtrain down {name} --forget` drops it and leaves the files there",
+                    )
+                for failure in failures:
+                    self.reporter.warn(f"forgetting {name} although {failure}")
             ids = {n.instance_id for n in nodes} | {i.id for i in provider.list_tagged(name)}
             if ids:
                 provider.terminate(sorted(ids))
@@ -362,21 +403,52 @@ class Lifecycle:
                 keys.delete_cluster_key(name)
                 keys.remove_ssh_config(name)
             self.store.add_event(name, "down", f"terminated {len(ids)} instance(s)")
+            # A new cluster of the same name starts with no jobs of this one.
+            self.store.delete_jobs(name)
             self.store.delete_cluster(name)
         return True
 
-    def _clean_hosts(self, provider: Provider, nodes: Sequence[NodeRecord]) -> None:
-        """Existing machines are never powered off; we only remove our files from them."""
-        from cloudtrain.errors import RemoteError
-        from cloudtrain.nodes import connect
+    def _end_work_on_hosts(self, provider: Provider, nodes: Sequence[NodeRecord]) -> list[str]:
+        """End every job of the cluster on each node, then remove our files; return what failed.
 
+        Existing machines are never powered off. Jobs go first: a file removed under a running job
+        leaves the job running without its workdir.
+        """
+        from cloudtrain.errors import CloudtrainError
+        from cloudtrain.nodes import close_all, connect
+        from cloudtrain.remote import jobs
+
+        failures = []
         for record in nodes:
+            where = record.public_ip or record.instance_id
             try:
                 (node,) = connect([record], provider, self.config)
-            except RemoteError as exc:
-                self.reporter.warn(f"could not clean {record.public_ip}: {exc.one_line()}; files stay in ~/.cloudtrain")
+            except CloudtrainError as exc:
+                if not provider.capabilities.remote and "no longer exists" in exc.message:
+                    continue  # a local node whose directory is already gone: nothing runs there
+                failures.append(f"{where}: {exc.one_line()}")
                 continue
             try:
-                node.transport.run(["rm", "-rf", node.layout.root])
+                jobs.install_runtime(node.transport, node.layout)
+                jobs.kill_all(node.transport, node.layout)
+                if provider.capabilities.remote:
+                    node.transport.run(["rm", "-rf", node.layout.root], what="removing cloudtrain's files")
+            except CloudtrainError as exc:
+                failures.append(f"{where}: {exc.one_line()}")
             finally:
-                node.transport.close()
+                close_all([node])
+        return failures
+
+
+def check_stop_possible(provider: Provider, spot: bool, name: str | None = None) -> None:
+    """Refuse a stop that cannot happen before it is needed: never leave a billed machine running."""
+    what = f"cluster {name!r}" if name else "this run"
+    if not provider.capabilities.supports_stop:
+        raise NotAvailableError(
+            f"cloud {provider.name} cannot stop instances ({what})", hint="use `cloudtrain down` (or --down) instead"
+        )
+    if spot and not provider.capabilities.stop_spot:
+        raise NotAvailableError(
+            f"{provider.name} spot instances cannot be stopped, only terminated ({what} is spot)",
+            hint="use --down (results are collected first) or --keep",
+        )

@@ -12,6 +12,10 @@ from cloudtrain import paths
 
 @contextmanager
 def cluster_lock(cluster: str) -> Iterator[None]:
+    from cloudtrain.names import check_cluster_name
+
+    # Defence in depth: the name becomes a file name here.
+    check_cluster_name(cluster)
     lock_dir = paths.home() / "locks"
     lock_dir.mkdir(exist_ok=True)
     fd = os.open(lock_dir / f"{cluster}.lock", os.O_CREAT | os.O_RDWR, 0o600)

@@ -79,6 +79,13 @@ _MIGRATIONS: list[str] = [
         offset INTEGER NOT NULL
     );
     """,
+    # version 2: which process drives a run (to tell a live run from an abandoned row), what a
+    # run collects (for `cloudtrain collect`), and whether a cluster is spot (stop semantics).
+    """
+    ALTER TABLE runs ADD COLUMN pid INTEGER;
+    ALTER TABLE runs ADD COLUMN result_paths TEXT;
+    ALTER TABLE clusters ADD COLUMN spot INTEGER NOT NULL DEFAULT 0;
+    """,
 ]
 SCHEMA_VERSION = len(_MIGRATIONS)
 
@@ -99,6 +106,7 @@ class ClusterRecord:
     created_at: float
     updated_at: float
     last_error: str | None
+    spot: int = 0
 
 
 @dataclass(frozen=True)
@@ -131,6 +139,22 @@ class RunRecord:
     cost_usd: float
     started_at: float
     ended_at: float | None
+    pid: int | None = None
+    result_paths: str | None = None  # JSON list, relative to the workdir
+
+    def driver_alive(self) -> bool:
+        """Whether the cloudtrain process that drives this run is still running on this machine."""
+        if self.pid is None:
+            return False
+        import os
+
+        try:
+            os.kill(self.pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
 
 
 @dataclass(frozen=True)
@@ -235,6 +259,9 @@ class StateStore:
     # clusters ------------------------------------------------------------------------------------
 
     def upsert_cluster(self, **values: Any) -> None:
+        unknown = set(values) - {f.name for f in fields(ClusterRecord)}
+        if unknown:
+            raise ValueError(f"unknown clusters columns: {sorted(unknown)}")
         now = time.time()
         values.setdefault("updated_at", now)
         with self._write() as db:
@@ -317,6 +344,12 @@ class StateStore:
     def list_jobs(self, cluster: str) -> list[JobRecord]:
         cur = self._db.execute("SELECT * FROM jobs WHERE cluster = ? ORDER BY submitted_at", (cluster,))
         return _rows(cur, JobRecord)
+
+    def delete_jobs(self, cluster: str) -> None:
+        """Forget a cluster's jobs (after `down`): a new cluster of the same name starts clean."""
+        with self._write() as db:
+            db.execute("DELETE FROM log_cursors WHERE job_id IN (SELECT id FROM jobs WHERE cluster = ?)", (cluster,))
+            db.execute("DELETE FROM jobs WHERE cluster = ?", (cluster,))
 
     def latest_jobs(self) -> dict[str, JobRecord]:
         """The newest job of every cluster, in one query (status must stay fast with many clusters)."""

@@ -1,19 +1,107 @@
 #!/bin/sh
 # cloudtrain job runner: the same file on every node (local, SSH, every cloud).
 #
-#   runner.sh start  JOBDIR   start JOBDIR/cmd.sh detached, in its own session; print the pid
-#   runner.sh status JOBDIR   print one JSON line: state, pid, exit_code, started_at, ended_at
-#   runner.sh kill   JOBDIR   TERM the job's process group, KILL it after a grace period
+#   runner.sh start    JOBDIR         start JOBDIR/cmd.sh detached, in its own session; print the pid
+#   runner.sh status   JOBDIR         print one JSON line: state, pid, exit_code, started_at, ended_at
+#   runner.sh kill     JOBDIR [GRACE] end the job and everything it started: TERM, then KILL after
+#                                     GRACE seconds (default 10)
+#   runner.sh kill-all JOBSDIR [GRACE] kill every job under JOBSDIR (used by `down` and `cancel`)
 #
 # JOBDIR holds cmd.sh (the job) and env.sh (exported variables, mode 0600). The runner writes
 # pid, started_at, log (stdout+stderr), exit_code and ended_at. exit_code is written atomically
-# last, so its presence means the job is over. The job survives the CLI and SSH going away.
+# last, so its presence means the job and every process it started are over. The job survives
+# the CLI and SSH going away.
+#
+# What "everything it started" means: the supervisor is a session leader (setsid), so the job and
+# its descendants share its session id even when they make process groups of their own. A job's
+# leftovers (`server &` then exit) are ended when the job ends, like systemd's control-group
+# kill mode; a process that calls setsid() itself escapes, as it would escape any session.
+# Every job process also carries CLOUDTRAIN_JOB_DIR in its environment; once the supervisor is
+# gone (so its pid, which is the session id, could be reused) only processes carrying that mark
+# are signalled.
 set -u
 
-mode=${1:?usage: runner.sh start|status|kill JOBDIR}
-jobdir=${2:?usage: runner.sh start|status|kill JOBDIR}
+mode=${1:?usage: runner.sh start|status|kill|kill-all JOBDIR}
+jobdir=${2:?usage: runner.sh start|status|kill|kill-all JOBDIR}
+grace=${3:-10}
 
 now() { date +%s; }
+
+# Sets $members: the pids in session $1 except this shell and zombies. Builtins only (no
+# command substitution): a subshell of ours would be a member of the session it is listing.
+list_session() {
+    want=$1
+    members=""
+    if [ -r /proc/self/stat ]; then
+        for d in /proc/[0-9]*; do
+            p=${d#/proc/}
+            [ "$p" = "$$" ] && continue
+            stat=""
+            read -r stat 2>/dev/null < "$d/stat" || [ -n "$stat" ] || continue
+            # After the last ") " come state, ppid, pgrp, session (the command name before it may
+            # contain spaces and parentheses).
+            rest=${stat##*) }
+            set -f
+            # shellcheck disable=SC2086
+            set -- $rest
+            set +f
+            [ "${4:-}" = "$want" ] || continue
+            [ "$1" = Z ] && continue  # exited already; only waits to be reaped
+            members="$members $p"
+        done
+    else
+        # No /proc (macOS): ps, run in the background so that its own pid is known and skipped.
+        listing="$jobdir/.session.$$"
+        ps -A -o pid= -o sess= -o stat= > "$listing" 2>/dev/null &
+        pspid=$!
+        wait "$pspid"
+        while read -r p s st; do
+            [ "$s" = "$want" ] && [ "$p" != "$$" ] && [ "$p" != "$pspid" ] || continue
+            case $st in Z*) continue ;; esac
+            members="$members $p"
+        done < "$listing"
+        rm -f "$listing"
+    fi
+}
+
+has_mark() {
+    [ -r "/proc/$1/environ" ] && tr '\0' '\n' < "/proc/$1/environ" 2>/dev/null | grep -qxF "CLOUDTRAIN_JOB_DIR=$jobdir"
+}
+
+# Sets $found: the job's processes in session $1. $2=1 while the supervisor (pid $1) lives, so
+# the session id is still its own: then every member counts; otherwise only marked processes.
+find_job_processes() {
+    list_session "$1"
+    found=""
+    for p in $members; do
+        if [ "$2" = 1 ] || has_mark "$p"; then found="$found $p"; fi
+    done
+}
+
+signal_found() {
+    for p in $found; do kill "-$1" "$p" 2>/dev/null; done
+    return 0
+}
+
+# TERM the job's processes ($1 session, $2 as above), KILL what is left after $grace seconds.
+end_processes() {
+    find_job_processes "$1" "$2"
+    [ -n "$found" ] || return 0
+    signal_found TERM
+    i=0
+    while [ $i -lt $((grace * 10)) ]; do
+        sleep 0.1
+        i=$((i + 1))
+        find_job_processes "$1" "$2"
+        [ -n "$found" ] || return 0
+    done
+    signal_found KILL
+}
+
+write_exit() {
+    now > "$jobdir/ended_at"
+    echo "$1" > "$jobdir/exit_code.tmp" && mv "$jobdir/exit_code.tmp" "$jobdir/exit_code"
+}
 
 case "$mode" in
 start)
@@ -21,7 +109,7 @@ start)
     if [ -f "$jobdir/pid" ]; then echo "runner: job in $jobdir was already started" >&2; exit 3; fi
     # setsid gives the job its own session and process group, so neither a closed SSH session
     # nor Ctrl-C in the CLI reaches it; only `runner.sh kill` (or a stopped VM) ends it.
-    setsid sh "$0" _supervise "$jobdir" </dev/null >/dev/null 2>&1 &
+    setsid sh "$0" _supervise "$jobdir" "$grace" </dev/null >/dev/null 2>&1 &
     i=0
     while [ ! -s "$jobdir/pid" ] && [ $i -lt 200 ]; do sleep 0.05; i=$((i + 1)); done
     [ -s "$jobdir/pid" ] || { echo "runner: job did not start" >&2; exit 4; }
@@ -29,13 +117,17 @@ start)
     ;;
 _supervise)
     cd "$jobdir" || exit 1
+    export CLOUDTRAIN_JOB_DIR="$jobdir"
     echo $$ > pid.tmp && mv pid.tmp pid
     now > started_at
     child=
     finish() {
         code=$1
-        now > ended_at
-        echo "$code" > exit_code.tmp && mv exit_code.tmp exit_code
+        trap '' TERM INT HUP
+        # Whatever the job left behind (background processes, daemons of its own) ends with it.
+        # Done while this supervisor lives, so the session id cannot have been reused.
+        end_processes $$ 1
+        write_exit "$code"
         exit 0
     }
     trap '[ -n "$child" ] && kill -TERM "$child" 2>/dev/null; wait "$child" 2>/dev/null; finish 143' TERM INT HUP
@@ -54,7 +146,10 @@ status)
     ended=$(cat "$jobdir/ended_at" 2>/dev/null || true)
     code=$(cat "$jobdir/exit_code" 2>/dev/null || true)
     if [ -n "$code" ]; then
-        if [ "$code" = 0 ]; then state=succeeded; elif [ "$code" = 143 ]; then state=killed; else state=failed; fi
+        # killed: ended by `runner.sh kill` (cancel, down, Ctrl-C) or by a TERM from outside.
+        if [ "$code" = 0 ]; then state=succeeded
+        elif [ -f "$jobdir/cancelled" ] || [ "$code" = 143 ]; then state=killed
+        else state=failed; fi
     elif [ -z "$pid" ]; then
         state=pending
     elif kill -0 "$pid" 2>/dev/null; then
@@ -70,15 +165,29 @@ status)
 kill)
     pid=$(cat "$jobdir/pid" 2>/dev/null || true)
     [ -n "$pid" ] || exit 0
-    [ -f "$jobdir/exit_code" ] && exit 0
-    kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null || true
-    i=0
-    while [ ! -f "$jobdir/exit_code" ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i + 1)); done
-    if [ ! -f "$jobdir/exit_code" ]; then
-        kill -KILL -- "-$pid" 2>/dev/null || true
-        now > "$jobdir/ended_at"
-        echo 137 > "$jobdir/exit_code.tmp" && mv "$jobdir/exit_code.tmp" "$jobdir/exit_code"
+    if [ ! -f "$jobdir/exit_code" ] && kill -0 "$pid" 2>/dev/null; then
+        : > "$jobdir/cancelled"
+        # The supervisor's trap TERMs the job and sweeps the session; we TERM the whole session
+        # at once too, so a job whose shell ignores the signal still loses its children.
+        find_job_processes "$pid" 1
+        signal_found TERM
+        i=0
+        while [ ! -f "$jobdir/exit_code" ] && [ $i -lt $(((grace + 2) * 10)) ]; do sleep 0.1; i=$((i + 1)); done
     fi
+    if [ ! -f "$jobdir/exit_code" ]; then
+        # The supervisor hangs on a job that ignores TERM, or it was killed itself.
+        if kill -0 "$pid" 2>/dev/null; then find_job_processes "$pid" 1; signal_found KILL; fi
+        write_exit 137
+    fi
+    # Leftovers of a supervisor that was killed (-9, OOM) carry the job's mark.
+    end_processes "$pid" 0
+    ;;
+kill-all)
+    [ -d "$jobdir" ] || exit 0
+    for d in "$jobdir"/*/; do
+        [ -f "$d/pid" ] || continue
+        sh "$0" kill "${d%/}" "$grace"
+    done
     ;;
 *)
     echo "runner: unknown mode $mode" >&2

@@ -7,7 +7,7 @@ import time
 import click
 
 from cloudtrain.cli import output
-from cloudtrain.cli.common import cluster_option, open_lifecycle
+from cloudtrain.cli.common import cluster_argument, cluster_option, open_lifecycle, valid_cluster_names
 
 
 @click.command()
@@ -34,27 +34,34 @@ def up(recipe_path: str, cluster: str | None) -> None:
 
 
 @click.command()
-@click.argument("name", required=False)
+@cluster_argument(required=False)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.option("--refresh", is_flag=True, help="Ask the providers for the real state (finds instances by tag).")
 def status(name: str | None, as_json: bool, refresh: bool) -> None:
     """Show clusters (or one cluster), their nodes, and recent runs."""
-    # Reads state directly: no provider, config or SDK import on this path unless --refresh.
+    # Reads state directly: no provider, config or SDK import on this path unless --refresh or NAME.
+    from cloudtrain.jobstate import OPEN_STATES, peek_local
     from cloudtrain.state import StateStore
 
     store = StateStore()
-    if refresh:
-        lc = open_lifecycle()
-        for record in store.list_clusters():
-            if name is None or record.name == name:
-                lc.refresh(record.name)
+    if refresh or name is not None:
+        _refresh(store, name, instances=refresh)
     clusters = [c for c in store.list_clusters() if name is None or c.name == name]
-    if name is not None and not clusters:
+    runs = store.list_runs(cluster=name, limit=10)
+    if name is not None and not clusters and not runs:
         from cloudtrain.errors import ClusterNotFoundError
 
         raise ClusterNotFoundError(f"no cluster named {name!r}", hint="see `cloudtrain status`")
-    latest = store.latest_jobs()
+    # A run whose `cloudtrain run` process died (kill -9, a crash) will never finish its row.
+    for r in runs:
+        if r.status == "running" and not r.driver_alive():
+            store.update_run(r.id, status="abandoned")
     runs = store.list_runs(cluster=name, limit=10)
+    local = {c.name for c in clusters if c.provider == "local"}
+    latest = {
+        cluster: (peek_local(job) if cluster in local and job.status in OPEN_STATES else job)
+        for cluster, job in store.latest_jobs().items()
+    }
     if as_json:
         output.print_json({
             "clusters": [
@@ -77,9 +84,11 @@ def status(name: str | None, as_json: bool, refresh: bool) -> None:
                 for c in clusters
             ],
         )
-    else:
+    elif name is None:
         output.info("no clusters")
-    if name is not None:
+    else:
+        output.info(f"cluster {name} is down; its runs:")
+    if name is not None and clusters:
         nodes = store.get_nodes(name)
         if nodes:
             output.echo()
@@ -102,7 +111,7 @@ def status(name: str | None, as_json: bool, refresh: bool) -> None:
 
 
 @click.command()
-@click.argument("name")
+@cluster_argument()
 def stop(name: str) -> None:
     """Stop NAME's instances: no compute billing, disks kept, `start` resumes."""
     lc = open_lifecycle(output.RunDisplay())
@@ -111,7 +120,7 @@ def stop(name: str) -> None:
 
 
 @click.command()
-@click.argument("name")
+@cluster_argument()
 def start(name: str) -> None:
     """Start a stopped cluster."""
     lc = open_lifecycle(output.RunDisplay())
@@ -120,12 +129,37 @@ def start(name: str) -> None:
 
 
 @click.command()
-@click.argument("names", nargs=-1, required=True)
-def down(names: tuple[str, ...]) -> None:
-    """Terminate clusters and everything they created. Safe to repeat."""
+@click.argument("names", nargs=-1, required=True, callback=valid_cluster_names)
+@click.option("--forget", is_flag=True, help="Drop the cluster from state even if a node cannot be cleaned.")
+def down(names: tuple[str, ...], forget: bool) -> None:
+    """End every job, terminate clusters and everything they created. Safe to repeat."""
     lc = open_lifecycle(output.RunDisplay())
     for name in names:
-        if lc.down(name):
+        if lc.down(name, forget=forget):
             output.info(f"cluster {name} is down")
         else:
             output.info(f"cluster {name}: nothing to do (not in state; already down?)")
+
+
+def _refresh(store, name: str | None, instances: bool) -> None:  # noqa: ANN001
+    """Ask the providers (instances) and the nodes (open jobs) for the truth, for NAME or every cluster."""
+    from cloudtrain.errors import CloudtrainError
+    from cloudtrain.jobstate import OPEN_STATES, refresh_jobs
+    from cloudtrain.nodes import close_all, connect
+
+    lc = open_lifecycle()
+    for record in store.list_clusters():
+        if name is not None and record.name != name:
+            continue
+        cluster = lc.refresh(record.name) if instances else lc.get(record.name)
+        if cluster.record.status != "up" or not any(j.status in OPEN_STATES for j in store.list_jobs(record.name)):
+            continue
+        try:
+            nodes = connect(list(cluster.nodes[:1]), cluster.provider, lc.config)
+        except CloudtrainError as exc:
+            output.warn(f"{record.name}: job states not refreshed: {exc.one_line()}")
+            continue
+        try:
+            refresh_jobs(store, record.name, nodes)
+        finally:
+            close_all(nodes)

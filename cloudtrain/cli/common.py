@@ -10,7 +10,25 @@ if TYPE_CHECKING:
     from cloudtrain.events import Reporter
     from cloudtrain.lifecycle import Lifecycle
 
-cluster_option = click.option("--cluster", "-c", "cluster", metavar="NAME", help="Cluster name (default: recipe name).")
+
+
+def valid_cluster_names(ctx: click.Context, param: click.Parameter, value: str | tuple[str, ...] | None):  # noqa: ANN202
+    # Checked at the boundary, on every verb: a cluster name becomes paths here and on nodes.
+    from cloudtrain.names import check_cluster_name
+
+    if value is None:
+        return None
+    if isinstance(value, tuple):
+        return tuple(check_cluster_name(v) for v in value)
+    return check_cluster_name(value)
+
+
+cluster_option = click.option("--cluster", "-c", "cluster", metavar="NAME", callback=valid_cluster_names,
+                              help="Cluster name (default: recipe name).")
+
+
+def cluster_argument(**kwargs: object):  # noqa: ANN201
+    return click.argument("name", callback=valid_cluster_names, **kwargs)  # type: ignore[arg-type]
 
 
 def open_lifecycle(reporter: Reporter | None = None) -> Lifecycle:

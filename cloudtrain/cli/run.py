@@ -10,7 +10,7 @@ from pathlib import Path
 import click
 
 from cloudtrain.cli import output
-from cloudtrain.cli.common import cluster_option, open_lifecycle
+from cloudtrain.cli.common import cluster_argument, cluster_option, open_lifecycle
 
 
 def sigterm_as_interrupt() -> None:
@@ -24,20 +24,26 @@ def sigterm_as_interrupt() -> None:
 @click.command()
 @click.argument("recipe_path", metavar="RECIPE")
 @cluster_option
-@click.option("--down", "teardown", flag_value="down", help="Terminate the cluster afterwards.")
-@click.option("--stop", "teardown", flag_value="stop", help="Stop the cluster afterwards.")
-@click.option("--keep", "teardown", flag_value="keep", help="Leave the cluster running.")
+@click.option("--down", "down_", is_flag=True, help="Terminate the cluster afterwards.")
+@click.option("--stop", "stop_", is_flag=True, help="Stop the cluster afterwards.")
+@click.option("--keep", "keep_", is_flag=True, help="Leave the cluster running.")
 @click.option("--runs-dir", type=click.Path(file_okay=False), help="Where results go (default: config runs_dir).")
 @click.option("--quiet", "-q", is_flag=True, help="Do not print the job's output.")
-def run(recipe_path: str, cluster: str | None, teardown: str | None, runs_dir: str | None, quiet: bool) -> None:
+def run(recipe_path: str, cluster: str | None, down_: bool, stop_: bool, keep_: bool, runs_dir: str | None,
+        quiet: bool) -> None:
     """Run RECIPE: up if needed, sync, setup, run, collect into runs/<run-id>/, tear down.
 
     Teardown default: down if this run created the cluster, keep it if it already existed.
     The last line printed is the run directory; the exit code is the job's success.
     """
+    from cloudtrain.errors import UsageError
     from cloudtrain.execution import Executor
     from cloudtrain.recipe import load_recipe
 
+    chosen = [flag for flag, on in (("down", down_), ("stop", stop_), ("keep", keep_)) if on]
+    if len(chosen) > 1:
+        raise UsageError(f"--{' and --'.join(chosen)} contradict each other", hint="give at most one of --down, --stop, --keep")
+    teardown = chosen[0] if chosen else None
     loaded = load_recipe(recipe_path)
     display = output.RunDisplay(show_logs=not quiet)
     lc = open_lifecycle(display)
@@ -53,7 +59,7 @@ def run(recipe_path: str, cluster: str | None, teardown: str | None, runs_dir: s
 
 def _summary(result) -> None:  # noqa: ANN001
     rows = [("run", result.run_id), ("status", result.status), ("exit code", result.exit_code),
-            ("cost", output.money(result.cost_usd))]
+            ("cost", output.money(result.cost_usd)), ("teardown", result.teardown)]
     rows += [(f"{phase} time", f"{seconds:.1f}s") for phase, seconds in result.phases.items()]
     metrics = next(iter(sorted(result.run_dir.glob("**/metrics.json"))), None)
     if metrics is not None:
@@ -65,6 +71,8 @@ def _summary(result) -> None:  # noqa: ANN001
             if key in data:
                 value = data[key]
                 rows.append((key, f"{value:.4g}" if isinstance(value, float) else value))
+    if result.refused:
+        rows.append(("refused", f"{len(result.refused)} unsafe result member(s), listed in run.json"))
     if result.error:
         rows.append(("error", result.error))
     output.echo()
@@ -72,7 +80,7 @@ def _summary(result) -> None:  # noqa: ANN001
 
 
 @click.command(name="exec", context_settings={"ignore_unknown_options": True})
-@click.argument("name")
+@cluster_argument()
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 @click.option("--detach", "-d", is_flag=True, help="Start the command and return; follow with `logs -f`.")
 def exec_(name: str, command: tuple[str, ...], detach: bool) -> None:
@@ -92,13 +100,50 @@ def exec_(name: str, command: tuple[str, ...], detach: bool) -> None:
 
 
 @click.command()
-@click.argument("name")
+@cluster_argument()
 @click.argument("job", required=False)
-@click.option("--follow", "-f", is_flag=True, help="Keep printing until the job ends.")
+@click.option("--follow", "-f", is_flag=True, help="Keep printing until the job ends; exit with the job's code.")
 @click.option("--resume", is_flag=True, help="Continue where the last interrupted `logs` stopped.")
 def logs(name: str, job: str | None, follow: bool, resume: bool) -> None:
     """Print the log of JOB (default: the cluster's latest job) on cluster NAME."""
     from cloudtrain.attach import print_logs
 
     lc = open_lifecycle()
-    print_logs(lc, name, job, follow=follow, resume=resume)
+    status = print_logs(lc, name, job, follow=follow, resume=resume)
+    if follow and status is not None and status.state != "succeeded":
+        raise SystemExit(status.exit_code or 1)
+
+
+@click.command()
+@cluster_argument()
+@click.argument("job", required=False)
+@click.option("--all", "all_jobs", is_flag=True, help="Cancel every running job of the cluster.")
+def cancel(name: str, job: str | None, all_jobs: bool) -> None:
+    """Stop JOB on cluster NAME (default: its latest running job) and everything it started."""
+    from cloudtrain.attach import cancel as cancel_jobs
+
+    lc = open_lifecycle(output.RunDisplay())
+    ended = cancel_jobs(lc, name, job, all_jobs)
+    if not ended:
+        output.info(f"cluster {name}: no running job" + (f" {job}" if job else ""))
+    for job_id, state in ended:
+        output.info(f"job {job_id}: {state}")
+
+
+@click.command()
+@cluster_argument()
+@click.argument("run_id", metavar="RUN", required=False)
+def collect(name: str, run_id: str | None) -> None:
+    """Fetch RUN's results and logs from cluster NAME again (default: its latest run), verified."""
+    from cloudtrain.collect import collect_again
+
+    lc = open_lifecycle(output.RunDisplay())
+    run, got = collect_again(lc, name, run_id, warn=output.warn)
+    for refused in got.refused:
+        output.warn(f"refused result {refused.member!r}: {refused.reason}")
+    output.info(f"run {run.id}: {len(got.files)} file(s) fetched after {got.attempts} attempt(s)")
+    if not got.complete:
+        output.warn(f"not everything came home: {got.error}")
+        output.echo(str(run.run_dir))
+        raise SystemExit(1)
+    output.echo(str(run.run_dir))

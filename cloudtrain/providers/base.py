@@ -32,6 +32,12 @@ class Capabilities:
     supports_spot: bool
     remote: bool  # reached over SSH (False: runs on this machine)
     priced: bool  # bills by the hour
+    # terminate destroys the machine and everything running on it. False for machines that outlive
+    # the cluster (this one, on-prem hosts): `down` must end the cluster's jobs on them itself.
+    owns_machines: bool = True
+    # A spot instance can be stopped (and started again). AWS one-time spot instances cannot:
+    # `--stop` on them is refused before launch rather than left running and billed.
+    stop_spot: bool = False
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
+import subprocess
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -31,7 +31,8 @@ _META = "instance.json"
 
 class LocalProvider:
     name = "local"
-    capabilities = Capabilities(supports_stop=True, supports_spot=False, remote=False, priced=False)
+    capabilities = Capabilities(supports_stop=True, supports_spot=False, remote=False, priced=False,
+                                owns_machines=False)
 
     def __init__(self, base: Path | None = None) -> None:
         self.base = base or paths.home() / "local"
@@ -129,15 +130,14 @@ class LocalProvider:
 
 
 def _kill_jobs(node_dir: Path) -> None:
-    """Signal the process group of every job the runner started under this node."""
-    for pid_file in node_dir.glob(".cloudtrain/*/jobs/*/pid"):
-        if (pid_file.parent / "exit_code").exists():
-            continue
-        try:
-            pgid = int(pid_file.read_text().strip())
-            os.killpg(pgid, signal.SIGTERM)
-        except (ValueError, ProcessLookupError, PermissionError):
-            continue
+    """End every job under this node, and everything each job started, through the runner.
+
+    The runner knows a job's whole session (process groups and orphans included), and it is the
+    same code `down` and `cancel` use on remote nodes.
+    """
+    runner = paths.templates_dir() / "runner.sh"
+    for jobs_dir in sorted(node_dir.glob(".cloudtrain/*/jobs")):
+        subprocess.run(["sh", str(runner), "kill-all", str(jobs_dir)], capture_output=True, check=False, timeout=120)
 
 
 def make_provider(config: Config) -> LocalProvider:

@@ -23,7 +23,8 @@ def instance_id(cluster: str, rank: int, address: str) -> str:
 
 class SshProvider:
     name = "ssh"
-    capabilities = Capabilities(supports_stop=False, supports_spot=False, remote=True, priced=False)
+    capabilities = Capabilities(supports_stop=False, supports_spot=False, remote=True, priced=False,
+                                owns_machines=False)
 
     def __init__(self, config: Config) -> None:
         self.config = config

@@ -2,10 +2,12 @@
 
 A compromised or buggy VM must not be able to write outside the run directory: absolute paths,
 `..`, links that point outside, hard links to outside files and device/fifo members are refused.
+A refused member is skipped and reported with its reason; every other member still lands (one
+stray symlink must not cost the user the results of a training run).
 
 Extraction streams (the archive is never held in memory or seeked) into a staging directory
-inside the destination; only when every member passed are the staged files moved into place, so a
-refused archive leaves the destination exactly as it was.
+inside the destination; only when the whole stream was read are the staged files moved into
+place, so a transfer cut short leaves the destination exactly as it was.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import shutil
 import tarfile
 import tempfile
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
@@ -25,75 +28,116 @@ from cloudtrain.errors import RemoteError, UnsafeArchiveError
 _STAGING_PREFIX = ".cloudtrain-extract-"
 
 
-def fetch_as_tar(transport, remote_dir: str, paths: Sequence[str], local: Path) -> list[str]:  # noqa: ANN001
+@dataclass(frozen=True)
+class Refused:
+    member: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Extracted:
+    """What an archive brought: member names in archive order, regular-file sizes, refusals."""
+
+    names: tuple[str, ...] = ()
+    sizes: dict[str, int] = field(default_factory=dict)
+    refused: tuple[Refused, ...] = ()
+
+
+def fetch_as_tar(transport, remote_dir: str, paths: Sequence[str], local: Path) -> Extracted:  # noqa: ANN001
     """Tar the existing `paths` under remote_dir on the node and extract them safely into local."""
     present = list_present(transport, remote_dir, paths)
     if not present:
-        return []
-    result = transport.run(["tar", "-C", remote_dir, "-cf", "-", "--", *present])
+        return Extracted()
+    result = transport.run(["tar", "-C", remote_dir, "-cf", "-", "--", *present], what="tar of the results")
     return safe_extract(io.BytesIO(result.stdout), local)
 
 
 def list_present(transport, remote_dir: str, paths: Sequence[str]) -> list[str]:  # noqa: ANN001
     """Which of `paths` exist under remote_dir on the node (missing results are normal)."""
     script = 'cd "$1" || exit 3; shift; for p in "$@"; do [ -e "$p" ] && printf "%s\\0" "$p"; done; exit 0'
-    listing = transport.run(["sh", "-c", script, "sh", remote_dir, *paths])
+    listing = transport.run(["sh", "-c", script, "sh", remote_dir, *paths], what="listing the results")
     return [p for p in listing.stdout.decode(errors="surrogateescape").split("\0") if p]
 
 
-def safe_extract(fileobj: IO[bytes], dest: Path) -> list[str]:
-    """Extract a tar stream into dest after checking every member; nothing lands if one is bad.
+def list_files(transport, remote_dir: str, paths: Sequence[str]) -> dict[str, int]:  # noqa: ANN001
+    """Regular files under `paths` on the node with their sizes: what a complete copy must hold."""
+    script = (
+        'cd "$1" || exit 3; shift; for p in "$@"; do [ -e "$p" ] || continue; '
+        'find "$p" -type f -exec ls -lnd -- {} +; done; exit 0'
+    )
+    listing = transport.run(["env", "LC_ALL=C", "sh", "-c", script, "sh", remote_dir, *paths],
+                            what="listing the results")
+    files: dict[str, int] = {}
+    for line in listing.stdout.decode(errors="surrogateescape").splitlines():
+        # mode links uid gid size month day time-or-year name (the name may hold spaces)
+        parts = line.split(None, 8)
+        if len(parts) == 9 and parts[4].isdigit():
+            files[parts[8]] = int(parts[4])
+    return files
+
+
+def safe_extract(fileobj: IO[bytes], dest: Path) -> Extracted:
+    """Extract a tar stream into dest, member by member, skipping (and reporting) unsafe ones.
 
     `fileobj` is read sequentially once, so a network stream works without buffering it whole.
-    Returns the member names in archive order.
+    A stream that cannot be read to its end raises RemoteError and leaves dest untouched.
     """
     dest = dest.resolve()
     dest.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=_STAGING_PREFIX, dir=dest))
     names: list[str] = []
+    sizes: dict[str, int] = {}
+    refused: list[Refused] = []
     try:
         try:
             with tarfile.open(fileobj=fileobj, mode="r|*") as archive:
                 for member in archive:
-                    # Checked against the staging root right before extraction, so a link that an
-                    # earlier member created on disk is resolved too (symlink-then-write-through).
-                    _check_member(member, staging)
-                    # The 'data' filter re-checks the same rules inside tarfile (defence in depth)
-                    # and drops setuid bits and ownership from the node.
-                    archive.extract(member, staging, filter="data")
+                    try:
+                        # Checked against the staging root right before extraction, so a link that an
+                        # earlier member created on disk is resolved too (symlink-then-write-through).
+                        _check_member(member, staging)
+                        # The 'data' filter re-checks the same rules inside tarfile (defence in
+                        # depth) and drops setuid bits and ownership from the node.
+                        archive.extract(member, staging, filter="data")
+                    except UnsafeArchiveError as exc:
+                        refused.append(Refused(member.name, exc.message))
+                        continue
+                    except tarfile.FilterError as exc:
+                        refused.append(Refused(member.name, str(exc)))
+                        continue
                     names.append(member.name)
-        except tarfile.FilterError as exc:
-            raise UnsafeArchiveError(f"refused archive member: {exc}") from None
-        except (tarfile.TarError, KeyError) as exc:
-            raise RemoteError(f"unreadable archive from the node: {exc}") from None
+                    if member.isfile():
+                        sizes[member.name] = member.size
+        except (tarfile.TarError, KeyError, EOFError) as exc:
+            raise RemoteError(f"unreadable archive from the node: {exc or type(exc).__name__}") from None
         _merge_into(staging, dest)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    return names
+    return Extracted(tuple(names), sizes, tuple(refused))
 
 
 def _check_member(member: tarfile.TarInfo, root: Path) -> None:
     name = member.name
     if name.startswith("/") or (len(name) > 1 and name[1] == ":"):
-        raise UnsafeArchiveError(f"refused archive member {name!r}: absolute path")
+        raise UnsafeArchiveError("absolute path")
     if ".." in Path(name).parts:
-        raise UnsafeArchiveError(f"refused archive member {name!r}: '..' in path")
+        raise UnsafeArchiveError("'..' in path")
     target = (root / name).resolve()
     if not _inside(target, root):
-        raise UnsafeArchiveError(f"refused archive member {name!r}: resolves outside the destination")
+        raise UnsafeArchiveError("resolves outside the destination")
     if member.ischr() or member.isblk() or member.isfifo() or member.isdev():
-        raise UnsafeArchiveError(f"refused archive member {name!r}: device or fifo")
+        raise UnsafeArchiveError("device or fifo")
     if not (member.isfile() or member.isdir() or member.issym() or member.islnk()):
-        raise UnsafeArchiveError(f"refused archive member {name!r}: unsupported type {member.type!r}")
+        raise UnsafeArchiveError(f"unsupported type {member.type!r}")
     if member.issym():
         link = member.linkname
         resolved = (root / posixpath.dirname(name) / link).resolve()
         if link.startswith("/") or not _inside(resolved, root):
-            raise UnsafeArchiveError(f"refused archive member {name!r}: symlink to {link!r} points outside")
+            raise UnsafeArchiveError(f"symlink to {link!r} points outside")
     if member.islnk():
         link = member.linkname
         if link.startswith("/") or ".." in Path(link).parts or not _inside((root / link).resolve(), root):
-            raise UnsafeArchiveError(f"refused archive member {name!r}: hard link to {link!r} points outside")
+            raise UnsafeArchiveError(f"hard link to {link!r} points outside")
 
 
 def _inside(path: Path, root: Path) -> bool:

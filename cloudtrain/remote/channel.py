@@ -37,11 +37,25 @@ class ConnectionLostError(RemoteError):
     """The connection dropped while a command was running; the command's outcome is unknown."""
 
 
-def lost(label: str, doing: str, exc: BaseException | None) -> ConnectionLostError:
+def lost(label: str, doing: str, exc: BaseException | None, hint: str | None = None) -> ConnectionLostError:
+    reason = describe(exc)
     return ConnectionLostError(
-        f"{label}: connection lost while {doing}" + (f" ({exc})" if exc else ""),
-        hint="the next command reconnects; a job started on the node keeps running",
+        f"{label}: connection lost while {doing}" + (f": {reason}" if reason else ""),
+        hint=hint or "the connection is opened again on the next command",
     )
+
+
+def describe(exc: BaseException | None) -> str:
+    """An exception as words; paramiko raises some (EOFError, socket errors) with no message."""
+    if exc is None:
+        return ""
+    text = str(exc).strip()
+    return text or {"EOFError": "the other end closed the connection"}.get(type(exc).__name__, type(exc).__name__)
+
+
+# What paramiko and the socket layer raise when a link drops mid-transfer: EOFError from a window
+# adjust on a reset socket, SSHException from the transport, OSError/socket.timeout from the socket.
+TRANSFER_ERRORS = (EOFError, paramiko.SSHException, OSError)
 
 
 class Connection(Protocol):
@@ -92,18 +106,24 @@ class RemoteProcess:
             log.debug("%s: stdin not fully delivered: %s", self.what, exc)
 
     def read(self, size: int = CHUNK) -> bytes:
-        """Up to `size` bytes of stdout; b'' at end of output."""
+        """Up to `size` bytes of stdout; b'' at end of output. A dropped link raises ConnectionLostError."""
         chan = self.chan
         while True:
-            if chan.recv_stderr_ready():
-                self._stderr += chan.recv_stderr(CHUNK)
-                del self._stderr[:-_STDERR_KEEP]
-                continue
-            if chan.recv_ready():
-                return chan.recv(size)
+            try:
+                if chan.recv_stderr_ready():
+                    self._stderr += chan.recv_stderr(CHUNK)
+                    del self._stderr[:-_STDERR_KEEP]
+                    continue
+                if chan.recv_ready():
+                    return chan.recv(size)
+            except TRANSFER_ERRORS as exc:
+                raise lost(self.label, self.what, exc) from None
             if chan.eof_received or chan.closed:
                 if chan.recv_ready() or chan.recv_stderr_ready():
                     continue
+                if chan.closed and not chan.eof_received and not self.conn.alive():
+                    # Closed by a dying transport, not by the command: the output is cut short.
+                    raise lost(self.label, self.what, self.conn.exception())
                 return b""
             self._wait_readable()
 
@@ -125,7 +145,7 @@ class RemoteProcess:
         code = self.chan.exit_status
         if code == -1:
             if not self.conn.alive():
-                raise lost(self.label, f"running {self.what!r}", self.conn.exception())
+                raise lost(self.label, self.what, self.conn.exception())
             # The channel closed without an exit-status: the command died from a signal.
             code = 255
         return code
@@ -137,9 +157,12 @@ class RemoteProcess:
         self._check_deadline()
         if not self.conn.alive() and not (self.chan.recv_ready() or self.chan.recv_stderr_ready()):
             if not (self.chan.eof_received or self.chan.closed):
-                raise lost(self.label, f"running {self.what!r}", self.conn.exception())
+                raise lost(self.label, self.what, self.conn.exception())
         limit = 1.0 if self.deadline is None else max(0.0, min(1.0, self.deadline - time.monotonic()))
-        select.select([self.chan], [], [], limit)
+        try:
+            select.select([self.chan], [], [], limit)
+        except (OSError, ValueError) as exc:
+            raise lost(self.label, self.what, exc) from None
 
     def _check_deadline(self) -> None:
         if self.deadline is not None and time.monotonic() > self.deadline:

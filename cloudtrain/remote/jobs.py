@@ -70,7 +70,7 @@ def submit(transport: Transport, layout: NodeLayout, job_id: str, script: str, e
     # env.sh may hold secrets from the recipe's envs: readable by the node's user only.
     transport.put_file(env_script({"CLOUDTRAIN_WORKDIR": layout.workdir, **env}), f"{job_dir}/env.sh", mode=0o600)
     transport.put_file(script.encode(), f"{job_dir}/cmd.sh", mode=0o700)
-    result = transport.run(["sh", layout.runner, "start", job_dir])
+    result = transport.run(["sh", layout.runner, "start", job_dir], what="starting the job")
     try:
         return int(result.text.strip())
     except ValueError:
@@ -78,7 +78,7 @@ def submit(transport: Transport, layout: NodeLayout, job_id: str, script: str, e
 
 
 def status(transport: Transport, layout: NodeLayout, job_id: str) -> JobStatus:
-    result = transport.run(["sh", layout.runner, "status", layout.job_dir(job_id)])
+    result = transport.run(["sh", layout.runner, "status", layout.job_dir(job_id)], what="checking the job's state")
     try:
         data = json.loads(result.text)
     except json.JSONDecodeError:
@@ -93,8 +93,21 @@ def status(transport: Transport, layout: NodeLayout, job_id: str) -> JobStatus:
     )
 
 
-def kill(transport: Transport, layout: NodeLayout, job_id: str) -> None:
-    transport.run(["sh", layout.runner, "kill", layout.job_dir(job_id)], timeout=60)
+# Seconds a job gets between TERM and KILL; the runner waits a little longer for the supervisor.
+KILL_GRACE_S = 10
+
+
+def kill(transport: Transport, layout: NodeLayout, job_id: str, grace_s: int = KILL_GRACE_S) -> None:
+    """End the job and every process it started (TERM, then KILL after grace_s); idempotent."""
+    transport.run(["sh", layout.runner, "kill", layout.job_dir(job_id), str(grace_s)], timeout=grace_s + 30,
+                  what="stopping the job")
+
+
+def kill_all(transport: Transport, layout: NodeLayout, grace_s: int = KILL_GRACE_S) -> None:
+    """End every job of the cluster on this node (`down`, `cancel --all`)."""
+    script = '[ -f "$1" ] || exit 0; exec sh "$1" kill-all "$2" "$3"'
+    transport.run(["sh", "-c", script, "sh", layout.runner, f"{layout.root}/jobs", str(grace_s)], timeout=None,
+                  what="stopping the cluster's jobs")
 
 
 def read_log(transport: Transport, layout: NodeLayout, job_id: str, offset: int, limit: int = 1 << 20) -> bytes:
@@ -102,5 +115,5 @@ def read_log(transport: Transport, layout: NodeLayout, job_id: str, offset: int,
     log = f"{layout.job_dir(job_id)}/log"
     # tail -c +N is 1-based; head bounds one read so a huge log streams in chunks.
     script = 'f="$1"; [ -f "$f" ] || exit 0; tail -c +"$2" "$f" | head -c "$3"'
-    result = transport.run(["sh", "-c", script, "sh", log, str(offset + 1), str(limit)])
+    result = transport.run(["sh", "-c", script, "sh", log, str(offset + 1), str(limit)], what="reading the job log")
     return result.stdout

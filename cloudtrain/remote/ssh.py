@@ -29,13 +29,14 @@ import paramiko
 from cloudtrain.config import Config
 from cloudtrain.errors import RemoteCommandError, RemoteError
 from cloudtrain.providers.base import HostSpec, Instance
-from cloudtrain.remote.archive import list_present, safe_extract
+from cloudtrain.remote.archive import Extracted, list_present, safe_extract
 from cloudtrain.remote.channel import (
     ConnectionLostError,
     InputSource,
     RemoteProcess,
     SSHAuthError,
     SSHConnectError,
+    describe,
     lost,
     reader,
 )
@@ -174,9 +175,14 @@ class SSHTransport:
         input: InputSource | None = None,
         timeout: float | None = None,
         check: bool = True,
+        what: str | None = None,
     ) -> CommandResult:
-        """Run argv (quoted for a POSIX shell) on the node. `input` may be bytes or a binary file."""
+        """Run argv (quoted for a POSIX shell) on the node. `input` may be bytes or a binary file.
+
+        `what` names the operation in errors ("copying the results"); default: running argv[0].
+        """
         args = [str(a) for a in argv]
+        doing = what or f"running {args[0]!r}"
         command = shlex.join(args)
         remote_limit = timeout is not None and self.has_command("timeout")
         if remote_limit:
@@ -185,14 +191,14 @@ class SSHTransport:
             # own deadline, a little later, covers a silent network.
             command = shlex.join(["timeout", "-k", "2", f"{timeout:g}", *args])
         started = time.monotonic()
-        proc = self.start(command, input=input, timeout=None if timeout is None else timeout + 3, what=args[0])
+        proc = self.start(command, input=input, timeout=None if timeout is None else timeout + 3, what=doing)
         try:
             stdout = proc.read_all()
             code = proc.wait()
         finally:
             proc.close()
         if remote_limit and code in (124, 137) and time.monotonic() - started >= timeout:  # type: ignore[operator]
-            raise RemoteError(f"{self.label}: {args[0]} timed out after {timeout}s")
+            raise RemoteError(f"{self.label}: {doing} timed out after {timeout}s")
         result = CommandResult(tuple(args), code, stdout, proc.stderr)
         if check and code != 0:
             raise RemoteCommandError(args, code, proc.stderr.decode(errors="replace"))
@@ -205,24 +211,37 @@ class SSHTransport:
             'd=$(dirname -- "$1") && mkdir -p -- "$d" && t=$(mktemp "$d/.ct-put.XXXXXX") || exit 1; '
             'if cat > "$t" && chmod "$2" "$t" && mv -f -- "$t" "$1"; then exit 0; fi; rm -f -- "$t"; exit 1'
         )
-        self.run(["sh", "-c", script, "sh", remote_path, format(mode, "o")], input=data)
+        self.run(["sh", "-c", script, "sh", remote_path, format(mode, "o")], input=data,
+                 what=f"writing {remote_path.rsplit('/', 1)[-1]}")
 
     def put_tree(self, local: Path, remote_dir: str, *, ignore: Callable[[str], bool] | None = None) -> SyncStats:
         from cloudtrain.remote.sync import sync_tree
 
         return sync_tree(self, local, remote_dir, ignore)
 
-    def get_tree(self, remote_dir: str, paths: Sequence[str], local: Path) -> list[str]:
-        """Stream a tar of `paths` from the node straight into safe_extract (never buffered whole)."""
+    def get_tree(self, remote_dir: str, paths: Sequence[str], local: Path) -> Extracted:
+        """Stream a tar of `paths` from the node straight into safe_extract (never buffered whole).
+
+        A link that drops mid-stream raises ConnectionLostError (never a bare EOFError or a
+        "truncated archive" that hides the cause) and leaves `local` untouched.
+        """
         present = list_present(self, remote_dir, paths)
         if not present:
-            return []
+            return Extracted()
         argv = ["tar", "-C", remote_dir, "-cf", "-", "--", *present]
-        proc = self.start(shlex.join(argv), what="tar")
+        proc = self.start(shlex.join(argv), what="copying the results")
         try:
-            names = safe_extract(reader(proc), local)
-            proc.read_all()  # trailing zero blocks after the end-of-archive marker
-            code = proc.wait()
+            try:
+                extracted = safe_extract(reader(proc), local)
+                proc.read_all()  # trailing zero blocks after the end-of-archive marker
+                code = proc.wait()
+            except ConnectionLostError:
+                raise
+            except RemoteError as exc:
+                # tarfile saw the stream end early: say why when the link is what broke.
+                if not proc.conn.alive():
+                    raise self._lost("copying the results", proc.conn.exception()) from None
+                raise exc from None
         finally:
             proc.close()
         # GNU tar exits 1 when a file changed while it was read (a job still writing): the archive
@@ -231,7 +250,7 @@ class SSHTransport:
             log.warning("%s: tar reported files changing during the copy: %s", self.label, proc.stderr_tail())
         elif code != 0:
             raise RemoteCommandError(argv, code, proc.stderr.decode(errors="replace"))
-        return names
+        return extracted
 
     def close(self) -> None:
         with self._lock:
@@ -272,7 +291,7 @@ class SSHTransport:
             chan.close()
             # The request may have reached the node: the command's fate is unknown.
             raise self._lost(f"starting {what or command.split(' ', 1)[0]!r}", exc) from None
-        proc = RemoteProcess(self.label, conn, chan, what or command.split(" ", 1)[0], timeout)
+        proc = RemoteProcess(self.label, conn, chan, what or f"running {command.split(' ', 1)[0]!r}", timeout)
         if input is not None:
             proc.feed(input)
         else:
@@ -355,7 +374,7 @@ class SSHTransport:
                 f"ProxyCommand {ep.expanded_proxy_command()!r} said: {said}" if proxy and said
                 else "is the machine up, sshd running and the port open to you?"
             )
-            raise SSHConnectError(f"{where}: {exc or type(exc).__name__}", hint=hint) from None
+            raise SSHConnectError(f"{where}: {describe(exc)}", hint=hint) from None
         transport = client.get_transport()
         assert transport is not None
         transport.set_keepalive(_KEEPALIVE_S)
@@ -381,7 +400,7 @@ class SSHTransport:
             sock = socket.create_connection((ep.address, ep.port), timeout=self.connect_timeout)
         except OSError as exc:
             raise SSHConnectError(
-                f"{ep.address}:{ep.port}: {exc.strerror or exc}",
+                f"{ep.address}:{ep.port}: {exc.strerror or describe(exc)}",
                 hint="is the machine up, sshd running and the port open to you?",
             ) from None
         _tune_tcp(sock)

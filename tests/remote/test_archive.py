@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from cloudtrain.errors import UnsafeArchiveError
+from cloudtrain.errors import RemoteError
 from cloudtrain.remote.archive import safe_extract
 
 
@@ -69,22 +69,37 @@ HOSTILE: dict[str, Callable[[], bytes]] = {
 
 
 @pytest.mark.parametrize("case", sorted(HOSTILE))
-def test_hostile_archive_is_refused_and_nothing_is_written(case: str, tmp_path: Path) -> None:
+def test_hostile_member_is_refused_and_the_rest_lands(case: str, tmp_path: Path) -> None:
+    """One unsafe member is skipped and reported; it must not cost the harmless ones (issue 8.4)."""
     outside = tmp_path / "outside.txt"
     outside.write_text("precious")
     dest = tmp_path / "run" / "results"
     dest.mkdir(parents=True)
     (dest / "existing.txt").write_text("kept")
-    before = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*"))
 
-    with pytest.raises(UnsafeArchiveError):
-        safe_extract(_OneWay(HOSTILE[case]()), dest)
+    got = safe_extract(_OneWay(HOSTILE[case]()), dest)
 
-    after = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*"))
-    assert after == before, "a refused archive must leave no trace, not even its harmless members"
+    assert got.refused, "the hostile member must be reported"
+    assert all(r.reason for r in got.refused)
+    assert "ok.txt" in got.names and (dest / "ok.txt").read_text() == "x"
     assert outside.read_text() == "precious"
     assert (dest / "existing.txt").read_text() == "kept"
     assert not Path("/tmp/cloudtrain-evil.txt").exists()
+    assert not (tmp_path / "run" / "evil.txt").exists() and not (tmp_path / "evil.txt").exists()
+    for path in dest.rglob("*"):
+        # Nothing that landed points or leads outside the destination, and nothing is a device.
+        assert path.resolve().is_relative_to(dest.resolve()) or not path.is_symlink(), path
+        assert path.is_symlink() or path.is_file() or path.is_dir(), path
+    assert not [p for p in dest.iterdir() if p.name.startswith(".cloudtrain-extract-")]
+
+
+def test_truncated_stream_raises_and_leaves_nothing(tmp_path: Path) -> None:
+    """A transfer cut short is an error (never a silent partial result) and writes nothing."""
+    data = _tar(_file("outputs/a.bin", os.urandom(50_000)), _file("outputs/b.bin", os.urandom(50_000)))
+    dest = tmp_path / "results"
+    with pytest.raises(RemoteError):
+        safe_extract(_OneWay(data[: len(data) // 3]), dest)
+    assert list(dest.iterdir()) == []
 
 
 def test_good_archive_streams_and_replaces_older_results(tmp_path: Path) -> None:
@@ -100,8 +115,10 @@ def test_good_archive_streams_and_replaces_older_results(tmp_path: Path) -> None
         _special("outputs/copy.bin", tarfile.LNKTYPE, "outputs/model/weights.bin"),
     )
 
-    names = safe_extract(_OneWay(data), dest)
+    got = safe_extract(_OneWay(data), dest)
+    names = got.names
 
+    assert not got.refused
     assert names[0] == "outputs" and "outputs/latest" in names
     assert (dest / "outputs" / "metrics.json").read_text() == "new"
     assert (dest / "outputs" / "untouched.txt").read_text() == "stays"

@@ -1,0 +1,200 @@
+"""Bringing a run's logs and results home: across dropped links, verified, never half-reported.
+
+Used by `run` (after the job) and by `cloudtrain collect` (again, any time the cluster exists).
+Logs come first (they explain everything else), then results. A transfer that breaks is started
+again on a fresh connection until it succeeds or `ssh.connect_retries_s` has passed; what arrives
+is checked against a listing made on the node (every regular file, with its size). Extraction is
+staged, so a broken attempt leaves the run directory as it was.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from cloudtrain.errors import CloudtrainError, RemoteError
+from cloudtrain.remote import jobs
+from cloudtrain.remote.archive import Refused, list_files
+
+if TYPE_CHECKING:
+    from cloudtrain.nodes import Node
+
+# A listing that disagrees with what arrived is retried this often (files still changing).
+_MISMATCH_ATTEMPTS = 3
+
+
+@dataclass(frozen=True)
+class Collected:
+    files: tuple[str, ...] = ()  # written into the run directory: results, then logs
+    refused: tuple[Refused, ...] = ()  # unsafe members the node offered, with reasons
+    attempts: int = 0
+    error: str | None = None  # why not everything is home; None when it all is, verified
+    missing_logs: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def complete(self) -> bool:
+        return self.error is None
+
+
+def job_ids(run_id: str) -> tuple[tuple[str, str], ...]:
+    """(job id, log file name) of the jobs a run starts on every node."""
+    return ((f"{run_id}-run", "job.log"), (f"{run_id}-setup", "setup.log"))
+
+
+def collect(nodes: Sequence[Node], run_id: str, result_paths: Sequence[str], run_dir: Path,
+            window_s: float, warn: Callable[[str], None], results: bool = True) -> Collected:
+    """Fetch logs from every node and results from rank 0 into run_dir. Never raises for the link."""
+    deadline = time.monotonic() + window_s
+    files: list[str] = []
+    errors: list[str] = []
+    attempts = 0
+    for node in nodes:
+        for job_id, name in job_ids(run_id):
+            target = run_dir / (name if node.rank == 0 else f"node-{node.rank}-{name}")
+            try:
+                data, tries = _retrying(lambda n=node, j=job_id: _read_all(n, j), deadline, warn, "fetching the log")
+            except CloudtrainError as exc:
+                errors.append(f"{target.name}: {exc.one_line()}")
+                continue
+            attempts += tries
+            if data is not None:
+                _write_atomically(target, data)
+                files.append(target.name)
+    refused: tuple[Refused, ...] = ()
+    if results and result_paths:
+        try:
+            (names, refused), tries = _retrying(
+                lambda: _fetch_verified(nodes[0], result_paths, run_dir), deadline, warn, "copying the results"
+            )
+            attempts += tries
+            files = list(names) + files
+        except CloudtrainError as exc:
+            errors.insert(0, exc.one_line())
+    error = "; ".join(errors) if errors else None
+    return Collected(tuple(files), refused, attempts, error)
+
+
+class _Mismatch(RemoteError):
+    """What arrived differs from the node's listing (a file still changing, or a cut transfer)."""
+
+
+def _fetch_verified(node: Node, paths: Sequence[str], run_dir: Path) -> tuple[list[str], tuple[Refused, ...]]:
+    t = node.transport
+    expected = list_files(t, node.layout.workdir, paths)
+    got = t.get_tree(node.layout.workdir, paths, run_dir)
+    refused = {r.member for r in got.refused}
+    wrong = sorted(name for name, size in expected.items() if name not in refused and got.sizes.get(name) != size)
+    if wrong:
+        raise _Mismatch(
+            f"{len(wrong)} of {len(expected)} result file(s) did not arrive whole (e.g. {wrong[0]!r})",
+            hint="they are still on the node",
+        )
+    return list(got.names), got.refused
+
+
+def _retrying(fn: Callable, deadline: float, warn: Callable[[str], None], doing: str) -> tuple:  # noqa: ANN001
+    """Call fn until it succeeds; retry link failures until the deadline, mismatches a few times."""
+    from cloudtrain.remote.channel import ConnectionLostError, SSHConnectError
+
+    attempt, mismatches, delay = 0, 0, 0.5
+    while True:
+        attempt += 1
+        try:
+            return fn(), attempt
+        except (ConnectionLostError, SSHConnectError) as exc:
+            if time.monotonic() + delay > deadline:
+                raise
+            warn(f"{doing}: {exc.message}; trying again (attempt {attempt + 1})")
+        except _Mismatch as exc:
+            mismatches += 1
+            if mismatches >= _MISMATCH_ATTEMPTS or time.monotonic() > deadline:
+                raise
+            warn(f"{doing}: {exc.message}; trying again")
+        time.sleep(delay)
+        delay = min(delay * 2, 5.0)
+
+
+def _read_all(node: Node, job_id: str) -> bytes | None:
+    """The job's whole log; None when the job never started on this node."""
+    chunks, offset = [], 0
+    while True:
+        chunk = jobs.read_log(node.transport, node.layout, job_id, offset)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        offset += len(chunk)
+    if not chunks:
+        st = jobs.status(node.transport, node.layout, job_id)
+        return None if st.state == "pending" else b""
+    return b"".join(chunks)
+
+
+def _write_atomically(target: Path, data: bytes) -> None:
+    tmp = target.with_name(f".{target.name}.part")
+    tmp.write_bytes(data)
+    os.replace(tmp, target)
+
+
+def collect_again(lc, name: str, run_id: str | None, warn: Callable[[str], None]):  # noqa: ANN001, ANN201
+    """`cloudtrain collect NAME [RUN]`: fetch a run's logs and results again into its run directory.
+
+    Idempotent: files are replaced by fresh copies. Results are fetched only when no later run
+    on the cluster has replaced them in the shared workdir; logs are per job and always fetched.
+    Returns (run.json as updated, what this collect brought).
+    """
+    import json as _json
+
+    from cloudtrain.errors import UsageError
+    from cloudtrain.nodes import close_all, connect
+    from cloudtrain.runrecord import RunJson
+
+    cluster = lc.get(name)
+    runs = lc.store.list_runs(cluster=name, limit=1000)
+    if run_id is None:
+        if not runs:
+            raise UsageError(f"cluster {name!r} has no runs to collect", hint="`cloudtrain run RECIPE --cluster NAME`")
+        run = runs[0]
+    else:
+        run = next((r for r in runs if r.id == run_id), None)
+        if run is None:
+            from cloudtrain.yamlfile import did_you_mean
+
+            hint = did_you_mean(run_id, [r.id for r in runs]) or f"see `cloudtrain status {name}`"
+            raise UsageError(f"no run {run_id!r} on cluster {name!r}", hint=hint)
+    if cluster.record.status != "up":
+        raise UsageError(f"cluster {name!r} is {cluster.record.status}", hint=f"`cloudtrain start {name}` first")
+    if run.status == "running" and run.driver_alive():
+        raise UsageError(f"run {run.id} is still running; `cloudtrain run` collects when it ends",
+                         hint=f"`cloudtrain logs {name} -f` follows it")
+    later = [r for r in runs if r.started_at > run.started_at]
+    run_dir = Path(run.run_dir or "")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    paths = _json.loads(run.result_paths) if run.result_paths else []
+    if later and paths:
+        warn(f"results of {run.id} were replaced on the node by the later run {later[-1].id}: fetching its logs only")
+    nodes = connect(list(cluster.nodes), cluster.provider, lc.config)
+    try:
+        got = collect(nodes, run.id, paths, run_dir, window_s=lc.config.ssh.connect_retries_s, warn=warn,
+                      results=not later)
+    finally:
+        close_all(nodes)
+    try:
+        record = RunJson.read(run_dir)
+    except (OSError, ValueError, TypeError):
+        record = None
+    if record is not None:
+        results = tuple(sorted(set(record.results) | set(got.files)))
+        status = record.status
+        error = record.error
+        if got.complete and not later and record.exit_code == 0 and (record.error or "").startswith("collect failed"):
+            status, error = "succeeded", None
+        record = record.with_collect(results=results, refused=tuple((x.member, x.reason) for x in got.refused),
+                                     collect_error=got.error, collect_attempts=record.collect_attempts + got.attempts,
+                                     status=status, error=error)
+        record.write(run_dir)
+        lc.store.update_run(run.id, status=status)
+    return run, got

@@ -1,0 +1,89 @@
+"""Keeping job rows true: the node is the authority on a job's state, state.db only remembers it.
+
+Every CLI path that shows or acts on a job (`status NAME`, `status --refresh`, `logs`, `cancel`,
+`run`'s busy check) asks the node for the jobs state.db still calls running. Plain `status`
+stays fast: it reads local nodes' job files directly and never opens SSH.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from cloudtrain.state import JobRecord, StateStore
+
+if TYPE_CHECKING:
+    from cloudtrain.nodes import Node
+
+OPEN_STATES = frozenset({"pending", "running"})
+
+
+def refresh_jobs(store: StateStore, cluster: str, nodes: Sequence[Node]) -> list[JobRecord]:
+    """Ask rank 0 about every job of `cluster` that state calls open; return the cluster's jobs."""
+    from cloudtrain.remote import jobs
+
+    if nodes:
+        head = nodes[0]
+        for job in store.list_jobs(cluster):
+            if job.status not in OPEN_STATES:
+                continue
+            status = jobs.status(head.transport, head.layout, job.id)
+            if status.state not in OPEN_STATES:
+                store.update_job(job.id, status=status.state, exit_code=status.exit_code,
+                                 ended_at=status.ended_at or time.time())
+    return store.list_jobs(cluster)
+
+
+def end_open_jobs(store: StateStore, cluster: str, state: str = "killed") -> None:
+    """The cluster's machines stopped or went away: nothing of it runs any more."""
+    for job in store.list_jobs(cluster):
+        if job.status in OPEN_STATES:
+            store.update_job(job.id, status=state, ended_at=time.time())
+
+
+def peek_local(job: JobRecord) -> JobRecord:
+    """A job on a `local` node, read from its files without starting a shell (for plain `status`).
+
+    Mirrors `runner.sh status`: exit_code present means over; a supervisor pid that is gone
+    without one means lost.
+    """
+    if job.status not in OPEN_STATES:
+        return job
+    job_dir = Path(job.job_dir)
+    code_text = _read(job_dir / "exit_code")
+    if code_text is not None and code_text.lstrip("-").isdigit():
+        code = int(code_text)
+        if code == 0:
+            state = "succeeded"
+        elif (job_dir / "cancelled").exists() or code == 143:
+            state = "killed"
+        else:
+            state = "failed"
+        ended = _read(job_dir / "ended_at")
+        return _with(job, state, code, float(ended) if ended and ended.isdigit() else None)
+    pid_text = _read(job_dir / "pid")
+    if pid_text is None or not pid_text.isdigit():
+        return job if job_dir.exists() else _with(job, "lost", None, None)
+    try:
+        os.kill(int(pid_text), 0)
+    except ProcessLookupError:
+        return _with(job, "lost", None, None)
+    except PermissionError:
+        return job
+    return job
+
+
+def _with(job: JobRecord, state: str, code: int | None, ended: float | None) -> JobRecord:
+    from dataclasses import replace
+
+    return replace(job, status=state, exit_code=code, ended_at=ended or job.ended_at or time.time())
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text().strip()
+    except (FileNotFoundError, NotADirectoryError):
+        return None
