@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
@@ -16,6 +17,8 @@ from cloudtrain.remote.transport import LocalTransport, Transport
 from cloudtrain.state import NodeRecord
 
 T = TypeVar("T")
+R = TypeVar("R")
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -97,32 +100,76 @@ def open_transport(record: NodeRecord, provider: Provider, config: Config) -> Tr
 
 
 def connect(records: Sequence[NodeRecord], provider: Provider, config: Config) -> list[Node]:
+    """One open Transport per record; if any node fails, none stays open (raises that failure)."""
+
     def one(record: NodeRecord) -> Node:
         transport = open_transport(record, provider, config)
-        return Node(record.rank, record, transport, NodeLayout.for_cluster(transport, record.cluster))
+        try:
+            return Node(record.rank, record, transport, NodeLayout.for_cluster(transport, record.cluster))
+        except BaseException:
+            # for_cluster asks the node for its home: connected but unusable is still open.
+            transport.close()
+            raise
 
-    return on_all(list(records), one, label=lambda r: f"node {r.rank} ({r.instance_id})")
+    # A leaked SSH transport is a paramiko thread, a socket and maybe a ProxyCommand process that
+    # live until this process exits (for a long `run`, hours).
+    return on_all(list(records), one, label=lambda r: f"node {r.rank} ({r.instance_id})",
+                  cleanup=lambda node: node.transport.close())
 
 
-def on_all(items: list[T], fn: Callable[[T], object], label: Callable[[T], str] | None = None) -> list:
-    """Run fn on every item in parallel; if any fails, raise the first failure naming its item."""
+def on_all(
+    items: list[T],
+    fn: Callable[[T], R],
+    label: Callable[[T], str] | None = None,
+    cleanup: Callable[[R], object] | None = None,
+) -> list[R]:
+    """Run fn on every item in parallel and return the results in item order.
+
+    Every call finishes before this returns or raises. If any fails, the first failure in item
+    order is raised with its item's label in front (anything that is not a CloudtrainError
+    becomes a RemoteError caused by it), and `cleanup` gets every result that did succeed,
+    because the caller never sees them.
+    """
+    if not items:
+        return []  # ThreadPoolExecutor refuses max_workers=0
     if len(items) == 1:
         return [fn(items[0])]
-    with ThreadPoolExecutor(max_workers=min(16, len(items))) as pool:
-        futures = [pool.submit(fn, item) for item in items]
-        results, failure = [], None
-        for item, future in zip(items, futures):
-            try:
-                results.append(future.result())
-            except CloudtrainError as exc:
-                if failure is None:
-                    failure = (item, exc)
-        if failure is not None:
-            item, exc = failure
-            name = label(item) if label else str(item)
-            exc.message = f"{name}: {exc.message}"
-            raise exc
-        return results
+    pool = ThreadPoolExecutor(max_workers=min(16, len(items)))
+    futures = [pool.submit(fn, item) for item in items]
+    try:
+        wait(futures)
+    except BaseException:
+        # Ctrl-C while waiting: start nothing new, let what runs finish, close what it opened.
+        pool.shutdown(wait=True, cancel_futures=True)
+        _clean_up([f for f in futures if not f.cancelled()], cleanup)
+        raise
+    pool.shutdown(wait=True)
+    failed = next(((item, f.exception()) for item, f in zip(items, futures) if f.exception() is not None), None)
+    if failed is None:
+        return [f.result() for f in futures]
+    _clean_up(futures, cleanup)
+    item, exc = failed
+    name = label(item) if label else str(item)
+    if isinstance(exc, CloudtrainError):
+        exc.message = f"{name}: {exc.message}"
+        raise exc
+    if not isinstance(exc, Exception):
+        raise exc  # SystemExit and the like: not ours to rename
+    raise RemoteError(f"{name}: unexpected {type(exc).__name__}: {exc}") from exc
+
+
+def _clean_up(futures: Sequence[Future], cleanup: Callable[[object], object] | None) -> None:
+    if cleanup is None:
+        return
+    for future in futures:
+        if not future.done() or future.exception() is not None:
+            continue
+        try:
+            cleanup(future.result())
+        except Exception as exc:  # noqa: BLE001
+            # The failure being raised is what the caller needs; one that happened while
+            # tidying up after it must neither hide it nor stop the other clean-ups.
+            log.warning("cleaning up after a failed parallel step: %s: %s", type(exc).__name__, exc)
 
 
 def close_all(nodes: Sequence[Node]) -> None:

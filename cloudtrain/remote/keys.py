@@ -22,6 +22,7 @@ import hashlib
 import json
 import os
 import re
+import shlex
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
@@ -34,7 +35,18 @@ from cloudtrain.config import Config
 from cloudtrain.errors import RemoteError, UsageError
 from cloudtrain.providers.base import HostSpec, Instance
 
-_SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+_SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+# What an endpoint may hold, because OpenSSH 9.2 (Debian 12) puts %h/%r into a ProxyCommand
+# unquoted (CVE-2023-51385, refused only from 9.6 on) and a newline in a value would add
+# directives to the generated ssh config. Allow-lists, matched whole: host names and IPv4/IPv6
+# literals (no `%zone`: `%` starts an ssh_config token), POSIX-style user names plus `@` for
+# directory users, cloud instance ids. A leading `-` would become an option of the proxy
+# (`ssh -W %h:%p bastion`), so the first character is never one.
+_SAFE_ENDPOINT = {
+    "address": (re.compile(r"[A-Za-z0-9_:][A-Za-z0-9._:-]{0,252}"), "letters, digits and . _ - :"),
+    "user": (re.compile(r"[A-Za-z0-9_][A-Za-z0-9._@-]{0,127}"), "letters, digits and . _ - @"),
+    "instance id": (re.compile(r"[A-Za-z0-9_][A-Za-z0-9._:@-]{0,254}"), "letters, digits and . _ - : @"),
+}
 # OpenSSH HostKeyAlgorithms that prove possession of a key of each type; pinned in the per-node
 # config so OpenSSH negotiates the same key type paramiko pinned.
 _HOSTKEY_ALGORITHMS = {
@@ -50,6 +62,14 @@ _END = "# <<< cloudtrain cluster {name}"
 
 class HostKeyMismatchError(RemoteError):
     """The node presented a host key different from the one pinned for its instance id."""
+
+
+class UnsafeEndpointError(RemoteError):
+    """An address, user or instance id that a shell or an ssh config would interpret, not just carry.
+
+    A RemoteError (not a UsageError) on purpose: the value may come from a cloud's API or tag, and
+    `down` treats an unreachable node as "files stay there", not as a reason to stop.
+    """
 
 
 # ----------------------------------------------------------------------------- cluster keys
@@ -82,7 +102,8 @@ def generate_ed25519(private_path: Path, comment: str) -> str:
 
 
 def _check_name(kind: str, name: str) -> str:
-    if not _SAFE_NAME.match(name):
+    # fullmatch: `$` would also accept a name ending in a newline.
+    if not _SAFE_NAME.fullmatch(name):
         raise UsageError(f"{kind} name {name!r} cannot be used in a file name")
     return name
 
@@ -236,10 +257,39 @@ class Endpoint:
         return f"{self.user}@{self.address}" + (f":{self.port}" if self.port != 22 else "")
 
     def expanded_proxy_command(self) -> str | None:
+        """The ProxyCommand with %h %p %r %n replaced by shell-quoted values, ready for `sh -c`.
+
+        resolve_endpoint already refuses values a shell would interpret, so for every endpoint it
+        makes the quoting changes nothing (a template's own `"%h:%p"` keeps working); it is what
+        keeps an endpoint built any other way from running `$(...)` or `;cmd` on this machine.
+        """
         if not self.proxy_command:
             return None
-        tokens = {"h": self.address, "p": str(self.port), "r": self.user, "n": self.address, "%": "%"}
-        return re.sub(r"%(.)", lambda m: tokens.get(m.group(1), m.group(0)), self.proxy_command)
+        tokens = {"h": self.address, "p": str(self.port), "r": self.user, "n": self.address}
+
+        def expand(match: re.Match[str]) -> str:
+            token = match.group(1)
+            if token == "%":
+                return "%"
+            return shlex.quote(tokens[token]) if token in tokens else match.group(0)
+
+        return re.sub(r"%(.)", expand, self.proxy_command)
+
+    def check_safe(self, sources: dict[str, str] | None = None) -> Endpoint:
+        """Refuse (UnsafeEndpointError) an address, user or instance id outside the allow-lists."""
+        values = {"instance id": self.instance_id, "address": self.address, "user": self.user}
+        for kind, value in values.items():
+            pattern, allowed = _SAFE_ENDPOINT[kind]
+            if pattern.fullmatch(value):
+                continue
+            shown = value if len(value) <= 200 else value[:200] + "..."
+            source = f" (from {sources[kind]})" if sources and kind in sources else ""
+            raise UnsafeEndpointError(
+                f"refusing ssh {kind} {shown!r} of instance {self.instance_id!r}{source}: a shell or an ssh "
+                f"config would read it as more than a name",
+                hint=f"allowed: {allowed}, not starting with '-'",
+            )
+        return self
 
 
 def current_user() -> str:
@@ -261,17 +311,45 @@ def resolve_endpoint(
     user = (host.user if host else None) or instance.ssh_user or current_user()
     identity = Path(host.key).expanduser() if host and host.key else key_path
     proxy = (host.proxy_command if host else None) or config.ssh.proxy_command
-    return Endpoint(instance.id, address, int(port), user, identity, proxy)
+    # Checked here, where values from recipes, cloud APIs and instance tags come together, and
+    # before anything hands them to a ProxyCommand, paramiko or a config file.
+    sources = {
+        "address": "the recipe's hosts" if host and host.address else "the instance's public address",
+        "user": "the recipe's hosts" if host and host.user else
+                "the instance record, e.g. its ssh-user tag" if instance.ssh_user else "the local user name",
+        "instance id": "the provider",
+    }
+    return Endpoint(instance.id, address, int(port), user, identity, proxy).check_safe(sources)
 
 
 def _quote_value(value: str) -> str:
-    # ssh_config values: `%` starts a token in paths, whitespace needs double quotes.
+    # ssh_config values: `%` starts a token in paths, whitespace needs double quotes. A newline
+    # would end the line (and start a directive of the value's choosing); a `"` would end the quotes.
+    if _has_control(value) or '"' in value:
+        raise UnsafeEndpointError(f"refusing to write {value!r} to an ssh config: it has a control character or '\"'")
     value = value.replace("%", "%%")
     return f'"{value}"' if any(c.isspace() for c in value) else value
 
 
+def _has_control(value: str) -> bool:
+    return any(ord(c) < 0x20 or ord(c) == 0x7F for c in value)
+
+
 def render_host_block(alias: str, endpoint: Endpoint, known_hosts_file: Path, *, key_type: str | None = None,
                       connect_timeout: float | None = None) -> str:
+    """One `Host` block. HostName and User are validated, and ProxyCommand keeps its %-tokens.
+
+    OpenSSH expands those tokens itself, unquoted (9.2 does not refuse shell metacharacters in
+    them). We keep them rather than expanding here because the user's own `ssh <cluster>` then
+    shows their template as written, and with HostName and User held to check_safe's allow-lists
+    the unquoted expansion is only ever a plain word.
+    """
+    endpoint.check_safe()
+    if endpoint.proxy_command and _has_control(endpoint.proxy_command):
+        raise UnsafeEndpointError(
+            f"refusing ProxyCommand {endpoint.proxy_command!r} for instance {endpoint.instance_id!r}: "
+            f"it has a control character, which would end its line in the ssh config"
+        )
     lines = [
         f"Host {alias}",
         f"    HostName {endpoint.address}",

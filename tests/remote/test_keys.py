@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 import stat
 import subprocess
 from pathlib import Path
@@ -9,13 +10,16 @@ from pathlib import Path
 import pytest
 
 from cloudtrain import paths
-from cloudtrain.providers.base import HostSpec
+from cloudtrain.providers.base import HostSpec, Instance, InstanceState
 from cloudtrain.remote.keys import (
+    Endpoint,
     HostKeyMismatchError,
     KnownHosts,
+    UnsafeEndpointError,
     cluster_key,
     delete_cluster_key,
     ensure_ssh_include,
+    node_config,
     remove_ssh_config,
     resolve_endpoint,
     ssh_config_path,
@@ -49,6 +53,15 @@ def test_cluster_name_cannot_escape_the_keys_directory() -> None:
 
     with pytest.raises(UsageError):
         cluster_key("../evil")
+
+
+def test_cluster_name_with_a_trailing_newline_is_refused() -> None:
+    """`$` in a regex also matches before a final newline; a name must match as a whole."""
+    from cloudtrain.errors import UsageError
+
+    with pytest.raises(UsageError):
+        cluster_key("exp\n")
+    assert not (paths.home() / "keys" / "exp\n").exists()
 
 
 def test_pins_are_by_instance_id() -> None:
@@ -135,3 +148,70 @@ def test_openssh_uses_the_generated_config_and_the_same_pins(
     result = ssh("exp", "true")
     assert result.returncode != 0
     assert "HOST IDENTIFICATION HAS CHANGED" in result.stderr or "Host key verification failed" in result.stderr
+
+
+# Values a cloud tag (ssh user), a cloud API or a recipe (address, user) could carry. Each would run
+# a command through a ProxyCommand's %h/%r, pass an option to the proxy, or inject ssh_config lines.
+HOSTILE = [
+    "x;touch {m}",
+    "$(touch {m})",
+    "`touch {m}`",
+    "a b|touch {m}",
+    "-oProxyCommand=touch {m}",
+    "ok\n    ProxyCommand touch {m}",
+]
+
+
+@pytest.mark.parametrize("field", ["address", "user"])
+@pytest.mark.parametrize("template", HOSTILE)
+def test_unsafe_address_or_user_is_refused_before_any_shell_runs(
+    field: str, template: str, tmp_path: Path, sshd_vm_factory: SshdFactory
+) -> None:
+    marker = tmp_path / "pwned"
+    value = template.format(m=marker)
+    instance = Instance(
+        id="i-hostile", cluster="c", state=InstanceState.RUNNING,
+        public_ip=value if field == "address" else "54.30.0.1",
+        ssh_user=value if field == "user" else "ubuntu",  # e.g. from the instance's ssh-user tag
+    )
+    # The proxy runs in tmp_path so that whatever a broken expansion does stays there; %r is
+    # echoed only to bring the user name into the shell command.
+    proxy = f"cd {shlex.quote(str(tmp_path))} && echo %r >/dev/null && {sshd_vm_factory.proxy_command}"
+    with pytest.raises(UnsafeEndpointError) as caught:
+        open_transport(cluster="c", instance=instance, config=fast_config(proxy_command=proxy),
+                       key_path=sshd_vm_factory.client_key.private_path)
+    assert not marker.exists()
+    message = caught.value.one_line()
+    assert "i-hostile" in message and repr(value) in message and "\n" not in message
+
+    # The same values from a recipe's `hosts:` entry are refused the same way.
+    host = HostSpec(value if field == "address" else "10.0.0.5", user=value if field == "user" else "me")
+    with pytest.raises(UnsafeEndpointError):
+        resolve_endpoint(instance=instance, config=fast_config(), host=host)
+
+
+@pytest.mark.parametrize("field", ["address", "user", "instance_id"])
+def test_generated_ssh_config_never_carries_unsafe_values(field: str, tmp_path: Path) -> None:
+    """OpenSSH 9.2 expands %h/%r into ProxyCommand unquoted, and a newline would add directives."""
+    marker = tmp_path / "pwned"
+    values = {"instance_id": "i-1", "address": "54.0.0.1", "user": "ubuntu"}
+    values[field] = f"x;touch {marker}" if field != "instance_id" else "i-1\n    ProxyCommand touch x"
+    endpoint = Endpoint(values["instance_id"], values["address"], 22, values["user"], None, "nc %h %p # %r")
+    write_ssh_config("other", [resolve_endpoint(instance=Instance(id="i-0", cluster="other",
+                     state=InstanceState.RUNNING, public_ip="54.0.0.9"), config=fast_config())])
+    before = ssh_config_path().read_text()
+    with pytest.raises(UnsafeEndpointError):
+        write_ssh_config("exp", [endpoint])
+    assert ssh_config_path().read_text() == before
+    with pytest.raises(UnsafeEndpointError):
+        node_config(endpoint, KnownHosts())
+    assert not list((paths.home() / "ssh" / "nodes").glob("*.conf"))
+
+
+def test_safe_addresses_and_users_are_accepted() -> None:
+    for address in ("10.0.0.5", "gpu-2.lab.example.com", "::1", "2001:db8::17", "host_1"):
+        for user in ("ubuntu", "ec2-user", "svc.ml_1", "alice@corp.example", "_build"):
+            instance = Instance(id="i-ok", cluster="c", state=InstanceState.RUNNING, public_ip=address, ssh_user=user)
+            endpoint = resolve_endpoint(instance=instance, config=fast_config(proxy_command="nc %h %p"))
+            assert (endpoint.address, endpoint.user) == (address, user)
+            assert endpoint.expanded_proxy_command() == f"nc {address} 22"

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import shlex
 import stat
+import sys
 import threading
 import time
 from pathlib import Path
@@ -11,7 +14,7 @@ import pytest
 
 from cloudtrain.errors import RemoteCommandError, RemoteError
 from cloudtrain.remote import jobs
-from cloudtrain.remote.keys import HostKeyMismatchError, KnownHosts, generate_ed25519
+from cloudtrain.remote.keys import Endpoint, HostKeyMismatchError, KnownHosts, generate_ed25519
 from cloudtrain.remote.ssh import SSHAuthError, SSHConnectError, SSHTransport, open_transport
 from cloudtrain.remote.transport import Transport
 from cloudtrain.testing.sshd import SshdFactory, SshdVM, free_port
@@ -82,20 +85,20 @@ def test_put_tree_and_get_tree_round_trip(transport: SSHTransport, tmp_path: Pat
     assert (stats.files_total, stats.files_sent) == (2, 2)
     transport.run(["sh", "-c", "mkdir -p w/outputs && echo 0.99 > w/outputs/acc.txt && ln -s acc.txt w/outputs/latest"])
 
-    names = transport.get_tree(f"{transport.home}/w", ["outputs", "pkg", "missing"], tmp_path / "back")
-    assert "outputs/acc.txt" in names and "pkg/data.bin" in names
+    got = transport.get_tree(f"{transport.home}/w", ["outputs", "pkg", "missing"], tmp_path / "back")
+    assert "outputs/acc.txt" in got.names and "pkg/data.bin" in got.names
+    assert got.sizes["pkg/data.bin"] == 25600 and not got.refused
     assert (tmp_path / "back" / "outputs" / "latest").read_text() == "0.99\n"
     assert (tmp_path / "back" / "pkg" / "data.bin").read_bytes() == (src / "pkg" / "data.bin").read_bytes()
-    assert transport.get_tree(f"{transport.home}/w", ["nothing-here"], tmp_path / "back2") == []
+    assert transport.get_tree(f"{transport.home}/w", ["nothing-here"], tmp_path / "back2").names == ()
 
 
-def test_get_tree_refuses_a_hostile_node(transport: SSHTransport, tmp_path: Path) -> None:
-    from cloudtrain.errors import UnsafeArchiveError
-
-    transport.run(["sh", "-c", "mkdir -p w && ln -s /etc w/escape"])
-    with pytest.raises(UnsafeArchiveError):
-        transport.get_tree(f"{transport.home}/w", ["escape"], tmp_path / "back")
-    assert not (tmp_path / "back" / "escape").exists()
+def test_get_tree_refuses_a_hostile_member_and_keeps_the_rest(transport: SSHTransport, tmp_path: Path) -> None:
+    transport.run(["sh", "-c", "mkdir -p w/out && ln -s /etc w/out/escape && echo 1 > w/out/good.txt"])
+    got = transport.get_tree(f"{transport.home}/w", ["out"], tmp_path / "back")
+    assert [r.member for r in got.refused] == ["out/escape"] and "points outside" in got.refused[0].reason
+    assert not (tmp_path / "back" / "out" / "escape").exists()
+    assert (tmp_path / "back" / "out" / "good.txt").read_text() == "1\n"
 
 
 def test_changed_host_key_for_same_instance_is_refused(sshd_vm: SshdVM, sshd_vm_factory: SshdFactory) -> None:
@@ -129,6 +132,29 @@ def test_fake_public_address_is_routed_through_proxy_command(
             assert t.label == f"{vm.user}@{address}"
             assert t.home == vm.home
     assert {p.instance_id for p in KnownHosts().pins()} == {"i-54.10.0.1", "i-54.10.0.2"}
+
+
+@pytest.mark.parametrize(("address", "user"), [
+    ("54.10.0.9;touch {m}", "ubuntu"),
+    ("54.10.0.9", "$(touch {m})"),
+    ("54.10.0.9", "`touch {m}`"),
+    ("54.10.0.9 && touch {m}", "it's \"quoted\" $HOME"),
+])
+def test_proxy_command_tokens_are_data_not_shell(address: str, user: str, tmp_path: Path) -> None:
+    """%h/%r reach the ProxyCommand as single words, even for an endpoint nobody validated."""
+    marker = tmp_path / "pwned"
+    address, user = address.format(m=marker), user.format(m=marker)
+    seen = tmp_path / "argv.json"
+    code = "import json, sys; open(sys.argv[1], 'w').write(json.dumps(sys.argv[2:]))"
+    # cd first: if the expansion ever broke out, its side effects stay in tmp_path.
+    proxy = (f"cd {shlex.quote(str(tmp_path))} && {shlex.quote(sys.executable)} -c {shlex.quote(code)} "
+             f"{shlex.quote(str(seen))} %h %p %r %% %%h")
+    endpoint = Endpoint("i-hostile", address, 22, user, None, proxy)
+    transport = SSHTransport(endpoint, cluster="c", known_hosts=KnownHosts(), connect_timeout=5)
+    with pytest.raises(SSHConnectError):
+        transport.connect()  # the "proxy" records its argv and exits: no SSH server behind it
+    assert json.loads(seen.read_text()) == [address, "22", user, "%", "%h"]
+    assert not marker.exists()
 
 
 def test_unreachable_node_fails_with_address_and_hint(sshd_vm_factory: SshdFactory) -> None:
