@@ -165,8 +165,11 @@ def collect_again(lc, name: str, run_id: str | None, warn: Callable[[str], None]
 
             hint = did_you_mean(run_id, [r.id for r in runs]) or f"see `cloudtrain status {name}`"
             raise UsageError(f"no run {run_id!r} on cluster {name!r}", hint=hint)
-    if cluster.record.status != "up":
-        raise UsageError(f"cluster {name!r} is {cluster.record.status}", hint=f"`cloudtrain start {name}` first")
+    if cluster.record.status == "stopped":
+        raise UsageError(f"cluster {name!r} is stopped", hint=f"`cloudtrain start {name}` first")
+    if cluster.record.status in ("terminated", "provisioning", "launch-failed"):
+        raise UsageError(f"cluster {name!r} is {cluster.record.status}: its nodes are not there to collect from",
+                         hint=f"`cloudtrain status --refresh {name}`")
     if run.status == "running" and run.driver_alive():
         raise UsageError(f"run {run.id} is still running; `cloudtrain run` collects when it ends",
                          hint=f"`cloudtrain logs {name} -f` follows it")

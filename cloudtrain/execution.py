@@ -54,22 +54,33 @@ class RunResult:
 
 
 @dataclass
+class _Outcome:
+    """How a phase ended when it did not raise: a phase may fail softly (collect, teardown)."""
+
+    ok: bool = True
+    detail: str = ""
+
+
+@dataclass
 class _PhaseClock:
     reporter: Reporter
     timings: dict[str, float] = field(default_factory=dict)
 
     @contextmanager
-    def phase(self, name: str, detail: str = "") -> Iterator[None]:
+    def phase(self, name: str, detail: str = "") -> Iterator[_Outcome]:
         self.reporter.phase_start(name, detail)
         start = time.monotonic()
-        ok = False
+        outcome = _Outcome(ok=False)
         try:
-            yield
-            ok = True
+            outcome.ok = True
+            yield outcome
+        except BaseException:
+            outcome.ok = False
+            raise
         finally:
             elapsed = time.monotonic() - start
             self.timings[name] = round(self.timings.get(name, 0.0) + elapsed, 3)
-            self.reporter.phase_end(name, elapsed, ok=ok)
+            self.reporter.phase_end(name, elapsed, detail=outcome.detail, ok=outcome.ok)
 
 
 @dataclass
@@ -183,9 +194,10 @@ class Executor:
         recipe = r.loaded.recipe
         collected = Collected()
         if r.nodes:
-            with r.clock.phase("collect"):
+            with r.clock.phase("collect") as outcome:
                 collected = collect(r.nodes, r.run_id, recipe.result_paths(), r.run_dir,
                                     window_s=self.config.ssh.connect_retries_s, warn=self.reporter.warn)
+                outcome.ok = collected.complete
             for refused in collected.refused:
                 self.reporter.warn(f"refused result {refused.member!r}: {refused.reason}")
             if not collected.complete:
@@ -199,8 +211,11 @@ class Executor:
             # Results that are not home live only on the node: never delete it under them.
             results_at_risk = bool(r.jobs_started) and not collected.complete
             try:
-                with r.clock.phase("teardown", policy):
+                with r.clock.phase("teardown", policy) as outcome:
                     teardown_done = self._teardown(r, policy, results_at_risk)
+                    done_as_asked = {"down": "down", "stop": "stopped", "keep": "kept"}[policy] == teardown_done
+                    outcome.ok = done_as_asked
+                    outcome.detail = "" if done_as_asked else f"cluster {teardown_done} instead of {policy}"
             # Reported loudly, and recorded in run.json below; the user must know money may be burning.
             except Exception as exc:  # noqa: BLE001
                 detail = exc.one_line() if isinstance(exc, CloudtrainError) else f"{type(exc).__name__}: {exc}"

@@ -10,6 +10,7 @@ from __future__ import annotations
 import difflib
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 from cloudtrain.catalog import Catalog, Offer
 from cloudtrain.errors import NotAvailableError, UsageError
@@ -18,6 +19,21 @@ from cloudtrain.yamlfile import did_you_mean
 
 # Clouds whose machines already exist (or are this one): nothing to pick, nothing to pay.
 FREE_CLOUDS = ("local", "ssh")
+
+_E = TypeVar("_E", bound=UsageError)
+
+
+def _refusal(kind: type[_E], field: str, message: str, hint: str | None = None) -> _E:
+    """A plan error that knows which recipe field it is about (`field`, dotted, e.g.
+    "resources.region"), so a caller holding the YAML can point at the file and line."""
+    error = kind(message, hint=hint)
+    error.field = field  # type: ignore[attr-defined]
+    return error
+
+
+def refused_field(error: BaseException) -> str | None:
+    """The recipe field a `make_plan` error is about, or None for errors from elsewhere."""
+    return getattr(error, "field", None)
 
 
 @dataclass(frozen=True)
@@ -79,8 +95,9 @@ class Plan:
         return (placement or self.best).hourly_price * self.num_nodes * hours
 
     def summary(self) -> str:
-        nodes = f"{self.num_nodes} x " if self.num_nodes > 1 else ""
-        line = f"{nodes}{self.best.describe()} = ${self.hourly_cost:.4g}/h"
+        line = self.best.describe()
+        if self.num_nodes > 1:
+            line = f"{self.num_nodes} x {line} = ${self.hourly_cost:.4g}/h"
         if self.estimated_cost is not None:
             line += f", at most ${self.estimated_cost:.2f} for {self.max_hours:g} h"
         return line
@@ -109,17 +126,23 @@ def make_plan(
     priced = [c for c in catalog.clouds() if c in clouds]
     if res.cloud == "any":
         if not priced:
-            raise NotAvailableError(
+            raise _refusal(
+                NotAvailableError,
+                "resources.cloud",
                 "cloud any: none of the usable clouds has offers in the catalog",
                 hint=f"usable: {', '.join(clouds) or 'none'}; run `cloudtrain check`",
             )
         targets = priced
     elif res.cloud not in clouds:
-        raise NotAvailableError(
-            f"cloud {res.cloud!r} is not available yet in this cloudtrain", hint=f"available: {', '.join(clouds)}"
+        raise _refusal(
+            NotAvailableError,
+            "resources.cloud",
+            f"cloud {res.cloud!r} is not available yet in this cloudtrain",
+            hint=f"available: {', '.join(clouds)}",
         )
     elif res.cloud not in priced:
-        raise NotAvailableError(f"no catalog of {res.cloud} offers yet", hint="pick another cloud")
+        raise _refusal(NotAvailableError, "resources.cloud", f"no catalog of {res.cloud} offers yet",
+                       hint="pick another cloud")
     else:
         targets = [res.cloud]
 
@@ -129,13 +152,17 @@ def make_plan(
     if res.image and res.image.startswith("ami-") and res.region is None:
         # AMI ids exist in one region only: failing over to another region could never use it.
         if default_region is None:
-            raise UsageError(
+            raise _refusal(
+                UsageError,
+                "resources.image",
                 f"resources.image {res.image} is an AMI id, which belongs to one region",
                 hint="set resources.region too",
             )
         offers = [o for o in offers if o.region == default_region]
         if not offers:
-            raise NotAvailableError(
+            raise _refusal(
+                NotAvailableError,
+                "resources.image",
                 f"resources.image {res.image} pins the plan to region {default_region}, where nothing fits",
                 hint="set resources.region to the AMI's region",
             )
@@ -150,7 +177,9 @@ def make_plan(
             cheapest = placements[0]
             cost = cheapest.hourly_price * recipe.num_nodes * max_hours
             nodes = f" x {recipe.num_nodes} nodes" if recipe.num_nodes > 1 else ""
-            raise UsageError(
+            raise _refusal(
+                UsageError,
+                "budget.max_usd",
                 f"budget: the cheapest fit, {cheapest.describe()}{nodes}, costs ${cost:.2f} for "
                 f"{max_hours:g} h, over budget.max_usd ${max_usd:.2f}",
                 hint="raise budget.max_usd, lower budget.max_hours or num_nodes"
@@ -166,8 +195,11 @@ def _check_region(catalog: Catalog, clouds: Sequence[str], region: str) -> None:
         return
     hint = did_you_mean(region, known)
     if hint:
-        raise UsageError(f"resources.region: {', '.join(clouds)} has no region {region!r}", hint=hint)
-    raise NotAvailableError(
+        raise _refusal(UsageError, "resources.region", f"resources.region: {', '.join(clouds)} has no region {region!r}",
+                       hint=hint)
+    raise _refusal(
+        NotAvailableError,
+        "resources.region",
         f"resources.region: no price data for region {region!r}", hint=f"the catalog covers {', '.join(known)}"
     )
 
@@ -181,13 +213,17 @@ def _fitting_offers(recipe: Recipe, catalog: Catalog, clouds: Sequence[str]) -> 
     if res.instance_type is not None:
         known = [t for c in clouds for t in catalog.instance_types(c)]
         if res.instance_type not in known:
-            raise UsageError(
+            raise _refusal(
+                UsageError,
+                "resources.instance_type",
                 f"resources.instance_type: unknown {'/'.join(clouds)} instance type {res.instance_type!r}",
                 hint=did_you_mean(res.instance_type, known) or "see the catalog in cloudtrain/catalog_data/",
             )
         offers = catalog.query(instance_type=res.instance_type, **common)  # type: ignore[arg-type]
         if not offers:
-            raise NotAvailableError(
+            raise _refusal(
+                NotAvailableError,
+                "resources.instance_type",
                 f"no {market}offer of {res.instance_type}{where}",
                 hint=_elsewhere(catalog.query(cloud=clouds, instance_type=res.instance_type, spot=res.spot)),
             )
@@ -199,7 +235,9 @@ def _fitting_offers(recipe: Recipe, catalog: Catalog, clouds: Sequence[str]) -> 
         canonical = catalog.canonical_accelerator(name)
         if canonical is None:
             known_gpus = catalog.accelerator_names()
-            raise UsageError(
+            raise _refusal(
+                UsageError,
+                "resources.accelerators",
                 f"resources.accelerators: no cloud offers a GPU called {name!r}",
                 hint=_gpu_did_you_mean(name, known_gpus) or f"known GPUs: {', '.join(known_gpus)}",
             )
@@ -207,13 +245,17 @@ def _fitting_offers(recipe: Recipe, catalog: Catalog, clouds: Sequence[str]) -> 
         anywhere = catalog.query(cloud=clouds, accelerator=canonical)
         if not anywhere:
             others = sorted({o.cloud for o in catalog.query(accelerator=canonical)})
-            raise NotAvailableError(
+            raise _refusal(
+                NotAvailableError,
+                "resources.accelerators",
                 f"resources.accelerators: {'/'.join(clouds)} has no {canonical} GPUs",
                 hint=f"offered on {', '.join(others)}" if others else None,
             )
         most = max(anywhere, key=lambda o: o.accelerator_count)
         if most.accelerator_count < count:
-            raise NotAvailableError(
+            raise _refusal(
+                NotAvailableError,
+                "resources.accelerators",
                 f"resources.accelerators: at most {canonical}:{most.accelerator_count} on one node "
                 f"({most.instance_type}), the recipe asks for {canonical}:{count}",
                 hint="use num_nodes for more GPUs",
@@ -226,7 +268,9 @@ def _fitting_offers(recipe: Recipe, catalog: Catalog, clouds: Sequence[str]) -> 
             **common,  # type: ignore[arg-type]
         )
         if not offers:
-            raise NotAvailableError(
+            raise _refusal(
+                NotAvailableError,
+                _sizes_field(recipe, "resources.accelerators"),
                 f"no {market}offer with {canonical}:{count}{_sizes(recipe)}{where}",
                 hint=_elsewhere(
                     catalog.query(
@@ -242,7 +286,8 @@ def _fitting_offers(recipe: Recipe, catalog: Catalog, clouds: Sequence[str]) -> 
         cpu_only=True, min_vcpus=res.cpus or 0, min_memory_gib=res.memory or 0, **common  # type: ignore[arg-type]
     )
     if not offers:
-        raise NotAvailableError(f"no {market}CPU offer{_sizes(recipe)}{where}", hint="lower resources.cpus/memory")
+        raise _refusal(NotAvailableError, _sizes_field(recipe, "resources"),
+                       f"no {market}CPU offer{_sizes(recipe)}{where}", hint="lower resources.cpus/memory")
     return offers
 
 
@@ -260,13 +305,17 @@ def _check_type_fits(recipe: Recipe, offer: Offer) -> None:
         name = (res.accelerator_name or "").lower()
         if (offer.accelerator or "").lower() != name or offer.accelerator_count < res.accelerator_count:
             has = offer.accelerators or "no GPU"
-            raise UsageError(
+            raise _refusal(
+                UsageError,
+                "resources.accelerators",
                 f"resources.instance_type {offer.instance_type} has {has}, "
                 f"resources.accelerators asks for {res.accelerators}",
                 hint="drop one of the two, or make them agree",
             )
     if (res.cpus or 0) > offer.vcpus or (res.memory or 0) > offer.memory_gib:
-        raise UsageError(
+        raise _refusal(
+            UsageError,
+            "resources.cpus" if (res.cpus or 0) > offer.vcpus else "resources.memory",
             f"resources.instance_type {offer.instance_type} has {offer.vcpus} vCPUs and {offer.memory_gib:g} GiB, "
             f"the recipe asks for{_sizes(recipe)}",
             hint="drop cpus/memory or pick a bigger instance_type",
@@ -279,6 +328,15 @@ def _sizes(recipe: Recipe) -> str:
     if not parts:
         return ""
     return (" and " if res.accelerators else " with ") + ", ".join(parts)
+
+
+def _sizes_field(recipe: Recipe, otherwise: str) -> str:
+    """The field to blame when nothing fits: cpus, else memory, else region, else `otherwise`."""
+    res = recipe.resources
+    for name in ("cpus", "memory", "region"):
+        if getattr(res, name):
+            return f"resources.{name}"
+    return otherwise
 
 
 def _elsewhere(offers: Sequence[Offer]) -> str | None:

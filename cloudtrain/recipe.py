@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
+import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from cloudtrain.errors import RecipeError
@@ -78,7 +79,17 @@ class Resources(_Strict):
 
 class DataMount(_Strict):
     source: str = Field(min_length=1, description="local path (file or directory), relative to the recipe")
-    target: str = Field(min_length=1, description="path on the node; relative paths are under the workdir")
+    target: str = Field(min_length=1, description="path on the node, relative to the workdir, without '..'")
+
+    @field_validator("target")
+    @classmethod
+    def _target_inside_workdir(cls, value: str) -> str:
+        # The node's layout is cloudtrain's business: data lands in the workdir, where the job runs.
+        if value.startswith(("/", "~")) or ".." in Path(value).parts:
+            raise ValueError(
+                f"data targets are relative to the workdir on the node, without '..' or '~', got {value!r}"
+            )
+        return value
 
 
 class BundledJob(_Strict):
@@ -178,6 +189,8 @@ class LoadedRecipe(BaseModel):
     digest: str
     workdir: Path | None
     data_sources: tuple[Path, ...]
+    # The YAML node tree the recipe was read from, for `file:line` in later checks (preflight).
+    node: yaml.Node | None = Field(default=None, exclude=True, repr=False)
 
 
 def interpolate(value: Any, where: str, path: Path, env: dict[str, str]) -> Any:
@@ -232,7 +245,9 @@ def load_recipe(path: str | Path, env: dict[str, str] | None = None) -> LoadedRe
             raise RecipeError(f"{path}: data[{i}].source: {source} does not exist")
         sources.append(source)
     digest = hashlib.sha256(text.encode()).hexdigest()
-    return LoadedRecipe(recipe=recipe, path=path, digest=digest, workdir=workdir, data_sources=tuple(sources))
+    return LoadedRecipe(
+        recipe=recipe, path=path, digest=digest, workdir=workdir, data_sources=tuple(sources), node=node
+    )
 
 
 def json_schema() -> dict[str, Any]:

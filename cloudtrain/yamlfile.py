@@ -15,6 +15,22 @@ import yaml
 from cloudtrain.errors import UsageError
 
 
+class _Loader(yaml.SafeLoader):
+    """SafeLoader whose bad dates are YAML errors with a line, not a bare ValueError from datetime."""
+
+    def construct_yaml_timestamp(self, node: yaml.ScalarNode) -> Any:
+        try:
+            return super().construct_yaml_timestamp(node)
+        except ValueError as exc:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"{node.value!r} looks like a date but is not one ({exc}); quote it if it is text",
+                node.start_mark,
+            ) from None
+
+
+_Loader.add_constructor("tag:yaml.org,2002:timestamp", _Loader.construct_yaml_timestamp)
+
+
 def read_yaml(path: Path, error_cls: type[UsageError]) -> tuple[Any, yaml.Node | None, str]:
     """Return (data, node tree, raw text); raise error_cls with file:line:col on syntax errors."""
     try:
@@ -26,8 +42,12 @@ def read_yaml(path: Path, error_cls: type[UsageError]) -> tuple[Any, yaml.Node |
     except (OSError, UnicodeDecodeError) as exc:
         raise error_cls(f"{path}: cannot read: {exc}") from None
     try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
-        data = yaml.safe_load(text)
+        node = yaml.compose(text, Loader=_Loader)
+        if node is not None:
+            _refuse_duplicate_keys(node, path, error_cls)
+        # Loaded from the text again rather than from `node`: constructing flattens `<<` merges into
+        # the node tree, and line_of() must see the keys as the user wrote them.
+        data = yaml.load(text, Loader=_Loader)  # a SafeLoader: no arbitrary objects
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark
         where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
@@ -35,6 +55,84 @@ def read_yaml(path: Path, error_cls: type[UsageError]) -> tuple[Any, yaml.Node |
     except yaml.YAMLError as exc:
         raise error_cls(f"{path}: YAML error: {exc}") from None
     return data, node, text
+
+
+_MERGE_TAG = "tag:yaml.org,2002:merge"
+
+
+def _refuse_duplicate_keys(root: yaml.Node, path: Path, error_cls: type[UsageError]) -> None:
+    """Raise error_cls naming the first key (in file order) that repeats within one mapping, at any depth.
+
+    PyYAML keeps the last of two equal keys without a word, so a second `run:` silently replaces
+    the first. Keys are compared by the value they load as (`1` and `0x1` are the same key), the
+    way the loaded dict would collide them. Keys that arrive through a `<<` merge are not
+    compared: overriding a merged key is what merges are for.
+    """
+    key_loader = _Loader("")  # only its constructor is used, to resolve scalar keys to values
+    duplicates: list[tuple[yaml.Node, yaml.Node, str]] = []  # (first, again, field path of the mapping)
+    try:
+        seen: set[int] = set()  # an anchored node appears once per alias; check it once
+        stack: list[tuple[yaml.Node, str]] = [(root, "")]
+        while stack:
+            node, where = stack.pop()
+            if id(node) in seen:
+                continue
+            seen.add(id(node))
+            if isinstance(node, yaml.MappingNode):
+                first: dict[Any, yaml.Node] = {}
+                for key, value in node.value:
+                    identity = _key_identity(key, key_loader)
+                    if identity is not None and identity in first:
+                        duplicates.append((first[identity], key, where))
+                    elif identity is not None:
+                        first[identity] = key
+                    stack.append((value, _join(where, key.value if isinstance(key, yaml.ScalarNode) else "?")))
+            elif isinstance(node, yaml.SequenceNode):
+                stack.extend((item, _join(where, str(i))) for i, item in enumerate(node.value))
+    finally:
+        key_loader.dispose()
+    if not duplicates:
+        return
+    # The walk is depth-first; the user reads top-down, so report the earliest repeat in the file.
+    duplicates.sort(key=lambda d: (d[1].start_mark.line, d[1].start_mark.column))
+    first_key, again, where = duplicates[0]
+    more = len(duplicates) - 1
+    message = _duplicate_message(path, where, first_key, again)
+    if more:
+        message += f" (and {more} more duplicate key{'s' if more > 1 else ''})"
+    hint = (
+        "merge several mappings with `<<: [*a, *b]`"
+        if again.tag == _MERGE_TAG
+        else "delete one of them: YAML would silently keep only the last"
+    )
+    raise error_cls(message, hint=hint)
+
+
+def _key_identity(key: yaml.Node, loader: _Loader) -> Any:
+    """What a key loads as, or None for keys the duplicate check leaves to the loader."""
+    if not isinstance(key, yaml.ScalarNode):
+        # A list or mapping as a key cannot load at all (unhashable); safe_load reports that itself.
+        return None
+    if key.tag == _MERGE_TAG:
+        return ("<<",)  # a tuple cannot collide with any scalar value
+    try:
+        value = loader.construct_object(key, deep=True)
+    except yaml.constructor.ConstructorError:
+        # A key the safe loader refuses (e.g. a !!python tag): safe_load raises the proper error next.
+        return None
+    # By value, as the dict the loader builds sees them: `true`, `1` and `1.0` are all the key True.
+    return value
+
+
+def _duplicate_message(path: Path, where: str, first: yaml.Node, again: yaml.Node) -> str:
+    line, first_line = again.start_mark.line + 1, first.start_mark.line + 1
+    spelled = "" if first.value == again.value else f" as {first.value!r}"
+    field = f"{where}: " if where else ""
+    return f"{path}:{line}: {field}duplicate key {again.value!r} (first at line {first_line}{spelled})"
+
+
+def _join(where: str, part: str) -> str:
+    return f"{where}.{part}" if where else part
 
 
 def line_of(node: yaml.Node | None, loc: Sequence[str | int]) -> int | None:

@@ -10,8 +10,10 @@ want_test=0
 [ "${1:-}" = "--test" ] && want_test=1
 
 PYTHON=${PYTHON:-python3}
-if ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; then
-    echo "cloudtrain needs Python 3.11+; set PYTHON=/path/to/python3.11" >&2
+# 3.11.4 brought tarfile's 'data' extraction filter, which cloudtrain unpacks results with.
+if ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11, 4))' 2>/dev/null; then
+    have=$("$PYTHON" -c 'import platform; print(platform.python_version())' 2>/dev/null || echo "not runnable")
+    echo "cloudtrain needs Python 3.11.4 or newer ($PYTHON is $have); set PYTHON=/path/to/python3 (3.11.4+)" >&2
     exit 2
 fi
 

@@ -1,15 +1,94 @@
-"""Every test gets its own CLOUDTRAIN_HOME so state, keys and local nodes never leak between tests."""
+"""Every test gets its own CLOUDTRAIN_HOME so state, keys and local nodes never leak between tests.
+
+Two suite-wide rules live here too:
+- Processes the tests start get SIGINT at its default disposition. Started in the background
+  (`nohup scripts/test.sh &`) the suite inherits SIGINT ignored, Python then installs no
+  KeyboardInterrupt handler in its children, and a test's Ctrl-C would be silently lost.
+- Nothing the suite started may outlive it: every process carries a marker in its environment
+  (sshd sessions and detached jobs don't inherit our environment, so their working directory or
+  command line under the suite's temp dir counts too). Survivors are listed, killed, and fail the run.
+"""
 
 from __future__ import annotations
 
 import os
+import secrets
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+_MARK = "CLOUDTRAIN_TEST_SESSION"
+os.environ.setdefault(_MARK, secrets.token_hex(8))
+
+
+def default_sigint() -> None:
+    """preexec_fn for test subprocesses: Ctrl-C behaves as for a user, however pytest was started."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def start_cli(*args: str, cwd: Path | None = None, **popen) -> subprocess.Popen:  # noqa: ANN003
+    """Start the real CLI in the background, as a user's shell would (SIGINT at its default)."""
+    popen.setdefault("stdout", subprocess.PIPE)
+    popen.setdefault("stderr", subprocess.PIPE)
+    popen.setdefault("text", True)
+    return subprocess.Popen([sys.executable, "-m", "cloudtrain", *args], cwd=cwd, env=popen.pop("env", None) or cli_env(),
+                            preexec_fn=default_sigint, **popen)
+
+
+def _survivors(roots: list[str]) -> list[tuple[int, str]]:
+    """Processes (not this one or its ancestors) that belong to this test session."""
+    mark = f"{_MARK}={os.environ[_MARK]}".encode()
+    mine = {os.getpid()}
+    pid = os.getpid()
+    while pid > 1:
+        try:
+            pid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            break
+        mine.add(pid)
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) in mine:
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            if stat.rsplit(")", 1)[1].split()[0] == "Z":
+                continue
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+            environ = (entry / "environ").read_bytes()
+            cwd = os.readlink(entry / "cwd")
+        except (OSError, IndexError):
+            continue
+        if mark in environ.split(b"\0") or any(cwd.startswith(r) or r in cmdline for r in roots):
+            found.append((int(entry.name), cmdline))
+    return found
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if not Path("/proc/self/stat").exists() or hasattr(session.config, "workerinput"):
+        return
+    roots = [str(session.config._tmp_path_factory.getbasetemp())] if hasattr(session.config, "_tmp_path_factory") else []
+    deadline = time.monotonic() + 5
+    left = _survivors(roots)
+    while left and time.monotonic() < deadline:
+        # Give fixtures' last kills (sshd, proxies) a moment to be reaped.
+        time.sleep(0.2)
+        left = _survivors(roots)
+    if not left:
+        return
+    for pid, _ in left:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            continue
+    listing = "\n".join(f"  pid {pid}: {cmd[:200]}" for pid, cmd in left)
+    sys.stderr.write(f"\nerror: {len(left)} process(es) started by the tests outlived them (now killed):\n{listing}\n")
+    session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 @pytest.fixture(autouse=True)

@@ -37,6 +37,11 @@ def test_full_config(tmp_path: Path) -> None:
         ("ssh: {connect_timeout_s: -3}\n", "greater than 0"),
         ("aws: [us-east-1]\n", "aws"),
         ("ssh: {proxy_command: [a\n", "YAML syntax error"),
+        # A duplicate key would silently keep only the last value.
+        ("runs_dir: a\nruns_dir: b\n", ":2: duplicate key 'runs_dir' (first at line 1)"),
+        ("aws:\n  region: us-east-1\n  profile: p\n  region: eu-west-1\n",
+         ":4: aws: duplicate key 'region' (first at line 2)"),
+        ("ssh: {connect_timeout_s: 3, connect_timeout_s: 5}\n", ":1: ssh: duplicate key 'connect_timeout_s' (first at line 1)"),
     ],
 )
 def test_bad_config(tmp_path: Path, text: str, expected: str) -> None:
@@ -45,6 +50,23 @@ def test_bad_config(tmp_path: Path, text: str, expected: str) -> None:
     with pytest.raises(ConfigError) as info:
         load_config(path)
     assert expected in info.value.one_line() and str(path) in info.value.one_line()
+
+
+def test_duplicate_key_error_has_a_hint(tmp_path: Path) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text("gcp:\n  project: p\n  project: q\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert info.value.message == f"{path}:3: gcp: duplicate key 'project' (first at line 2)"
+    assert info.value.hint and "delete one" in info.value.hint and info.value.exit_code == 2
+
+
+def test_merge_keys_in_config(tmp_path: Path) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text("aws: &aws {region: eu-west-1}\ngcp:\n  <<: {project: p, api_endpoint: 'http://127.0.0.1:1'}\n  project: q\n")
+    config = load_config(path)
+    assert config.aws.region == "eu-west-1" and config.gcp.project == "q"
+    assert config.gcp.api_endpoint == "http://127.0.0.1:1"
 
 
 def test_runs_dir_from_config(tmp_path: Path, cloudtrain_home: Path) -> None:

@@ -10,7 +10,7 @@ import pytest
 from cloudtrain import paths
 from cloudtrain.catalog import Catalog, default_catalog
 from cloudtrain.errors import NotAvailableError, UsageError
-from cloudtrain.plan import Placement, Plan, make_plan
+from cloudtrain.plan import Placement, Plan, make_plan, refused_field
 from cloudtrain.recipe import Recipe, load_recipe
 
 CLOUDS = ("local", "ssh", "aws")
@@ -124,6 +124,59 @@ def test_refusals_are_one_clear_line(case: str, resources: dict, top: dict, erro
         plan(resources, **top)
     line = caught.value.one_line()
     assert text in line and "\n" not in line
+
+
+# Which recipe field each refusal is about, so `validate` can point at its file:line.
+REFUSED_FIELD = {
+    "unknown gpu": "resources.accelerators",
+    "unknown gpu, no close name": "resources.accelerators",
+    "too many gpus per node": "resources.accelerators",
+    "gpu not in region": "resources.region",
+    "unknown type": "resources.instance_type",
+    "type not in region": "resources.instance_type",
+    "type and gpu disagree": "resources.accelerators",
+    "type too small": "resources.cpus",
+    "region typo": "resources.region",
+    "region without prices": "resources.region",
+    "cpu too big": "resources.cpus",
+    "cloud not available": "resources.cloud",
+    "ami without region or home": "resources.image",
+    "budget refused": "budget.max_usd",
+    "budget counts every node": "budget.max_usd",
+}
+
+
+@pytest.mark.parametrize(("case", "resources", "top", "error", "text"), REFUSED, ids=[c[0] for c in REFUSED])
+def test_refusals_name_the_recipe_field(case: str, resources: dict, top: dict, error: type, text: str) -> None:
+    with pytest.raises(error) as caught:
+        plan(resources, **top)
+    assert refused_field(caught.value) == REFUSED_FIELD[case]
+
+
+@pytest.mark.parametrize(
+    ("resources", "field"),
+    [
+        ({"instance_type": "g5.xlarge", "memory": 64}, "resources.memory"),
+        ({"accelerators": "T4:1", "memory": 1024}, "resources.memory"),
+        ({"accelerators": "T4:1", "cpus": 96}, "resources.cpus"),
+        ({"memory": 100000}, "resources.memory"),
+    ],
+)
+def test_size_refusals_name_the_size_field(resources: dict, field: str) -> None:
+    with pytest.raises(UsageError) as caught:
+        plan(resources)
+    assert refused_field(caught.value) == field
+
+
+def test_errors_from_elsewhere_name_no_field() -> None:
+    assert refused_field(UsageError("x")) is None and refused_field(ValueError("x")) is None
+
+
+def test_summary_states_the_cluster_price_only_for_several_nodes() -> None:
+    assert plan({"accelerators": "T4:1"}).summary() == "g4dn.xlarge (T4:1) in aws/us-east-1 at $0.526/h"
+    assert plan({"accelerators": "T4:1"}, num_nodes=2).summary() == (
+        "2 x g4dn.xlarge (T4:1) in aws/us-east-1 at $0.526/h = $1.052/h"
+    )
 
 
 def test_budget_keeps_only_affordable_candidates() -> None:

@@ -65,6 +65,25 @@ BAD = [
     ("autostop-negative", OK_BASE + "autostop: {idle_minutes: -5}\n", ["autostop.idle_minutes"]),
     ("budget-negative", OK_BASE + "budget: {max_usd: -1}\n", ["budget.max_usd", "greater than 0"]),
     ("budget-unknown", OK_BASE + "budget: {maxusd: 5}\n", ["budget.maxusd", "did you mean 'max_usd'"]),
+    # Duplicate keys: YAML would silently keep the last one, so the first `run` would never run.
+    ("duplicate-top-key", "name: demo\nrun: echo first\nsetup: x\nrun: echo second\n",
+     [":4: duplicate key 'run' (first at line 2)", "delete one"]),
+    ("duplicate-nested-key", OK_BASE + "resources:\n  cloud: aws\n  region: us-east-1\n  cloud: local\n",
+     [":6: resources: duplicate key 'cloud' (first at line 4)"]),
+    ("duplicate-flow-key", OK_BASE + "envs: {A: '1', B: '2', A: '3'}\n", [":3: envs: duplicate key 'A' (first at line 3)"]),
+    ("duplicate-in-list-item", OK_BASE + "resources:\n  cloud: ssh\n  hosts:\n    - address: a\n      port: 22\n"
+     "      address: b\n", [":8: resources.hosts.0: duplicate key 'address' (first at line 6)"]),
+    ("duplicate-same-value", "name: demo\nname: demo\nrun: x\n", [":2: duplicate key 'name' (first at line 1)"]),
+    # Keys that differ in spelling but load as the same value are the same key to YAML.
+    ("duplicate-after-resolving", OK_BASE + "envs:\n  1: a\n  0x1: b\n",
+     [":5: envs: duplicate key '0x1' (first at line 4 as '1')"]),
+    ("duplicate-reported-in-file-order", "name: demo\nresources:\n  cloud: aws\n  cloud: local\nrun: x\nrun: y\n",
+     [":4: resources: duplicate key 'cloud' (first at line 3) (and 1 more duplicate key)"]),
+    ("duplicate-bool-int", OK_BASE + "job: {name: mnist_cnn, params: {true: 1, 1: 2}}\n",
+     ["job.params: duplicate key '1' (first at line 3 as 'true')"]),  # both load as the Python key True
+    ("bad-date", OK_BASE + "envs: {BORN: 2024-13-45}\n", [":3:", "'2024-13-45'", "month must be in 1..12", "quote"]),
+    ("duplicate-merge-key", ("base: &b {name: demo}\nmore: &m {run: x}\n"
+                             "<<: *b\n<<: *m\n"), [":4: duplicate key '<<' (first at line 3)", "<<: [*a, *b]"]),
 ]
 
 
@@ -80,6 +99,27 @@ def test_bad_recipe_one_clear_line(tmp_path: Path, text: str, expected: list[str
     for fragment in expected:
         assert fragment in line, f"{fragment!r} not in {line!r}"
     assert info.value.exit_code == 2
+
+
+def test_merge_keys_still_work_and_may_be_overridden(tmp_path: Path) -> None:
+    # `<<` copies keys from an anchor; a key written next to it overrides the merged one on purpose,
+    # which is not a duplicate (nor is the same key coming from two merged mappings).
+    path = tmp_path / "recipe.yaml"
+    path.write_text(
+        "name: demo\n"
+        "num_nodes: 3\n"
+        "run: echo hi\n"
+        "resources:\n"
+        "  cloud: ssh\n"
+        "  hosts:\n"
+        "    - &host {address: a, user: ubuntu, port: 2222}\n"
+        "    - <<: *host\n"
+        "      address: b\n"
+        "    - <<: [{address: c, port: 1}, *host]\n"
+        "      user: root\n"
+    )
+    hosts = load_recipe(path, env={}).recipe.resources.hosts
+    assert [(h.address, h.user, h.port) for h in hosts] == [("a", "ubuntu", 2222), ("b", "ubuntu", 2222), ("c", "root", 1)]
 
 
 def test_missing_file(tmp_path: Path) -> None:

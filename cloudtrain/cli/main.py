@@ -14,6 +14,8 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "up": ("cloudtrain.cli.cluster", "up", "Provision a cluster from a recipe (or reuse it)."),
     "exec": ("cloudtrain.cli.run", "exec_", "Run a command on an existing cluster."),
     "logs": ("cloudtrain.cli.run", "logs", "Print or follow a job's log."),
+    "cancel": ("cloudtrain.cli.run", "cancel", "Stop a running job and everything it started."),
+    "collect": ("cloudtrain.cli.run", "collect", "Fetch a run's results and logs again, verified."),
     "status": ("cloudtrain.cli.cluster", "status", "Show clusters, their nodes and last jobs."),
     "stop": ("cloudtrain.cli.cluster", "stop", "Stop a cluster's instances (keeps disks)."),
     "start": ("cloudtrain.cli.cluster", "start", "Start a stopped cluster."),
@@ -68,7 +70,28 @@ def cli(ctx: click.Context, debug: bool) -> None:
     ctx.obj["debug"] = debug
 
 
+# tarfile's `data` extraction filter (PEP 706), which unpacks results safely, arrived in 3.11.4.
+MIN_PYTHON = (3, 11, 4)
+
+
+def python_too_old(version_info: tuple[int, int, int, str, int]) -> str | None:
+    """The one error line for a Python older than MIN_PYTHON, else None. Imports nothing: runs on every start."""
+    if tuple(version_info[:3]) >= MIN_PYTHON:
+        return None
+    have = ".".join(str(part) for part in version_info[:3])
+    return (
+        f"error: cloudtrain needs Python 3.11.4 or newer (this is {have}): results are unpacked with "
+        "tarfile's 'data' filter, added in 3.11.4 (install a newer Python and reinstall cloudtrain with it; "
+        "in a checkout: rm -rf .venv && PYTHON=/path/to/python3 scripts/setup.sh)"
+    )
+
+
 def main(argv: list[str] | None = None) -> None:
+    # Checked before anything runs, so an old Python fails here and not half-way through a paid run.
+    problem = python_too_old(sys.version_info)
+    if problem is not None:
+        print(problem, file=sys.stderr)
+        sys.exit(2)
     debug = "--debug" in (argv if argv is not None else sys.argv[1:]) or os.environ.get("CLOUDTRAIN_DEBUG") == "1"
     try:
         # Without standalone mode Click returns ctx.exit(n)'s code instead of exiting with it.

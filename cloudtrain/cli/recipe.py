@@ -10,15 +10,22 @@ from cloudtrain.cli import output
 @click.command()
 @click.argument("recipe_path", metavar="RECIPE")
 def validate(recipe_path: str) -> None:
-    """Check RECIPE: YAML syntax, fields, types, ${VAR}s, workdir and data paths."""
-    from cloudtrain.lifecycle import refuse_unavailable
+    """Check RECIPE without creating anything: YAML syntax, fields, types, ${VAR}s, workdir and
+    data paths, the bundled job's parameters and, for clouds that bill, the plan (instance type,
+    region, GPU and price from the catalog). No cloud is asked."""
+    from cloudtrain.config import load_config
+    from cloudtrain.preflight import preflight
     from cloudtrain.recipe import load_recipe
 
     loaded = load_recipe(recipe_path)
-    refuse_unavailable(loaded.recipe)
+    plan = preflight(loaded, load_config())
     r = loaded.recipe
     entry = f"job {r.job.name}" if r.job else "run command"
     output.info(f"{recipe_path}: ok ({r.name}: cloud {r.resources.cloud}, {r.num_nodes} node(s), {entry})")
+    if plan is not None:
+        others = len(plan.candidates) - 1
+        fallback = f"; {others} more placement(s) to fail over to" if others else ""
+        output.info(f"plan: {plan.summary()}{fallback}")
 
 
 @click.command()

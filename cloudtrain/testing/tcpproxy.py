@@ -3,6 +3,8 @@
     proxy = TcpProxy(target_port)            # listen on proxy.port, forward to 127.0.0.1:target_port
     proxy.cut_after(2_000_000)               # the next connection to pass 2 MB is reset (once)
     proxy.cut_all()                          # reset every open connection now
+    proxy.link_down()                        # cut everything and reset new connections too ...
+    proxy.link_up()                          # ... until the link is back
     proxy.close()
 
 Cuts send RST (SO_LINGER 0) to both sides, like a NAT box or a rebooted router dropping state.
@@ -31,6 +33,7 @@ class TcpProxy:
         self._pairs: list[tuple[socket.socket, socket.socket]] = []
         self._cut_after: int | None = None
         self._closed = False
+        self._down = False
         self.connections = 0  # accepted so far
         self.cuts = 0  # connections cut so far
         self._thread = threading.Thread(target=self._accept_loop, name=f"tcpproxy-{self.port}", daemon=True)
@@ -56,6 +59,14 @@ class TcpProxy:
                     continue
         return len(pairs)
 
+    def link_down(self) -> int:
+        """The link is gone: cut every connection and reset new ones until link_up()."""
+        self._down = True
+        return self.cut_all()
+
+    def link_up(self) -> None:
+        self._down = False
+
     def close(self) -> None:
         self._closed = True
         self._listener.close()
@@ -67,6 +78,9 @@ class TcpProxy:
                 client, _ = self._listener.accept()
             except OSError:
                 return
+            if self._down:
+                _reset(client)
+                continue
             try:
                 upstream = socket.create_connection(self.target, timeout=5)
             except OSError:

@@ -5,15 +5,13 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import textwrap
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, cli_env, cloudtrain
+from tests.conftest import REPO, cloudtrain, start_cli
 
 
 def write_recipe(tmp_path: Path, body: str, name: str = "recipe.yaml") -> Path:
@@ -103,10 +101,7 @@ def test_sigint_during_run_tears_down(tmp_path: Path, cloudtrain_home: Path) -> 
           echo $$ > {marker}
           sleep 600
     """)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "cloudtrain", "run", str(recipe), "--runs-dir", str(tmp_path / "runs")],
-        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cli_env(),
-    )
+    proc = start_cli("run", str(recipe), "--runs-dir", str(tmp_path / "runs"), cwd=tmp_path)
     _wait_for(lambda: marker.exists() and marker.read_text().strip(), what="job start")
     job_pid = int(marker.read_text())
     proc.send_signal(signal.SIGINT)
@@ -139,10 +134,7 @@ def test_logs_follow_interrupted_and_resumed(tmp_path: Path) -> None:
     started = cloudtrain("exec", "logbox", "--detach", "--",
                          "for i in $(seq 1 60); do echo line-$i; sleep 0.05; done")
     assert started.returncode == 0, started.stderr
-    first = subprocess.Popen(
-        [sys.executable, "-m", "cloudtrain", "logs", "logbox", "-f", "--resume"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cli_env(),
-    )
+    first = start_cli("logs", "logbox", "-f", "--resume")
     got: list[str] = []
     assert first.stdout is not None
     while len(got) < 5:

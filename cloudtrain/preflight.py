@@ -1,0 +1,141 @@
+"""Every check that needs no cloud, made before anything exists.
+
+`preflight(loaded, config)` is what `validate`, `up` and `run` call right after loading a recipe:
+if it passes, the only ways left for the recipe to fail are things the world decides (credentials,
+capacity, the network, the job itself). It makes no network call, writes no file, creates no key
+and touches no state; it imports neither cloud SDKs nor TensorFlow nor numpy.
+
+Checks, in order, each raising one line with `file:line: field: what was expected` (exit code 2):
+  1. the cloud exists in this cloudtrain (`any`, `gcp`, `azure` are refused here, not after a run row);
+  2. recipe fields no provider acts on yet (autostop, budget; cloud-only fields on cloud local);
+  3. the bundled job's parameters, against its declared schema (cloudtrain/jobs/params.py);
+  4. for priced clouds, the catalog plan: instance type, region, GPU (with did-you-mean), sizes, AMI.
+Data targets (relative, inside the workdir) are checked when the recipe loads.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import typing
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from cloudtrain.errors import NotAvailableError, RecipeError, UsageError
+from cloudtrain.yamlfile import line_of
+
+if TYPE_CHECKING:
+    from cloudtrain.config import Config
+    from cloudtrain.plan import Plan
+    from cloudtrain.providers.base import Capabilities
+    from cloudtrain.recipe import LoadedRecipe, Recipe
+
+# Fields that only mean something for a cloud that creates machines.
+CLOUD_ONLY_FIELDS = ("region", "zone", "instance_type", "accelerators", "image", "disk_gb")
+
+
+def preflight(loaded: LoadedRecipe, config: Config) -> Plan | None:
+    """Raise on the first static problem of `loaded`; return the plan for priced clouds, else None."""
+    recipe = loaded.recipe
+    cloud = recipe.resources.cloud
+    capabilities = _cloud_capabilities(loaded)
+    problem = unsupported(recipe)
+    if problem is not None:
+        field, message, hint = problem
+        raise NotAvailableError(_located(loaded, field, message), hint=hint)
+    if recipe.job is not None:
+        _check_job_params(loaded)
+    if not capabilities.priced:
+        return None
+    from cloudtrain.catalog import default_catalog
+    from cloudtrain.plan import make_plan, refused_field
+
+    # The same call lifecycle makes at launch time, so validate and up agree on the plan.
+    default_region = getattr(getattr(config, cloud, None), "region", None)
+    try:
+        return make_plan(recipe, default_catalog(), [cloud], default_region=default_region)
+    except UsageError as exc:
+        field = refused_field(exc)
+        if field is None:
+            raise
+        raise type(exc)(_located(loaded, field, exc.message), hint=exc.hint) from None
+
+
+def unsupported(recipe: Recipe) -> tuple[str, str, str | None] | None:
+    """The first field that validates but that no provider acts on yet: (field, message, hint).
+
+    Refused, never ignored. lifecycle.refuse_unavailable raises the same messages for callers
+    that skip preflight.
+    """
+    cloud = recipe.resources.cloud
+    if recipe.autostop is not None:
+        return "autostop", f"autostop is not available yet for cloud {cloud}", "remove 'autostop' and use `cloudtrain down`"
+    if recipe.budget is not None:
+        return "budget", f"budget limits are not available yet for cloud {cloud}", "remove 'budget'"
+    if cloud == "local":
+        for name in CLOUD_ONLY_FIELDS:
+            if getattr(recipe.resources, name) is not None:
+                return f"resources.{name}", f"resources.{name} does not apply to cloud local", "remove it or pick a cloud"
+        if recipe.resources.spot:
+            return "resources.spot", "resources.spot does not apply to cloud local", None
+    return None
+
+
+def _cloud_capabilities(loaded: LoadedRecipe) -> Capabilities:
+    cloud = loaded.recipe.resources.cloud
+    try:
+        return provider_capabilities(cloud)
+    except NotAvailableError as exc:
+        raise NotAvailableError(_located(loaded, "resources.cloud", exc.message), hint=exc.hint) from None
+
+
+def provider_capabilities(cloud: str) -> Capabilities:
+    """What `cloud`'s provider can do, read from its class without instantiating it (that could
+    import an SDK or read credentials). Refuses what get_provider refuses, with its message."""
+    from cloudtrain.providers import _MODULES, available
+
+    usable = available()
+    if cloud == "any":
+        raise NotAvailableError("cloud any is not available yet", hint=f"name a cloud: {_or_list(usable)}")
+    module_name = _MODULES.get(cloud)
+    if module_name is None or importlib.util.find_spec(module_name) is None:
+        raise NotAvailableError(
+            f"cloud {cloud!r} is not available yet in this cloudtrain", hint=f"available: {', '.join(usable)}"
+        )
+    # Provider modules import their SDKs lazily; `make_provider`'s return type is the provider class,
+    # which declares its capabilities as a class attribute.
+    module = importlib.import_module(module_name)
+    provider_class = typing.get_type_hints(module.make_provider).get("return")
+    capabilities = getattr(provider_class, "capabilities", None)
+    if capabilities is None:
+        raise TypeError(f"{module_name}.make_provider must be annotated with a provider class declaring capabilities")
+    return capabilities
+
+
+def _check_job_params(loaded: LoadedRecipe) -> None:
+    from cloudtrain.jobs.params import JOBS, ParamProblem, check_params
+
+    job = loaded.recipe.job
+    assert job is not None
+    if job.name not in JOBS:
+        # The recipe model only admits bundled jobs; a job without a schema is a cloudtrain bug.
+        raise RecipeError(_located(loaded, "job.name", f"bundled job {job.name!r} declares no parameters"))
+    try:
+        check_params(job.name, job.params)
+    except ParamProblem as problem:
+        loc = ("job", "params", problem.key)
+        raise RecipeError(_located(loaded, loc, problem.message), hint=problem.hint) from None
+
+
+def _located(loaded: LoadedRecipe, field: str | Sequence[str], message: str) -> str:
+    """`recipe.yaml:7: resources.region: message` (the line when the YAML is at hand; the field is
+    left out when the message already starts with it)."""
+    loc = field.split(".") if isinstance(field, str) else list(field)
+    dotted = ".".join(loc)
+    line = line_of(loaded.node, loc) if loaded.node is not None else None
+    where = f"{loaded.path}:{line}" if line else str(loaded.path)
+    return f"{where}: {message}" if message.startswith(dotted) else f"{where}: {dotted}: {message}"
+
+
+def _or_list(names: Sequence[str]) -> str:
+    return ", ".join(names[:-1]) + f" or {names[-1]}" if len(names) > 1 else "".join(names)
