@@ -199,5 +199,5 @@ def collect_again(lc, name: str, run_id: str | None, warn: Callable[[str], None]
                                      collect_error=got.error, collect_attempts=record.collect_attempts + got.attempts,
                                      status=status, error=error)
         record.write(run_dir)
-        lc.store.update_run(run.id, status=status)
+        lc.store.update_run(run.id, status=status, error=error)
     return run, got

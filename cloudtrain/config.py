@@ -33,12 +33,15 @@ class AwsConfig(_Strict):
 
 class GcpConfig(_Strict):
     project: str | None = None
-    api_endpoint: str | None = None
+    region: str | None = None
+    api_endpoint: str | None = Field(default=None, description="Compute API endpoint, e.g. https://compute.googleapis.com")
 
 
 class AzureConfig(_Strict):
     subscription_id: str | None = None
-    arm_endpoint: str | None = None
+    region: str | None = None
+    arm_endpoint: str | None = Field(default=None, description="ARM endpoint, e.g. https://management.azure.com")
+    authority: str | None = Field(default=None, description="Entra ID authority host, e.g. https://login.microsoftonline.com")
 
 
 class Config(_Strict):

@@ -53,7 +53,16 @@ class ProviderError(CloudtrainError):
 
 
 class CapacityError(ProviderError):
-    """No capacity anywhere we were allowed to look."""
+    """No capacity (or quota) where the provider looked.
+
+    `scope` says how far the refusal reaches, so lifecycle knows which placements to skip:
+    "zone" (try the next zone), "region" (quota: skip the region's other zones), "cloud"
+    (a cloud-wide quota such as GCP's GPUS_ALL_REGIONS: skip the cloud).
+    """
+
+    def __init__(self, message: str, *, hint: str | None = None, scope: str = "zone") -> None:
+        super().__init__(message, hint=hint)
+        self.scope = scope
 
 
 class RemoteError(CloudtrainError):

@@ -240,7 +240,7 @@ class Executor:
         record.write(r.run_dir)
         self.store.update_run(
             r.run_id, status=r.status, exit_code=r.exit_code, ended_at=ended, cost_usd=cost,
-            instance_type=record.instance_type, hourly_price=hourly,
+            instance_type=record.instance_type, hourly_price=hourly, error=r.error,
         )
         return RunResult(r.run_id, r.run_dir, r.status, r.exit_code, cost, dict(r.clock.timings), r.error,
                          teardown_done, collected.refused)
@@ -345,14 +345,10 @@ class Executor:
         if recipe.run is not None:
             return recipe.run + "\n"
         assert recipe.job is not None
+        from cloudtrain.jobs.params import job_argv
+
         # One script for every node; each node's own interpreter and runtime dir come from its env.
-        args = ["--output", "outputs"]
-        for key, value in recipe.job.params.items():
-            flag = "--" + key.replace("_", "-")
-            if value is True:
-                args.append(flag)
-            elif value is not False:
-                args += [flag, str(value)]
+        args = ["--output", "outputs", *job_argv(recipe.job.name, recipe.job.params)]
         job_file = f'"$CLOUDTRAIN_RUNTIME/jobs/{recipe.job.name}.py"'
         # A fresh run starts clean; resuming a preempted run reuses outputs/ (its checkpoints).
         return f'rm -rf outputs\nexec "$CLOUDTRAIN_PYTHON" -u {job_file} {shlex.join(args)}\n'

@@ -39,22 +39,14 @@ def _merged(old: NodeRecord, inst: Instance) -> NodeRecord:
 
 
 def refuse_unavailable(recipe: Recipe) -> None:
-    """Recipe fields that validate but that no provider acts on yet fail loudly at run time."""
-    cloud = recipe.resources.cloud
-    if recipe.autostop is not None:
-        raise NotAvailableError(
-            f"autostop is not available yet for cloud {cloud}", hint="remove 'autostop' and use `cloudtrain down`"
-        )
-    if recipe.budget is not None:
-        raise NotAvailableError(f"budget limits are not available yet for cloud {cloud}", hint="remove 'budget'")
-    if cloud == "local":
-        for field in ("region", "zone", "instance_type", "accelerators", "image", "disk_gb"):
-            if getattr(recipe.resources, field) is not None:
-                raise NotAvailableError(
-                    f"resources.{field} does not apply to cloud local", hint="remove it or pick a cloud"
-                )
-        if recipe.resources.spot:
-            raise NotAvailableError("resources.spot does not apply to cloud local")
+    """Recipe fields that validate but that no provider acts on yet fail loudly (library callers
+    that skip preflight); one rule, kept in preflight."""
+    from cloudtrain.preflight import unsupported
+
+    problem = unsupported(recipe)
+    if problem is not None:
+        _, message, hint = problem
+        raise NotAvailableError(message, hint=hint)
 
 
 class Lifecycle:

@@ -84,6 +84,7 @@ _MIGRATIONS: list[str] = [
     """
     ALTER TABLE runs ADD COLUMN pid INTEGER;
     ALTER TABLE runs ADD COLUMN result_paths TEXT;
+    ALTER TABLE runs ADD COLUMN error TEXT;
     ALTER TABLE clusters ADD COLUMN spot INTEGER NOT NULL DEFAULT 0;
     """,
 ]
@@ -141,6 +142,7 @@ class RunRecord:
     ended_at: float | None
     pid: int | None = None
     result_paths: str | None = None  # JSON list, relative to the workdir
+    error: str | None = None  # why the run failed (job, collect, teardown), one line
 
     def driver_alive(self) -> bool:
         """Whether the cloudtrain process that drives this run is still running on this machine."""

@@ -104,9 +104,10 @@ def status(name: str | None, as_json: bool, refresh: bool) -> None:
     if runs:
         output.echo()
         output.table(
-            ["RUN", "STATUS", "EXIT", "CLOUD", "COST", "STARTED"],
+            ["RUN", "STATUS", "EXIT", "CLOUD", "COST", "STARTED", "ERROR"],
             [(r.id, r.status, r.exit_code, r.provider, output.money(r.cost_usd),
-              time.strftime("%Y-%m-%d %H:%M", time.localtime(r.started_at))) for r in runs],
+              time.strftime("%Y-%m-%d %H:%M", time.localtime(r.started_at)),
+              (r.error[:77] + "...") if r.error and len(r.error) > 80 else r.error) for r in runs],
         )
 
 

@@ -92,6 +92,7 @@ class AwsCapacityError(CapacityError):
         super().__init__(
             f"no capacity for {count} x {instance_type} in {region} ({tried})",
             hint="another region, zone or instance type may have capacity; quotas: AWS Service Quotas console",
+            scope="region",
         )
         self.region = region
         self.instance_type = instance_type

@@ -38,6 +38,23 @@ class Capabilities:
     # A spot instance can be stopped (and started again). AWS one-time spot instances cannot:
     # `--stop` on them is refused before launch rather than left running and billed.
     stop_spot: bool = False
+    # Machines come from the recipe's `resources.hosts` (the user's own), not from a launch.
+    takes_hosts: bool = False
+    # region, zone, instance_type, accelerators, image, disk_gb, spot mean something here.
+    cloud_fields: bool = True
+
+
+@dataclass(frozen=True)
+class ClusterResource:
+    """Something a provider created for a cluster besides instances: a key pair, a security group or
+    firewall rule, a resource group. Listed by tag/label so `gc` finds it with local state lost."""
+
+    cloud: str
+    cluster: str
+    kind: str  # e.g. "key-pair", "security-group", "firewall", "resource-group"
+    id: str
+    region: str | None = None
+    note: str = ""  # why it was kept, when release_resources had to keep it
 
 
 @dataclass(frozen=True)
@@ -100,8 +117,17 @@ class CredentialStatus:
 
 @runtime_checkable
 class Provider(Protocol):
+    """One backend. Providers never open SSH and never sleep (waiting lives in lifecycle); every
+    resource they create carries TAG_CLUSTER and TAG_OWNER; capacity problems raise CapacityError
+    with the scope they cover (zone, region or the whole cloud) so lifecycle can fail over."""
+
     name: str
     capabilities: Capabilities
+
+    @property
+    def default_region(self) -> str | None:
+        """The region used when a recipe names none: config, then the SDK's own default chain."""
+        ...
 
     def check_credentials(self) -> CredentialStatus: ...
 
@@ -117,6 +143,15 @@ class Provider(Protocol):
 
     def terminate(self, ids: Sequence[str]) -> None:
         """Idempotent: an instance that is already gone counts as terminated."""
+        ...
+
+    def list_resources(self, cluster: str | None = None) -> list[ClusterResource]:
+        """This owner's per-cluster resources besides instances (all clusters when None)."""
+        ...
+
+    def release_resources(self, cluster: str) -> list[ClusterResource]:
+        """Delete the cluster's resources besides instances; return those that must stay for now
+        (still in use by instances shutting down), each with a note. Idempotent."""
         ...
 
 
