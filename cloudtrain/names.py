@@ -15,12 +15,12 @@ NAME_RULE = "1-40 lowercase letters, digits or '-', starting with a letter and n
 
 def check_cluster_name(name: str) -> str:
     """Return name if it is a valid cluster name, else raise UsageError (exit 2) saying why."""
-    if NAME_RE.match(name):
+    if NAME_RE.fullmatch(name):
         return name
     from cloudtrain.errors import UsageError
 
     suggestion = re.sub(r"[^a-z0-9-]+", "-", name.lower()).strip("-")[:40].rstrip("-")
     if suggestion and not suggestion[0].isalpha():
         suggestion = f"c-{suggestion}"[:40].rstrip("-")
-    hint = f"try --cluster {suggestion}" if suggestion and NAME_RE.match(suggestion) else "pick another name"
+    hint = f"try --cluster {suggestion}" if suggestion and NAME_RE.fullmatch(suggestion) else "pick another name"
     raise UsageError(f"cluster name {name!r} is not valid: it must be {NAME_RULE}", hint=hint)

@@ -17,8 +17,18 @@ from cloudtrain.errors import NotAvailableError, UsageError
 from cloudtrain.recipe import Recipe
 from cloudtrain.yamlfile import did_you_mean
 
-# Clouds whose machines already exist (or are this one): nothing to pick, nothing to pay.
-FREE_CLOUDS = ("local", "ssh")
+
+def _free(cloud: str) -> bool:
+    """Clouds whose machines already exist (or are this one): nothing to pick, nothing to pay."""
+    from cloudtrain.providers import available, capabilities
+
+    return cloud in available() and not capabilities(cloud).priced
+
+
+def _image_pins_region(cloud: str, image: str) -> bool:
+    from cloudtrain.providers import image_pins_region
+
+    return image_pins_region(cloud, image)
 
 _E = TypeVar("_E", bound=UsageError)
 
@@ -55,7 +65,9 @@ class Placement:
         if self.instance_type:
             what = self.instance_type
         else:
-            what = "this machine" if self.cloud == "local" else "the listed hosts"
+            from cloudtrain.providers import capabilities
+
+            what = "the listed hosts" if capabilities(self.cloud).takes_hosts else "this machine"
         gpu = f" ({self.accelerators})" if self.accelerators else ""
         market = " spot" if self.spot else ""
         return f"{what}{gpu}{market} in {where} at ${self.hourly_price:.4g}/h"
@@ -119,7 +131,7 @@ def make_plan(
     budget = recipe.budget
     max_usd = budget.max_usd if budget else None
     max_hours = budget.max_hours if budget else None
-    if res.cloud in FREE_CLOUDS:
+    if _free(res.cloud):
         free = Placement(cloud=res.cloud, region=None, zone=None, instance_type=None, hourly_price=0.0, spot=False)
         return Plan(res.cloud, recipe.num_nodes, False, (free,), max_usd, max_hours)
 
@@ -149,13 +161,13 @@ def make_plan(
     if res.region is not None:
         _check_region(catalog, targets, res.region)
     offers = _fitting_offers(recipe, catalog, targets)
-    if res.image and res.image.startswith("ami-") and res.region is None:
-        # AMI ids exist in one region only: failing over to another region could never use it.
+    if res.image and res.region is None and any(_image_pins_region(c, res.image) for c in targets):
+        # e.g. AMI ids exist in one region only: failing over to another region could never use it.
         if default_region is None:
             raise _refusal(
                 UsageError,
                 "resources.image",
-                f"resources.image {res.image} is an AMI id, which belongs to one region",
+                f"resources.image {res.image} exists in one region only",
                 hint="set resources.region too",
             )
         offers = [o for o in offers if o.region == default_region]

@@ -15,9 +15,6 @@ Data targets (relative, inside the workdir) are checked when the recipe loads.
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
-import typing
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -72,13 +69,19 @@ def unsupported(recipe: Recipe) -> tuple[str, str, str | None] | None:
         return "autostop", f"autostop is not available yet for cloud {cloud}", "remove 'autostop' and use `cloudtrain down`"
     if recipe.budget is not None:
         return "budget", f"budget limits are not available yet for cloud {cloud}", "remove 'budget'"
-    if cloud == "local":
+    if cloud in _registered() and not provider_capabilities(cloud).cloud_fields:
         for name in CLOUD_ONLY_FIELDS:
             if getattr(recipe.resources, name) is not None:
-                return f"resources.{name}", f"resources.{name} does not apply to cloud local", "remove it or pick a cloud"
+                return f"resources.{name}", f"resources.{name} does not apply to cloud {cloud}", "remove it or pick a cloud"
         if recipe.resources.spot:
-            return "resources.spot", "resources.spot does not apply to cloud local", None
+            return "resources.spot", f"resources.spot does not apply to cloud {cloud}", None
     return None
+
+
+def _registered() -> tuple[str, ...]:
+    from cloudtrain.providers import available
+
+    return available()
 
 
 def _cloud_capabilities(loaded: LoadedRecipe) -> Capabilities:
@@ -90,26 +93,10 @@ def _cloud_capabilities(loaded: LoadedRecipe) -> Capabilities:
 
 
 def provider_capabilities(cloud: str) -> Capabilities:
-    """What `cloud`'s provider can do, read from its class without instantiating it (that could
-    import an SDK or read credentials). Refuses what get_provider refuses, with its message."""
-    from cloudtrain.providers import _MODULES, available
+    """What `cloud`'s provider can do (the registry reads its class, never instantiates it)."""
+    from cloudtrain.providers import capabilities
 
-    usable = available()
-    if cloud == "any":
-        raise NotAvailableError("cloud any is not available yet", hint=f"name a cloud: {_or_list(usable)}")
-    module_name = _MODULES.get(cloud)
-    if module_name is None or importlib.util.find_spec(module_name) is None:
-        raise NotAvailableError(
-            f"cloud {cloud!r} is not available yet in this cloudtrain", hint=f"available: {', '.join(usable)}"
-        )
-    # Provider modules import their SDKs lazily; `make_provider`'s return type is the provider class,
-    # which declares its capabilities as a class attribute.
-    module = importlib.import_module(module_name)
-    provider_class = typing.get_type_hints(module.make_provider).get("return")
-    capabilities = getattr(provider_class, "capabilities", None)
-    if capabilities is None:
-        raise TypeError(f"{module_name}.make_provider must be annotated with a provider class declaring capabilities")
-    return capabilities
+    return capabilities(cloud)
 
 
 def _check_job_params(loaded: LoadedRecipe) -> None:

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from cloudtrain.check import NOT_AVAILABLE, check_clouds, usable
+from cloudtrain.providers.check import NOT_AVAILABLE, check_clouds, usable
 from cloudtrain.config import AwsConfig, Config
 from cloudtrain.errors import UsageError
-from cloudtrain.providers.aws_api import NO_CREDENTIALS
+from cloudtrain.providers.aws.api import NO_CREDENTIALS
 from cloudtrain.testing.aws import MotoServer, isolate_aws_env
 from tests.conftest import cloudtrain
 

@@ -11,7 +11,7 @@ import pytest
 
 from cloudtrain.config import Config
 from cloudtrain.errors import RemoteError
-from cloudtrain.nodes import connect, node_record, on_all
+from cloudtrain.cluster.nodes import connect, node_record, on_all
 from cloudtrain.providers import get_provider
 from cloudtrain.providers.base import HostSpec, InstanceSpec
 from cloudtrain.remote.ssh import SSHConnectError

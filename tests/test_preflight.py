@@ -336,7 +336,7 @@ def test_preflight_imports_no_sdk_tensorflow_or_numpy(tmp_path: Path) -> None:
 )
 def test_unsupported_says_what_lifecycle_refuses(resources: dict, top: dict) -> None:
     # lifecycle.refuse_unavailable (for library callers that skip preflight) says the same.
-    from cloudtrain.lifecycle import refuse_unavailable
+    from cloudtrain.cluster.lifecycle import refuse_unavailable
 
     recipe = Recipe.model_validate({"name": "p", "run": "x", "resources": resources, **top})
     problem = unsupported(recipe)

@@ -15,7 +15,7 @@ def check(clouds: tuple[str, ...], as_json: bool) -> None:
 
     With CLOUD names, exit 1 unless every one of them is usable; without, report only.
     """
-    from cloudtrain.check import check_clouds
+    from cloudtrain.providers.check import check_clouds
     from cloudtrain.config import load_config
 
     statuses = check_clouds(load_config(), clouds or None)

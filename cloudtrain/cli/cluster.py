@@ -15,7 +15,7 @@ from cloudtrain.cli.common import cluster_argument, cluster_option, open_lifecyc
 @cluster_option
 def up(recipe_path: str, cluster: str | None) -> None:
     """Provision the cluster RECIPE describes, or reuse it if it is already up."""
-    from cloudtrain.execution import Executor
+    from cloudtrain.run.pipeline import Executor
     from cloudtrain.recipe import load_recipe
 
     from cloudtrain.cli.run import sigterm_as_interrupt
@@ -40,7 +40,7 @@ def up(recipe_path: str, cluster: str | None) -> None:
 def status(name: str | None, as_json: bool, refresh: bool) -> None:
     """Show clusters (or one cluster), their nodes, and recent runs."""
     # Reads state directly: no provider, config or SDK import on this path unless --refresh or NAME.
-    from cloudtrain.jobstate import OPEN_STATES, peek_local
+    from cloudtrain.run.jobstate import OPEN_STATES, peek_local
     from cloudtrain.state import StateStore
 
     store = StateStore()
@@ -145,8 +145,8 @@ def down(names: tuple[str, ...], forget: bool) -> None:
 def _refresh(store, name: str | None, instances: bool) -> None:  # noqa: ANN001
     """Ask the providers (instances) and the nodes (open jobs) for the truth, for NAME or every cluster."""
     from cloudtrain.errors import CloudtrainError
-    from cloudtrain.jobstate import OPEN_STATES, refresh_jobs
-    from cloudtrain.nodes import close_all, connect
+    from cloudtrain.run.jobstate import OPEN_STATES, refresh_jobs
+    from cloudtrain.cluster.nodes import close_all, connect
 
     lc = open_lifecycle()
     for record in store.list_clusters():

@@ -8,7 +8,7 @@ import click
 
 if TYPE_CHECKING:
     from cloudtrain.events import Reporter
-    from cloudtrain.lifecycle import Lifecycle
+    from cloudtrain.cluster.lifecycle import Lifecycle
 
 
 
@@ -33,7 +33,7 @@ def cluster_argument(**kwargs: object):  # noqa: ANN201
 
 def open_lifecycle(reporter: Reporter | None = None) -> Lifecycle:
     from cloudtrain.config import load_config
-    from cloudtrain.lifecycle import Lifecycle
+    from cloudtrain.cluster.lifecycle import Lifecycle
     from cloudtrain.state import StateStore
 
     return Lifecycle(StateStore(), load_config(), reporter)

@@ -8,16 +8,23 @@ from cloudtrain.cli import output
 
 
 @click.command()
-@click.option("--cloud", "clouds", multiple=True, type=click.Choice(["local", "aws"]), help="Only these clouds.")
+@click.option("--cloud", "clouds", multiple=True, metavar="CLOUD", help="Only these clouds (default: every cloud whose machines cloudtrain creates).")
 @click.option("--yes", "-y", is_flag=True, help="Terminate and delete what is found (default: only list it).")
 def gc(clouds: tuple[str, ...], yes: bool) -> None:
     """Find what cloudtrain created but no longer tracks (by tag, even if local state is lost)."""
     from cloudtrain.config import load_config
-    from cloudtrain.gc import GC_CLOUDS, collect, find_leaks
+    from cloudtrain.cluster.gc import collect, find_leaks, gc_clouds
+    from cloudtrain.errors import UsageError
     from cloudtrain.state import StateStore
 
+    known = gc_clouds()
+    for cloud in clouds:
+        if cloud not in known:
+            from cloudtrain.yamlfile import did_you_mean
+
+            raise UsageError(f"--cloud {cloud!r}: gc knows {', '.join(known)}", hint=did_you_mean(cloud, known))
     config = load_config()
-    leaks, skipped = find_leaks(StateStore(), config, clouds or GC_CLOUDS)
+    leaks, skipped = find_leaks(StateStore(), config, clouds or known)
     for skip in skipped:
         output.warn(f"{skip.cloud}: not checked: {skip.reason}")
     if not leaks:

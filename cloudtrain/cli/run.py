@@ -37,7 +37,7 @@ def run(recipe_path: str, cluster: str | None, down_: bool, stop_: bool, keep_: 
     The last line printed is the run directory; the exit code is the job's success.
     """
     from cloudtrain.errors import UsageError
-    from cloudtrain.execution import Executor
+    from cloudtrain.run.pipeline import Executor
     from cloudtrain.recipe import load_recipe
 
     chosen = [flag for flag, on in (("down", down_), ("stop", stop_), ("keep", keep_)) if on]
@@ -85,7 +85,7 @@ def _summary(result) -> None:  # noqa: ANN001
 @click.option("--detach", "-d", is_flag=True, help="Start the command and return; follow with `logs -f`.")
 def exec_(name: str, command: tuple[str, ...], detach: bool) -> None:
     """Run COMMAND on cluster NAME (rank 0), in the synced workdir: `cloudtrain exec NAME -- CMD...`."""
-    from cloudtrain.attach import exec_command
+    from cloudtrain.run.attach import exec_command
 
     display = output.RunDisplay()
     lc = open_lifecycle(display)
@@ -106,7 +106,7 @@ def exec_(name: str, command: tuple[str, ...], detach: bool) -> None:
 @click.option("--resume", is_flag=True, help="Continue where the last interrupted `logs` stopped.")
 def logs(name: str, job: str | None, follow: bool, resume: bool) -> None:
     """Print the log of JOB (default: the cluster's latest job) on cluster NAME."""
-    from cloudtrain.attach import print_logs
+    from cloudtrain.run.attach import print_logs
 
     lc = open_lifecycle()
     status = print_logs(lc, name, job, follow=follow, resume=resume)
@@ -120,7 +120,7 @@ def logs(name: str, job: str | None, follow: bool, resume: bool) -> None:
 @click.option("--all", "all_jobs", is_flag=True, help="Cancel every running job of the cluster.")
 def cancel(name: str, job: str | None, all_jobs: bool) -> None:
     """Stop JOB on cluster NAME (default: its latest running job) and everything it started."""
-    from cloudtrain.attach import cancel as cancel_jobs
+    from cloudtrain.run.attach import cancel as cancel_jobs
 
     lc = open_lifecycle(output.RunDisplay())
     ended = cancel_jobs(lc, name, job, all_jobs)
@@ -135,7 +135,7 @@ def cancel(name: str, job: str | None, all_jobs: bool) -> None:
 @click.argument("run_id", metavar="RUN", required=False)
 def collect(name: str, run_id: str | None) -> None:
     """Fetch RUN's results and logs from cluster NAME again (default: its latest run), verified."""
-    from cloudtrain.collect import collect_again
+    from cloudtrain.run.collect import collect_again
 
     lc = open_lifecycle(output.RunDisplay())
     run, got = collect_again(lc, name, run_id, warn=output.warn)

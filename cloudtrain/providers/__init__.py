@@ -1,13 +1,24 @@
-"""Provider registry. Modules are imported only when a cloud is used, so the CLI stays fast."""
+"""Provider registry. Modules are imported only when a cloud is used, so the CLI stays fast.
+
+Adding a cloud: a `providers/<cloud>/` package whose `make_provider(config)` is annotated with its
+provider class (which declares `capabilities`), an entry below, catalog rows in catalog_data/, a
+fake in testing/ and a recipe. Nothing outside providers/, testing/, catalog/ and config names a cloud.
+"""
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.util
+import typing
+from typing import TYPE_CHECKING
 
-from cloudtrain.config import Config
 from cloudtrain.errors import NotAvailableError
-from cloudtrain.providers.base import Provider
+from cloudtrain.providers.base import Capabilities
+
+if TYPE_CHECKING:
+    from cloudtrain.config import Config
+    from cloudtrain.providers.base import Provider
 
 # name -> module implementing `make_provider(config) -> Provider`
 _MODULES = {
@@ -16,18 +27,51 @@ _MODULES = {
     "aws": "cloudtrain.providers.aws",
 }
 KNOWN = ("local", "ssh", "aws", "gcp", "azure")
+# Not a provider: the planner's choice among the clouds this cloudtrain can use.
+ANY = "any"
 
 
 def available() -> tuple[str, ...]:
     return tuple(name for name in _MODULES if importlib.util.find_spec(_MODULES[name]) is not None)
 
 
-def get_provider(name: str, config: Config) -> Provider:
+def _module(name: str):  # noqa: ANN202
     module_name = _MODULES.get(name)
     if module_name is None or importlib.util.find_spec(module_name) is None:
+        if name == ANY:
+            raise NotAvailableError("cloud any is not available yet", hint=f"name a cloud: {_or_list(available())}")
         raise NotAvailableError(
             f"cloud {name!r} is not available yet in this cloudtrain",
             hint=f"available: {', '.join(available())}",
         )
-    module = importlib.import_module(module_name)
-    return module.make_provider(config)
+    return importlib.import_module(module_name)
+
+
+def get_provider(name: str, config: Config) -> Provider:
+    return _module(name).make_provider(config)
+
+
+@functools.cache
+def provider_class(name: str) -> type:
+    """The provider class of `name`, without instantiating it (that could import an SDK or read
+    credentials): `make_provider`'s return annotation. Provider modules import SDKs lazily."""
+    module = _module(name)
+    cls = typing.get_type_hints(module.make_provider).get("return")
+    if cls is None or not isinstance(getattr(cls, "capabilities", None), Capabilities):
+        raise TypeError(f"{module.__name__}.make_provider must be annotated with a provider class declaring capabilities")
+    return cls
+
+
+def capabilities(name: str) -> Capabilities:
+    """What cloud `name` can do; refuses what get_provider refuses, with its message."""
+    return provider_class(name).capabilities
+
+
+def image_pins_region(name: str, image: str) -> bool:
+    """Whether `image` exists in one region only (an AMI id): then failover cannot leave the region."""
+    rule = getattr(provider_class(name), "image_pins_region", None)
+    return bool(rule(image)) if rule is not None else False
+
+
+def _or_list(names: tuple[str, ...]) -> str:
+    return ", ".join(names[:-1]) + f" or {names[-1]}" if len(names) > 1 else "".join(names)

@@ -103,7 +103,6 @@ class Instance:
     ssh_user: str | None = None
     ssh_port: int = 22
     launched_at: float | None = None
-    hourly_price: float = 0.0
     # Where the node keeps its files when the provider decides it (local: a directory here).
     home: str | None = None
 

@@ -1,4 +1,6 @@
-"""The Transport contract (run a command, move trees) and its local implementation.
+"""The Transport contract (run a command, move trees) and the records it returns.
+
+Implementations: remote/local.py (a directory on this machine) and remote/ssh.py (paramiko).
 
 Remote commands are argv lists; a transport quotes them for its channel. Only the recipe's own
 `setup` and `run` are shell, and they reach a node as a file, never spliced into a command line.
@@ -6,16 +8,10 @@ Remote commands are argv lists; a transport quotes them for its channel. Only th
 
 from __future__ import annotations
 
-import os
-import secrets
-import shutil
-import subprocess
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
-
-from cloudtrain.errors import RemoteCommandError, RemoteError
 
 if TYPE_CHECKING:
     from cloudtrain.remote.archive import Extracted
@@ -71,88 +67,3 @@ class Transport(Protocol):
         ...
 
     def close(self) -> None: ...
-
-
-class LocalTransport:
-    """A node that is a directory on this machine (the `local` provider)."""
-
-    def __init__(self, home: str | Path) -> None:
-        self._home = str(Path(home).resolve())
-        Path(self._home).mkdir(parents=True, exist_ok=True)
-
-    @property
-    def label(self) -> str:
-        return f"local:{self._home}"
-
-    @property
-    def home(self) -> str:
-        return self._home
-
-    def run(
-        self, argv: Sequence[str], *, input: bytes | None = None, timeout: float | None = None, check: bool = True,
-        what: str | None = None,
-    ) -> CommandResult:
-        try:
-            proc = subprocess.run(
-                list(argv), input=input, capture_output=True, timeout=timeout, cwd=self._home, check=False
-            )
-        except FileNotFoundError as exc:
-            raise RemoteError(f"{self.label}: command not found: {argv[0]}") from exc
-        except subprocess.TimeoutExpired as exc:
-            raise RemoteError(f"{self.label}: {what or argv[0]} timed out after {timeout}s") from exc
-        result = CommandResult(tuple(argv), proc.returncode, proc.stdout, proc.stderr)
-        if check and proc.returncode != 0:
-            raise RemoteCommandError(list(argv), proc.returncode, proc.stderr.decode(errors="replace"))
-        return result
-
-    def put_file(self, data: bytes, remote_path: str, mode: int = 0o644) -> None:
-        # A new file under a fresh name (never a leftover that someone may hold open), with its
-        # final mode from the first instant, renamed over the target: a secret is never readable
-        # by others, not even briefly, and readers see the old content or the new one, whole.
-        target = Path(remote_path)
-        tmp: Path | None = None
-        published = False
-        try:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            tmp, fd = _create_exclusive(target.parent, mode)
-            with os.fdopen(fd, "wb") as handle:
-                os.fchmod(handle.fileno(), mode)  # exactly `mode`: the umask may have narrowed it
-                handle.write(data)
-            os.replace(tmp, target)
-            published = True
-        except OSError as exc:
-            raise RemoteError(f"{self.label}: cannot write {target}: {exc.strerror or exc}") from None
-        finally:
-            if tmp is not None and not published:
-                tmp.unlink(missing_ok=True)
-
-    def put_tree(self, local: Path, remote_dir: str, *, ignore: Callable[[str], bool] | None = None) -> SyncStats:
-        from cloudtrain.remote.sync import local_mirror
-
-        return local_mirror(local, Path(remote_dir), ignore=ignore)
-
-    def get_tree(self, remote_dir: str, paths: Sequence[str], local: Path) -> Extracted:
-        from cloudtrain.remote.archive import fetch_as_tar
-
-        return fetch_as_tar(self, remote_dir, paths, local)
-
-    def close(self) -> None:
-        return None
-
-
-def _create_exclusive(directory: Path, mode: int) -> tuple[Path, int]:
-    """Create a new file with a random name in `directory`, opened for writing; (path, fd).
-
-    O_EXCL fails on anything already there, a planted symlink included; `mode` applies at creation.
-    """
-    for _ in range(100):
-        path = directory / f".ct-put.{secrets.token_hex(8)}"
-        try:
-            return path, os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode & 0o777)
-        except FileExistsError:
-            continue
-    raise FileExistsError(f"no free temporary name in {directory} after 100 tries")
-
-
-def which(name: str) -> str | None:
-    return shutil.which(name)

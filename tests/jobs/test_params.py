@@ -178,12 +178,12 @@ def test_good_params_and_their_flags() -> None:
 
 
 def test_job_argv_is_what_execution_passes_to_the_job() -> None:
-    from cloudtrain.execution import Executor
+    from cloudtrain.run.prepare import job_script
     from cloudtrain.recipe import Recipe
 
     params = {"epochs": 2, "batch-size": 32, "lr": 0.01, "force": True, "no_placement_log": False, "data": "bundled"}
     recipe = Recipe.model_validate({"name": "p", "job": {"name": "mnist_cnn", "params": params}})
-    script = Executor.__new__(Executor)._command(recipe)
+    script = job_script(recipe)
     tokens = shlex.split(script.strip().splitlines()[-1])
     at = tokens.index("--output")
     assert tokens[at + 2 :] == job_argv("mnist_cnn", recipe.job.params)  # type: ignore[union-attr]

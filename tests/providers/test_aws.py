@@ -21,7 +21,7 @@ from cloudtrain.config import AwsConfig, Config
 from cloudtrain.errors import CapacityError, CredentialsError, ProviderError, UsageError
 from cloudtrain.providers import get_provider
 from cloudtrain.providers.aws import AwsCapacityError, AwsProvider
-from cloudtrain.providers.aws_api import NO_CREDENTIALS
+from cloudtrain.providers.aws.api import NO_CREDENTIALS
 from cloudtrain.providers.base import TAG_CLUSTER, TAG_OWNER, InstanceSpec, InstanceState, Provider, owner_id
 from cloudtrain.testing.aws import MotoServer, isolate_aws_env
 
@@ -104,7 +104,7 @@ def test_launch_tags_every_resource_and_opens_ssh_to_one_address(
     placed = (first.cluster, first.region, first.zone, first.instance_type)
     assert placed == (s.cluster, REGION, "us-east-1a", "g4dn.xlarge")
     assert first.public_ip and first.private_ip and first.ssh_user == "ubuntu"
-    assert first.hourly_price == pytest.approx(0.526) and first.launched_at
+    assert first.launched_at  # prices come from the plan (one source), not the provider
 
     raw = [i for r in ec2.describe_instances(InstanceIds=ids)["Reservations"] for i in r["Instances"]]
     want = {TAG_CLUSTER: s.cluster, TAG_OWNER: s.owner}
@@ -283,7 +283,7 @@ def test_other_launch_errors_clean_up_and_name_the_call(aws: AwsProvider, ec2: A
     assert leftovers(ec2, s.cluster) == NOTHING
 
 
-def test_spot_launch_uses_spot_market_and_price_and_cannot_stop(
+def test_spot_launch_uses_spot_market_and_cannot_stop(
     aws: AwsProvider, ec2: Any, moto_server: MotoServer
 ) -> None:
     (inst,) = aws.launch(spec(moto_server, spot=True), 1)
@@ -291,7 +291,6 @@ def test_spot_launch_uses_spot_market_and_price_and_cannot_stop(
     assert raw["InstanceLifecycle"] == "spot"
     attr = ec2.describe_instance_attribute(InstanceId=inst.id, Attribute="instanceInitiatedShutdownBehavior")
     assert attr["InstanceInitiatedShutdownBehavior"]["Value"] == "terminate"
-    assert aws.describe([inst.id])[0].hourly_price == pytest.approx(0.2104)
     with pytest.raises(ProviderError, match="spot"):
         aws.stop([inst.id])
     aws.terminate([inst.id])
@@ -362,7 +361,7 @@ def test_stop_or_start_of_unknown_instances_is_an_error(aws: AwsProvider, moto_s
         aws.start(["i-0123456789abcdef1"])
 
 
-def test_release_and_clusters_with_resources(aws: AwsProvider, ec2: Any, moto_server: MotoServer) -> None:
+def test_list_and_release_resources(aws: AwsProvider, ec2: Any, moto_server: MotoServer) -> None:
     # A crash after the key pair and group were made, before RunInstances: gc finds and removes them.
     s = spec(moto_server)
     moto_server.faults.add("InsufficientInstanceCapacity", regions={REGION})
@@ -373,9 +372,11 @@ def test_release_and_clusters_with_resources(aws: AwsProvider, ec2: Any, moto_se
         TagSpecifications=[{"ResourceType": "key-pair", "Tags": [{"Key": TAG_CLUSTER, "Value": s.cluster},
                                                                   {"Key": TAG_OWNER, "Value": s.owner}]}],
     )
-    assert aws.clusters_with_resources()[s.cluster] == [REGION]
-    assert aws.release(s.cluster) == []
-    assert s.cluster not in aws.clusters_with_resources()
+    found = aws.list_resources()
+    assert {(r.cluster, r.kind, r.region) for r in found} >= {(s.cluster, "key-pair", REGION)}
+    assert all(r.cluster == s.cluster for r in aws.list_resources(s.cluster))
+    assert aws.release_resources(s.cluster) == []
+    assert s.cluster not in {r.cluster for r in aws.list_resources()}
 
 
 def test_check_credentials_names_source_account_and_region(moto_server: MotoServer) -> None:

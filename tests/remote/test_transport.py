@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from cloudtrain.errors import RemoteError
-from cloudtrain.remote.transport import LocalTransport
+from cloudtrain.remote.local import LocalTransport
 
 
 @contextmanager

@@ -13,7 +13,14 @@ from collections.abc import Sequence
 
 from cloudtrain.config import Config
 from cloudtrain.errors import NotAvailableError, ProviderError
-from cloudtrain.providers.base import Capabilities, CredentialStatus, Instance, InstanceSpec, InstanceState
+from cloudtrain.providers.base import (
+    Capabilities,
+    ClusterResource,
+    CredentialStatus,
+    Instance,
+    InstanceSpec,
+    InstanceState,
+)
 from cloudtrain.remote.keys import current_user
 
 
@@ -24,13 +31,22 @@ def instance_id(cluster: str, rank: int, address: str) -> str:
 class SshProvider:
     name = "ssh"
     capabilities = Capabilities(supports_stop=False, supports_spot=False, remote=True, priced=False,
-                                owns_machines=False)
+                                owns_machines=False, takes_hosts=True, cloud_fields=False)
 
     def __init__(self, config: Config) -> None:
         self.config = config
         # Records handed out by launch in this process, so describe can repeat them (the ids do
         # not encode port or user). Another process gets state only; lifecycle keeps addresses.
         self._launched: dict[str, Instance] = {}
+
+    # Nothing here is regional, and nothing is created besides the nodes themselves.
+    default_region = None
+
+    def list_resources(self, cluster: str | None = None) -> list[ClusterResource]:
+        return []
+
+    def release_resources(self, cluster: str) -> list[ClusterResource]:
+        return []
 
     def check_credentials(self) -> CredentialStatus:
         return CredentialStatus("ssh", True, "uses the key in each host entry, else your ssh-agent/default keys")

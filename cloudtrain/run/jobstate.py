@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from cloudtrain.state import JobRecord, StateStore
 
 if TYPE_CHECKING:
-    from cloudtrain.nodes import Node
+    from cloudtrain.cluster.nodes import Node
 
 OPEN_STATES = frozenset({"pending", "running"})
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from cloudtrain.errors import ConfigError
 
-DATA_DIR = Path(__file__).resolve().parent / "catalog_data"
+DATA_DIR = Path(__file__).resolve().parent.parent / "catalog_data"
 COLUMNS = (
     "cloud",
     "region",

@@ -18,6 +18,7 @@ from pathlib import Path
 from cloudtrain import paths
 from cloudtrain.config import Config
 from cloudtrain.providers.base import (
+    ClusterResource,
     TAG_CLUSTER,
     Capabilities,
     CredentialStatus,
@@ -32,10 +33,19 @@ _META = "instance.json"
 class LocalProvider:
     name = "local"
     capabilities = Capabilities(supports_stop=True, supports_spot=False, remote=False, priced=False,
-                                owns_machines=False)
+                                owns_machines=False, cloud_fields=False)
 
     def __init__(self, base: Path | None = None) -> None:
         self.base = base or paths.home() / "local"
+
+    # Nothing here is regional, and nothing is created besides the nodes themselves.
+    default_region = None
+
+    def list_resources(self, cluster: str | None = None) -> list[ClusterResource]:
+        return []
+
+    def release_resources(self, cluster: str) -> list[ClusterResource]:
+        return []
 
     def check_credentials(self) -> CredentialStatus:
         return CredentialStatus("local", True, f"runs on this machine under {self.base}")

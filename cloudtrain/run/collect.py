@@ -21,7 +21,7 @@ from cloudtrain.remote import jobs
 from cloudtrain.remote.archive import Refused, list_files
 
 if TYPE_CHECKING:
-    from cloudtrain.nodes import Node
+    from cloudtrain.cluster.nodes import Node
 
 # A listing that disagrees with what arrived is retried this often (files still changing).
 _MISMATCH_ATTEMPTS = 3
@@ -149,8 +149,8 @@ def collect_again(lc, name: str, run_id: str | None, warn: Callable[[str], None]
     import json as _json
 
     from cloudtrain.errors import UsageError
-    from cloudtrain.nodes import close_all, connect
-    from cloudtrain.runrecord import RunJson
+    from cloudtrain.cluster.nodes import close_all, connect
+    from cloudtrain.run.record import RunJson
 
     cluster = lc.get(name)
     runs = lc.store.list_runs(cluster=name, limit=1000)

@@ -14,12 +14,12 @@ from dataclasses import dataclass, replace
 from cloudtrain.config import Config
 from cloudtrain.errors import ClusterBusyError, ClusterNotFoundError, NotAvailableError, ProviderError, UsageError
 from cloudtrain.events import NullReporter, Reporter
-from cloudtrain.locks import cluster_lock
+from cloudtrain.state.locks import cluster_lock
 from cloudtrain.providers import get_provider
 from cloudtrain.providers.base import HostSpec, Instance, InstanceSpec, InstanceState, Provider, owner_id
 from cloudtrain.recipe import Recipe
 from cloudtrain.state import ClusterRecord, NodeRecord, StateStore
-from cloudtrain.nodes import node_record
+from cloudtrain.cluster.nodes import node_record
 
 # Clouds whose providers exist but whose recipe features land in later work. Refused, never ignored.
 _LIVE_STATES = {InstanceState.PENDING, InstanceState.RUNNING, InstanceState.STOPPING, InstanceState.STOPPED}
@@ -33,9 +33,11 @@ class Cluster:
 
 
 def _merged(old: NodeRecord, inst: Instance) -> NodeRecord:
-    """A node record updated with what the provider says now; what it does not say is kept."""
+    """The one way provider facts enter state: a node record updated with what the provider says
+    now; what it does not say (an existing host has no API to ask) is kept."""
     return replace(old, state=inst.state.value, public_ip=inst.public_ip or old.public_ip,
-                   private_ip=inst.private_ip or old.private_ip)
+                   private_ip=inst.private_ip or old.private_ip, ssh_user=old.ssh_user or inst.ssh_user,
+                   started_at=old.started_at or inst.launched_at)
 
 
 def refuse_unavailable(recipe: Recipe) -> None:
@@ -79,10 +81,7 @@ class Lifecycle:
         the two would overwrite each other's workdir and the first would tear it down under the other.
         """
         refuse_unavailable(recipe)
-        cloud = recipe.resources.cloud
-        if cloud == "any":
-            raise NotAvailableError("cloud any is not available yet", hint="name a cloud: local, ssh or aws")
-        provider = self.provider(cloud)
+        provider = self.provider(recipe.resources.cloud)
         with cluster_lock(name):
             existing = self.store.get_cluster(name)
             if existing is not None:
@@ -131,7 +130,7 @@ class Lifecycle:
         self.reporter.info(f"reusing cluster {existing.name} ({provider.name}, {len(cluster.nodes)} node(s))")
         return cluster
 
-    def _spec(self, recipe: Recipe, name: str) -> InstanceSpec:
+    def _spec(self, recipe: Recipe, name: str, provider: Provider) -> InstanceSpec:
         res = recipe.resources
         hosts = tuple(
             HostSpec(address=h.address, user=h.user, port=h.port, key=h.key, proxy_command=h.proxy_command)
@@ -139,7 +138,9 @@ class Lifecycle:
         )
         public_key = None
         allowed_cidr = self.config.ssh.allowed_cidr
-        if res.cloud not in ("local", "ssh"):
+        caps = provider.capabilities
+        if caps.remote and not caps.takes_hosts:
+            # A machine we create: it gets this cluster's key, and a firewall open to us only.
             from cloudtrain.remote import keys
 
             public_key = keys.cluster_key(name).public_openssh
@@ -174,7 +175,7 @@ class Lifecycle:
                 from cloudtrain.errors import CredentialsError
 
                 raise CredentialsError(f"{provider.name}: {creds.detail}", hint=f"see `cloudtrain check {provider.name}`")
-        spec = self._spec(recipe, name)
+        spec = self._spec(recipe, name, provider)
         # State first: if we die between the create call and the next line, `status --refresh`
         # and `down` still know to look for instances tagged with this cluster.
         self.store.upsert_cluster(
@@ -185,44 +186,41 @@ class Lifecycle:
         self.store.add_event(name, "launch", f"{provider.name}: launching {recipe.num_nodes} node(s)")
         launched: list[Instance] = []
         try:
-            launched = self._launch(recipe, spec, provider)
+            launched, hourly_per_node = self._launch(recipe, spec, provider)
             self._record_nodes(name, launched, spec.hosts)
-            running = self._wait_running(provider, [i.id for i in launched])
-            # describe() may know less than launch() did (an existing host has no API to ask).
-            by_id = {i.id: i for i in launched}
-            running = [
-                replace(i, public_ip=i.public_ip or by_id[i.id].public_ip,
-                        private_ip=i.private_ip or by_id[i.id].private_ip,
-                        ssh_user=i.ssh_user or by_id[i.id].ssh_user,
-                        hourly_price=i.hourly_price or by_id[i.id].hourly_price,
-                        launched_at=i.launched_at or by_id[i.id].launched_at)
-                if i.id in by_id else i
-                for i in running
-            ]
-            self._record_nodes(name, running, spec.hosts)
-            first = running[0]
+            running = {i.id: i for i in self._wait_running(provider, [i.id for i in launched])}
+            nodes = [_merged(n, running[n.instance_id]) for n in self.store.get_nodes(name)]
+            self.store.put_nodes(name, nodes)
+            first = running[launched[0].id]
             self.store.upsert_cluster(
-                name=name, status="up", region=first.region, zone=first.zone, instance_type=first.instance_type,
-                hourly_price=sum(i.hourly_price for i in running),
+                name=name, status="up", region=first.region or launched[0].region,
+                zone=first.zone or launched[0].zone,
+                instance_type=first.instance_type or launched[0].instance_type,
+                # One price source: the plan's placement, per node.
+                hourly_price=hourly_per_node * len(launched),
             )
         except BaseException as exc:
             self._cleanup_failed_launch(name, provider, launched, exc)
             raise
         return Cluster(self.store.get_cluster(name), tuple(self.store.get_nodes(name)), provider)  # type: ignore[arg-type]
 
-    def _launch(self, recipe: Recipe, spec: InstanceSpec, provider: Provider) -> list[Instance]:
-        """Launch at the cheapest placement; on a capacity error fail over to the next one."""
+    def _launch(self, recipe: Recipe, spec: InstanceSpec, provider: Provider) -> tuple[list[Instance], float]:
+        """Launch at the cheapest placement; on a capacity error fail over to the next one that the
+        error does not rule out (a zone's, a region's, or the whole cloud's). Returns the instances
+        and the placement's hourly price per node."""
         if not provider.capabilities.priced:
-            return provider.launch(spec, recipe.num_nodes)
+            return provider.launch(spec, recipe.num_nodes), 0.0
         from cloudtrain.catalog import default_catalog
         from cloudtrain.errors import CapacityError
         from cloudtrain.plan import make_plan
 
-        default_region = getattr(getattr(self.config, provider.name, None), "region", None)
-        plan = make_plan(recipe, default_catalog(), [provider.name], default_region=default_region)
+        plan = make_plan(recipe, default_catalog(), [provider.name], default_region=provider.default_region)
         self.reporter.info(f"plan: {plan.summary()}")
-        failures = []
+        failures: list[str] = []
+        ruled_out: set[tuple[str, str | None]] = set()  # (cloud, region or None for the whole cloud)
         for placement in plan.candidates:
+            if (placement.cloud, None) in ruled_out or (placement.cloud, placement.region) in ruled_out:
+                continue
             attempt = replace(spec, region=placement.region, zone=placement.zone,
                               instance_type=placement.instance_type, spot=placement.spot)
             try:
@@ -230,10 +228,11 @@ class Lifecycle:
             except CapacityError as exc:
                 failures.append(f"{placement.describe()}: {exc.message}")
                 self.store.add_event(spec.cluster, "capacity", failures[-1])
+                if exc.scope in ("region", "cloud"):
+                    ruled_out.add((placement.cloud, placement.region if exc.scope == "region" else None))
                 self.reporter.warn(f"no capacity: {placement.describe()}; trying the next placement")
                 continue
-            # The catalog knows the price; providers may not.
-            return [i if i.hourly_price else replace(i, hourly_price=placement.hourly_price) for i in instances]
+            return instances, placement.hourly_price
         raise CapacityError(
             f"no capacity for {spec.cluster} in any of {len(failures)} placement(s): " + "; ".join(failures),
             hint="try another region, instance type or later",
@@ -302,7 +301,7 @@ class Lifecycle:
             self.store.set_cluster_status(name, "stopped")
             self.store.add_event(name, "stop", "stopped all nodes")
             # A stopped machine runs nothing: its jobs ended with it.
-            from cloudtrain.jobstate import end_open_jobs
+            from cloudtrain.run.jobstate import end_open_jobs
 
             end_open_jobs(self.store, name)
             return self._refresh_locked(name, cluster.provider)
@@ -407,7 +406,7 @@ class Lifecycle:
         leaves the job running without its workdir.
         """
         from cloudtrain.errors import CloudtrainError
-        from cloudtrain.nodes import close_all, connect
+        from cloudtrain.cluster.nodes import close_all, connect
         from cloudtrain.remote import jobs
 
         failures = []

@@ -15,7 +15,7 @@ AWS advises for a momentary shortage. RunInstances carries a ClientToken, so ret
 
 This module never sleeps or polls. Deleting the security group right after terminate fails on real
 AWS with DependencyViolation while instances shut down: we report it and leave it, and the next
-`terminate` of the cluster (or `release`) deletes it. Leftover groups and key pairs cost nothing.
+`terminate` of the cluster (or `release_resources`) deletes it. Leftover groups and key pairs cost nothing.
 
 boto3 is imported in the constructor only: the CLI imports it when a command uses AWS.
 """
@@ -25,13 +25,12 @@ from __future__ import annotations
 import ipaddress
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from cloudtrain.catalog import Catalog, default_catalog
 from cloudtrain.config import Config
 from cloudtrain.errors import CapacityError, CredentialsError, NotAvailableError, ProviderError, UsageError
-from cloudtrain.providers.aws_api import (
+from cloudtrain.providers.aws.api import (
     CAPACITY_CODES,
     EC2_STATES,
     LIVE_STATES,
@@ -51,6 +50,7 @@ from cloudtrain.providers.aws_api import (
     tags_of,
 )
 from cloudtrain.providers.base import (
+    ClusterResource,
     TAG_CLUSTER,
     TAG_OWNER,
     Capabilities,
@@ -61,25 +61,21 @@ from cloudtrain.providers.base import (
     owner_id,
 )
 
-__all__ = ["AwsApiError", "AwsCapacityError", "AwsProvider", "Leftover", "ZoneAttempt", "make_provider"]
+__all__ = ["AwsApiError", "AwsCapacityError", "AwsProvider", "ZoneAttempt", "make_provider"]
 
-
-@dataclass(frozen=True)
-class Leftover:
-    """A key pair or security group `release` had to keep."""
-
-    resource: str
-    reason: str
-    retry_later: bool  # True: it will be deletable soon (instances shutting down), not in use
-
-    def __str__(self) -> str:
-        return f"{self.resource} ({self.reason})"
-
+# A resource release_resources kept because instances still shutting down hold it: a later
+# `down` deletes it. Anything else kept is in use by the cluster's live instances.
+_SHUTTING_DOWN = "instances still shutting down"
 
 
 class AwsProvider:
     name = "aws"
     capabilities = Capabilities(supports_stop=True, supports_spot=True, remote=True, priced=True)
+
+    @staticmethod
+    def image_pins_region(image: str) -> bool:
+        """AMI ids exist in one region only (an SSM parameter path resolves in every region)."""
+        return image.startswith("ami-")
 
     def __init__(
         self,
@@ -325,26 +321,26 @@ class AwsProvider:
         live = {"Name": "instance-state-name", "Values": LIVE_STATES}
         return bool(self.api.instances(region, [{"Name": filter_name, "Values": [value]}, live]))
 
-    def release(self, cluster: str, regions: Sequence[str] | None = None) -> list[Leftover]:
+    def release_resources(self, cluster: str) -> list[ClusterResource]:
         """Delete the cluster's key pair and security group wherever no live instance uses them.
 
         Returns what had to stay: in use by live instances, or a group still attached to instances
-        shutting down (`retry_later`), which a later call deletes. `terminate` calls this for
-        every cluster it touches; `gc` can call it for `clusters_with_resources()`.
+        shutting down, which a later call deletes. `terminate` releases every cluster it touches;
+        `gc` releases the clusters `list_resources()` finds that state no longer knows.
         """
-        left: list[Leftover] = []
-        for region in regions or self.regions():
+        left: list[ClusterResource] = []
+        for region in self.regions():
             left.extend(self._release(region, cluster))
         return left
 
-    def _release(self, region: str, cluster: str) -> list[Leftover]:
+    def _release(self, region: str, cluster: str) -> list[ClusterResource]:
         name = f"cloudtrain-{cluster}"
         mine = [{"Name": f"tag:{TAG_CLUSTER}", "Values": [cluster]}]
-        left: list[Leftover] = []
+        left: list[ClusterResource] = []
         keys = self.api.ec2(region, "describe_key_pairs", Filters=[{"Name": "key-name", "Values": [name]}, *mine])
         if keys["KeyPairs"]:
             if self._in_use(region, "key-name", name):
-                left.append(Leftover(f"key pair {name} in {region}", "in use", retry_later=False))
+                left.append(ClusterResource("aws", cluster, "key-pair", name, region, "in use"))
             else:
                 self.api.ec2(region, "delete_key_pair", KeyName=name)
         by_name = [{"Name": "group-name", "Values": [name]}, *mine]
@@ -352,14 +348,13 @@ class AwsProvider:
         for group in groups:
             group_id = group["GroupId"]
             if self._in_use(region, "instance.group-id", group_id):
-                left.append(Leftover(f"security group {group_id} in {region}", "in use", retry_later=False))
+                left.append(ClusterResource("aws", cluster, "security-group", group_id, region, "in use"))
                 continue
             try:
                 self.api.ec2(region, "delete_security_group", GroupId=group_id)
             except AwsApiError as exc:
                 if exc.code == "DependencyViolation":
-                    left.append(Leftover(f"security group {group_id} in {region}", "instances still shutting down",
-                                         retry_later=True))
+                    left.append(ClusterResource("aws", cluster, "security-group", group_id, region, _SHUTTING_DOWN))
                 elif exc.code != "InvalidGroup.NotFound":
                     raise
         return left
@@ -413,19 +408,19 @@ class AwsProvider:
                 found.append(self._instance(raw, region))
         return found
 
-    def clusters_with_resources(self) -> dict[str, list[str]]:
-        """Cluster -> regions holding its cloudtrain key pair or security group (for gc)."""
-        tag_filters = [{"Name": "tag-key", "Values": [TAG_CLUSTER]}]
+    def list_resources(self, cluster: str | None = None) -> list[ClusterResource]:
+        """This owner's cloudtrain key pairs and security groups (of one cluster, or all)."""
+        tag_filters = [{"Name": "tag-key", "Values": [TAG_CLUSTER]} if cluster is None
+                       else {"Name": f"tag:{TAG_CLUSTER}", "Values": [cluster]}]
         if self.owner:
             tag_filters.append({"Name": f"tag:{TAG_OWNER}", "Values": [self.owner]})
-        found: dict[str, list[str]] = {}
+        found: list[ClusterResource] = []
         for region in self.regions():
-            items = self.api.ec2(region, "describe_key_pairs", Filters=tag_filters)["KeyPairs"]
-            items += self.api.ec2(region, "describe_security_groups", Filters=tag_filters)["SecurityGroups"]
-            for item in items:
-                regions = found.setdefault(tags_of(item)[TAG_CLUSTER], [])
-                if region not in regions:
-                    regions.append(region)
+            for item in self.api.ec2(region, "describe_key_pairs", Filters=tag_filters)["KeyPairs"]:
+                found.append(ClusterResource("aws", tags_of(item)[TAG_CLUSTER], "key-pair", item["KeyName"], region))
+            for item in self.api.ec2(region, "describe_security_groups", Filters=tag_filters)["SecurityGroups"]:
+                found.append(ClusterResource("aws", tags_of(item)[TAG_CLUSTER], "security-group", item["GroupId"],
+                                             region))
         return found
 
     def stop(self, ids: Sequence[str]) -> None:
@@ -521,8 +516,6 @@ class AwsProvider:
         tags = tags_of(raw)
         instance_type = raw.get("InstanceType")
         zone = raw.get("Placement", {}).get("AvailabilityZone")
-        spot = raw.get("InstanceLifecycle") == "spot"
-        price = self.catalog.price("aws", region, instance_type, spot=spot, zone=zone) if instance_type else None
         launched = raw.get("LaunchTime")
         return Instance(
             id=raw["InstanceId"],
@@ -535,18 +528,17 @@ class AwsProvider:
             private_ip=raw.get("PrivateIpAddress"),
             ssh_user=tags.get(TAG_SSH_USER, SSH_USER),
             launched_at=launched.timestamp() if launched is not None else None,
-            hourly_price=price or 0.0,
         )
 
 
 # helpers -------------------------------------------------------------------------------------
 
 
-def _log_leftovers(cluster: str, left: Sequence[Leftover]) -> None:
-    later = [str(item) for item in left if item.retry_later]
+def _log_leftovers(cluster: str, left: Sequence[ClusterResource]) -> None:
+    later = [f"{r.kind} {r.id} in {r.region} ({r.note})" for r in left if r.note == _SHUTTING_DOWN]
     if later:
         log.warning("aws: kept for a later `cloudtrain down %s`: %s", cluster, "; ".join(later))
-    kept = [str(item) for item in left if not item.retry_later]
+    kept = [f"{r.kind} {r.id} in {r.region} ({r.note})" for r in left if r.note != _SHUTTING_DOWN]
     if kept:
         log.info("aws: kept for the cluster's other instances: %s", "; ".join(kept))
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
 
 from cloudtrain.config import Config
 from cloudtrain.errors import CloudtrainError
@@ -17,17 +16,12 @@ from cloudtrain.providers import get_provider
 from cloudtrain.providers.base import Instance, InstanceState, Provider
 from cloudtrain.state import StateStore
 
-# Providers that create resources of their own; `ssh` hosts are the user's and are never collected.
-GC_CLOUDS = ("local", "aws")
 
+def gc_clouds() -> tuple[str, ...]:
+    """Clouds whose machines cloudtrain creates; hosts from a recipe are the user's, never collected."""
+    from cloudtrain.providers import available, capabilities
 
-@runtime_checkable
-class ReleasesResources(Protocol):
-    """A provider with per-cluster resources besides instances (key pairs, firewall rules)."""
-
-    def clusters_with_resources(self) -> dict[str, list[str]]: ...
-
-    def release(self, cluster: str) -> list: ...
+    return tuple(name for name in available() if not capabilities(name).takes_hosts)
 
 
 @dataclass(frozen=True)
@@ -45,7 +39,8 @@ class Skipped:
     reason: str
 
 
-def find_leaks(store: StateStore, config: Config, clouds: Sequence[str] = GC_CLOUDS) -> tuple[list[Leak], list[Skipped]]:
+def find_leaks(store: StateStore, config: Config, clouds: Sequence[str] | None = None) -> tuple[list[Leak], list[Skipped]]:
+    clouds = gc_clouds() if clouds is None else clouds
     leaks: list[Leak] = []
     skipped: list[Skipped] = []
     tracked = {c.name: c for c in store.list_clusters()}
@@ -57,11 +52,13 @@ def find_leaks(store: StateStore, config: Config, clouds: Sequence[str] = GC_CLO
                 skipped.append(Skipped(cloud, creds.detail))
                 continue
             leaks += _instance_leaks(cloud, provider, store, tracked)
-            if isinstance(provider, ReleasesResources):
-                for cluster, regions in sorted(provider.clusters_with_resources().items()):
-                    if cluster not in tracked:
-                        leaks.append(Leak(cloud, cluster, "resources", tuple(regions),
-                                          "key pair / security group of a cluster not in state"))
+            by_cluster: dict[str, list[str]] = {}
+            for resource in provider.list_resources():
+                if resource.cluster not in tracked:
+                    by_cluster.setdefault(resource.cluster, []).append(
+                        f"{resource.kind} {resource.id}" + (f" in {resource.region}" if resource.region else ""))
+            for cluster, items in sorted(by_cluster.items()):
+                leaks.append(Leak(cloud, cluster, "resources", tuple(items), "resources of a cluster not in state"))
         except CloudtrainError as exc:
             skipped.append(Skipped(cloud, exc.one_line()))
     return leaks, skipped
@@ -98,9 +95,8 @@ def collect(leaks: Sequence[Leak], config: Config) -> list[str]:
         if leak.kind == "instance":
             provider.terminate(list(leak.ids))
             done.append(f"{leak.cloud}: terminated {', '.join(leak.ids)} ({leak.cluster})")
-        if isinstance(provider, ReleasesResources):
-            kept = provider.release(leak.cluster)
-            note = f"; kept for now: {', '.join(getattr(k, 'resource', str(k)) for k in kept)}" if kept else ""
-            if leak.kind == "resources" or kept:
-                done.append(f"{leak.cloud}: released resources of {leak.cluster}{note}")
+        kept = provider.release_resources(leak.cluster)
+        note = f"; kept for now: {', '.join(f'{k.kind} {k.id} ({k.note})' for k in kept)}" if kept else ""
+        if leak.kind == "resources" or kept:
+            done.append(f"{leak.cloud}: released resources of {leak.cluster}{note}")
     return done

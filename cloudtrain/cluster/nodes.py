@@ -13,7 +13,8 @@ from cloudtrain.config import Config
 from cloudtrain.errors import CloudtrainError, RemoteError
 from cloudtrain.providers.base import HostSpec, Instance, InstanceState, Provider
 from cloudtrain.remote.jobs import NodeLayout
-from cloudtrain.remote.transport import LocalTransport, Transport
+from cloudtrain.remote.local import LocalTransport
+from cloudtrain.remote.transport import Transport
 from cloudtrain.state import NodeRecord
 
 T = TypeVar("T")
@@ -27,6 +28,7 @@ class Node:
     record: NodeRecord
     transport: Transport
     layout: NodeLayout
+    python: str | None = None  # the interpreter the bootstrap chose for jobs (remote nodes)
 
     @property
     def address(self) -> str:
@@ -64,7 +66,8 @@ def instance_of(record: NodeRecord, home: str | None = None) -> Instance:
 
 
 def _host_and_key(record: NodeRecord, provider: Provider) -> tuple[HostSpec | None, Path | None]:
-    if provider.name == "ssh":
+    if provider.capabilities.takes_hosts:
+        # The user's own machine: their user, port, key and proxy from the recipe's host entry.
         host = HostSpec(
             address=record.public_ip or "",
             user=record.ssh_user,

@@ -9,9 +9,9 @@ from pathlib import Path
 
 from cloudtrain.errors import UsageError
 from cloudtrain.events import NullReporter, Reporter
-from cloudtrain.execution import Executor
-from cloudtrain.lifecycle import Cluster, Lifecycle
-from cloudtrain.nodes import close_all, connect, on_all
+from cloudtrain.run.follow import follow as follow_log
+from cloudtrain.cluster.lifecycle import Cluster, Lifecycle
+from cloudtrain.cluster.nodes import close_all, connect, on_all
 from cloudtrain.remote import jobs
 from cloudtrain.state import JobRecord
 
@@ -21,7 +21,6 @@ def exec_command(lc: Lifecycle, reporter: Reporter, name: str, script: str, deta
     cluster = lc.get(name)
     if cluster.record.status != "up":
         raise UsageError(f"cluster {name!r} is {cluster.record.status}", hint=f"`cloudtrain start {name}` first")
-    executor = Executor(lc, reporter)
     nodes = connect(list(cluster.nodes[:1]), cluster.provider, lc.config)
     try:
         node = nodes[0]
@@ -38,7 +37,7 @@ def exec_command(lc: Lifecycle, reporter: Reporter, name: str, script: str, deta
         if detach:
             return job_id, jobs.status(node.transport, node.layout, job_id)
         try:
-            final = executor.follow(node, job_id, 0, raw=lambda line: reporter.log_line(line))
+            final = follow_log(node, job_id, 0, reporter, raw=lambda line: reporter.log_line(line))
         except KeyboardInterrupt:
             reporter.warn(f"stopped following; job {job_id} keeps running (`cloudtrain logs {name} {job_id} -f`)")
             raise
@@ -80,8 +79,9 @@ def print_logs(lc: Lifecycle, name: str, job_id: str | None, follow: bool, resum
     nodes = _connect_for_log(lc, cluster, job)
     printed = [offset]
     try:
-        final = Executor(lc, NullReporter()).follow(
-            nodes[0], job_id, offset, raw=emit, on_offset=lambda o: printed.__setitem__(0, o), until_finished=follow
+        final = follow_log(
+            nodes[0], job_id, offset, NullReporter(), raw=emit, on_offset=lambda o: printed.__setitem__(0, o),
+            until_finished=follow
         )
     finally:
         # Saved once, on the way out (also on Ctrl-C): the offset just past the last printed line.
@@ -127,7 +127,7 @@ def cancel(lc: Lifecycle, name: str, job_id: str | None, all_jobs: bool) -> list
     Returns (job id, final state) for each job that was open. The job's processes and everything
     they started get TERM, then KILL after a grace period (templates/runner.sh).
     """
-    from cloudtrain.jobstate import OPEN_STATES, end_open_jobs, refresh_jobs
+    from cloudtrain.run.jobstate import OPEN_STATES, end_open_jobs, refresh_jobs
 
     cluster = lc.get(name)
     if job_id is not None and (lc.store.get_job(job_id) is None or lc.store.get_job(job_id).cluster != name):  # type: ignore[union-attr]

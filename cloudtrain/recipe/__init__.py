@@ -12,11 +12,13 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from cloudtrain.errors import RecipeError
+from cloudtrain.names import NAME_RE
+from cloudtrain.providers import ANY as ANY_CLOUD
+from cloudtrain.providers import KNOWN as KNOWN_CLOUDS
 from cloudtrain.yamlfile import format_validation_error, read_yaml
 
-Cloud = Literal["local", "ssh", "aws", "gcp", "azure", "any"]
+Cloud = Literal[(*KNOWN_CLOUDS, ANY_CLOUD)]  # type: ignore[valid-type]
 BUNDLED_JOBS = ("mnist_cnn",)
-_NAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,38}[a-z0-9]$|^[a-z]$")
 _ACCEL_RE = re.compile(r"^(?P<name>[A-Za-z][A-Za-z0-9-]*)(?::(?P<count>[1-9][0-9]*))?$")
 _VAR_RE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 # setup/run are shell that runs on the node with `envs` exported: `${VAR}` there is the node
@@ -26,6 +28,19 @@ _SHELL_FIELDS = frozenset({"setup", "run"})
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def _capability(cloud: str, name: str, default: bool) -> bool:
+    """A provider capability, or `default` for clouds this build cannot use (refused later, with a hint)."""
+    from cloudtrain.providers import available, capabilities
+
+    return bool(getattr(capabilities(cloud), name)) if cloud in available() else default
+
+
+def _host_clouds() -> str:
+    from cloudtrain.providers import available, capabilities
+
+    return " or ".join(c for c in available() if capabilities(c).takes_hosts)
 
 
 class SshHost(_Strict):
@@ -57,12 +72,13 @@ class Resources(_Strict):
         return value
 
     @model_validator(mode="after")
-    def _hosts_only_for_ssh(self) -> Resources:
-        if self.hosts and self.cloud != "ssh":
-            raise ValueError(f"'hosts' only applies to cloud: ssh, not cloud: {self.cloud}")
-        if self.cloud == "ssh" and not self.hosts:
-            raise ValueError("cloud: ssh needs a 'hosts' list, e.g. hosts: [{address: 10.0.0.5, user: ubuntu}]")
-        if self.zone and not self.region and self.cloud in ("aws", "gcp", "azure"):
+    def _hosts_only_where_taken(self) -> Resources:
+        takes_hosts = _capability(self.cloud, "takes_hosts", False)
+        if self.hosts and not takes_hosts:
+            raise ValueError(f"'hosts' only applies to cloud: {_host_clouds()}, not cloud: {self.cloud}")
+        if takes_hosts and not self.hosts:
+            raise ValueError(f"cloud: {self.cloud} needs a 'hosts' list, e.g. hosts: [{{address: 10.0.0.5, user: ubuntu}}]")
+        if self.zone and not self.region and _capability(self.cloud, "cloud_fields", True):
             raise ValueError("'zone' needs 'region' too")
         return self
 
@@ -132,7 +148,7 @@ class Recipe(_Strict):
     @field_validator("name")
     @classmethod
     def _name(cls, value: str) -> str:
-        if not _NAME_RE.match(value):
+        if not NAME_RE.fullmatch(value):
             raise ValueError(
                 f"name must be 1-40 lowercase letters, digits or '-', starting with a letter, got {value!r}"
             )
@@ -167,7 +183,7 @@ class Recipe(_Strict):
             raise ValueError("give either 'run' (a shell command) or 'job' (a bundled job), not both")
         if not self.run and not self.job:
             raise ValueError("nothing to run: add 'run: <shell command>' or 'job: {name: mnist_cnn}'")
-        if self.resources.cloud == "ssh" and self.resources.hosts and self.num_nodes > len(self.resources.hosts):
+        if self.resources.hosts and self.num_nodes > len(self.resources.hosts):
             raise ValueError(f"num_nodes is {self.num_nodes} but only {len(self.resources.hosts)} host(s) are listed")
         return self
 

@@ -1,0 +1,1 @@
+"""Clusters: lifecycle (the only writer of cluster state), reaching nodes, and gc."""

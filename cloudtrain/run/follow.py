@@ -1,0 +1,93 @@
+"""Following a detached job's log from the CLI: whole lines, resumable, across dropped connections."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+
+from cloudtrain.cluster.nodes import Node
+from cloudtrain.errors import JobFailedError, RemoteError
+from cloudtrain.events import Reporter, parse_progress
+from cloudtrain.remote import jobs
+
+POLL_S = 0.5
+
+
+def follow(node: Node, job_id: str, offset: int, reporter: Reporter, *, others: Sequence[Node] = (),
+           on_offset: Callable[[int], None] | None = None, raw: Callable[[str], None] | None = None,
+           until_finished: bool = True, on_worker_failure: Callable[[], None] | None = None) -> jobs.JobStatus:
+    """Stream complete log lines from `offset` until the job ends; survives dropped connections.
+
+    Only whole lines are emitted and `on_offset` gets the byte offset just past each one, so a
+    follower that is interrupted and resumed from that offset neither loses nor repeats a line.
+    Lines go to `raw` verbatim, or to the reporter (progress events rendered). With `others`
+    (the other nodes of a multi-node job), a failed worker ends the job: `on_worker_failure` is
+    called to stop the rest, then JobFailedError is raised.
+    """
+    pending = b""
+    last_check = 0.0
+    while True:
+        status = status_retrying(node, job_id)
+        chunk = _read_retrying(node, job_id, offset + len(pending))
+        while chunk:
+            pending += chunk
+            chunk = _read_retrying(node, job_id, offset + len(pending))
+        *lines, pending = pending.split(b"\n")
+        for line in lines:
+            _emit(line.decode("utf-8", errors="replace"), node.rank, reporter, raw)
+            offset += len(line) + 1
+            if on_offset:
+                on_offset(offset)
+        if status.finished or not until_finished:
+            if pending and status.finished:
+                _emit(pending.decode("utf-8", errors="replace"), node.rank, reporter, raw, progress=False)
+                offset += len(pending)
+                if on_offset:
+                    on_offset(offset)
+            return status
+        if others and time.monotonic() - last_check > 2.0:
+            last_check = time.monotonic()
+            for other in others:
+                st = jobs.status(other.transport, other.layout, job_id)
+                if st.finished and st.state != "succeeded":
+                    # One failed worker leaves the others waiting on collectives forever.
+                    if on_worker_failure is not None:
+                        on_worker_failure()
+                    raise JobFailedError(
+                        f"job on node {other.rank} {st.state} (exit code {st.exit_code}); stopped the other nodes",
+                        st.exit_code or 1,
+                    )
+        time.sleep(POLL_S)
+
+
+def _emit(text: str, rank: int, reporter: Reporter, raw: Callable[[str], None] | None, progress: bool = True) -> None:
+    if raw is not None:
+        raw(text)
+        return
+    event = parse_progress(text) if progress else None
+    if event is not None:
+        reporter.progress(event)
+    else:
+        reporter.log_line(text, rank)
+
+
+def status_retrying(node: Node, job_id: str) -> jobs.JobStatus:
+    return _retry(lambda: jobs.status(node.transport, node.layout, job_id))
+
+
+def _read_retrying(node: Node, job_id: str, offset: int) -> bytes:
+    return _retry(lambda: jobs.read_log(node.transport, node.layout, job_id, offset))
+
+
+def _retry(fn: Callable[[], object], attempts: int = 5):  # noqa: ANN202
+    """A dropped link between two polls is normal (laptop sleep, Wi-Fi roam): reconnect and go on."""
+    delay = 0.5
+    for attempt in range(attempts):
+        try:
+            return fn()
+        except RemoteError:
+            if attempt == attempts - 1:
+                raise
+            time.sleep(delay)
+            delay *= 2
+    raise AssertionError("unreachable")

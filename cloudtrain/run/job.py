@@ -1,0 +1,112 @@
+"""A job on every node of a cluster: its environment, the submit, waiting for it, ending it."""
+
+from __future__ import annotations
+
+import json
+import socket
+import sys
+import time
+from collections.abc import Sequence
+
+from cloudtrain.cluster.nodes import Node, on_all
+from cloudtrain.errors import JobFailedError, RemoteError
+from cloudtrain.events import Reporter
+from cloudtrain.recipe import Recipe
+from cloudtrain.remote import jobs
+from cloudtrain.remote.local import LocalTransport
+from cloudtrain.run.follow import POLL_S, follow, status_retrying
+from cloudtrain.state import JobRecord, StateStore
+
+
+def run_job(store: StateStore, reporter: Reporter, nodes: Sequence[Node], run_id: str, job_id: str, script: str,
+            recipe: Recipe, what: str, started: list[str]) -> None:
+    """Start `script` as job `job_id` on every node, stream rank 0's log, wait for all; raise
+    JobFailedError naming the first node that did not succeed. `started` gets the job id before
+    the submit: a job whose start cannot be confirmed must still be ended by the caller."""
+    now = time.time()
+    store.insert_job(JobRecord(
+        id=job_id, cluster=nodes[0].record.cluster, run_id=run_id, job_dir=nodes[0].layout.job_dir(job_id),
+        status="running", command=what, submitted_at=now, started_at=now, ended_at=None, exit_code=None,
+    ))
+    started.append(job_id)
+    # Every node must see the same TF_CONFIG: build all envs here, not inside the parallel submit.
+    ports = _worker_ports(nodes)
+    envs = {n.rank: job_env(nodes, n, run_id, recipe, ports) for n in nodes}
+    on_all(list(nodes), lambda n: jobs.submit(n.transport, n.layout, job_id, script, envs[n.rank]))
+    final = follow(nodes[0], job_id, 0, reporter, others=nodes[1:],
+                   on_worker_failure=lambda: kill_everywhere(nodes, job_id, reporter))
+    statuses = [final] + [_wait_finished(n, job_id, reporter) for n in nodes[1:]]
+    worst = next((s for s in statuses if s.state != "succeeded"), final)
+    store.update_job(job_id, status=worst.state, exit_code=worst.exit_code, ended_at=time.time())
+    for rank, st in enumerate(statuses):
+        if st.state != "succeeded":
+            code = st.exit_code if st.exit_code is not None else 1
+            raise JobFailedError(f"{what} on node {rank} {st.state} (exit code {code})", code)
+
+
+def job_env(nodes: Sequence[Node], node: Node, run_id: str, recipe: Recipe, ports: Sequence[int]) -> dict[str, str]:
+    env = dict(recipe.envs)
+    ips = [n.address for n in nodes]
+    local = isinstance(node.transport, LocalTransport)
+    env.update({
+        "CLOUDTRAIN_RUN_ID": run_id,
+        "CLOUDTRAIN_CLUSTER": node.record.cluster,
+        "CLOUDTRAIN_NODE_RANK": str(node.rank),
+        "CLOUDTRAIN_NUM_NODES": str(len(nodes)),
+        "CLOUDTRAIN_NODE_IPS": ",".join(ips),
+        "CLOUDTRAIN_RUNTIME": node.layout.runtime,
+        "CLOUDTRAIN_PYTHON": node.python or (sys.executable if local else "python3"),
+    })
+    if recipe.job is not None and len(nodes) > 1:
+        env["TF_CONFIG"] = json.dumps({
+            "cluster": {"worker": [f"{ip}:{port}" for ip, port in zip(ips, ports)]},
+            "task": {"type": "worker", "index": node.rank},
+        })
+    return env
+
+
+def kill_everywhere(nodes: Sequence[Node], job_id: str, reporter: Reporter) -> None:
+    """End the job and everything it started on each node; a node that cannot be reached is reported."""
+    for node in nodes:
+        try:
+            jobs.kill(node.transport, node.layout, job_id)
+        except RemoteError as exc:
+            reporter.warn(f"could not stop the job on node {node.rank}: {exc.one_line()}")
+
+
+def end_jobs(store: StateStore, reporter: Reporter, nodes: Sequence[Node], job_ids: Sequence[str]) -> None:
+    """End every listed job on every node, and record how each ended."""
+    for job_id in job_ids:
+        kill_everywhere(nodes, job_id, reporter)
+        try:
+            final = jobs.status(nodes[0].transport, nodes[0].layout, job_id)
+        except RemoteError as exc:
+            reporter.warn(f"could not read the state of job {job_id}: {exc.one_line()}")
+            continue
+        store.update_job(job_id, status=final.state, exit_code=final.exit_code, ended_at=final.ended_at or time.time())
+
+
+def _worker_ports(nodes: Sequence[Node]) -> list[int]:
+    # Nodes on one address (local, or several sshd on one host) need distinct free ports.
+    if all(n.address.startswith("127.") for n in nodes):
+        return [_free_port() for _ in nodes]
+    return [29500 + n.rank for n in nodes]
+
+
+def _wait_finished(node: Node, job_id: str, reporter: Reporter, timeout_s: float = 600.0) -> jobs.JobStatus:
+    """Rank 0 finished; the others end moments later (or hang on a collective: then time out)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        status = status_retrying(node, job_id)
+        if status.finished:
+            return status
+        if time.monotonic() > deadline:
+            kill_everywhere([node], job_id, reporter)
+            return status_retrying(node, job_id)
+        time.sleep(POLL_S)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

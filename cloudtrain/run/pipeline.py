@@ -1,0 +1,332 @@
+"""`run`, the whole pipeline: check -> provision -> prepare -> sync -> setup -> job -> collect -> teardown.
+
+Each step lives in its own module (run/prepare.py, run/job.py, run/follow.py, run/collect.py); this
+one orders them and owns what a run is: its record, its phases, and cleanup that always happens.
+Teardown and collection happen in `finally`, so a failed job, an error or Ctrl-C still brings the
+logs home and leaves nothing running that the policy says should be gone.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from cloudtrain.cost import cost_usd
+from cloudtrain.run.collect import Collected, collect
+from cloudtrain.errors import CloudtrainError, Interrupted, JobFailedError, UsageError
+from cloudtrain.events import Reporter
+from cloudtrain.run.jobstate import OPEN_STATES, refresh_jobs
+from cloudtrain.cluster.lifecycle import Cluster, Lifecycle
+from cloudtrain.cluster.nodes import Node, close_all, connect, on_all
+from cloudtrain.recipe import LoadedRecipe
+from cloudtrain.remote.archive import Refused
+from cloudtrain.run.job import end_jobs, run_job
+from cloudtrain.run.prepare import job_script, prepare, sync, write_ssh_config
+from cloudtrain.run.record import RunJson
+from cloudtrain.state import RunRecord
+
+Teardown = Literal["auto", "down", "stop", "keep"]
+POLL_S = 0.5
+
+
+@dataclass(frozen=True)
+class RunResult:
+    run_id: str
+    run_dir: Path
+    status: str  # succeeded | failed | interrupted
+    exit_code: int | None
+    cost_usd: float
+    phases: dict[str, float]
+    error: str | None = None
+    teardown: str = "none"
+    refused: tuple[Refused, ...] = ()
+
+
+@dataclass
+class _Outcome:
+    """How a phase ended when it did not raise: a phase may fail softly (collect, teardown)."""
+
+    ok: bool = True
+    detail: str = ""
+
+
+@dataclass
+class _PhaseClock:
+    reporter: Reporter
+    timings: dict[str, float] = field(default_factory=dict)
+
+    @contextmanager
+    def phase(self, name: str, detail: str = "") -> Iterator[_Outcome]:
+        self.reporter.phase_start(name, detail)
+        start = time.monotonic()
+        outcome = _Outcome(ok=False)
+        try:
+            outcome.ok = True
+            yield outcome
+        except BaseException:
+            outcome.ok = False
+            raise
+        finally:
+            elapsed = time.monotonic() - start
+            self.timings[name] = round(self.timings.get(name, 0.0) + elapsed, 3)
+            self.reporter.phase_end(name, elapsed, detail=outcome.detail, ok=outcome.ok)
+
+
+@dataclass
+class _Run:
+    """What one `run` has done so far: cleanup undoes exactly this, and run.json reports it."""
+
+    run_id: str
+    run_dir: Path
+    loaded: LoadedRecipe
+    clock: _PhaseClock
+    started: float
+    cluster: Cluster | None = None
+    created: bool = False
+    nodes: list[Node] = field(default_factory=list)
+    jobs_started: list[str] = field(default_factory=list)
+    cluster_started: float = 0.0
+    status: str = "failed"
+    exit_code: int | None = None
+    error: str | None = None
+
+    @property
+    def job_id(self) -> str:
+        return f"{self.run_id}-run"
+
+    def fail(self, error: str) -> None:
+        self.error = self.error or error
+        if self.status == "succeeded":
+            self.status = "failed"
+
+
+def new_run_id(cluster: str) -> str:
+    return f"{cluster}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
+
+
+class Executor:
+    def __init__(self, lifecycle: Lifecycle, reporter: Reporter) -> None:
+        self.lc = lifecycle
+        self.store = lifecycle.store
+        self.config = lifecycle.config
+        self.reporter = reporter
+
+    # run -----------------------------------------------------------------------------------------
+
+    def check(self, loaded: LoadedRecipe, cluster_name: str, teardown: Teardown) -> None:
+        """Every static check, before a run directory, state row, key or cloud call exists."""
+        from cloudtrain.cluster.lifecycle import check_stop_possible
+        from cloudtrain.names import check_cluster_name
+        from cloudtrain.preflight import preflight
+
+        check_cluster_name(cluster_name)
+        preflight(loaded, self.config)
+        if teardown == "stop":
+            check_stop_possible(self.lc.provider(loaded.recipe.resources.cloud), loaded.recipe.resources.spot)
+
+    def run(self, loaded: LoadedRecipe, cluster_name: str, teardown: Teardown, runs_dir: Path) -> RunResult:
+        recipe = loaded.recipe
+        self.check(loaded, cluster_name, teardown)
+        run_id = new_run_id(cluster_name)
+        run_dir = (runs_dir / run_id).resolve()
+        run_dir.mkdir(parents=True, exist_ok=False)
+        r = _Run(run_id, run_dir, loaded, _PhaseClock(self.reporter), time.time())
+        self.store.insert_run(RunRecord(
+            id=run_id, cluster=cluster_name, recipe_path=str(loaded.path), recipe_digest=loaded.digest,
+            run_dir=str(run_dir), status="running", exit_code=None, provider=recipe.resources.cloud,
+            instance_type=None, hourly_price=0.0, cost_usd=0.0, started_at=r.started, ended_at=None,
+            pid=os.getpid(), result_paths=json.dumps(recipe.result_paths()),
+        ))
+        usage_error: UsageError | None = None
+        try:
+            with r.clock.phase("provision", recipe.resources.cloud):
+                r.cluster, r.created = self.lc.up(recipe, cluster_name, str(loaded.path), loaded.digest,
+                                                  run_id=run_id)
+                r.cluster_started = time.time()
+                r.nodes = connect(list(r.cluster.nodes), r.cluster.provider, self.config)
+                r.nodes = on_all(r.nodes, lambda n: prepare(n, recipe, self.reporter))
+                write_ssh_config(r.cluster, self.config, self.reporter)
+            with r.clock.phase("sync"):
+                on_all(r.nodes, lambda n: sync(n, loaded, self.reporter))
+            if recipe.setup:
+                with r.clock.phase("setup"):
+                    run_job(self.store, self.reporter, r.nodes, run_id, f"{run_id}-setup", recipe.setup + "\n",
+                            recipe, "setup", r.jobs_started)
+            with r.clock.phase("run"):
+                run_job(self.store, self.reporter, r.nodes, run_id, r.job_id, job_script(recipe), recipe, "job",
+                        r.jobs_started)
+            r.status, r.exit_code = "succeeded", 0
+        except KeyboardInterrupt:
+            r.status, r.error = "interrupted", "interrupted by the user"
+            self.reporter.warn("interrupted: stopping the job, collecting logs, tearing down")
+            end_jobs(self.store, self.reporter, r.nodes, r.jobs_started)
+        except JobFailedError as exc:
+            r.exit_code, r.error = exc.job_exit_code, exc.message
+            end_jobs(self.store, self.reporter, r.nodes, r.jobs_started)
+        except CloudtrainError as exc:
+            r.error = exc.one_line()
+            usage_error = exc if isinstance(exc, UsageError) else None
+            end_jobs(self.store, self.reporter, r.nodes, r.jobs_started)
+        except Exception as exc:
+            r.error = f"internal error: {type(exc).__name__}: {exc}"
+            end_jobs(self.store, self.reporter, r.nodes, r.jobs_started)
+            raise
+        finally:
+            with _no_interrupts():
+                result = self._finish(r, teardown)
+        if usage_error is not None:
+            raise usage_error
+        if r.status == "interrupted":
+            raise Interrupted(f"run {run_id} interrupted; logs and partial results are in {run_dir}")
+        return result
+
+    def _finish(self, r: _Run, teardown: Teardown) -> RunResult:
+        recipe = r.loaded.recipe
+        collected = Collected()
+        if r.nodes:
+            with r.clock.phase("collect") as outcome:
+                collected = collect(r.nodes, r.run_id, recipe.result_paths(), r.run_dir,
+                                    window_s=self.config.ssh.connect_retries_s, warn=self.reporter.warn)
+                outcome.ok = collected.complete
+            for refused in collected.refused:
+                self.reporter.warn(f"refused result {refused.member!r}: {refused.reason}")
+            if not collected.complete:
+                r.fail(f"collect failed: {collected.error}")
+                self.reporter.warn(f"collect failed: {collected.error}")
+        hourly = r.cluster.record.hourly_price if r.cluster else 0.0
+        cost = cost_usd(hourly, time.time() - r.cluster_started) if r.cluster else 0.0
+        teardown_done = "none"
+        if r.cluster is not None:
+            policy = ("down" if r.created else "keep") if teardown == "auto" else teardown
+            # Results that are not home live only on the node: never delete it under them.
+            results_at_risk = bool(r.jobs_started) and not collected.complete
+            try:
+                with r.clock.phase("teardown", policy) as outcome:
+                    teardown_done = self._teardown(r, policy, results_at_risk)
+                    done_as_asked = {"down": "down", "stop": "stopped", "keep": "kept"}[policy] == teardown_done
+                    outcome.ok = done_as_asked
+                    outcome.detail = "" if done_as_asked else f"cluster {teardown_done} instead of {policy}"
+            # Reported loudly, and recorded in run.json below; the user must know money may be burning.
+            except Exception as exc:  # noqa: BLE001
+                detail = exc.one_line() if isinstance(exc, CloudtrainError) else f"{type(exc).__name__}: {exc}"
+                r.fail(f"teardown failed: {detail}")
+                teardown_done = "failed"
+                self.reporter.warn(f"teardown failed: {detail} - run `cloudtrain down {r.cluster.record.name}`")
+        close_all(r.nodes)
+        ended = time.time()
+        record = RunJson(
+            run_id=r.run_id, status=r.status, exit_code=r.exit_code, error=r.error,
+            recipe={"name": recipe.name, "path": str(r.loaded.path), "digest": r.loaded.digest},
+            cluster=r.cluster.record.name if r.cluster else None,
+            provider=r.cluster.provider.name if r.cluster else recipe.resources.cloud,
+            instance_type=r.cluster.record.instance_type if r.cluster else None,
+            num_nodes=recipe.num_nodes, hourly_price_usd=hourly, cost_usd=round(cost, 6),
+            phases_s=dict(r.clock.timings), started_at=r.started, ended_at=ended,
+            wall_time_s=round(ended - r.started, 3), teardown=teardown_done, job_id=r.job_id,
+            result_paths=tuple(recipe.result_paths()), results=tuple(sorted(collected.files)),
+            refused=tuple((x.member, x.reason) for x in collected.refused),
+            collect_error=collected.error, collect_attempts=collected.attempts,
+        )
+        record.write(r.run_dir)
+        self.store.update_run(
+            r.run_id, status=r.status, exit_code=r.exit_code, ended_at=ended, cost_usd=cost,
+            instance_type=record.instance_type, hourly_price=hourly, error=r.error,
+        )
+        return RunResult(r.run_id, r.run_dir, r.status, r.exit_code, cost, dict(r.clock.timings), r.error,
+                         teardown_done, collected.refused)
+
+    def _teardown(self, r: _Run, policy: str, results_at_risk: bool) -> str:
+        assert r.cluster is not None
+        name = r.cluster.record.name
+        provider = r.cluster.provider
+        if policy in ("down", "stop"):
+            other = self._other_live_work(r)
+            if other is not None:
+                self.reporter.warn(f"cluster {name} kept: {other} is still running on it "
+                                   f"(`cloudtrain cancel {name} --all`, then `cloudtrain down {name}`)")
+                return "kept"
+        if results_at_risk and policy == "down":
+            where = f"`cloudtrain collect {name} {r.run_id}` fetches them, `cloudtrain down {name}` removes it"
+            caps = provider.capabilities
+            if caps.priced and caps.supports_stop and (caps.stop_spot or not r.cluster.record.spot):
+                self.lc.stop(name)
+                self.reporter.warn(f"results not collected: cluster {name} stopped (disks kept, compute not billed) "
+                                   f"instead of deleted; `cloudtrain start {name}` then {where}")
+                return "stopped"
+            self.reporter.warn(f"results not collected: cluster {name} kept so they are not lost; {where}")
+            return "kept"
+        if policy == "down":
+            self.lc.down(name)
+            return "down"
+        if policy == "stop":
+            self.lc.stop(name)
+            return "stopped"
+        self.reporter.info(f"cluster {name} kept; `cloudtrain down {name}` removes it")
+        return "kept"
+
+    def _other_live_work(self, r: _Run) -> str | None:
+        """Another run or job still using the cluster (a teardown now would kill it)."""
+        assert r.cluster is not None
+        name = r.cluster.record.name
+        runs = self.lc.live_runs(name, except_run=r.run_id)
+        if runs:
+            return f"run {runs[0].id}"
+        try:
+            rows = refresh_jobs(self.store, name, r.nodes)
+        except CloudtrainError:
+            rows = self.store.list_jobs(name)
+        live = [j for j in rows if j.status in OPEN_STATES and j.id not in r.jobs_started]
+        return f"job {live[0].id}" if live else None
+
+    # node preparation ----------------------------------------------------------------------------
+
+    def up(self, loaded: LoadedRecipe, cluster_name: str) -> tuple[Cluster, bool]:
+        """`cloudtrain up`: provision (or reuse) and make every node ready to run the recipe."""
+        self.check(loaded, cluster_name, "keep")
+        cluster, created = self.lc.up(loaded.recipe, cluster_name, str(loaded.path), loaded.digest)
+        nodes: list[Node] = []
+        try:
+            nodes = connect(list(cluster.nodes), cluster.provider, self.config)
+            on_all(nodes, lambda n: prepare(n, loaded.recipe, self.reporter))
+            write_ssh_config(cluster, self.config, self.reporter)
+        except BaseException:
+            close_all(nodes)
+            if created:
+                # A cluster we cannot reach or bootstrap is money burning for nothing.
+                self.reporter.warn("nodes not usable; tearing the new cluster down")
+                with _no_interrupts():
+                    self.lc.down(cluster_name)
+            raise
+        close_all(nodes)
+        return cluster, created
+
+
+@contextmanager
+def _no_interrupts() -> Iterator[None]:
+    """Cleanup must finish: a second Ctrl-C during teardown is reported, not obeyed."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    hits: list[int] = []
+
+    def note(signum: int, frame: object) -> None:
+        hits.append(signum)
+        sys.stderr.write("cloudtrain: cleaning up, please wait (teardown must finish)\n")
+
+    previous = signal.signal(signal.SIGINT, note)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+

