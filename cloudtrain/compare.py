@@ -14,13 +14,15 @@ from pathlib import Path
 from collections.abc import Sequence
 from typing import Any
 
+from cloudtrain.errors import UsageError
+
 # Scratch output of non-chief workers and the job's own subtrees never hold the run's result.
 _SKIP_PARTS = ("checkpoints", "tensorboard")
 _REQUIRED = ("images_per_sec", "sec_per_batch", "test_accuracy")
 
 
-class CompareError(ValueError):
-    """A run directory is missing, unreadable or not a finished training run."""
+class CompareError(UsageError):
+    """A run directory is missing, unreadable or not a finished training run (exit code 2)."""
 
 
 @dataclass(frozen=True)
@@ -79,7 +81,9 @@ def _read_json(path: Path) -> dict[str, Any]:
     return data
 
 
-def _find_metrics(run_dir: Path) -> Path:
+def find_metrics(run_dir: Path) -> Path:
+    """The run's metrics.json: at the top, else the one shallowest file below (workers' and the
+    job's scratch subtrees skipped). Raises CompareError when there is none or it is ambiguous."""
     top = run_dir / "metrics.json"
     if top.is_file():
         return top
@@ -111,7 +115,7 @@ def load_run(run_dir: Path | str, name: str | None = None) -> RunSummary:
         raise CompareError(f"{run_dir}: no such run directory")
     if not run_dir.is_dir():
         raise CompareError(f"{run_dir}: not a directory")
-    metrics_path = _find_metrics(run_dir)
+    metrics_path = find_metrics(run_dir)
     m = _read_json(metrics_path)
     missing = [k for k in _REQUIRED if k not in m]
     if missing:

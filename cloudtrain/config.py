@@ -12,11 +12,13 @@ from cloudtrain.errors import ConfigError
 from cloudtrain.yamlfile import format_validation_error, read_yaml
 
 
-class _Strict(BaseModel):
+class StrictModel(BaseModel):
+    """The base of every model read from YAML (config and recipes): unknown keys are errors."""
+
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class SshConfig(_Strict):
+class SshConfig(StrictModel):
     proxy_command: str | None = Field(default=None, description="OpenSSH ProxyCommand; %h and %p are expanded")
     connect_timeout_s: Annotated[float, Field(gt=0)] = 10.0
     connect_retries_s: Annotated[float, Field(ge=0)] = 300.0
@@ -26,25 +28,25 @@ class SshConfig(_Strict):
     )
 
 
-class AwsConfig(_Strict):
+class AwsConfig(StrictModel):
     region: str | None = None
     profile: str | None = None
 
 
-class GcpConfig(_Strict):
+class GcpConfig(StrictModel):
     project: str | None = None
     region: str | None = None
     api_endpoint: str | None = Field(default=None, description="Compute API endpoint, e.g. https://compute.googleapis.com")
 
 
-class AzureConfig(_Strict):
+class AzureConfig(StrictModel):
     subscription_id: str | None = None
     region: str | None = None
     arm_endpoint: str | None = Field(default=None, description="ARM endpoint, e.g. https://management.azure.com")
     authority: str | None = Field(default=None, description="Entra ID authority host, e.g. https://login.microsoftonline.com")
 
 
-class Config(_Strict):
+class Config(StrictModel):
     runs_dir: str = "./runs"
     ssh: SshConfig = Field(default_factory=SshConfig)
     aws: AwsConfig = Field(default_factory=AwsConfig)

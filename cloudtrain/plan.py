@@ -103,9 +103,6 @@ class Plan:
             return None
         return self.max_usd / self.hourly_cost
 
-    def cost_for(self, hours: float, placement: Placement | None = None) -> float:
-        return (placement or self.best).hourly_price * self.num_nodes * hours
-
     def summary(self) -> str:
         line = self.best.describe()
         if self.num_nodes > 1:

@@ -64,10 +64,6 @@ class Catalog:
         self._files = tuple(files) if files is not None else None
         self._offers: tuple[Offer, ...] | None = tuple(offers) if offers is not None else None
 
-    @classmethod
-    def from_offers(cls, offers: Iterable[Offer]) -> Catalog:
-        return cls(offers=offers)
-
     @property
     def offers(self) -> tuple[Offer, ...]:
         if self._offers is None:

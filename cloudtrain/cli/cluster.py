@@ -41,7 +41,7 @@ def status(name: str | None, as_json: bool, refresh: bool) -> None:
     """Show clusters (or one cluster), their nodes, and recent runs."""
     # Reads state directly: no provider, config or SDK import on this path unless --refresh or NAME.
     from cloudtrain.run.jobstate import OPEN_STATES, peek_local
-    from cloudtrain.state import StateStore
+    from cloudtrain.state import RunStatus, StateStore
 
     store = StateStore()
     if refresh or name is not None:
@@ -54,12 +54,11 @@ def status(name: str | None, as_json: bool, refresh: bool) -> None:
         raise ClusterNotFoundError(f"no cluster named {name!r}", hint="see `cloudtrain status`")
     # A run whose `cloudtrain run` process died (kill -9, a crash) will never finish its row.
     for r in runs:
-        if r.status == "running" and not r.driver_alive():
-            store.update_run(r.id, status="abandoned")
+        if r.status == RunStatus.RUNNING and not r.driver_alive():
+            store.update_run(r.id, status=RunStatus.ABANDONED)
     runs = store.list_runs(cluster=name, limit=10)
-    local = {c.name for c in clusters if c.provider == "local"}
     latest = {
-        cluster: (peek_local(job) if cluster in local and job.status in OPEN_STATES else job)
+        cluster: (peek_local(job) if job.status in OPEN_STATES else job)
         for cluster, job in store.latest_jobs().items()
     }
     if as_json:
@@ -146,6 +145,7 @@ def _refresh(store, name: str | None, instances: bool) -> None:  # noqa: ANN001
     """Ask the providers (instances) and the nodes (open jobs) for the truth, for NAME or every cluster."""
     from cloudtrain.errors import CloudtrainError
     from cloudtrain.run.jobstate import OPEN_STATES, refresh_jobs
+    from cloudtrain.state import ClusterStatus
     from cloudtrain.cluster.nodes import close_all, connect
 
     lc = open_lifecycle()
@@ -153,7 +153,7 @@ def _refresh(store, name: str | None, instances: bool) -> None:  # noqa: ANN001
         if name is not None and record.name != name:
             continue
         cluster = lc.refresh(record.name) if instances else lc.get(record.name)
-        if cluster.record.status != "up" or not any(j.status in OPEN_STATES for j in store.list_jobs(record.name)):
+        if cluster.record.status != ClusterStatus.UP or not any(j.status in OPEN_STATES for j in store.list_jobs(record.name)):
             continue
         try:
             nodes = connect(list(cluster.nodes[:1]), cluster.provider, lc.config)

@@ -16,12 +16,12 @@ from cloudtrain.cli import output
 def compare(run_dirs: tuple[str, ...], png_path: str) -> None:
     """Compare RUN_DIRs: device, strategy, sec/batch, images/s, speed-up vs the first, accuracy, cost/epoch."""
     from cloudtrain.compare import CompareError, compare_table, format_rows, load_runs, render_png
-    from cloudtrain.errors import UsageError
 
     try:
         rows = compare_table(load_runs([Path(d) for d in run_dirs]))
     except CompareError as exc:
-        raise UsageError(str(exc), hint="pass directories written by `cloudtrain run` or the bundled job") from None
+        exc.hint = exc.hint or "pass directories written by `cloudtrain run` or the bundled job"
+        raise
     headers, cells = format_rows(rows)
     output.table(headers, cells)
     saved = render_png(rows, Path(png_path))

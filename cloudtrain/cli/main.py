@@ -67,7 +67,7 @@ def cli(ctx: click.Context, debug: bool) -> None:
       cloudtrain status
     """
     ctx.ensure_object(dict)
-    ctx.obj["debug"] = debug
+    # --debug is read in main() before Click parses anything; declared here for --help.
 
 
 # tarfile's `data` extraction filter (PEP 706), which unpacks results safely, arrived in 3.11.4.

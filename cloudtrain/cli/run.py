@@ -38,6 +38,7 @@ def run(recipe_path: str, cluster: str | None, down_: bool, stop_: bool, keep_: 
     """
     from cloudtrain.errors import UsageError
     from cloudtrain.run.pipeline import Executor
+    from cloudtrain.state import RunStatus
     from cloudtrain.recipe import load_recipe
 
     chosen = [flag for flag, on in (("down", down_), ("stop", stop_), ("keep", keep_)) if on]
@@ -53,7 +54,7 @@ def run(recipe_path: str, cluster: str | None, down_: bool, stop_: bool, keep_: 
     result = Executor(lc, display).run(loaded, name, teardown or "auto", base)
     _summary(result)
     output.echo(str(result.run_dir))
-    if result.status != "succeeded":
+    if result.status != RunStatus.SUCCEEDED:
         raise SystemExit(result.exit_code if result.exit_code not in (None, 0) else 1)
 
 
@@ -61,12 +62,13 @@ def _summary(result) -> None:  # noqa: ANN001
     rows = [("run", result.run_id), ("status", result.status), ("exit code", result.exit_code),
             ("cost", output.money(result.cost_usd)), ("teardown", result.teardown)]
     rows += [(f"{phase} time", f"{seconds:.1f}s") for phase, seconds in result.phases.items()]
-    metrics = next(iter(sorted(result.run_dir.glob("**/metrics.json"))), None)
-    if metrics is not None:
-        try:
-            data = json.loads(metrics.read_text())
-        except (OSError, json.JSONDecodeError):
-            data = {}
+    from cloudtrain.compare import CompareError, find_metrics
+
+    try:
+        data = json.loads(find_metrics(result.run_dir).read_text())
+    except (CompareError, OSError, json.JSONDecodeError):
+        data = {}
+    if data:
         for key in ("test_accuracy", "images_per_sec", "sec_per_batch", "device"):
             if key in data:
                 value = data[key]
@@ -85,6 +87,7 @@ def _summary(result) -> None:  # noqa: ANN001
 @click.option("--detach", "-d", is_flag=True, help="Start the command and return; follow with `logs -f`.")
 def exec_(name: str, command: tuple[str, ...], detach: bool) -> None:
     """Run COMMAND on cluster NAME (rank 0), in the synced workdir: `cloudtrain exec NAME -- CMD...`."""
+    from cloudtrain.remote.jobs import JobState
     from cloudtrain.run.attach import exec_command
 
     display = output.RunDisplay()
@@ -95,7 +98,7 @@ def exec_(name: str, command: tuple[str, ...], detach: bool) -> None:
     if detach:
         output.info(f"started job {job_id}; follow it with `cloudtrain logs {name} {job_id} -f`")
         return
-    if status.state != "succeeded":
+    if status.state != JobState.SUCCEEDED:
         raise SystemExit(status.exit_code or 1)
 
 
@@ -106,11 +109,12 @@ def exec_(name: str, command: tuple[str, ...], detach: bool) -> None:
 @click.option("--resume", is_flag=True, help="Continue where the last interrupted `logs` stopped.")
 def logs(name: str, job: str | None, follow: bool, resume: bool) -> None:
     """Print the log of JOB (default: the cluster's latest job) on cluster NAME."""
+    from cloudtrain.remote.jobs import JobState
     from cloudtrain.run.attach import print_logs
 
     lc = open_lifecycle()
     status = print_logs(lc, name, job, follow=follow, resume=resume)
-    if follow and status is not None and status.state != "succeeded":
+    if follow and status is not None and status.state != JobState.SUCCEEDED:
         raise SystemExit(status.exit_code or 1)
 
 

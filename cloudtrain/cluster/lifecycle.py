@@ -18,7 +18,8 @@ from cloudtrain.state.locks import cluster_lock
 from cloudtrain.providers import get_provider
 from cloudtrain.providers.base import HostSpec, Instance, InstanceSpec, InstanceState, Provider, owner_id
 from cloudtrain.recipe import Recipe
-from cloudtrain.state import ClusterRecord, NodeRecord, StateStore
+from cloudtrain.state import ClusterRecord, ClusterStatus, NodeRecord, RunStatus, StateStore
+from cloudtrain.cluster.hosts import end_work_on_hosts
 from cloudtrain.cluster.nodes import node_record
 
 # Clouds whose providers exist but whose recipe features land in later work. Refused, never ignored.
@@ -93,7 +94,7 @@ class Lifecycle:
     def live_runs(self, name: str, except_run: str | None = None) -> list:  # noqa: ANN201
         """Runs on this cluster whose `cloudtrain run` process is still alive on this machine."""
         return [r for r in self.store.list_runs(cluster=name, limit=100)
-                if r.status == "running" and r.id != except_run and r.driver_alive()]
+                if r.status == RunStatus.RUNNING and r.id != except_run and r.driver_alive()]
 
     def refuse_if_busy(self, name: str, run_id: str) -> None:
         others = self.live_runs(name, except_run=run_id)
@@ -117,7 +118,7 @@ class Lifecycle:
                 hint="pass --cluster NEW-NAME or `cloudtrain down` it first",
             )
         nodes = self.store.get_nodes(existing.name)
-        if existing.status == "stopped":
+        if existing.status == ClusterStatus.STOPPED:
             self._start_locked(existing, provider, nodes)
         cluster = self._refresh_locked(existing.name, provider)
         dead = [n for n in cluster.nodes if n.state != InstanceState.RUNNING.value]
@@ -179,7 +180,7 @@ class Lifecycle:
         # State first: if we die between the create call and the next line, `status --refresh`
         # and `down` still know to look for instances tagged with this cluster.
         self.store.upsert_cluster(
-            name=name, provider=provider.name, status="provisioning", region=spec.region, zone=spec.zone,
+            name=name, provider=provider.name, status=ClusterStatus.PROVISIONING, region=spec.region, zone=spec.zone,
             instance_type=spec.instance_type, num_nodes=recipe.num_nodes, recipe_path=recipe_path,
             recipe_digest=digest, owner=spec.owner, last_error=None, spot=int(spec.spot),
         )
@@ -193,7 +194,7 @@ class Lifecycle:
             self.store.put_nodes(name, nodes)
             first = running[launched[0].id]
             self.store.upsert_cluster(
-                name=name, status="up", region=first.region or launched[0].region,
+                name=name, status=ClusterStatus.UP, region=first.region or launched[0].region,
                 zone=first.zone or launched[0].zone,
                 instance_type=first.instance_type or launched[0].instance_type,
                 # One price source: the plan's placement, per node.
@@ -253,7 +254,7 @@ class Lifecycle:
                 self.reporter.warn(f"launch failed; terminating {len(ids)} instance(s) it created")
                 provider.terminate(sorted(ids))
         except CloudtrainError as cleanup_error:
-            self.store.set_cluster_status(name, "launch-failed", error=cleanup_error.one_line())
+            self.store.set_cluster_status(name, ClusterStatus.LAUNCH_FAILED, error=cleanup_error.one_line())
             self.reporter.warn(
                 f"could not check for instances left by the failed launch ({cleanup_error.one_line()}); "
                 f"run `cloudtrain down {name}` once the cloud is reachable"
@@ -298,7 +299,7 @@ class Lifecycle:
         check_stop_possible(cluster.provider, bool(cluster.record.spot), name)
         with cluster_lock(name):
             cluster.provider.stop([n.instance_id for n in cluster.nodes])
-            self.store.set_cluster_status(name, "stopped")
+            self.store.set_cluster_status(name, ClusterStatus.STOPPED)
             self.store.add_event(name, "stop", "stopped all nodes")
             # A stopped machine runs nothing: its jobs ended with it.
             from cloudtrain.run.jobstate import end_open_jobs
@@ -319,7 +320,7 @@ class Lifecycle:
         provider.start(ids)
         # A restarted cloud VM usually has a new public IP; the refresh that follows records it.
         self._wait_running(provider, ids)
-        self.store.set_cluster_status(record.name, "up")
+        self.store.set_cluster_status(record.name, ClusterStatus.UP)
         self.store.add_event(record.name, "start", "started all nodes")
 
     def refresh(self, name: str) -> Cluster:
@@ -343,12 +344,12 @@ class Lifecycle:
         live = [n for n in updated if n.state != InstanceState.TERMINATED.value]
         self.store.put_nodes(name, updated)
         status = record.status
-        if not live and record.status in ("up", "stopped", "provisioning"):
-            status = "terminated"
+        if not live and record.status in (ClusterStatus.UP, ClusterStatus.STOPPED, ClusterStatus.PROVISIONING):
+            status = ClusterStatus.TERMINATED
         elif live and all(n.state == InstanceState.STOPPED.value for n in live):
-            status = "stopped"
-        elif live and all(n.state == InstanceState.RUNNING.value for n in live) and record.status != "provisioning":
-            status = "up"
+            status = ClusterStatus.STOPPED
+        elif live and all(n.state == InstanceState.RUNNING.value for n in live) and record.status != ClusterStatus.PROVISIONING:
+            status = ClusterStatus.UP
         if status != record.status:
             self.store.set_cluster_status(name, status)
         return Cluster(self.store.get_cluster(name), tuple(self.store.get_nodes(name)), provider)  # type: ignore[arg-type]
@@ -369,10 +370,10 @@ class Lifecycle:
         with cluster_lock(name):
             nodes = self.store.get_nodes(name)
             if not provider.capabilities.owns_machines:
-                failures = self._end_work_on_hosts(provider, nodes)
+                failures = end_work_on_hosts(provider, nodes, self.config)
                 if failures and not forget:
                     detail = "; ".join(failures)
-                    self.store.set_cluster_status(name, "down-failed", error=detail)
+                    self.store.set_cluster_status(name, ClusterStatus.DOWN_FAILED, error=detail)
                     self.store.add_event(name, "down-failed", detail)
                     from cloudtrain.errors import RemoteError
 
@@ -398,38 +399,6 @@ class Lifecycle:
             self.store.delete_jobs(name)
             self.store.delete_cluster(name)
         return True
-
-    def _end_work_on_hosts(self, provider: Provider, nodes: Sequence[NodeRecord]) -> list[str]:
-        """End every job of the cluster on each node, then remove our files; return what failed.
-
-        Existing machines are never powered off. Jobs go first: a file removed under a running job
-        leaves the job running without its workdir.
-        """
-        from cloudtrain.errors import CloudtrainError
-        from cloudtrain.cluster.nodes import close_all, connect
-        from cloudtrain.remote import jobs
-
-        failures = []
-        for record in nodes:
-            where = record.public_ip or record.instance_id
-            try:
-                (node,) = connect([record], provider, self.config)
-            except CloudtrainError as exc:
-                if not provider.capabilities.remote and "no longer exists" in exc.message:
-                    continue  # a local node whose directory is already gone: nothing runs there
-                failures.append(f"{where}: {exc.one_line()}")
-                continue
-            try:
-                jobs.install_runtime(node.transport, node.layout)
-                jobs.kill_all(node.transport, node.layout)
-                if provider.capabilities.remote:
-                    node.transport.run(["rm", "-rf", node.layout.root], what="removing cloudtrain's files")
-            except CloudtrainError as exc:
-                failures.append(f"{where}: {exc.one_line()}")
-            finally:
-                close_all([node])
-        return failures
-
 
 def check_stop_possible(provider: Provider, spot: bool, name: str | None = None) -> None:
     """Refuse a stop that cannot happen before it is needed: never leave a billed machine running."""

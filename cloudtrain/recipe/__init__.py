@@ -11,6 +11,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from cloudtrain.config import StrictModel
 from cloudtrain.errors import RecipeError
 from cloudtrain.names import NAME_RE
 from cloudtrain.providers import ANY as ANY_CLOUD
@@ -18,16 +19,11 @@ from cloudtrain.providers import KNOWN as KNOWN_CLOUDS
 from cloudtrain.yamlfile import format_validation_error, read_yaml
 
 Cloud = Literal[(*KNOWN_CLOUDS, ANY_CLOUD)]  # type: ignore[valid-type]
-BUNDLED_JOBS = ("mnist_cnn",)
 _ACCEL_RE = re.compile(r"^(?P<name>[A-Za-z][A-Za-z0-9-]*)(?::(?P<count>[1-9][0-9]*))?$")
 _VAR_RE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 # setup/run are shell that runs on the node with `envs` exported: `${VAR}` there is the node
 # shell's business, so we leave those two fields alone.
 _SHELL_FIELDS = frozenset({"setup", "run"})
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 def _capability(cloud: str, name: str, default: bool) -> bool:
@@ -43,7 +39,7 @@ def _host_clouds() -> str:
     return " or ".join(c for c in available() if capabilities(c).takes_hosts)
 
 
-class SshHost(_Strict):
+class SshHost(StrictModel):
     address: str = Field(min_length=1)
     user: str | None = None
     port: Annotated[int, Field(ge=1, le=65535)] = 22
@@ -51,7 +47,7 @@ class SshHost(_Strict):
     proxy_command: str | None = None
 
 
-class Resources(_Strict):
+class Resources(StrictModel):
     cloud: Cloud = "local"
     region: str | None = None
     zone: str | None = None
@@ -93,7 +89,7 @@ class Resources(_Strict):
         return int(_ACCEL_RE.match(self.accelerators).group("count") or 1)  # type: ignore[union-attr]
 
 
-class DataMount(_Strict):
+class DataMount(StrictModel):
     source: str = Field(min_length=1, description="local path (file or directory), relative to the recipe")
     target: str = Field(min_length=1, description="path on the node, relative to the workdir, without '..'")
 
@@ -108,7 +104,7 @@ class DataMount(_Strict):
         return value
 
 
-class BundledJob(_Strict):
+class BundledJob(StrictModel):
     name: Literal["mnist_cnn"]
     params: dict[str, str | int | float | bool] = Field(default_factory=dict)
 
@@ -121,17 +117,17 @@ class BundledJob(_Strict):
         return value
 
 
-class Autostop(_Strict):
+class Autostop(StrictModel):
     idle_minutes: Annotated[int, Field(ge=1)] = 30
     down: bool = False
 
 
-class Budget(_Strict):
+class Budget(StrictModel):
     max_usd: Annotated[float, Field(gt=0)] | None = None
     max_hours: Annotated[float, Field(gt=0)] | None = None
 
 
-class Recipe(_Strict):
+class Recipe(StrictModel):
     name: str
     resources: Resources = Field(default_factory=Resources)
     num_nodes: Annotated[int, Field(ge=1, le=512)] = 1

@@ -6,12 +6,24 @@ import json
 import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass
+from enum import StrEnum
 
 from cloudtrain import paths
 from cloudtrain.errors import RemoteError
 from cloudtrain.remote.transport import Transport
 
-TERMINAL_STATES = frozenset({"succeeded", "failed", "killed", "lost"})
+class JobState(StrEnum):
+    """As templates/runner.sh reports it."""
+
+    PENDING = "pending"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    KILLED = "killed"
+    LOST = "lost"  # the supervisor is gone without an exit code: the node rebooted or was killed
+
+
+TERMINAL_STATES = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.KILLED, JobState.LOST})
 
 
 @dataclass(frozen=True)

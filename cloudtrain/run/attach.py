@@ -13,13 +13,14 @@ from cloudtrain.run.follow import follow as follow_log
 from cloudtrain.cluster.lifecycle import Cluster, Lifecycle
 from cloudtrain.cluster.nodes import close_all, connect, on_all
 from cloudtrain.remote import jobs
-from cloudtrain.state import JobRecord
+from cloudtrain.remote.jobs import JobState
+from cloudtrain.state import ClusterStatus, JobRecord
 
 
 def exec_command(lc: Lifecycle, reporter: Reporter, name: str, script: str, detach: bool) -> tuple[str, jobs.JobStatus]:
     """Run a shell command on rank 0 of an existing cluster as a detached job; follow it unless asked not to."""
     cluster = lc.get(name)
-    if cluster.record.status != "up":
+    if cluster.record.status != ClusterStatus.UP:
         raise UsageError(f"cluster {name!r} is {cluster.record.status}", hint=f"`cloudtrain start {name}` first")
     nodes = connect(list(cluster.nodes[:1]), cluster.provider, lc.config)
     try:
@@ -29,7 +30,7 @@ def exec_command(lc: Lifecycle, reporter: Reporter, name: str, script: str, deta
         job_id = f"exec-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
         now = time.time()
         lc.store.insert_job(JobRecord(
-            id=job_id, cluster=name, run_id=None, job_dir=node.layout.job_dir(job_id), status="running",
+            id=job_id, cluster=name, run_id=None, job_dir=node.layout.job_dir(job_id), status=JobState.RUNNING,
             command=script, submitted_at=now, started_at=now, ended_at=None, exit_code=None,
         ))
         env = {"CLOUDTRAIN_CLUSTER": name, "CLOUDTRAIN_NODE_RANK": "0", "CLOUDTRAIN_NUM_NODES": str(len(cluster.nodes))}
@@ -135,7 +136,7 @@ def cancel(lc: Lifecycle, name: str, job_id: str | None, all_jobs: bool) -> list
 
         hint = did_you_mean(job_id, [j.id for j in lc.store.list_jobs(name)]) or "see `cloudtrain status NAME`"
         raise UsageError(f"no job {job_id!r} on cluster {name!r}", hint=hint)
-    if cluster.record.status == "stopped":
+    if cluster.record.status == ClusterStatus.STOPPED:
         end_open_jobs(lc.store, name)
         return []
     nodes = connect(list(cluster.nodes), cluster.provider, lc.config)

@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING
 
 from cloudtrain.errors import CloudtrainError, RemoteError
 from cloudtrain.remote import jobs
+from cloudtrain.remote.jobs import JobState
+from cloudtrain.state import ClusterStatus, RunStatus
 from cloudtrain.remote.archive import Refused, list_files
 
 if TYPE_CHECKING:
@@ -129,7 +131,7 @@ def _read_all(node: Node, job_id: str) -> bytes | None:
         offset += len(chunk)
     if not chunks:
         st = jobs.status(node.transport, node.layout, job_id)
-        return None if st.state == "pending" else b""
+        return None if st.state == JobState.PENDING else b""
     return b"".join(chunks)
 
 
@@ -165,12 +167,12 @@ def collect_again(lc, name: str, run_id: str | None, warn: Callable[[str], None]
 
             hint = did_you_mean(run_id, [r.id for r in runs]) or f"see `cloudtrain status {name}`"
             raise UsageError(f"no run {run_id!r} on cluster {name!r}", hint=hint)
-    if cluster.record.status == "stopped":
+    if cluster.record.status == ClusterStatus.STOPPED:
         raise UsageError(f"cluster {name!r} is stopped", hint=f"`cloudtrain start {name}` first")
-    if cluster.record.status in ("terminated", "provisioning", "launch-failed"):
+    if cluster.record.status in (ClusterStatus.TERMINATED, ClusterStatus.PROVISIONING, ClusterStatus.LAUNCH_FAILED):
         raise UsageError(f"cluster {name!r} is {cluster.record.status}: its nodes are not there to collect from",
                          hint=f"`cloudtrain status --refresh {name}`")
-    if run.status == "running" and run.driver_alive():
+    if run.status == RunStatus.RUNNING and run.driver_alive():
         raise UsageError(f"run {run.id} is still running; `cloudtrain run` collects when it ends",
                          hint=f"`cloudtrain logs {name} -f` follows it")
     later = [r for r in runs if r.started_at > run.started_at]
@@ -194,7 +196,7 @@ def collect_again(lc, name: str, run_id: str | None, warn: Callable[[str], None]
         status = record.status
         error = record.error
         if got.complete and not later and record.exit_code == 0 and (record.error or "").startswith("collect failed"):
-            status, error = "succeeded", None
+            status, error = RunStatus.SUCCEEDED, None
         record = record.with_collect(results=results, refused=tuple((x.member, x.reason) for x in got.refused),
                                      collect_error=got.error, collect_attempts=record.collect_attempts + got.attempts,
                                      status=status, error=error)

@@ -9,6 +9,7 @@ from cloudtrain.cluster.nodes import Node
 from cloudtrain.errors import JobFailedError, RemoteError
 from cloudtrain.events import Reporter, parse_progress
 from cloudtrain.remote import jobs
+from cloudtrain.remote.jobs import JobState
 
 POLL_S = 0.5
 
@@ -49,7 +50,7 @@ def follow(node: Node, job_id: str, offset: int, reporter: Reporter, *, others: 
             last_check = time.monotonic()
             for other in others:
                 st = jobs.status(other.transport, other.layout, job_id)
-                if st.finished and st.state != "succeeded":
+                if st.finished and st.state != JobState.SUCCEEDED:
                     # One failed worker leaves the others waiting on collectives forever.
                     if on_worker_failure is not None:
                         on_worker_failure()

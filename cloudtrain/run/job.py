@@ -15,6 +15,7 @@ from cloudtrain.recipe import Recipe
 from cloudtrain.remote import jobs
 from cloudtrain.remote.local import LocalTransport
 from cloudtrain.run.follow import POLL_S, follow, status_retrying
+from cloudtrain.remote.jobs import JobState
 from cloudtrain.state import JobRecord, StateStore
 
 
@@ -26,7 +27,7 @@ def run_job(store: StateStore, reporter: Reporter, nodes: Sequence[Node], run_id
     now = time.time()
     store.insert_job(JobRecord(
         id=job_id, cluster=nodes[0].record.cluster, run_id=run_id, job_dir=nodes[0].layout.job_dir(job_id),
-        status="running", command=what, submitted_at=now, started_at=now, ended_at=None, exit_code=None,
+        status=JobState.RUNNING, command=what, submitted_at=now, started_at=now, ended_at=None, exit_code=None,
     ))
     started.append(job_id)
     # Every node must see the same TF_CONFIG: build all envs here, not inside the parallel submit.
@@ -36,10 +37,10 @@ def run_job(store: StateStore, reporter: Reporter, nodes: Sequence[Node], run_id
     final = follow(nodes[0], job_id, 0, reporter, others=nodes[1:],
                    on_worker_failure=lambda: kill_everywhere(nodes, job_id, reporter))
     statuses = [final] + [_wait_finished(n, job_id, reporter) for n in nodes[1:]]
-    worst = next((s for s in statuses if s.state != "succeeded"), final)
+    worst = next((s for s in statuses if s.state != JobState.SUCCEEDED), final)
     store.update_job(job_id, status=worst.state, exit_code=worst.exit_code, ended_at=time.time())
     for rank, st in enumerate(statuses):
-        if st.state != "succeeded":
+        if st.state != JobState.SUCCEEDED:
             code = st.exit_code if st.exit_code is not None else 1
             raise JobFailedError(f"{what} on node {rank} {st.state} (exit code {code})", code)
 

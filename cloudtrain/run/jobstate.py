@@ -13,12 +13,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from cloudtrain.remote.jobs import JobState
 from cloudtrain.state import JobRecord, StateStore
 
 if TYPE_CHECKING:
     from cloudtrain.cluster.nodes import Node
 
-OPEN_STATES = frozenset({"pending", "running"})
+OPEN_STATES = frozenset({JobState.PENDING, JobState.RUNNING})
 
 
 def refresh_jobs(store: StateStore, cluster: str, nodes: Sequence[Node]) -> list[JobRecord]:
@@ -37,7 +38,7 @@ def refresh_jobs(store: StateStore, cluster: str, nodes: Sequence[Node]) -> list
     return store.list_jobs(cluster)
 
 
-def end_open_jobs(store: StateStore, cluster: str, state: str = "killed") -> None:
+def end_open_jobs(store: StateStore, cluster: str, state: str = JobState.KILLED) -> None:
     """The cluster's machines stopped or went away: nothing of it runs any more."""
     for job in store.list_jobs(cluster):
         if job.status in OPEN_STATES:
@@ -45,35 +46,44 @@ def end_open_jobs(store: StateStore, cluster: str, state: str = "killed") -> Non
 
 
 def peek_local(job: JobRecord) -> JobRecord:
-    """A job on a `local` node, read from its files without starting a shell (for plain `status`).
+    """A job on a node that is a directory on this machine, read from its files without starting a
+    shell (for plain `status`); other jobs are returned as state knows them.
 
     Mirrors `runner.sh status`: exit_code present means over; a supervisor pid that is gone
     without one means lost.
     """
-    if job.status not in OPEN_STATES:
+    if job.status not in OPEN_STATES or not _on_this_machine(job):
         return job
     job_dir = Path(job.job_dir)
     code_text = _read(job_dir / "exit_code")
     if code_text is not None and code_text.lstrip("-").isdigit():
         code = int(code_text)
         if code == 0:
-            state = "succeeded"
+            state = JobState.SUCCEEDED
         elif (job_dir / "cancelled").exists() or code == 143:
-            state = "killed"
+            state = JobState.KILLED
         else:
-            state = "failed"
+            state = JobState.FAILED
         ended = _read(job_dir / "ended_at")
         return _with(job, state, code, float(ended) if ended and ended.isdigit() else None)
     pid_text = _read(job_dir / "pid")
     if pid_text is None or not pid_text.isdigit():
-        return job if job_dir.exists() else _with(job, "lost", None, None)
+        return job if job_dir.exists() else _with(job, JobState.LOST, None, None)
     try:
         os.kill(int(pid_text), 0)
     except ProcessLookupError:
-        return _with(job, "lost", None, None)
+        return _with(job, JobState.LOST, None, None)
     except PermissionError:
         return job
     return job
+
+
+def _on_this_machine(job: JobRecord) -> bool:
+    """Nodes that are directories here live under cloudtrain's home; any other path is a remote
+    node's, and its files must be asked for over SSH (a local path of the same name proves nothing)."""
+    from cloudtrain import paths
+
+    return Path(job.job_dir).resolve().is_relative_to(paths.home().resolve())
 
 
 def _with(job: JobRecord, state: str, code: int | None, ended: float | None) -> JobRecord:

@@ -26,12 +26,12 @@ from cloudtrain.events import Reporter
 from cloudtrain.run.jobstate import OPEN_STATES, refresh_jobs
 from cloudtrain.cluster.lifecycle import Cluster, Lifecycle
 from cloudtrain.cluster.nodes import Node, close_all, connect, on_all
-from cloudtrain.recipe import LoadedRecipe
+from cloudtrain.recipe import LoadedRecipe, Recipe
 from cloudtrain.remote.archive import Refused
 from cloudtrain.run.job import end_jobs, run_job
 from cloudtrain.run.prepare import job_script, prepare, sync, write_ssh_config
 from cloudtrain.run.record import RunJson
-from cloudtrain.state import RunRecord
+from cloudtrain.state import RunRecord, RunStatus
 
 Teardown = Literal["auto", "down", "stop", "keep"]
 POLL_S = 0.5
@@ -94,7 +94,7 @@ class _Run:
     nodes: list[Node] = field(default_factory=list)
     jobs_started: list[str] = field(default_factory=list)
     cluster_started: float = 0.0
-    status: str = "failed"
+    status: str = RunStatus.FAILED
     exit_code: int | None = None
     error: str | None = None
 
@@ -104,8 +104,8 @@ class _Run:
 
     def fail(self, error: str) -> None:
         self.error = self.error or error
-        if self.status == "succeeded":
-            self.status = "failed"
+        if self.status == RunStatus.SUCCEEDED:
+            self.status = RunStatus.FAILED
 
 
 def new_run_id(cluster: str) -> str:
@@ -141,7 +141,7 @@ class Executor:
         r = _Run(run_id, run_dir, loaded, _PhaseClock(self.reporter), time.time())
         self.store.insert_run(RunRecord(
             id=run_id, cluster=cluster_name, recipe_path=str(loaded.path), recipe_digest=loaded.digest,
-            run_dir=str(run_dir), status="running", exit_code=None, provider=recipe.resources.cloud,
+            run_dir=str(run_dir), status=RunStatus.RUNNING, exit_code=None, provider=recipe.resources.cloud,
             instance_type=None, hourly_price=0.0, cost_usd=0.0, started_at=r.started, ended_at=None,
             pid=os.getpid(), result_paths=json.dumps(recipe.result_paths()),
         ))
@@ -151,9 +151,7 @@ class Executor:
                 r.cluster, r.created = self.lc.up(recipe, cluster_name, str(loaded.path), loaded.digest,
                                                   run_id=run_id)
                 r.cluster_started = time.time()
-                r.nodes = connect(list(r.cluster.nodes), r.cluster.provider, self.config)
-                r.nodes = on_all(r.nodes, lambda n: prepare(n, recipe, self.reporter))
-                write_ssh_config(r.cluster, self.config, self.reporter)
+                r.nodes = self._ready_nodes(r.cluster, recipe)
             with r.clock.phase("sync"):
                 on_all(r.nodes, lambda n: sync(n, loaded, self.reporter))
             if recipe.setup:
@@ -163,9 +161,9 @@ class Executor:
             with r.clock.phase("run"):
                 run_job(self.store, self.reporter, r.nodes, run_id, r.job_id, job_script(recipe), recipe, "job",
                         r.jobs_started)
-            r.status, r.exit_code = "succeeded", 0
+            r.status, r.exit_code = RunStatus.SUCCEEDED, 0
         except KeyboardInterrupt:
-            r.status, r.error = "interrupted", "interrupted by the user"
+            r.status, r.error = RunStatus.INTERRUPTED, "interrupted by the user"
             self.reporter.warn("interrupted: stopping the job, collecting logs, tearing down")
             end_jobs(self.store, self.reporter, r.nodes, r.jobs_started)
         except JobFailedError as exc:
@@ -184,7 +182,7 @@ class Executor:
                 result = self._finish(r, teardown)
         if usage_error is not None:
             raise usage_error
-        if r.status == "interrupted":
+        if r.status == RunStatus.INTERRUPTED:
             raise Interrupted(f"run {run_id} interrupted; logs and partial results are in {run_dir}")
         return result
 
@@ -292,13 +290,9 @@ class Executor:
         """`cloudtrain up`: provision (or reuse) and make every node ready to run the recipe."""
         self.check(loaded, cluster_name, "keep")
         cluster, created = self.lc.up(loaded.recipe, cluster_name, str(loaded.path), loaded.digest)
-        nodes: list[Node] = []
         try:
-            nodes = connect(list(cluster.nodes), cluster.provider, self.config)
-            on_all(nodes, lambda n: prepare(n, loaded.recipe, self.reporter))
-            write_ssh_config(cluster, self.config, self.reporter)
+            nodes = self._ready_nodes(cluster, loaded.recipe)
         except BaseException:
-            close_all(nodes)
             if created:
                 # A cluster we cannot reach or bootstrap is money burning for nothing.
                 self.reporter.warn("nodes not usable; tearing the new cluster down")
@@ -307,6 +301,18 @@ class Executor:
             raise
         close_all(nodes)
         return cluster, created
+
+    def _ready_nodes(self, cluster: Cluster, recipe: Recipe) -> list[Node]:
+        """Connect to every node and prepare it (runtime, bootstrap, job files, ssh config).
+        Returns open nodes; on failure none stays open."""
+        nodes = connect(list(cluster.nodes), cluster.provider, self.config)
+        try:
+            nodes = on_all(nodes, lambda n: prepare(n, recipe, self.reporter))
+            write_ssh_config(cluster, self.config, self.reporter)
+        except BaseException:
+            close_all(nodes)
+            raise
+        return nodes
 
 
 @contextmanager

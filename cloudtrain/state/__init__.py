@@ -12,6 +12,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, fields
+from enum import StrEnum
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -89,6 +90,24 @@ _MIGRATIONS: list[str] = [
     """,
 ]
 SCHEMA_VERSION = len(_MIGRATIONS)
+
+
+class ClusterStatus(StrEnum):
+    PROVISIONING = "provisioning"
+    UP = "up"
+    STOPPED = "stopped"
+    TERMINATED = "terminated"
+    LAUNCH_FAILED = "launch-failed"  # cleanup could not reach the cloud: `down` or `gc` must finish it
+    DOWN_FAILED = "down-failed"  # a node could not be cleaned: `down` again, or `down --forget`
+
+
+class RunStatus(StrEnum):
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"  # the job succeeded and its results and logs are home, verified
+    FAILED = "failed"
+    INTERRUPTED = "interrupted"
+    ABANDONED = "abandoned"  # the `cloudtrain run` process died without finishing the row
+
 
 
 @dataclass(frozen=True)

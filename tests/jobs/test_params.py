@@ -190,9 +190,11 @@ def test_job_argv_is_what_execution_passes_to_the_job() -> None:
 
 
 def test_every_bundled_job_declares_its_params() -> None:
-    from cloudtrain.recipe import BUNDLED_JOBS
+    import typing
 
-    assert set(JOBS) == set(BUNDLED_JOBS)
+    from cloudtrain.recipe import BundledJob
+
+    assert set(JOBS) == set(typing.get_args(BundledJob.model_fields["name"].annotation))
     for schema in JOBS.values():
         assert all(p.help for p in schema.params)
         assert len({p.name for p in schema.params}) == len(schema.params)
