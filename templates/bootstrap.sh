@@ -80,7 +80,9 @@ tf_version() {
 
 python=$base_python
 [ -x "$venv/bin/python" ] && python=$venv/bin/python
-tf_before=$(tf_version "$python")
+# Importing TensorFlow takes seconds: ask only when the job needs it (a shell job does not).
+tf_before=
+[ "$ensure" = 1 ] && tf_before=$(tf_version "$python")
 
 # --- ensure TensorFlow -----------------------------------------------------------------------
 ensure_venv() {

@@ -6,6 +6,8 @@
 #   runner.sh kill     JOBDIR [GRACE] end the job and everything it started: TERM, then KILL after
 #                                     GRACE seconds (default 10)
 #   runner.sh kill-all JOBSDIR [GRACE] kill every job under JOBSDIR (used by `down` and `cancel`)
+#   runner.sh follow   JOBDIR OFFSET  print the log from byte OFFSET as it grows; return once the job
+#                                     is over and all of it is printed (checked every 50 ms on the node)
 #
 # JOBDIR holds cmd.sh (the job) and env.sh (exported variables, mode 0600). The runner writes
 # pid, started_at, log (stdout+stderr), exit_code and ended_at. exit_code is written atomically
@@ -111,7 +113,7 @@ start)
     # nor Ctrl-C in the CLI reaches it; only `runner.sh kill` (or a stopped VM) ends it.
     setsid sh "$0" _supervise "$jobdir" "$grace" </dev/null >/dev/null 2>&1 &
     i=0
-    while [ ! -s "$jobdir/pid" ] && [ $i -lt 200 ]; do sleep 0.05; i=$((i + 1)); done
+    while [ ! -s "$jobdir/pid" ] && [ $i -lt 1000 ]; do sleep 0.01; i=$((i + 1)); done
     [ -s "$jobdir/pid" ] || { echo "runner: job did not start" >&2; exit 4; }
     cat "$jobdir/pid"
     ;;
@@ -181,6 +183,27 @@ kill)
     fi
     # Leftovers of a supervisor that was killed (-9, OOM) carry the job's mark.
     end_processes "$pid" 0
+    ;;
+follow)
+    off=${3:-0}
+    [ -d "$jobdir" ] || { echo "runner: no job in $jobdir" >&2; exit 3; }
+    while :; do
+        over=0
+        if [ -f "$jobdir/exit_code" ]; then
+            over=1
+        elif [ -s "$jobdir/pid" ] && ! kill -0 "$(cat "$jobdir/pid")" 2>/dev/null; then
+            over=1 # the supervisor is gone without an exit code (lost): nothing more will come
+        fi
+        size=$(wc -c < "$jobdir/log" 2>/dev/null || echo 0)
+        if [ "$size" -gt "$off" ]; then
+            tail -c +$((off + 1)) "$jobdir/log" | head -c $((size - off))
+            off=$size
+        fi
+        [ "$over" = 1 ] && exit 0
+        # Whoever asked is gone (channel closed, CLI killed): stop instead of polling until the job ends.
+        kill -0 "$PPID" 2>/dev/null || exit 0
+        sleep 0.05
+    done
     ;;
 kill-all)
     [ -d "$jobdir" ] || exit 0

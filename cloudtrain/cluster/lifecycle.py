@@ -120,6 +120,11 @@ class Lifecycle:
         nodes = self.store.get_nodes(existing.name)
         if existing.status == ClusterStatus.STOPPED:
             self._start_locked(existing, provider, nodes)
+        if existing.status == ClusterStatus.UP and nodes and all(n.state == InstanceState.RUNNING.value for n in nodes):
+            # State says nothing changed: a warm run asks the cloud nothing. If a node went away
+            # behind our back, connecting fails and the caller refreshes once (`refresh`).
+            self.reporter.info(f"reusing cluster {existing.name} ({provider.name}, {len(nodes)} node(s))")
+            return Cluster(existing, tuple(nodes), provider)
         cluster = self._refresh_locked(existing.name, provider)
         dead = [n for n in cluster.nodes if n.state != InstanceState.RUNNING.value]
         if dead or not cluster.nodes:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import shlex
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -81,8 +81,10 @@ def submit(transport: Transport, layout: NodeLayout, job_id: str, script: str, e
     job_dir = layout.job_dir(job_id)
     # env.sh may hold secrets from the recipe's envs: readable by the node's user only.
     transport.put_file(env_script({"CLOUDTRAIN_WORKDIR": layout.workdir, **env}), f"{job_dir}/env.sh", mode=0o600)
-    transport.put_file(script.encode(), f"{job_dir}/cmd.sh", mode=0o700)
-    result = transport.run(["sh", layout.runner, "start", job_dir], what="starting the job")
+    # cmd.sh and the start in one round trip (the edit-run loop pays for every one).
+    start = 'umask 077 && mkdir -p "$1" && cat > "$1/cmd.sh" && exec sh "$2" start "$1"'
+    result = transport.run(["sh", "-c", start, "sh", job_dir, layout.runner], input=script.encode(),
+                           what="starting the job")
     try:
         return int(result.text.strip())
     except ValueError:
@@ -120,6 +122,12 @@ def kill_all(transport: Transport, layout: NodeLayout, grace_s: int = KILL_GRACE
     script = '[ -f "$1" ] || exit 0; exec sh "$1" kill-all "$2" "$3"'
     transport.run(["sh", "-c", script, "sh", layout.runner, f"{layout.root}/jobs", str(grace_s)], timeout=None,
                   what="stopping the cluster's jobs")
+
+
+def stream_log(transport: Transport, layout: NodeLayout, job_id: str, offset: int) -> Iterator[bytes]:
+    """The job's log from byte `offset`, as it is written, until the job is over (runner.sh follow)."""
+    return transport.stream(["sh", layout.runner, "follow", layout.job_dir(job_id), str(offset)],
+                            what="following the job log")
 
 
 def read_log(transport: Transport, layout: NodeLayout, job_id: str, offset: int, limit: int = 1 << 20) -> bytes:

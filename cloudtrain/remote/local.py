@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import secrets
 import subprocess
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -47,6 +47,23 @@ class LocalTransport:
         if check and proc.returncode != 0:
             raise RemoteCommandError(list(argv), proc.returncode, proc.stderr.decode(errors="replace"))
         return result
+
+    def stream(self, argv: Sequence[str], *, what: str | None = None) -> Iterator[bytes]:
+        proc = subprocess.Popen(list(argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=self._home)
+        assert proc.stdout is not None and proc.stderr is not None
+        try:
+            while chunk := proc.stdout.read1(1 << 16):
+                yield chunk
+            code = proc.wait()
+        finally:
+            if proc.poll() is None:
+                proc.terminate()
+                proc.wait()
+            proc.stdout.close()
+            stderr = proc.stderr.read()
+            proc.stderr.close()
+        if code != 0:
+            raise RemoteCommandError(list(argv), code, stderr.decode(errors="replace"))
 
     def put_file(self, data: bytes, remote_path: str, mode: int = 0o644) -> None:
         # A new file under a fresh name (never a leftover that someone may hold open), with its

@@ -20,7 +20,7 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import IO
 
@@ -203,6 +203,18 @@ class SSHTransport:
         if check and code != 0:
             raise RemoteCommandError(args, code, proc.stderr.decode(errors="replace"))
         return result
+
+    def stream(self, argv: Sequence[str], *, what: str | None = None) -> Iterator[bytes]:
+        args = [str(a) for a in argv]
+        proc = self.start(shlex.join(args), what=what or f"running {args[0]!r}")
+        try:
+            while chunk := proc.read():
+                yield chunk
+            code = proc.wait()
+        finally:
+            proc.close()
+        if code != 0:
+            raise RemoteCommandError(args, code, proc.stderr.decode(errors="replace"))
 
     def put_file(self, data: bytes, remote_path: str, mode: int = 0o644) -> None:
         # mktemp creates the temp file 0600, so a secret is never readable by others, and the

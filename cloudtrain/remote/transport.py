@@ -8,7 +8,7 @@ Remote commands are argv lists; a transport quotes them for its channel. Only th
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
@@ -56,6 +56,11 @@ class Transport(Protocol):
         what: str | None = None,
     ) -> CommandResult:
         """Run argv on the node. `what` names the operation in errors (default: argv[0])."""
+        ...
+
+    def stream(self, argv: Sequence[str], *, what: str | None = None) -> Iterator[bytes]:
+        """Run argv and yield its stdout as it comes. A dropped link raises ConnectionLostError;
+        a non-zero exit, RemoteCommandError. Closing the iterator early ends the command."""
         ...
 
     def put_file(self, data: bytes, remote_path: str, mode: int = 0o644) -> None: ...

@@ -21,7 +21,7 @@ from typing import Literal
 
 from cloudtrain.cost import cost_usd
 from cloudtrain.run.collect import Collected, collect
-from cloudtrain.errors import CloudtrainError, Interrupted, JobFailedError, UsageError
+from cloudtrain.errors import CloudtrainError, Interrupted, JobFailedError, RemoteError, UsageError
 from cloudtrain.events import Reporter
 from cloudtrain.run.jobstate import OPEN_STATES, refresh_jobs
 from cloudtrain.cluster.lifecycle import Cluster, Lifecycle
@@ -151,7 +151,7 @@ class Executor:
                 r.cluster, r.created = self.lc.up(recipe, cluster_name, str(loaded.path), loaded.digest,
                                                   run_id=run_id)
                 r.cluster_started = time.time()
-                r.nodes = self._ready_nodes(r.cluster, recipe)
+                r.nodes = self._ready_nodes(r.cluster, recipe, r.created)
             with r.clock.phase("sync"):
                 on_all(r.nodes, lambda n: sync(n, loaded, self.reporter))
             if recipe.setup:
@@ -291,7 +291,7 @@ class Executor:
         self.check(loaded, cluster_name, "keep")
         cluster, created = self.lc.up(loaded.recipe, cluster_name, str(loaded.path), loaded.digest)
         try:
-            nodes = self._ready_nodes(cluster, loaded.recipe)
+            nodes = self._ready_nodes(cluster, loaded.recipe, created)
         except BaseException:
             if created:
                 # A cluster we cannot reach or bootstrap is money burning for nothing.
@@ -302,10 +302,19 @@ class Executor:
         close_all(nodes)
         return cluster, created
 
-    def _ready_nodes(self, cluster: Cluster, recipe: Recipe) -> list[Node]:
+    def _ready_nodes(self, cluster: Cluster, recipe: Recipe, created: bool = True) -> list[Node]:
         """Connect to every node and prepare it (runtime, bootstrap, job files, ssh config).
-        Returns open nodes; on failure none stays open."""
-        nodes = connect(list(cluster.nodes), cluster.provider, self.config)
+        Returns open nodes; on failure none stays open. A reused cluster was taken from state
+        without asking the cloud: if a node cannot be reached, ask once (it may have a new address)."""
+        try:
+            nodes = connect(list(cluster.nodes), cluster.provider, self.config)
+        except RemoteError:
+            if created:
+                raise
+            fresh = self.lc.refresh(cluster.record.name)
+            if fresh.nodes == cluster.nodes:
+                raise
+            nodes = connect(list(fresh.nodes), fresh.provider, self.config)
         try:
             nodes = on_all(nodes, lambda n: prepare(n, recipe, self.reporter))
             write_ssh_config(cluster, self.config, self.reporter)

@@ -5,6 +5,7 @@ Each step takes a Node and returns what the next step needs; nothing here decide
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import json
 import os
@@ -19,26 +20,48 @@ from cloudtrain.config import Config
 from cloudtrain.errors import RemoteError
 from cloudtrain.events import Reporter
 from cloudtrain.recipe import LoadedRecipe, Recipe
-from cloudtrain.remote import jobs
 from cloudtrain.remote.local import LocalTransport
 
 
 def prepare(node: Node, recipe: Recipe, reporter: Reporter) -> Node:
     """Runtime dirs and runner; on remote nodes the probe and bootstrap (which picks the python the
-    jobs use); the bundled job's files. Returns the node with its interpreter."""
+    jobs use); the bundled job's files. Returns the node with its interpreter.
+
+    A warm node costs one round trip: the files are sent only when their stamp (a hash of what
+    would be sent) differs, and a bootstrap that already satisfied this recipe is not run again.
+    """
     t = node.transport
-    t.run(["mkdir", "-p", node.layout.workdir, f"{node.layout.root}/jobs", f"{node.layout.runtime}/jobs"],
-          what="creating cloudtrain's directories")
-    jobs.install_runtime(t, node.layout)
-    if not isinstance(t, LocalTransport):
-        node = replace(node, python=_bootstrap(node, ensure_tf=recipe.job is not None, reporter=reporter))
+    files = _runtime_files(node, recipe)
+    stamp = hashlib.sha256(b"".join(f"{path}\0{mode}\0".encode() + data for data, path, mode in files)).hexdigest()
+    stamp_file = f"{node.layout.runtime}/stamp"
+    bootstrap_file = f"{node.layout.root}/bootstrap.json"
+    script = 'mkdir -p "$1" "$2" "$3" || exit 1; cat "$4" 2>/dev/null; echo; cat "$5" 2>/dev/null; exit 0'
+    seen = t.run(["sh", "-c", script, "sh", node.layout.workdir, f"{node.layout.root}/jobs",
+                  f"{node.layout.runtime}/jobs", stamp_file, bootstrap_file], what="preparing the node").text
+    have_stamp, _, have_report = seen.partition("\n")
+    if have_stamp.strip() != stamp:
+        for data, path, mode in files:
+            t.put_file(data, path, mode=mode)
+        t.put_file(stamp.encode(), stamp_file)
+    if isinstance(t, LocalTransport):
+        return node
+    report = _last_json_line(have_report)
+    ensure_tf = recipe.job is not None
+    if report is not None and report.get("python") and (report.get("tensorflow") or not ensure_tf):
+        return replace(node, python=str(report["python"]))
+    return replace(node, python=_bootstrap(node, ensure_tf=ensure_tf, reporter=reporter))
+
+
+def _runtime_files(node: Node, recipe: Recipe) -> list[tuple[bytes, str, int]]:
+    """(content, path on the node, mode) of everything the runtime needs for this recipe."""
+    files = [((paths.templates_dir() / "runner.sh").read_bytes(), node.layout.runner, 0o755)]
     if recipe.job is not None:
         job_file = paths.bundled_jobs_dir() / f"{recipe.job.name}.py"
-        t.put_file(job_file.read_bytes(), f"{node.layout.runtime}/jobs/{job_file.name}")
+        files.append((job_file.read_bytes(), f"{node.layout.runtime}/jobs/{job_file.name}", 0o644))
         data = bundled_mnist_file()
         if data is not None:
-            t.put_file(data.read_bytes(), f"{node.layout.runtime}/jobs/{data.name}")
-    return node
+            files.append((data.read_bytes(), f"{node.layout.runtime}/jobs/{data.name}", 0o644))
+    return files
 
 
 def sync(node: Node, loaded: LoadedRecipe, reporter: Reporter) -> None:

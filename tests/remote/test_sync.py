@@ -112,13 +112,31 @@ def test_tar_delta_without_python_on_the_node(transport: SSHTransport, tmp_path:
     assert _remote_digests(transport, remote) == _local_digests(src, ignore)
 
 
-def test_auto_prefers_rsync_and_a_single_file_lands_inside(transport: SSHTransport, tmp_path: Path) -> None:
+def test_auto_sends_small_files_by_tar_and_a_single_file_lands_inside(transport: SSHTransport, tmp_path: Path) -> None:
     data = tmp_path / "dataset.npz"
     data.write_bytes(os.urandom(1000))
     target = f"{transport.home}/w/my data's $(dir)/deep"
     stats = transport.put_tree(data, target)
-    assert (stats.method, stats.files_sent) == ("rsync", 1)
+    assert (stats.method, stats.files_sent) == ("tar-delta", 1)
     assert transport.run(["wc", "-c", f"{target}/dataset.npz"]).text.split()[0] == "1000"
+
+
+def test_auto_uses_rsync_for_an_edited_large_file(transport: SSHTransport, tmp_path: Path) -> None:
+    from cloudtrain.remote.sync import RSYNC_DELTA_BYTES
+
+    src = tmp_path / "src"
+    src.mkdir()
+    big = bytearray(os.urandom(RSYNC_DELTA_BYTES + 4096))
+    (src / "weights.bin").write_bytes(big)
+    (src / "train.py").write_text("print(1)\n")
+    first = transport.put_tree(src, f"{transport.home}/w")
+    assert (first.method, first.files_sent) == ("tar-delta", 2)  # new files: one tar stream
+    big[100:110] = b"0123456789"
+    (src / "weights.bin").write_bytes(big)
+    os.utime(src / "weights.bin", (1, 1))
+    second = transport.put_tree(src, f"{transport.home}/w")
+    assert (second.method, second.files_sent) == ("rsync", 1)  # an edit inside a big file: the delta
+    assert _remote_digests(transport, f"{transport.home}/w") == _local_digests(src, None)
 
 
 def test_large_tree_warns(transport: SSHTransport, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
