@@ -119,7 +119,9 @@ def test_bad_run_dirs_raise_compare_error(tmp_path: Path, setup: Any, message: s
     setup(run)
     with pytest.raises(CompareError, match=message) as info:
         load_runs([run])
-    assert isinstance(info.value, ValueError) and str(run) in str(info.value)
+    from cloudtrain.errors import UsageError
+
+    assert isinstance(info.value, UsageError) and str(run) in str(info.value)
 
 
 def test_no_runs(tmp_path: Path) -> None:

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import signal
+import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 
 from cloudtrain.cluster.nodes import Node
 from cloudtrain.errors import JobFailedError, RemoteError
@@ -25,8 +28,11 @@ def follow(node: Node, job_id: str, offset: int, reporter: Reporter, *, others: 
     (the other nodes of a multi-node job), a failed worker ends the job: `on_worker_failure` is
     called to stop the rest, then JobFailedError is raised.
     """
+    # A Ctrl-C between printing a line and recording its offset would repeat it on resume: each
+    # line is printed and recorded under _line(), and Ctrl-C is taken between lines.
     if until_finished and not others:
-        return _follow_streaming(node, job_id, offset, reporter, on_offset, raw)
+        with _interrupts_between_lines():
+            return _follow_streaming(node, job_id, offset, reporter, on_offset, raw)
     pending = b""
     last_check = 0.0
     while True:
@@ -36,11 +42,13 @@ def follow(node: Node, job_id: str, offset: int, reporter: Reporter, *, others: 
             pending += chunk
             chunk = _read_retrying(node, job_id, offset + len(pending))
         *lines, pending = pending.split(b"\n")
-        for line in lines:
-            _emit(line.decode("utf-8", errors="replace"), node.rank, reporter, raw)
-            offset += len(line) + 1
-            if on_offset:
-                on_offset(offset)
+        with _interrupts_between_lines():
+            for line in lines:
+                with _line():
+                    _emit(line.decode("utf-8", errors="replace"), node.rank, reporter, raw)
+                    offset += len(line) + 1
+                    if on_offset:
+                        on_offset(offset)
         if status.finished or not until_finished:
             if pending and status.finished:
                 _emit(pending.decode("utf-8", errors="replace"), node.rank, reporter, raw, progress=False)
@@ -76,10 +84,11 @@ def _follow_streaming(node: Node, job_id: str, offset: int, reporter: Reporter,
                 pending += chunk
                 *lines, pending = pending.split(b"\n")
                 for line in lines:
-                    _emit(line.decode("utf-8", errors="replace"), node.rank, reporter, raw)
-                    offset += len(line) + 1
-                    if on_offset:
-                        on_offset(offset)
+                    with _line():
+                        _emit(line.decode("utf-8", errors="replace"), node.rank, reporter, raw)
+                        offset += len(line) + 1
+                        if on_offset:
+                            on_offset(offset)
                 failures, delay = 0, 0.5
             break
         except RemoteError:
@@ -95,6 +104,52 @@ def _follow_streaming(node: Node, job_id: str, offset: int, reporter: Reporter,
         if on_offset:
             on_offset(offset)
     return status
+
+
+class _LineGuard:
+    """Ctrl-C is taken between lines, never between printing a line and recording its offset."""
+
+    def __init__(self) -> None:
+        self.inside = False
+        self.pending = False
+
+
+_guard = _LineGuard()
+
+
+@contextmanager
+def _line() -> Iterator[None]:
+    _guard.inside = True
+    try:
+        yield
+    finally:
+        _guard.inside = False
+    if _guard.pending:
+        _guard.pending = False
+        raise KeyboardInterrupt
+
+
+@contextmanager
+def _interrupts_between_lines() -> Iterator[None]:
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: object) -> None:
+        if _guard.inside:
+            _guard.pending = True
+        else:
+            raise KeyboardInterrupt
+
+    previous = signal.getsignal(signal.SIGINT)
+    if previous is signal.SIG_IGN:  # the user's shell asked us to ignore Ctrl-C: keep it that way
+        yield
+        return
+    signal.signal(signal.SIGINT, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _emit(text: str, rank: int, reporter: Reporter, raw: Callable[[str], None] | None, progress: bool = True) -> None:
