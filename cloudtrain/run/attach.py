@@ -5,35 +5,57 @@ from __future__ import annotations
 import secrets
 import time
 from collections.abc import Callable
+from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from cloudtrain.errors import UsageError
 from cloudtrain.events import NullReporter, Reporter
 from cloudtrain.run.follow import follow as follow_log
+from cloudtrain.run.prepare import prepare
+from cloudtrain.run.prepare import sync as prepare_sync
 from cloudtrain.cluster.lifecycle import Cluster, Lifecycle
 from cloudtrain.cluster.nodes import close_all, connect, on_all
 from cloudtrain.remote import jobs
 from cloudtrain.remote.jobs import JobState
 from cloudtrain.state import ClusterStatus, JobRecord
 
+if TYPE_CHECKING:
+    from cloudtrain.recipe import LoadedRecipe
 
-def exec_command(lc: Lifecycle, reporter: Reporter, name: str, script: str, detach: bool) -> tuple[str, jobs.JobStatus]:
-    """Run a shell command on rank 0 of an existing cluster as a detached job; follow it unless asked not to."""
+
+def exec_command(lc: Lifecycle, reporter: Reporter, name: str, script: str, detach: bool, *,
+                 sync: bool = True, env_overrides: Mapping[str, str] | None = None) -> tuple[str, jobs.JobStatus]:
+    """Run a shell command on rank 0 of an existing cluster as a detached job; follow it unless asked not to.
+
+    With `sync`, the workdir of the recipe the cluster was made from is synced first (only changes
+    travel), so `exec` sees what you just edited. The job gets the recipe's `envs`, then `env_overrides`.
+    """
     cluster = lc.get(name)
-    if cluster.record.status != ClusterStatus.UP:
-        raise UsageError(f"cluster {name!r} is {cluster.record.status}", hint=f"`cloudtrain start {name}` first")
+    _require_up(cluster)
+    loaded = _cluster_recipe(cluster, reporter)
     nodes = connect(list(cluster.nodes[:1]), cluster.provider, lc.config)
     try:
         node = nodes[0]
-        on_all(nodes, lambda n: n.transport.run(["mkdir", "-p", n.layout.workdir]))
-        jobs.install_runtime(node.transport, node.layout)
+        if loaded is not None:
+            node = prepare(node, loaded.recipe, reporter)
+            if sync:
+                prepare_sync(node, loaded, reporter)
+        else:
+            node.transport.run(["mkdir", "-p", node.layout.workdir], what="creating the workdir")
+            jobs.install_runtime(node.transport, node.layout)
         job_id = f"exec-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
         now = time.time()
         lc.store.insert_job(JobRecord(
             id=job_id, cluster=name, run_id=None, job_dir=node.layout.job_dir(job_id), status=JobState.RUNNING,
             command=script, submitted_at=now, started_at=now, ended_at=None, exit_code=None,
         ))
-        env = {"CLOUDTRAIN_CLUSTER": name, "CLOUDTRAIN_NODE_RANK": "0", "CLOUDTRAIN_NUM_NODES": str(len(cluster.nodes))}
+        env = dict(loaded.recipe.envs) if loaded is not None else {}
+        env.update(env_overrides or {})
+        env.update({"CLOUDTRAIN_CLUSTER": name, "CLOUDTRAIN_NODE_RANK": "0",
+                    "CLOUDTRAIN_NUM_NODES": str(len(cluster.nodes))})
+        if node.python:
+            env["CLOUDTRAIN_PYTHON"] = node.python
         jobs.submit(node.transport, node.layout, job_id, script + "\n", env)
         if detach:
             return job_id, jobs.status(node.transport, node.layout, job_id)
@@ -46,6 +68,34 @@ def exec_command(lc: Lifecycle, reporter: Reporter, name: str, script: str, deta
         return job_id, final
     finally:
         close_all(nodes)
+
+
+def _require_up(cluster: Cluster) -> None:
+    """A clear next step for every state a cluster can be in when work is asked of it."""
+    name, status = cluster.record.name, cluster.record.status
+    if status == ClusterStatus.UP:
+        return
+    if status == ClusterStatus.STOPPED:
+        raise UsageError(f"cluster {name!r} is stopped", hint=f"`cloudtrain start {name}` first")
+    raise UsageError(
+        f"cluster {name!r} is {status}: its nodes are gone or not usable",
+        hint=f"`cloudtrain down {name}`, then `cloudtrain up RECIPE --cluster {name}`",
+    )
+
+
+def _cluster_recipe(cluster: Cluster, reporter: Reporter) -> LoadedRecipe | None:
+    """The recipe the cluster was made from, if it is still where it was and still loads."""
+    from cloudtrain.errors import CloudtrainError
+    from cloudtrain.recipe import load_recipe
+
+    path = cluster.record.recipe_path
+    if not path or not Path(path).is_file():
+        return None
+    try:
+        return load_recipe(path)
+    except CloudtrainError as exc:
+        reporter.warn(f"not syncing: the cluster's recipe {path} does not load ({exc.one_line()})")
+        return None
 
 
 def print_logs(lc: Lifecycle, name: str, job_id: str | None, follow: bool, resume: bool,

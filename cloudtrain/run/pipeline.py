@@ -31,7 +31,7 @@ from cloudtrain.remote.archive import Refused
 from cloudtrain.run.job import end_jobs, run_job
 from cloudtrain.run.prepare import job_script, prepare, sync, write_ssh_config
 from cloudtrain.run.record import RunJson
-from cloudtrain.state import RunRecord, RunStatus
+from cloudtrain.state import ClusterStatus, RunRecord, RunStatus
 
 Teardown = Literal["auto", "down", "stop", "keep"]
 POLL_S = 0.5
@@ -94,6 +94,7 @@ class _Run:
     nodes: list[Node] = field(default_factory=list)
     jobs_started: list[str] = field(default_factory=list)
     cluster_started: float = 0.0
+    was_stopped: bool = False  # the run found the cluster stopped (and started it)
     status: str = RunStatus.FAILED
     exit_code: int | None = None
     error: str | None = None
@@ -148,7 +149,9 @@ class Executor:
         usage_error: UsageError | None = None
         try:
             with r.clock.phase("provision", recipe.resources.cloud):
-                r.cluster, r.created = self.lc.up(recipe, cluster_name, str(loaded.path), loaded.digest,
+                before = self.store.get_cluster(cluster_name)
+                r.was_stopped = before is not None and before.status == ClusterStatus.STOPPED
+                r.cluster, r.created = self.lc.up(recipe, cluster_name, str(loaded.path.resolve()), loaded.digest,
                                                   run_id=run_id)
                 r.cluster_started = time.time()
                 r.nodes = self._ready_nodes(r.cluster, recipe, r.created)
@@ -203,7 +206,10 @@ class Executor:
         cost = cost_usd(hourly, time.time() - r.cluster_started) if r.cluster else 0.0
         teardown_done = "none"
         if r.cluster is not None:
-            policy = ("down" if r.created else "keep") if teardown == "auto" else teardown
+            # Auto: leave things as they were found (a cluster this run made goes, one it started is
+            # stopped again, one that was running keeps running).
+            auto = "down" if r.created else ("stop" if r.was_stopped else "keep")
+            policy = auto if teardown == "auto" else teardown
             # Results that are not home live only on the node: never delete it under them.
             results_at_risk = bool(r.jobs_started) and not collected.complete
             try:
@@ -289,10 +295,14 @@ class Executor:
     def up(self, loaded: LoadedRecipe, cluster_name: str) -> tuple[Cluster, bool]:
         """`cloudtrain up`: provision (or reuse) and make every node ready to run the recipe."""
         self.check(loaded, cluster_name, "keep")
-        cluster, created = self.lc.up(loaded.recipe, cluster_name, str(loaded.path), loaded.digest)
+        cluster, created = self.lc.up(loaded.recipe, cluster_name, str(loaded.path.resolve()), loaded.digest)
+        nodes: list[Node] = []
         try:
             nodes = self._ready_nodes(cluster, loaded.recipe, created)
+            # `exec` right after `up` must see the code: sync now (only changes travel later).
+            on_all(nodes, lambda n: sync(n, loaded, self.reporter))
         except BaseException:
+            close_all(nodes)
             if created:
                 # A cluster we cannot reach or bootstrap is money burning for nothing.
                 self.reporter.warn("nodes not usable; tearing the new cluster down")

@@ -238,3 +238,46 @@ def test_multi_node_ranks_and_one_node_failure(tmp_path: Path) -> None:
     assert bad.returncode == 5, bad.stdout + bad.stderr
     assert time.monotonic() - started < 60, "rank 0 should be stopped when rank 1 fails"
     assert "node 1 failed (exit code 5)" in bad.stdout
+
+
+def test_up_syncs_and_exec_syncs_changes_first(tmp_path: Path) -> None:
+    """`exec` after `up` sees the workdir, and an edit made since (issue 14.7)."""
+    work = tmp_path / "code"
+    work.mkdir()
+    (work / "a.txt").write_text("first\n")
+    recipe = write_recipe(tmp_path, "name: synced\nworkdir: code\nenvs: {GREETING: hi}\nrun: 'true'\n")
+    assert cloudtrain("up", str(recipe), cwd=tmp_path).returncode == 0
+    seen = cloudtrain("exec", "synced", "--", "sh", "-c", "cat a.txt; echo $GREETING")
+    assert seen.returncode == 0 and "first" in seen.stdout and "hi" in seen.stdout, seen.stderr
+    (work / "a.txt").write_text("edited\n")
+    again = cloudtrain("exec", "synced", "--", "cat", "a.txt")
+    assert again.returncode == 0 and "edited" in again.stdout, again.stderr
+    assert cloudtrain("down", "synced").returncode == 0
+
+
+def test_run_on_a_stopped_cluster_leaves_it_stopped(tmp_path: Path) -> None:
+    """A run puts a cluster back the way it found it (issue 14.14)."""
+    recipe = write_recipe(tmp_path, "name: sleeper\nrun: echo ran\n")
+    assert cloudtrain("up", str(recipe)).returncode == 0
+    assert cloudtrain("stop", "sleeper").returncode == 0
+    proc = cloudtrain("run", str(recipe), "--runs-dir", str(tmp_path / "runs"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    run_dir = Path(proc.stdout.strip().splitlines()[-1])
+    assert json.loads((run_dir / "run.json").read_text())["teardown"] == "stopped"
+    data = json.loads(cloudtrain("status", "--json").stdout)
+    assert [c["status"] for c in data["clusters"]] == ["stopped"]
+    assert cloudtrain("down", "sleeper").returncode == 0
+
+
+def test_exec_on_a_cluster_whose_nodes_are_gone_suggests_what_works(tmp_path: Path, cloudtrain_home: Path) -> None:
+    """Not `cloudtrain start` (which would fail too) but down, then up (issue 14.15)."""
+    import shutil
+
+    recipe = write_recipe(tmp_path, "name: vanished\nrun: 'true'\n")
+    assert cloudtrain("up", str(recipe)).returncode == 0
+    shutil.rmtree(cloudtrain_home / "local" / "local-vanished-0")  # the machine went away
+    assert cloudtrain("status", "--refresh").returncode == 0
+    proc = cloudtrain("exec", "vanished", "--", "true")
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert "cloudtrain down vanished" in proc.stderr and "cloudtrain start" not in proc.stderr
+    assert cloudtrain("down", "vanished").returncode == 0
