@@ -88,6 +88,23 @@ _MIGRATIONS: list[str] = [
     ALTER TABLE runs ADD COLUMN error TEXT;
     ALTER TABLE clusters ADD COLUMN spot INTEGER NOT NULL DEFAULT 0;
     """,
+    # version 3: billed intervals, one row per node and billing state (running at the compute
+    # price, stopped at the disk price); an open interval has ended_at NULL. Spend is the sum of
+    # price x billed time over these rows, never an estimate from the cluster's age.
+    """
+    CREATE TABLE billing (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        cluster TEXT NOT NULL,
+        cloud TEXT NOT NULL,
+        instance_id TEXT NOT NULL,
+        kind TEXT NOT NULL,
+        hourly_price REAL NOT NULL,
+        started_at REAL NOT NULL,
+        ended_at REAL
+    );
+    CREATE INDEX billing_by_cluster ON billing(cluster, started_at);
+    CREATE INDEX billing_open ON billing(instance_id, ended_at);
+    """,
 ]
 SCHEMA_VERSION = len(_MIGRATIONS)
 
@@ -190,6 +207,24 @@ class JobRecord:
     started_at: float | None
     ended_at: float | None
     exit_code: int | None
+
+
+@dataclass(frozen=True)
+class BillingRecord:
+    id: int
+    cluster: str
+    cloud: str
+    instance_id: str
+    kind: str  # "running" | "stopped"
+    hourly_price: float  # USD per hour for this node in this state
+    started_at: float
+    ended_at: float | None  # None: still billing
+
+    def cost(self, until: float, since: float = 0.0) -> float:
+        """USD billed between `since` and `until` (clipped to this interval)."""
+        start = max(self.started_at, since)
+        end = min(self.ended_at if self.ended_at is not None else until, until)
+        return max(0.0, end - start) * self.hourly_price / 3600.0
 
 
 @dataclass(frozen=True)
@@ -381,6 +416,40 @@ class StateStore:
         return {job.cluster: job for job in _rows(cur, JobRecord)}
 
     # events and log cursors ----------------------------------------------------------------------
+
+    # billing --------------------------------------------------------------------------------------
+
+    def bill(self, cluster: str, cloud: str, instance_ids: list[str], kind: str, hourly_price: float,
+             at: float | None = None) -> None:
+        """Close the nodes' open intervals and open new ones in `kind` at `hourly_price` (per node)."""
+        now = time.time() if at is None else at
+        with self._write() as db:
+            for instance_id in instance_ids:
+                db.execute("UPDATE billing SET ended_at = ? WHERE instance_id = ? AND cluster = ? AND ended_at IS NULL",
+                           (now, instance_id, cluster))
+                db.execute(
+                    "INSERT INTO billing (cluster, cloud, instance_id, kind, hourly_price, started_at) "
+                    "VALUES (?, ?, ?, ?, ?, ?)", (cluster, cloud, instance_id, kind, hourly_price, now))
+
+    def end_billing(self, cluster: str, instance_ids: list[str] | None = None, at: float | None = None) -> None:
+        """Close open intervals (the nodes are gone): of the listed nodes, or of the whole cluster."""
+        now = time.time() if at is None else at
+        with self._write() as db:
+            if instance_ids is None:
+                db.execute("UPDATE billing SET ended_at = ? WHERE cluster = ? AND ended_at IS NULL", (now, cluster))
+            else:
+                for instance_id in instance_ids:
+                    db.execute("UPDATE billing SET ended_at = ? WHERE cluster = ? AND instance_id = ? AND ended_at IS NULL",
+                               (now, cluster, instance_id))
+
+    def billing(self, cluster: str | None = None, since: float = 0.0) -> list[BillingRecord]:
+        """Intervals that overlap [since, now), oldest first."""
+        query = "SELECT * FROM billing WHERE (ended_at IS NULL OR ended_at > ?)"
+        args: list[Any] = [since]
+        if cluster is not None:
+            query += " AND cluster = ?"
+            args.append(cluster)
+        return _rows(self._db.execute(query + " ORDER BY started_at, id", args), BillingRecord)
 
     def add_event(self, cluster: str | None, kind: str, message: str) -> None:
         with self._write() as db:
