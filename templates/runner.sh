@@ -122,6 +122,11 @@ _supervise)
     export CLOUDTRAIN_JOB_DIR="$jobdir"
     echo $$ > pid.tmp && mv pid.tmp pid
     now > started_at
+    if [ -f cancelled ] || [ -f exit_code ]; then
+        # Cancelled while starting: the job never runs.
+        [ -f exit_code ] || { now > ended_at; echo 143 > exit_code.tmp && mv exit_code.tmp exit_code; }
+        exit 0
+    fi
     child=
     finish() {
         code=$1
@@ -165,10 +170,23 @@ status)
         "$state" "${pid:-null}" "${code:-null}" "${started:-null}" "${ended:-null}" "$size"
     ;;
 kill)
+    [ -d "$jobdir" ] || exit 0
+    [ -f "$jobdir/exit_code" ] || : > "$jobdir/cancelled"
+    # A start may be under way (Ctrl-C while `start` ran): `cancelled` is written before the pid is
+    # read, and the supervisor writes its pid before it looks for `cancelled`, so one of us acts.
     pid=$(cat "$jobdir/pid" 2>/dev/null || true)
-    [ -n "$pid" ] || exit 0
+    i=0
+    while [ -z "$pid" ] && [ -f "$jobdir/cmd.sh" ] && [ $i -lt 20 ]; do
+        sleep 0.05
+        i=$((i + 1))
+        pid=$(cat "$jobdir/pid" 2>/dev/null || true)
+    done
+    if [ -z "$pid" ]; then
+        # Never started, and now it never will: over, not pending forever.
+        [ -f "$jobdir/exit_code" ] || write_exit 143
+        exit 0
+    fi
     if [ ! -f "$jobdir/exit_code" ] && kill -0 "$pid" 2>/dev/null; then
-        : > "$jobdir/cancelled"
         # The supervisor's trap TERMs the job and sweeps the session; we TERM the whole session
         # at once too, so a job whose shell ignores the signal still loses its children.
         find_job_processes "$pid" 1

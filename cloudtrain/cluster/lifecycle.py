@@ -325,6 +325,8 @@ class Lifecycle:
         provider.start(ids)
         # A restarted cloud VM usually has a new public IP; the refresh that follows records it.
         self._wait_running(provider, ids)
+        # It boots again: connecting gets the patience of a fresh launch.
+        self.store.put_nodes(record.name, [replace(n, started_at=time.time()) for n in self.store.get_nodes(record.name)])
         self.store.set_cluster_status(record.name, ClusterStatus.UP)
         self.store.add_event(record.name, "start", "started all nodes")
 

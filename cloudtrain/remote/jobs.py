@@ -81,9 +81,13 @@ def submit(transport: Transport, layout: NodeLayout, job_id: str, script: str, e
     job_dir = layout.job_dir(job_id)
     # env.sh may hold secrets from the recipe's envs: readable by the node's user only.
     transport.put_file(env_script({"CLOUDTRAIN_WORKDIR": layout.workdir, **env}), f"{job_dir}/env.sh", mode=0o600)
-    # cmd.sh and the start in one round trip (the edit-run loop pays for every one).
-    start = 'umask 077 && mkdir -p "$1" && cat > "$1/cmd.sh" && exec sh "$2" start "$1"'
-    result = transport.run(["sh", "-c", start, "sh", job_dir, layout.runner], input=script.encode(),
+    # cmd.sh and the start in one round trip (the edit-run loop pays for every one). The script
+    # starts only if all of it arrived: a pipe closed early (Ctrl-C, a dropped link) looks like a
+    # short script to `cat`, and a truncated job must never run.
+    body = script.encode()
+    start = ('umask 077 && mkdir -p "$1" && cat > "$1/cmd.sh.part" && [ "$(wc -c < "$1/cmd.sh.part")" -eq "$3" ] '
+             '&& mv "$1/cmd.sh.part" "$1/cmd.sh" && exec sh "$2" start "$1"')
+    result = transport.run(["sh", "-c", start, "sh", job_dir, layout.runner, str(len(body))], input=body,
                            what="starting the job")
     try:
         return int(result.text.strip())

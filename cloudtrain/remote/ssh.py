@@ -56,6 +56,8 @@ _KEEPALIVE_S = 15
 _RECONNECT_BUDGET_S = 30.0
 # A freshly launched VM may accept TCP before cloud-init installed our key: retry auth that long.
 _AUTH_GRACE_S = 900.0
+# A node up for longer than that is not booting: retry a blip, not a boot.
+_WARM_RETRY_S = 10.0
 
 __all__ = ["ConnectionLostError", "SSHAuthError", "SSHConnectError", "SSHTransport", "open_transport"]
 
@@ -68,7 +70,9 @@ def open_transport(
     key_path: Path | None = None,
     known_hosts: KnownHosts | None = None,
 ) -> SSHTransport:
-    """Connect to a node, retrying with backoff for up to config.ssh.connect_retries_s (VM boot)."""
+    """Connect to a node, retrying with backoff for up to config.ssh.connect_retries_s while it may
+    still be booting (launched or started in the last 15 minutes), briefly otherwise: a machine that
+    has been up for an hour and does not answer is down, and `status`/`logs`/`down` say so at once."""
     endpoint = resolve_endpoint(instance=instance, config=config, host=host, key_path=key_path)
     fresh = instance.launched_at is not None and time.time() - instance.launched_at < _AUTH_GRACE_S
     transport = SSHTransport(
@@ -76,7 +80,7 @@ def open_transport(
         cluster=cluster,
         known_hosts=known_hosts or KnownHosts(),
         connect_timeout=config.ssh.connect_timeout_s,
-        retry_for=config.ssh.connect_retries_s,
+        retry_for=config.ssh.connect_retries_s if fresh else min(config.ssh.connect_retries_s, _WARM_RETRY_S),
         retry_auth=fresh,
     )
     transport.connect()

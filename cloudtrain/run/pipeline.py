@@ -13,7 +13,7 @@ import os
 import secrets
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -131,9 +131,17 @@ class Executor:
         check_cluster_name(cluster_name)
         preflight(loaded, self.config)
         if teardown == "stop":
-            check_stop_possible(self.lc.provider(loaded.recipe.resources.cloud), loaded.recipe.resources.spot)
+            existing = self.store.get_cluster(cluster_name)
+            spot = loaded.recipe.resources.spot or bool(existing and existing.spot)
+            check_stop_possible(self.lc.provider(loaded.recipe.resources.cloud), spot)
 
-    def run(self, loaded: LoadedRecipe, cluster_name: str, teardown: Teardown, runs_dir: Path) -> RunResult:
+    def run(self, loaded: LoadedRecipe, cluster_name: str, teardown: Teardown, runs_dir: Path,
+            env_overrides: Mapping[str, str] | None = None) -> RunResult:
+        """`env_overrides` (`run --env KEY=VALUE`) replace or add to the recipe's envs for this run;
+        like envs they are exported for setup and the job and never written to state or run.json."""
+        if env_overrides:
+            recipe = loaded.recipe.model_copy(update={"envs": {**loaded.recipe.envs, **env_overrides}})
+            loaded = loaded.model_copy(update={"recipe": recipe})
         recipe = loaded.recipe
         self.check(loaded, cluster_name, teardown)
         run_id = new_run_id(cluster_name)
@@ -141,7 +149,7 @@ class Executor:
         run_dir.mkdir(parents=True, exist_ok=False)
         r = _Run(run_id, run_dir, loaded, _PhaseClock(self.reporter), time.time())
         self.store.insert_run(RunRecord(
-            id=run_id, cluster=cluster_name, recipe_path=str(loaded.path), recipe_digest=loaded.digest,
+            id=run_id, cluster=cluster_name, recipe_path=str(loaded.path.resolve()), recipe_digest=loaded.digest,
             run_dir=str(run_dir), status=RunStatus.RUNNING, exit_code=None, provider=recipe.resources.cloud,
             instance_type=None, hourly_price=0.0, cost_usd=0.0, started_at=r.started, ended_at=None,
             pid=os.getpid(), result_paths=json.dumps(recipe.result_paths()),
@@ -228,7 +236,7 @@ class Executor:
         ended = time.time()
         record = RunJson(
             run_id=r.run_id, status=r.status, exit_code=r.exit_code, error=r.error,
-            recipe={"name": recipe.name, "path": str(r.loaded.path), "digest": r.loaded.digest},
+            recipe={"name": recipe.name, "path": str(r.loaded.path.resolve()), "digest": r.loaded.digest},
             cluster=r.cluster.record.name if r.cluster else None,
             provider=r.cluster.provider.name if r.cluster else recipe.resources.cloud,
             instance_type=r.cluster.record.instance_type if r.cluster else None,
