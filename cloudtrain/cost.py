@@ -1,8 +1,58 @@
-"""Price x time accounting."""
+"""Price x billed time: the only arithmetic spend is made of.
+
+Spend comes from billed intervals in state (one per node and billing state: running at the
+compute price of the plan's placement, stopped at the disk price), never from a cluster's age.
+"""
 
 from __future__ import annotations
 
+import csv
+import functools
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from cloudtrain.state import BillingRecord
+
+# Not beside the offer CSVs (the catalog reads every *.csv there): disk prices per cloud.
+_STORAGE = Path(__file__).resolve().parent / "catalog_data" / "storage" / "disks.csv"
+HOURS_PER_MONTH = 730.0
+
 
 def cost_usd(hourly_price: float, seconds: float) -> float:
-    """Cost of a cluster billed at `hourly_price` (all nodes together) for `seconds`."""
+    """Cost of something billed at `hourly_price` for `seconds`."""
     return max(0.0, hourly_price) * max(0.0, seconds) / 3600.0
+
+
+@functools.cache
+def _storage() -> dict[str, tuple[float, float]]:
+    with _STORAGE.open(newline="") as handle:
+        return {row["cloud"]: (float(row["usd_per_gb_month"]), float(row["default_disk_gb"]))
+                for row in csv.DictReader(handle)}
+
+
+def disk_hourly(cloud: str, disk_gb: float | None = None) -> float:
+    """What one node's boot disk costs per hour while the node is stopped (0 where unknown)."""
+    price, default_gb = _storage().get(cloud, (0.0, 0.0))
+    return price * (disk_gb or default_gb) / HOURS_PER_MONTH
+
+
+@dataclass(frozen=True)
+class Spend:
+    usd: float
+    billed_s: float  # node-seconds billed
+    running: bool  # some interval is still open
+
+
+def spend(intervals: Iterable[BillingRecord], since: float = 0.0, until: float | None = None) -> Spend:
+    """Sum of price x billed time of `intervals`, clipped to [since, until)."""
+    end = time.time() if until is None else until
+    usd = seconds = 0.0
+    running = False
+    for item in intervals:
+        usd += item.cost(end, since)
+        stop = min(item.ended_at if item.ended_at is not None else end, end)
+        seconds += max(0.0, stop - max(item.started_at, since))
+        running = running or item.ended_at is None
+    return Spend(usd, seconds, running)

@@ -176,6 +176,18 @@ def make_plan(
                 hint="set resources.region to the AMI's region",
             )
     placements = _placements(offers, res.zone, res.spot)
+    if res.max_hourly_usd is not None:
+        within = [p for p in placements if p.hourly_price <= res.max_hourly_usd]
+        if not within:
+            cheapest = min(placements, key=lambda p: p.hourly_price)
+            raise _refusal(
+                NotAvailableError,
+                "resources.max_hourly_usd",
+                f"resources.max_hourly_usd: nothing that fits costs ${res.max_hourly_usd:g}/h or less per node; "
+                f"the cheapest is {cheapest.describe()}",
+                hint="raise the limit, allow spot, or ask for less",
+            )
+        placements = within
     placements.sort(
         key=lambda p: (p.hourly_price, p.region != default_region, p.cloud, p.region or "", p.instance_type or "")
     )

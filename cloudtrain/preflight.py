@@ -33,24 +33,36 @@ CLOUD_ONLY_FIELDS = ("region", "zone", "instance_type", "accelerators", "image",
 
 def preflight(loaded: LoadedRecipe, config: Config) -> Plan | None:
     """Raise on the first static problem of `loaded`; return the plan for priced clouds, else None."""
+    from cloudtrain.providers import ANY
+
     recipe = loaded.recipe
     cloud = recipe.resources.cloud
-    capabilities = _cloud_capabilities(loaded)
+    if cloud == ANY:
+        from cloudtrain.cluster.planning import priced_clouds
+
+        clouds = list(priced_clouds())
+        # Credentials are not asked here (no network): `plan` and `up` skip the clouds without them.
+        default_region = None
+    else:
+        if not _cloud_capabilities(loaded).priced:
+            clouds = []
+        else:
+            clouds = [cloud]
+        default_region = getattr(getattr(config, cloud, None), "region", None)
     problem = unsupported(recipe)
     if problem is not None:
         field, message, hint = problem
         raise NotAvailableError(_located(loaded, field, message), hint=hint)
     if recipe.job is not None:
         _check_job_params(loaded)
-    if not capabilities.priced:
+    if not clouds and cloud != ANY:
         return None
     from cloudtrain.catalog import default_catalog
     from cloudtrain.plan import make_plan, refused_field
 
     # The same call lifecycle makes at launch time, so validate and up agree on the plan.
-    default_region = getattr(getattr(config, cloud, None), "region", None)
     try:
-        return make_plan(recipe, default_catalog(), [cloud], default_region=default_region)
+        return make_plan(recipe, default_catalog(), clouds, default_region=default_region)
     except UsageError as exc:
         field = refused_field(exc)
         if field is None:

@@ -57,13 +57,11 @@ BAD = [
     ("type-not-in-region", aws("instance_type: p5.48xlarge", "region: eu-west-1"),
      ["recipe.yaml:4: resources.instance_type", "no offer of p5.48xlarge in eu-west-1"]),
     ("ami-without-region", aws("image: ami-0123456789abcdef0"), ["recipe.yaml:4: resources.image", "set resources.region"]),
-    # clouds this cloudtrain cannot use
-    ("cloud-any", "name: demo\nresources: {cloud: any}\nrun: x\n",
-     ["recipe.yaml:2: resources.cloud", "cloud any is not available yet", "name a cloud: local, ssh or aws"]),
-    ("cloud-gcp", "name: demo\nresources:\n  cloud: gcp\nrun: x\n",
-     ["recipe.yaml:3: resources.cloud", "cloud 'gcp' is not available yet", "available: local, ssh, aws"]),
-    ("cloud-azure", "name: demo\nresources: {cloud: azure, accelerators: 'T4:1'}\nrun: x\n",
-     ["recipe.yaml:2: resources.cloud", "cloud 'azure' is not available yet"]),
+    # `cloud: any` plans over every priced cloud, with the same checks
+    ("cloud-any-gpu-typo", "name: demo\nresources: {cloud: any, accelerators: 'T5:1'}\nrun: x\n",
+     ["recipe.yaml:2: resources.accelerators", "no cloud offers a GPU called 'T5'", "did you mean"]),
+    ("max-hourly-too-low", aws("accelerators: 'T4:1'", "max_hourly_usd: 0.01"),
+     ["resources.max_hourly_usd", "nothing that fits costs $0.01/h or less"]),
     # fields no provider acts on yet
     ("autostop", aws() + "autostop: {idle_minutes: 5}\n", ["recipe.yaml:5: autostop is not available yet for cloud aws"]),
     ("budget", aws() + "budget: {max_usd: 5}\n", ["recipe.yaml:5: budget limits are not available yet"]),
@@ -155,7 +153,8 @@ def test_run_refuses_before_anything_exists(
     assert state == {"clusters": [], "runs": []}
 
 
-UP_CASES = ["instance-type-typo", "cloud-any", "cloud-gcp", "autostop", "epochs-negative", "data-target-absolute"]
+UP_CASES = ["instance-type-typo", "cloud-any-gpu-typo", "max-hourly-too-low", "autostop", "epochs-negative",
+            "data-target-absolute"]
 
 
 @pytest.mark.parametrize(("text", "fragments"), [(t, f) for i, t, f in BAD if i in UP_CASES], ids=UP_CASES)
@@ -272,7 +271,7 @@ def test_preflight_breaks_price_ties_towards_the_configured_region(tmp_path: Pat
     [
         (aws("region: us-est-1"), UsageError),
         (aws("region: ap-south-1"), NotAvailableError),
-        ("name: demo\nresources: {cloud: gcp}\nrun: x\n", NotAvailableError),
+        ("name: demo\nresources: {cloud: any, accelerators: 'T5:1'}\nrun: x\n", UsageError),
         (job("epochs: 0"), RecipeError),
         (aws() + "budget: {max_usd: 1}\n", NotAvailableError),
     ],
@@ -355,7 +354,13 @@ def test_capabilities_are_read_from_the_provider_class(cloud: str) -> None:
     assert provider_capabilities(cloud) == get_provider(cloud, Config()).capabilities
 
 
-@pytest.mark.parametrize("cloud", ["gcp", "azure", "any", "openstack"])
+def _unusable() -> list[str]:
+    from cloudtrain.providers import KNOWN, available
+
+    return [c for c in KNOWN if c not in available()] + ["any", "openstack"]
+
+
+@pytest.mark.parametrize("cloud", _unusable())
 def test_clouds_get_provider_refuses_are_refused(cloud: str) -> None:
     with pytest.raises(NotAvailableError, match="not available yet"):
         provider_capabilities(cloud)

@@ -81,15 +81,19 @@ class Lifecycle:
         With run_id (a `run`), an existing cluster that another live run is using is refused:
         the two would overwrite each other's workdir and the first would tear it down under the other.
         """
+        from cloudtrain.providers import ANY
+
         refuse_unavailable(recipe)
-        provider = self.provider(recipe.resources.cloud)
+        cloud = recipe.resources.cloud
         with cluster_lock(name):
             existing = self.store.get_cluster(name)
             if existing is not None:
                 if run_id is not None:
                     self.refuse_if_busy(name, run_id)
+                # `cloud: any` reuses the cluster wherever the plan put it.
+                provider = self.provider(existing.provider if cloud == ANY else cloud)
                 return self._reuse(existing, provider, recipe), False
-            return self._create(recipe, name, provider, recipe_path, digest), True
+            return self._create(recipe, name, recipe_path, digest), True
 
     def live_runs(self, name: str, except_run: str | None = None) -> list:  # noqa: ANN201
         """Runs on this cluster whose `cloudtrain run` process is still alive on this machine."""
@@ -171,100 +175,125 @@ class Lifecycle:
             hosts=hosts,
         )
 
-    def _create(
-        self, recipe: Recipe, name: str, provider: Provider, recipe_path: str | None, digest: str | None
-    ) -> Cluster:
-        if provider.capabilities.priced:
-            # Fail before anything is written or created: the commonest first-run mistake.
-            creds = provider.check_credentials()
-            if not creds.ok:
-                from cloudtrain.errors import CredentialsError
+    def _create(self, recipe: Recipe, name: str, recipe_path: str | None, digest: str | None) -> Cluster:
+        from cloudtrain.providers import ANY
 
-                raise CredentialsError(f"{provider.name}: {creds.detail}", hint=f"see `cloudtrain check {provider.name}`")
-        spec = self._spec(recipe, name, provider)
-        # State first: if we die between the create call and the next line, `status --refresh`
-        # and `down` still know to look for instances tagged with this cluster.
-        self.store.upsert_cluster(
-            name=name, provider=provider.name, status=ClusterStatus.PROVISIONING, region=spec.region, zone=spec.zone,
-            instance_type=spec.instance_type, num_nodes=recipe.num_nodes, recipe_path=recipe_path,
-            recipe_digest=digest, owner=spec.owner, last_error=None, spot=int(spec.spot),
-        )
-        self.store.add_event(name, "launch", f"{provider.name}: launching {recipe.num_nodes} node(s)")
+        if recipe.resources.cloud == ANY or self.provider(recipe.resources.cloud).capabilities.priced:
+            # Credentials first, before anything is written or created: the commonest first-run
+            # mistake. `cloud: any` skips (and names) the clouds without them.
+            from cloudtrain.cluster.planning import plan_with_credentials
+
+            usable = plan_with_credentials(recipe, self.config)
+            for cloud, why in usable.skipped:
+                self.reporter.warn(f"skipping {cloud}: {why} (see `cloudtrain check {cloud}`)")
+            self.reporter.info(f"plan: {usable.plan.summary()}")
+            candidates, providers = list(usable.plan.candidates), usable.providers
+        else:
+            provider = self.provider(recipe.resources.cloud)
+            candidates, providers = [None], {provider.name: provider}
+        first = next(iter(providers.values()))
+        spec = self._spec(recipe, name, first)
+        tried: dict[str, Provider] = {}
         launched: list[Instance] = []
         try:
-            launched, hourly_per_node = self._launch(recipe, spec, provider)
+            launched, provider, hourly_per_node = self._launch(recipe, spec, candidates, providers, tried,
+                                                               recipe_path, digest)
+            launch_time = time.time()
+            ids = [i.id for i in launched]
+            # Billed from now: a launch that fails from here on still cost its seconds.
+            self.store.bill(name, provider.name, ids, "running", hourly_per_node, at=launch_time)
             self._record_nodes(name, launched, spec.hosts)
-            running = {i.id: i for i in self._wait_running(provider, [i.id for i in launched])}
+            running = {i.id: i for i in self._wait_running(provider, ids)}
             nodes = [_merged(n, running[n.instance_id]) for n in self.store.get_nodes(name)]
             self.store.put_nodes(name, nodes)
-            first = running[launched[0].id]
+            head = running[launched[0].id]
             self.store.upsert_cluster(
-                name=name, status=ClusterStatus.UP, region=first.region or launched[0].region,
-                zone=first.zone or launched[0].zone,
-                instance_type=first.instance_type or launched[0].instance_type,
+                name=name, status=ClusterStatus.UP, region=head.region or launched[0].region,
+                zone=head.zone or launched[0].zone,
+                instance_type=head.instance_type or launched[0].instance_type,
                 # One price source: the plan's placement, per node.
                 hourly_price=hourly_per_node * len(launched),
             )
         except BaseException as exc:
-            self._cleanup_failed_launch(name, provider, launched, exc)
+            self._cleanup_failed_launch(name, list(tried.values()), launched, exc)
             raise
         return Cluster(self.store.get_cluster(name), tuple(self.store.get_nodes(name)), provider)  # type: ignore[arg-type]
 
-    def _launch(self, recipe: Recipe, spec: InstanceSpec, provider: Provider) -> tuple[list[Instance], float]:
+    def _launch(self, recipe: Recipe, spec: InstanceSpec, candidates: list, providers: dict[str, Provider],
+                tried: dict[str, Provider], recipe_path: str | None,
+                digest: str | None) -> tuple[list[Instance], Provider, float]:
         """Launch at the cheapest placement; on a capacity error fail over to the next one that the
-        error does not rule out (a zone's, a region's, or the whole cloud's). Returns the instances
-        and the placement's hourly price per node."""
-        if not provider.capabilities.priced:
-            return provider.launch(spec, recipe.num_nodes), 0.0
-        from cloudtrain.catalog import default_catalog
+        error does not rule out (a zone's, a region's, or the whole cloud's), across clouds for
+        `cloud: any`. The state row names each attempt's cloud before its create call. Returns the
+        instances, their provider and the placement's hourly price per node."""
         from cloudtrain.errors import CapacityError
-        from cloudtrain.plan import make_plan
 
-        plan = make_plan(recipe, default_catalog(), [provider.name], default_region=provider.default_region)
-        self.reporter.info(f"plan: {plan.summary()}")
         failures: list[str] = []
         ruled_out: set[tuple[str, str | None]] = set()  # (cloud, region or None for the whole cloud)
-        for placement in plan.candidates:
-            if (placement.cloud, None) in ruled_out or (placement.cloud, placement.region) in ruled_out:
+        for placement in candidates:
+            cloud = placement.cloud if placement is not None else next(iter(providers))
+            provider = providers[cloud]
+            if placement is not None and ((cloud, None) in ruled_out or (cloud, placement.region) in ruled_out):
                 continue
-            attempt = replace(spec, region=placement.region, zone=placement.zone,
-                              instance_type=placement.instance_type, spot=placement.spot)
+            attempt = spec if placement is None else replace(
+                spec, region=placement.region, zone=placement.zone, instance_type=placement.instance_type,
+                spot=placement.spot)
+            # State first: if we die between the create call and the next line, `status --refresh`
+            # and `down` still know where to look for instances tagged with this cluster.
+            self.store.upsert_cluster(
+                name=spec.cluster, provider=cloud, status=ClusterStatus.PROVISIONING, region=attempt.region,
+                zone=attempt.zone, instance_type=attempt.instance_type, num_nodes=recipe.num_nodes,
+                recipe_path=recipe_path, recipe_digest=digest, owner=spec.owner, last_error=None,
+                spot=int(attempt.spot),
+            )
+            self.store.add_event(spec.cluster, "launch", f"{cloud}: launching {recipe.num_nodes} node(s)")
+            tried[cloud] = provider
             try:
                 instances = provider.launch(attempt, recipe.num_nodes)
             except CapacityError as exc:
+                if placement is None:
+                    raise
                 failures.append(f"{placement.describe()}: {exc.message}")
                 self.store.add_event(spec.cluster, "capacity", failures[-1])
                 if exc.scope in ("region", "cloud"):
-                    ruled_out.add((placement.cloud, placement.region if exc.scope == "region" else None))
+                    ruled_out.add((cloud, placement.region if exc.scope == "region" else None))
                 self.reporter.warn(f"no capacity: {placement.describe()}; trying the next placement")
                 continue
-            return instances, placement.hourly_price
+            return instances, provider, (placement.hourly_price if placement is not None else 0.0)
         raise CapacityError(
             f"no capacity for {spec.cluster} in any of {len(failures)} placement(s): " + "; ".join(failures),
             hint="try another region, instance type or later",
         )
 
-    def _cleanup_failed_launch(self, name: str, provider: Provider, launched: list[Instance], exc: BaseException) -> None:
-        """Whatever the provider created, by our records or by its tags, goes away now.
+    def _cleanup_failed_launch(self, name: str, providers: list[Provider], launched: list[Instance],
+                               exc: BaseException) -> None:
+        """Whatever the providers created, by our records or by their tags, goes away now.
 
-        If the provider cannot even be asked, the state row stays (status launch-failed) so that
+        If a provider cannot even be asked, the state row stays (status launch-failed) so that
         `down` or `gc` can finish the job later: forgetting it could hide a running instance.
         """
         from cloudtrain.errors import CloudtrainError
 
         self.store.add_event(name, "launch-failed", f"{type(exc).__name__}: {exc}")
-        try:
-            ids = {i.id for i in launched} | {i.id for i in provider.list_tagged(name) if i.state in _LIVE_STATES}
-            if ids:
-                self.reporter.warn(f"launch failed; terminating {len(ids)} instance(s) it created")
-                provider.terminate(sorted(ids))
-        except CloudtrainError as cleanup_error:
-            self.store.set_cluster_status(name, ClusterStatus.LAUNCH_FAILED, error=cleanup_error.one_line())
-            self.reporter.warn(
-                f"could not check for instances left by the failed launch ({cleanup_error.one_line()}); "
-                f"run `cloudtrain down {name}` once the cloud is reachable"
-            )
-            return
+        launched_ids = {i.id for i in launched}
+        for provider in providers:
+            try:
+                ids = {i.id for i in provider.list_tagged(name) if i.state in _LIVE_STATES}
+                if provider is providers[-1]:
+                    ids |= launched_ids
+                if ids:
+                    self.reporter.warn(f"launch failed; terminating {len(ids)} instance(s) it created on {provider.name}")
+                    provider.terminate(sorted(ids))
+            except CloudtrainError as cleanup_error:
+                self.store.upsert_cluster(name=name, provider=provider.name)
+                self.store.set_cluster_status(name, ClusterStatus.LAUNCH_FAILED, error=cleanup_error.one_line())
+                self.store.end_billing(name)
+                self.reporter.warn(
+                    f"could not check for instances left by the failed launch ({cleanup_error.one_line()}); "
+                    f"run `cloudtrain down {name}` once the cloud is reachable"
+                )
+                return
+        self.store.end_billing(name)
         self.store.delete_cluster(name)
 
     def _record_nodes(self, name: str, instances: Sequence[Instance], hosts: Sequence[HostSpec]) -> None:
@@ -303,7 +332,13 @@ class Lifecycle:
         cluster = self.get(name)
         check_stop_possible(cluster.provider, bool(cluster.record.spot), name)
         with cluster_lock(name):
-            cluster.provider.stop([n.instance_id for n in cluster.nodes])
+            ids = [n.instance_id for n in cluster.nodes]
+            cluster.provider.stop(ids)
+            if cluster.provider.capabilities.priced:
+                # Compute stops billing; the disks do not.
+                from cloudtrain.cost import disk_hourly
+
+                self.store.bill(name, cluster.provider.name, ids, "stopped", disk_hourly(cluster.provider.name))
             self.store.set_cluster_status(name, ClusterStatus.STOPPED)
             self.store.add_event(name, "stop", "stopped all nodes")
             # A stopped machine runs nothing: its jobs ended with it.
@@ -323,6 +358,8 @@ class Lifecycle:
             return
         ids = [n.instance_id for n in nodes]
         provider.start(ids)
+        if provider.capabilities.priced:
+            self.store.bill(record.name, provider.name, ids, "running", record.hourly_price / max(1, len(ids)))
         # A restarted cloud VM usually has a new public IP; the refresh that follows records it.
         self._wait_running(provider, ids)
         # It boots again: connecting gets the patience of a fresh launch.
@@ -401,6 +438,7 @@ class Lifecycle:
                     keys.KnownHosts().forget(instance_id)
                 keys.delete_cluster_key(name)
                 keys.remove_ssh_config(name)
+            self.store.end_billing(name)
             self.store.add_event(name, "down", f"terminated {len(ids)} instance(s)")
             # A new cluster of the same name starts with no jobs of this one.
             self.store.delete_jobs(name)

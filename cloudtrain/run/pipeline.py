@@ -13,13 +13,13 @@ import os
 import secrets
 import sys
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from cloudtrain.cost import cost_usd
+from cloudtrain.cost import spend
 from cloudtrain.run.collect import Collected, collect
 from cloudtrain.errors import CloudtrainError, Interrupted, JobFailedError, RemoteError, UsageError
 from cloudtrain.events import Reporter
@@ -62,6 +62,8 @@ class _Outcome:
 class _PhaseClock:
     reporter: Reporter
     timings: dict[str, float] = field(default_factory=dict)
+    # The run's spend so far (None while nothing bills): every phase line carries it, a cost meter.
+    spent: Callable[[], float | None] = lambda: None
 
     @contextmanager
     def phase(self, name: str, detail: str = "") -> Iterator[_Outcome]:
@@ -77,7 +79,10 @@ class _PhaseClock:
         finally:
             elapsed = time.monotonic() - start
             self.timings[name] = round(self.timings.get(name, 0.0) + elapsed, 3)
-            self.reporter.phase_end(name, elapsed, detail=outcome.detail, ok=outcome.ok)
+            spent = self.spent()
+            meter = f"${spent:.4f} spent" if spent else ""
+            detail = "; ".join(d for d in (outcome.detail, meter) if d)
+            self.reporter.phase_end(name, elapsed, detail=detail, ok=outcome.ok)
 
 
 @dataclass
@@ -148,6 +153,7 @@ class Executor:
         run_dir = (runs_dir / run_id).resolve()
         run_dir.mkdir(parents=True, exist_ok=False)
         r = _Run(run_id, run_dir, loaded, _PhaseClock(self.reporter), time.time())
+        r.clock.spent = lambda: self._spent(cluster_name, r.started)
         self.store.insert_run(RunRecord(
             id=run_id, cluster=cluster_name, recipe_path=str(loaded.path.resolve()), recipe_digest=loaded.digest,
             run_dir=str(run_dir), status=RunStatus.RUNNING, exit_code=None, provider=recipe.resources.cloud,
@@ -211,7 +217,6 @@ class Executor:
                 r.fail(f"collect failed: {collected.error}")
                 self.reporter.warn(f"collect failed: {collected.error}")
         hourly = r.cluster.record.hourly_price if r.cluster else 0.0
-        cost = cost_usd(hourly, time.time() - r.cluster_started) if r.cluster else 0.0
         teardown_done = "none"
         if r.cluster is not None:
             # Auto: leave things as they were found (a cluster this run made goes, one it started is
@@ -234,6 +239,8 @@ class Executor:
                 self.reporter.warn(f"teardown failed: {detail} - run `cloudtrain down {r.cluster.record.name}`")
         close_all(r.nodes)
         ended = time.time()
+        # The run's share of its cluster's billed intervals (a reused cluster bills before and after).
+        cost = (self._spent(r.cluster.record.name, r.started, ended) or 0.0) if r.cluster else 0.0
         record = RunJson(
             run_id=r.run_id, status=r.status, exit_code=r.exit_code, error=r.error,
             recipe={"name": recipe.name, "path": str(r.loaded.path.resolve()), "digest": r.loaded.digest},
@@ -254,6 +261,10 @@ class Executor:
         )
         return RunResult(r.run_id, r.run_dir, r.status, r.exit_code, cost, dict(r.clock.timings), r.error,
                          teardown_done, collected.refused)
+
+    def _spent(self, cluster: str, since: float, until: float | None = None) -> float | None:
+        intervals = self.store.billing(cluster, since=since)
+        return spend(intervals, since=since, until=until).usd if intervals else None
 
     def _teardown(self, r: _Run, policy: str, results_at_risk: bool) -> str:
         assert r.cluster is not None

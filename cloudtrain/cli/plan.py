@@ -1,0 +1,52 @@
+"""`plan`: where a recipe would run, at what price, and what it can cost at most. Creates nothing."""
+
+from __future__ import annotations
+
+import click
+
+from cloudtrain.cli import output
+
+
+@click.command()
+@click.argument("recipe_path", metavar="RECIPE")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option("--alternatives", "-n", default=5, show_default=True, help="How many fallbacks to show.")
+def plan(recipe_path: str, as_json: bool, alternatives: int) -> None:
+    """Show the placement RECIPE would launch (cheapest fitting offer among clouds with working
+    credentials), the fallbacks failover would walk, and the worst-case cost from the budget."""
+    from cloudtrain.cli.common import open_lifecycle
+    from cloudtrain.cluster.planning import plan_with_credentials
+    from cloudtrain.preflight import preflight
+    from cloudtrain.recipe import load_recipe
+
+    loaded = load_recipe(recipe_path)
+    lc = open_lifecycle()
+    static = preflight(loaded, lc.config)
+    if static is None:
+        output.info(f"{recipe_path}: cloud {loaded.recipe.resources.cloud} costs nothing; nothing to plan")
+        return
+    usable = plan_with_credentials(loaded.recipe, lc.config)
+    p = usable.plan
+    rows = [(i + 1, c.cloud, c.region, c.zone or "-", c.instance_type, c.accelerators or "-",
+             "spot" if c.spot else "on-demand", f"${c.hourly_price:.4g}", f"${c.hourly_price * p.num_nodes:.4g}")
+            for i, c in enumerate(p.candidates[: alternatives + 1])]
+    if as_json:
+        output.print_json({
+            "best": p.best.__dict__, "candidates": [c.__dict__ for c in p.candidates],
+            "num_nodes": p.num_nodes, "hourly_usd": p.hourly_cost, "worst_case_usd": p.estimated_cost,
+            "affordable_hours": p.affordable_hours, "skipped": [{"cloud": c, "why": w} for c, w in usable.skipped],
+        })
+        return
+    for cloud, why in usable.skipped:
+        output.warn(f"skipping {cloud}: {why} (see `cloudtrain check {cloud}`)")
+    output.info(f"plan: {p.summary()}")
+    output.table(["#", "CLOUD", "REGION", "ZONE", "TYPE", "GPU", "MARKET", "$/H/NODE", "$/H"], rows)
+    more = len(p.candidates) - len(rows)
+    if more > 0:
+        output.info(f"... and {more} more placement(s)")
+    if p.estimated_cost is not None:
+        output.info(f"worst case: ${p.estimated_cost:.2f} ({p.max_hours:g} h budget at ${p.hourly_cost:.4g}/h)")
+    elif p.affordable_hours is not None:
+        output.info(f"budget ${p.max_usd:g} lasts {p.affordable_hours:.1f} h at ${p.hourly_cost:.4g}/h")
+    else:
+        output.info("no budget set: nothing bounds the cost but you (set budget.max_hours or budget.max_usd)")

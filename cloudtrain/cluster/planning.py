@@ -1,0 +1,54 @@
+"""Where a recipe launches: the pure plan over the clouds whose credentials work right now.
+
+`plan.make_plan` is pure; this adds the one thing it cannot know: which priced clouds are usable
+(their credentials answer). A recipe naming a cloud fails at once without credentials; `cloud: any`
+skips the clouds without them and names each one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from cloudtrain.config import Config
+from cloudtrain.errors import CredentialsError
+from cloudtrain.plan import Plan
+from cloudtrain.providers import ANY, available, capabilities, get_provider
+from cloudtrain.providers.base import Provider
+from cloudtrain.recipe import Recipe
+
+
+@dataclass(frozen=True)
+class UsablePlan:
+    plan: Plan
+    providers: dict[str, Provider]  # cloud -> provider, for every cloud in the plan's candidates
+    skipped: tuple[tuple[str, str], ...]  # (cloud, why) for clouds left out
+
+
+def priced_clouds() -> tuple[str, ...]:
+    return tuple(c for c in available() if capabilities(c).priced)
+
+
+def plan_with_credentials(recipe: Recipe, config: Config) -> UsablePlan:
+    """The plan over the clouds the recipe allows whose credentials work; raises when none does."""
+    from cloudtrain.catalog import default_catalog
+    from cloudtrain.plan import make_plan
+
+    cloud = recipe.resources.cloud
+    wanted = priced_clouds() if cloud == ANY else (cloud,)
+    providers: dict[str, Provider] = {}
+    skipped: list[tuple[str, str]] = []
+    for name in wanted:
+        provider = get_provider(name, config)
+        status = provider.check_credentials()
+        if status.ok:
+            providers[name] = provider
+        else:
+            skipped.append((name, status.detail))
+    if not providers:
+        detail = "; ".join(f"{name}: {why}" for name, why in skipped)
+        raise CredentialsError(detail if cloud != ANY else f"no cloud has usable credentials ({detail})",
+                               hint=f"see `cloudtrain check{'' if cloud == ANY else ' ' + cloud}`")
+    only = next(iter(providers.values())) if len(providers) == 1 else None
+    plan = make_plan(recipe, default_catalog(), list(providers),
+                     default_region=only.default_region if only is not None else None)
+    return UsablePlan(plan, providers, tuple(skipped))
