@@ -9,17 +9,24 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, WithJsonSchema, field_validator,
+                      model_validator)
 
 from cloudtrain.config import StrictModel
 from cloudtrain.errors import RecipeError
-from cloudtrain.names import NAME_RE
+from cloudtrain.names import NAME_RE, NAME_RULE
 from cloudtrain.providers import ANY as ANY_CLOUD
 from cloudtrain.providers import KNOWN as KNOWN_CLOUDS
-from cloudtrain.yamlfile import format_validation_error, read_yaml
+from cloudtrain.yamlfile import format_validation_error, line_of, read_yaml
 
 Cloud = Literal[(*KNOWN_CLOUDS, ANY_CLOUD)]  # type: ignore[valid-type]
 _ACCEL_RE = re.compile(r"^(?P<name>[A-Za-z][A-Za-z0-9-]*)(?::(?P<count>[1-9][0-9]*))?$")
+_ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# The same rules in JSON Schema's (ECMA 262) regex dialect, for editors; the validators above are the
+# ones that decide. tests/test_recipe.py checks both agree on examples.
+ACCELERATORS_PATTERN = r"^[A-Za-z][A-Za-z0-9-]*(:[1-9][0-9]*)?$"
+NAME_PATTERN = r"^([a-z][a-z0-9-]{0,38}[a-z0-9]|[a-z])$"
+ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
 _VAR_RE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 # setup/run are shell that runs on the node with `envs` exported: `${VAR}` there is the node
 # shell's business, so we leave those two fields alone.
@@ -39,6 +46,25 @@ def _host_clouds() -> str:
     return " or ".join(c for c in available() if capabilities(c).takes_hosts)
 
 
+def _env_text(value: Any) -> Any:
+    # YAML turns `EPOCHS: 3` into an int and `DEBUG: true` into a bool; an environment variable is text.
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, (int, float)):
+        return str(value)
+    if isinstance(value, str):
+        return value
+    raise ValueError(f"must be a string, number or boolean, got {'null' if value is None else type(value).__name__}")
+
+
+EnvValue = Annotated[
+    str,
+    BeforeValidator(_env_text),
+    WithJsonSchema({"type": ["string", "number", "boolean"],
+                    "description": "exported as text: numbers as written, booleans as true/false"}),
+]
+
+
 class SshHost(StrictModel):
     address: str = Field(min_length=1)
     user: str | None = None
@@ -52,7 +78,9 @@ class Resources(StrictModel):
     region: str | None = None
     zone: str | None = None
     instance_type: str | None = None
-    accelerators: str | None = Field(default=None, description="GPU type and count, e.g. T4:1 or V100:8")
+    max_hourly_usd: Annotated[float, Field(gt=0, description="highest on-demand/spot price per node, USD/h")] | None = None
+    accelerators: str | None = Field(default=None, description="GPU type and count, e.g. T4:1 or V100:8",
+                                     json_schema_extra={"pattern": ACCELERATORS_PATTERN})
     cpus: Annotated[int, Field(ge=1)] | None = None
     memory: Annotated[float, Field(gt=0, description="GiB")] | None = None
     spot: bool = False
@@ -128,12 +156,14 @@ class Budget(StrictModel):
 
 
 class Recipe(StrictModel):
-    name: str
+    name: str = Field(description="lowercase letters, digits and '-', starting with a letter; the default cluster name",
+                      json_schema_extra={"pattern": NAME_PATTERN, "maxLength": 40})
     resources: Resources = Field(default_factory=Resources)
     num_nodes: Annotated[int, Field(ge=1, le=512)] = 1
     workdir: str | None = None
     data: list[DataMount] = Field(default_factory=list)
-    envs: dict[str, str] = Field(default_factory=dict)
+    envs: dict[str, EnvValue] = Field(default_factory=dict, json_schema_extra={
+        "propertyNames": {"pattern": ENV_NAME_PATTERN}})
     setup: str | None = None
     run: str | None = None
     job: BundledJob | None = None
@@ -145,24 +175,17 @@ class Recipe(StrictModel):
     @classmethod
     def _name(cls, value: str) -> str:
         if not NAME_RE.fullmatch(value):
-            raise ValueError(
-                f"name must be 1-40 lowercase letters, digits or '-', starting with a letter, got {value!r}"
-            )
+            raise ValueError(f"name must be {NAME_RULE}, got {value!r}")
         return value
 
     @field_validator("envs", mode="before")
     @classmethod
-    def _env_values_as_text(cls, value: Any) -> Any:
-        # YAML turns `EPOCHS: 3` into an int; an environment variable is text either way.
+    def _env_names(cls, value: Any) -> Any:
+        # Values are made text one by one (EnvValue), so their errors name envs.KEY and its line.
         if isinstance(value, dict):
-            out = {}
-            for key, item in value.items():
-                if not isinstance(key, str) or not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", key):
+            for key in value:
+                if not isinstance(key, str) or not _ENV_NAME_RE.match(key):
                     raise ValueError(f"environment variable names look like MY_VAR, got {key!r}")
-                if isinstance(item, (dict, list)) or item is None:
-                    raise ValueError(f"envs.{key} must be a string or number, got {type(item).__name__}")
-                out[key] = str(item).lower() if isinstance(item, bool) else str(item)
-            return out
         return value
 
     @field_validator("results")
@@ -205,15 +228,18 @@ class LoadedRecipe(BaseModel):
     node: yaml.Node | None = Field(default=None, exclude=True, repr=False)
 
 
-def interpolate(value: Any, where: str, path: Path, env: dict[str, str]) -> Any:
-    """Replace ${VAR} and ${VAR:-default} in every string except the shell fields."""
+def interpolate(value: Any, where: str, path: Path, env: dict[str, str], node: yaml.Node | None = None,
+                loc: tuple[str | int, ...] = ()) -> Any:
+    """Replace ${VAR} and ${VAR:-default} in every string except the shell fields. An undefined
+    variable is a RecipeError naming `file:line` (from `node`, the YAML tree) and the field."""
     if isinstance(value, dict):
         return {
-            k: (v if k in _SHELL_FIELDS and where == "" else interpolate(v, f"{where}.{k}" if where else str(k), path, env))
+            k: (v if k in _SHELL_FIELDS and where == "" else
+                interpolate(v, f"{where}.{k}" if where else str(k), path, env, node, (*loc, k)))
             for k, v in value.items()
         }
     if isinstance(value, list):
-        return [interpolate(v, f"{where}[{i}]", path, env) for i, v in enumerate(value)]
+        return [interpolate(v, f"{where}[{i}]", path, env, node, (*loc, i)) for i, v in enumerate(value)]
     if isinstance(value, str):
 
         def substitute(match: re.Match[str]) -> str:
@@ -222,8 +248,9 @@ def interpolate(value: Any, where: str, path: Path, env: dict[str, str]) -> Any:
                 return env[name]
             if default is not None:
                 return default
+            line = line_of(node, loc) if node is not None else None
             raise RecipeError(
-                f"{path}: {where}: ${{{name}}} is not set in the environment",
+                f"{path}{f':{line}' if line else ''}: {where}: ${{{name}}} is not set in the environment",
                 hint=f"export {name}=... or write ${{{name}:-default}}",
             )
 
@@ -238,7 +265,7 @@ def load_recipe(path: str | Path, env: dict[str, str] | None = None) -> LoadedRe
         raise RecipeError(f"{path}: the file is empty", hint="see `cloudtrain schema` or recipes/mnist-local.yaml")
     if not isinstance(data, dict):
         raise RecipeError(f"{path}: expected a mapping of recipe fields at the top, got {type(data).__name__}")
-    data = interpolate(data, "", path, dict(os.environ) if env is None else env)
+    data = interpolate(data, "", path, dict(os.environ) if env is None else env, node)
     try:
         recipe = Recipe.model_validate(data)
     except ValidationError as exc:
