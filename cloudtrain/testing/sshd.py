@@ -34,7 +34,6 @@ from pathlib import Path
 import pytest
 
 from cloudtrain.providers.base import HostSpec, Instance, InstanceState
-from cloudtrain.remote.keys import current_user, fingerprint, generate_ed25519
 
 # Re-exported so the pytest plugin (which collects fixtures from this module) offers it too.
 from cloudtrain.testing.tcpproxy import tcp_proxy  # noqa: F401
@@ -51,6 +50,14 @@ _FORCE_COMMAND = (
 class ClientKey:
     private_path: Path
     public_openssh: str
+
+
+def _keys():  # type: ignore[no-untyped-def]
+    """cloudtrain.remote.keys, imported on first use: it loads pydantic, and the plugin that
+    imports this module is loaded by every pytest run where cloudtrain is installed."""
+    from cloudtrain.remote import keys
+
+    return keys
 
 
 def free_port() -> int:
@@ -74,7 +81,7 @@ class SshdVM:
     ) -> None:
         self.root = root
         self.name = name
-        self.user = current_user()
+        self.user = _keys().current_user()
         self.host = "127.0.0.1"
         self.port = port or free_port()
         self.home_dir = root / "home"
@@ -104,7 +111,7 @@ class SshdVM:
         import base64
 
         blob = base64.b64decode(self.host_key.with_suffix(".pub").read_text().split()[1])
-        return fingerprint(blob)
+        return _keys().fingerprint(blob)
 
     @property
     def proxy_command(self) -> str:
@@ -114,7 +121,7 @@ class SshdVM:
     def new_host_key(self) -> None:
         """Replace the host key (a reinstalled machine). Takes effect on the next start."""
         self.host_key.unlink(missing_ok=True)
-        generate_ed25519(self.host_key, f"{self.name}-host")
+        _keys().generate_ed25519(self.host_key, f"{self.name}-host")
         # generate_ed25519 writes `<key>.pub`; sshd expects that name for the public half too.
         os.replace(self.host_key.with_name(self.host_key.name + ".pub"), self.host_key.with_suffix(".pub"))
 
@@ -314,16 +321,28 @@ def _pids_with_env(*entries: str) -> list[int]:
 
 
 class SshdFactory:
-    """Starts VMs that all accept `client_key` (plus any extra keys), and routes addresses to them."""
+    """Starts VMs that all accept `client_key` (plus any extra keys), and routes addresses to them.
+
+    `proxy_command` is a ProxyCommand (for `config.ssh.proxy_command`) that sends any address to a
+    VM: one given a route (`route(address, vm)` or `start(address=...)`), else the next VM offered
+    with `start(pool=True)` that no address holds yet. `trust(key)` makes every VM, running or
+    started later, accept a public key (as cloud-init installs a launch key).
+    """
 
     def __init__(self, base: Path) -> None:
         self.base = base
         self.vms: list[SshdVM] = []
+        self.trusted: list[str] = []
         base.mkdir(parents=True, exist_ok=True)
         key_path = base / "client_ed25519"
-        self.client_key = ClientKey(key_path, generate_ed25519(key_path, "cloudtrain-test-client"))
+        self.client_key = ClientKey(key_path, _keys().generate_ed25519(key_path, "cloudtrain-test-client"))
         self.routes_file = base / "routes.json"
         self._save_routes({"routes": {}, "pool": [], "assigned": {}})
+
+    @property
+    def user(self) -> str:
+        """The login user every VM accepts (the user running the tests)."""
+        return _keys().current_user()
 
     @property
     def proxy_command(self) -> str:
@@ -338,13 +357,15 @@ class SshdFactory:
         path_prepend: Sequence[str] | None = None,
         address: str | None = None,
         pool: bool = False,
+        name: str | None = None,
     ) -> SshdVM:
-        """Start one VM. `address`: route that fake address to it; `pool`: offer it to unknown addresses."""
-        name = f"vm{len(self.vms)}"
+        """Start one VM. `address`: route that fake address to it; `pool`: offer it to unknown
+        addresses; `name`: its directory name under the factory's base (default vm0, vm1, ...)."""
+        name = name or f"vm{len(self.vms)}"
         vm = SshdVM(
             self.base / name,
             name=name,
-            authorized_keys=[self.client_key.public_openssh, *authorized_keys],
+            authorized_keys=[self.client_key.public_openssh, *self.trusted, *authorized_keys],
             authorized_keys_command=authorized_keys_command,
             path_prepend=[str(Path(sys.executable).parent)] if path_prepend is None else path_prepend,
         )
@@ -358,10 +379,20 @@ class SshdFactory:
             self._save_routes(data)
         return vm
 
+    def trust(self, public_key: str) -> None:
+        """Every VM, running or started later, accepts `public_key` (an OpenSSH public key line)."""
+        line = public_key.strip()
+        if not line or line in self.trusted:
+            return
+        self.trusted.append(line)
+        for vm in self.vms:
+            vm.authorize(line)
+
     def start_many(self, count: int, **kwargs: object) -> list[SshdVM]:
         return [self.start(**kwargs) for _ in range(count)]  # type: ignore[arg-type]
 
     def route(self, address: str, vm: SshdVM) -> None:
+        """Send connections for `address` (any string a ProxyCommand gets as %h) to `vm`."""
         data = self._load_routes()
         data["routes"][address] = vm.port
         self._save_routes(data)
@@ -385,7 +416,15 @@ def sshd_available() -> bool:
 
 @pytest.fixture
 def sshd_vm_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SshdFactory]:
-    """Factory of real sshd VMs on loopback; all stopped (with their jobs) at teardown."""
+    """Factory of real OpenSSH sshd "VMs" on loopback (`SshdFactory`).
+
+    `sshd_vm_factory.start()` boots one (`SshdVM`: its own port, host key, authorized keys and home
+    directory, under this test's temp dir) that accepts `sshd_vm_factory.client_key` and logs in as
+    the user running the tests. Route fake addresses to VMs with `start(address=...)`,
+    `start(pool=True)` or `route(address, vm)` and `proxy_command`. Every VM is stopped at
+    teardown, with every session and detached job it ran. Needs /usr/sbin/sshd
+    (`apt-get install openssh-server`): skipped without it, failed without it when $CI is set.
+    """
     if not sshd_available():
         message = f"{SSHD} is not installed (apt-get install openssh-server)"
         # In CI a missing sshd is a broken setup, not a reason to pass quietly.
@@ -399,5 +438,7 @@ def sshd_vm_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SshdFa
 
 @pytest.fixture
 def sshd_vm(sshd_vm_factory: SshdFactory) -> SshdVM:
-    """One running sshd VM accepting `sshd_vm_factory.client_key`."""
+    """One running sshd VM (`SshdVM`) on 127.0.0.1:`sshd_vm.port`, accepting
+    `sshd_vm_factory.client_key` for `sshd_vm.user`; its home is `sshd_vm.home_dir`.
+    `stop()` / `start()` / `restart(new_host_key=True)` power-cycle it like a machine."""
     return sshd_vm_factory.start()

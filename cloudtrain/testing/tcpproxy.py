@@ -3,11 +3,15 @@
     proxy = TcpProxy(target_port)            # listen on proxy.port, forward to 127.0.0.1:target_port
     proxy.cut_after(2_000_000)               # the next connection to pass 2 MB is reset (once)
     proxy.cut_all()                          # reset every open connection now
-    proxy.link_down()                        # cut everything and reset new connections too ...
-    proxy.link_up()                          # ... until the link is back
-    proxy.close()
+    proxy.down()                             # the link is gone: cut everything, reset new connections ...
+    proxy.up()                               # ... until it is back
+    proxy.down(for_s=5)                      # gone for five seconds, then back by itself
+    proxy.close()                            # gone for good: from this call on nothing is relayed
 
-Cuts send RST (SO_LINGER 0) to both sides, like a NAT box or a rebooted router dropping state.
+Cuts send RST (SO_LINGER 0) to both sides, like a NAT box or a rebooted router dropping state. A
+connection attempted while the link is down is accepted by the kernel and reset at once, so a
+client sees its connection reset (or its SSH banner never arrive) rather than a hang.
+`link_down()` / `link_up()` are the older names of `down()` / `up()`.
 """
 
 from __future__ import annotations
@@ -16,12 +20,14 @@ import select
 import socket
 import struct
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
 
 class TcpProxy:
+    """Relays 127.0.0.1:`port` to `target_host`:`target_port`; see the module docstring."""
+
     def __init__(self, target_port: int, target_host: str = "127.0.0.1") -> None:
         self.target = (target_host, target_port)
         self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -34,10 +40,18 @@ class TcpProxy:
         self._cut_after: int | None = None
         self._closed = False
         self._down = False
-        self.connections = 0  # accepted so far
+        self._up_timer: threading.Timer | None = None
+        self.connections = 0  # relayed so far
+        self.refused = 0  # attempts reset because the link was down or closed
         self.cuts = 0  # connections cut so far
         self._thread = threading.Thread(target=self._accept_loop, name=f"tcpproxy-{self.port}", daemon=True)
         self._thread.start()
+
+    # ------------------------------------------------------------------ controls
+
+    @property
+    def is_down(self) -> bool:
+        return self._down or self._closed
 
     def cut_after(self, nbytes: int) -> None:
         """Arm a one-shot cut: the first connection whose relayed bytes (both ways) exceed nbytes."""
@@ -45,7 +59,7 @@ class TcpProxy:
             self._cut_after = nbytes
 
     def cut_all(self) -> int:
-        """Reset every open connection; return how many were cut."""
+        """Reset every open connection; return how many were cut. New connections still pass."""
         with self._lock:
             pairs = list(self._pairs)
             self.cuts += len(pairs)
@@ -59,37 +73,81 @@ class TcpProxy:
                     continue
         return len(pairs)
 
-    def link_down(self) -> int:
-        """The link is gone: cut every connection and reset new ones until link_up()."""
-        self._down = True
+    def down(self, for_s: float | None = None) -> int:
+        """The link is gone: cut every open connection and reset new ones until `up()` (or for
+        `for_s` seconds, after which it comes back by itself). Returns how many were cut."""
+        with self._lock:
+            self._down = True
+            self._cancel_timer()
+            if for_s is not None:
+                self._up_timer = threading.Timer(for_s, self.up)
+                self._up_timer.daemon = True
+                self._up_timer.start()
         return self.cut_all()
 
-    def link_up(self) -> None:
-        self._down = False
+    def up(self) -> None:
+        """The link is back: new connections pass again (cut ones stay cut)."""
+        with self._lock:
+            self._cancel_timer()
+            self._down = False
+
+    link_down = down
+    link_up = up
 
     def close(self) -> None:
-        self._closed = True
+        """Gone for good: no new connection is relayed from this call on, every open one is cut,
+        and the port stops listening. Safe to call twice."""
+        with self._lock:
+            self._closed = True
+            self._cancel_timer()
+        try:
+            # shutdown() wakes the thread blocked in accept(); close() alone would not, and it
+            # would then take (and relay) one more connection.
+            self._listener.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
         self._listener.close()
+        self._thread.join(timeout=5)
         self.cut_all()
 
+    # ------------------------------------------------------------------ internals
+
+    def _cancel_timer(self) -> None:
+        if self._up_timer is not None:
+            self._up_timer.cancel()
+            self._up_timer = None
+
     def _accept_loop(self) -> None:
-        while not self._closed:
+        while True:
             try:
                 client, _ = self._listener.accept()
             except OSError:
                 return
-            if self._down:
+            with self._lock:
+                refuse = self._down or self._closed
+                if refuse:
+                    self.refused += 1
+            if refuse:
                 _reset(client)
+                if self._closed:
+                    return
                 continue
             try:
                 upstream = socket.create_connection(self.target, timeout=5)
             except OSError:
-                client.close()
+                _reset(client)
                 continue
             for sock in (client, upstream):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 sock.settimeout(None)
             with self._lock:
+                if self._closed or self._down:
+                    # close() or down() ran while we connected upstream: this one never passes.
+                    self.refused += 1
+                    _reset(client, upstream)
+                    if self._closed:
+                        return
+                    continue
                 self._pairs.append((client, upstream))
                 self.connections += 1
             threading.Thread(target=self._pump, args=(client, upstream), daemon=True).start()
@@ -112,7 +170,7 @@ class TcpProxy:
                     if self._should_cut(relayed):
                         self._drop(client, upstream)
                         return
-        except OSError:
+        except (OSError, ValueError):
             # cut_all() shut the sockets down under us: that connection is over.
             self._drop(client, upstream)
             return
@@ -147,8 +205,11 @@ def _reset(*socks: socket.socket) -> None:
 
 
 @pytest.fixture
-def tcp_proxy() -> Iterator[type[TcpProxy]]:
-    """Factory: `tcp_proxy(target_port)` -> TcpProxy, closed at teardown."""
+def tcp_proxy() -> Iterator[Callable[[int], TcpProxy]]:
+    """Factory of flaky links: `tcp_proxy(target_port)` -> a `TcpProxy` on a free loopback port
+    relaying to 127.0.0.1:`target_port` (e.g. an `sshd_vm`'s port). Point a host at `proxy.port`,
+    then `cut_all()`, `cut_after(nbytes)`, `down()` / `up()` or `close()` it mid-run. Every proxy
+    is closed at teardown."""
     made: list[TcpProxy] = []
 
     def make(target_port: int) -> TcpProxy:
@@ -156,6 +217,6 @@ def tcp_proxy() -> Iterator[type[TcpProxy]]:
         made.append(proxy)
         return proxy
 
-    yield make  # type: ignore[misc]
+    yield make
     for proxy in made:
         proxy.close()
