@@ -257,7 +257,10 @@ class Lifecycle:
                 self.store.add_event(spec.cluster, "capacity", failures[-1])
                 if exc.scope in ("region", "cloud"):
                     ruled_out.add((cloud, placement.region if exc.scope == "region" else None))
-                self.reporter.warn(f"no capacity: {placement.describe()}; trying the next placement")
+                left = [c for c in candidates[candidates.index(placement) + 1:]
+                        if (c.cloud, None) not in ruled_out and (c.cloud, c.region) not in ruled_out]
+                self.reporter.warn(f"no capacity: {placement.describe()}"
+                                   + ("; trying the next placement" if left else "; no other placement fits"))
                 continue
             return instances, provider, (placement.hourly_price if placement is not None else 0.0)
         raise CapacityError(

@@ -31,6 +31,11 @@ def check_clouds(config: Config, clouds: Sequence[str] | None = None) -> list[Cr
 def _check_one(name: str, config: Config, implemented: set[str]) -> CredentialStatus:
     if name == "ssh":
         # Hosts come from recipes, so there is no account to verify: reachability is `up`'s job.
+        # But the SSH library must be there, or every remote cloud fails at the first connect.
+        import importlib.util
+
+        if importlib.util.find_spec("paramiko") is None:
+            return CredentialStatus("ssh", False, 'paramiko is not installed: pip install "cloudtrain[ssh]"')
         return CredentialStatus("ssh", True, SSH_DETAIL)
     if name not in implemented:
         return CredentialStatus(name, False, NOT_AVAILABLE)

@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, WithJsonSchema, field_validator,
-                      model_validator)
+from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, ValidationInfo, WithJsonSchema,
+                      field_validator, model_validator)
 
 from cloudtrain.config import StrictModel
 from cloudtrain.errors import RecipeError
@@ -155,6 +155,104 @@ class Budget(StrictModel):
     max_hours: Annotated[float, Field(gt=0)] | None = None
 
 
+SweepValue = str | int | float | bool
+_SWEEP_PARAM_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+class SweepParam(StrictModel):
+    """One swept parameter: a list of values (the grid, or a choice for random/tpe), or one range."""
+
+    values: list[SweepValue] | None = Field(default=None, min_length=1, description="written as a plain list")
+    choice: list[SweepValue] | None = Field(default=None, min_length=1)
+    uniform: tuple[float, float] | None = None
+    loguniform: tuple[float, float] | None = None
+    integer: tuple[int, int] | None = Field(default=None, alias="int")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _plain_list(cls, value: Any) -> Any:
+        return {"values": value} if isinstance(value, list) else value
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> SweepParam:
+        given = [k for k in ("values", "choice", "uniform", "loguniform", "integer") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError("give a list of values, or exactly one of choice, uniform, loguniform, int "
+                             "(e.g. {loguniform: [0.0001, 0.01]})")
+        low_high = self.uniform or self.loguniform or self.integer
+        if low_high is not None:
+            low, high = low_high
+            if not low < high:
+                raise ValueError(f"a range is [low, high] with low < high, got [{low}, {high}]")
+            if self.loguniform is not None and low <= 0:
+                raise ValueError(f"loguniform needs low > 0, got {low}")
+        return self
+
+    @property
+    def listed(self) -> list[SweepValue] | None:
+        """The values when the parameter is a list or a choice."""
+        return self.values if self.values is not None else self.choice
+
+
+class EarlyStopping(StrictModel):
+    method: Literal["hyperband", "successive_halving"] = "hyperband"
+    metric: str | None = Field(default=None, description="per-epoch progress value; default: the sweep metric, "
+                                                         "or val_X for a metric test_X")
+    min_epochs: Annotated[int, Field(ge=1)] = 1
+    reduction_factor: Annotated[int, Field(ge=2)] = 3
+
+
+class SweepReserve(StrictModel):
+    """Time reserved in each trial's worst-case cost besides the job's own deadline."""
+
+    boot_minutes: Annotated[float, Field(gt=0)] = 10.0
+    setup_minutes: Annotated[float, Field(gt=0)] = 5.0
+    collect_minutes: Annotated[float, Field(gt=0)] = 2.0
+    release_minutes: Annotated[float, Field(gt=0)] = 2.0
+
+
+class Sweep(StrictModel):
+    method: Literal["grid", "random", "tpe"] = "tpe"
+    parameters: dict[str, SweepParam] = Field(min_length=1)
+    max_trials: Annotated[int, Field(ge=1)] | None = Field(default=None, description="default: the grid's size")
+    max_parallel: Annotated[int, Field(ge=1, le=256)] = 1
+    budget_usd: Annotated[float, Field(gt=0, description="hard: the sweep never spends more")]
+    metric: str = Field(min_length=1, description="a key of the job's metrics.json")
+    goal: Literal["min", "max"]
+    trial_deadline_minutes: Annotated[float, Field(gt=0, description="hard, enforced on the node")] = 60.0
+    max_retries: Annotated[int, Field(ge=0, le=10)] = 1
+    early_stopping: EarlyStopping | None = None
+    seed: int | None = None
+    reserve: SweepReserve = Field(default_factory=SweepReserve)
+
+    @field_validator("parameters")
+    @classmethod
+    def _names(cls, value: dict[str, SweepParam]) -> dict[str, SweepParam]:
+        for name in value:
+            if not _SWEEP_PARAM_RE.match(name):
+                raise ValueError(f"parameter names look like lr or batch_size, got {name!r}")
+        return value
+
+    @model_validator(mode="after")
+    def _method_fits(self) -> Sweep:
+        if self.method == "grid":
+            ranged = [n for n, p in self.parameters.items() if p.listed is None]
+            if ranged:
+                raise ValueError(f"method grid needs a list of values for every parameter; {', '.join(ranged)} "
+                                 "is a range (use method random or tpe, or list the values)")
+        elif self.max_trials is None:
+            raise ValueError(f"method {self.method} needs max_trials")
+        return self
+
+    def grid_size(self) -> int | None:
+        if self.method != "grid":
+            return None
+        size = 1
+        for param in self.parameters.values():
+            size *= len(param.listed or ())
+        return size
+
+
 class Recipe(StrictModel):
     name: str = Field(description="lowercase letters, digits and '-', starting with a letter; the default cluster name",
                       json_schema_extra={"pattern": NAME_PATTERN, "maxLength": 40})
@@ -170,6 +268,7 @@ class Recipe(StrictModel):
     results: list[str] = Field(default_factory=list)
     autostop: Autostop | None = None
     budget: Budget | None = None
+    sweep: Sweep | None = Field(default=None, description="makes this a sweep recipe: `cloudtrain sweep run` runs it")
 
     @field_validator("name")
     @classmethod
@@ -186,6 +285,14 @@ class Recipe(StrictModel):
             for key in value:
                 if not isinstance(key, str) or not _ENV_NAME_RE.match(key):
                     raise ValueError(f"environment variable names look like MY_VAR, got {key!r}")
+        return value
+
+    @field_validator("sweep")
+    @classmethod
+    def _sweep_only_for_sweeps(cls, value: Sweep | None, info: ValidationInfo) -> Sweep | None:
+        if value is not None and not (info.context or {}).get("sweep"):
+            raise ValueError("this is a sweep recipe: `cloudtrain sweep run FILE` runs it and "
+                             "`cloudtrain sweep validate FILE` checks it (`run` and `up` take one job)")
         return value
 
     @field_validator("results")
@@ -258,8 +365,26 @@ def interpolate(value: Any, where: str, path: Path, env: dict[str, str], node: y
     return value
 
 
-def load_recipe(path: str | Path, env: dict[str, str] | None = None) -> LoadedRecipe:
-    path = Path(path)
+def bundled_recipes() -> dict[str, Path]:
+    from cloudtrain import paths
+
+    return {p.stem: p for p in sorted(paths.recipes_dir().glob("*.yaml"))}
+
+
+def resolve_recipe(path: str | Path) -> Path:
+    candidate = Path(path)
+    if candidate.exists() or candidate.suffix or len(candidate.parts) > 1:
+        return candidate
+    return bundled_recipes().get(str(candidate), candidate)
+
+
+def load_recipe(path: str | Path, env: dict[str, str] | None = None, *, sweep: bool = False) -> LoadedRecipe:
+    """Load and validate a recipe; a `sweep:` section is refused unless `sweep` (`cloudtrain sweep`).
+
+    A bare name that is not a file (`mnist-local`) is looked up among the bundled recipes, so they
+    work from any directory after `pip install` (`cloudtrain recipes` lists them).
+    """
+    path = resolve_recipe(path)
     data, node, text = read_yaml(path, RecipeError)
     if data is None:
         raise RecipeError(f"{path}: the file is empty", hint="see `cloudtrain schema` or recipes/mnist-local.yaml")
@@ -267,7 +392,7 @@ def load_recipe(path: str | Path, env: dict[str, str] | None = None) -> LoadedRe
         raise RecipeError(f"{path}: expected a mapping of recipe fields at the top, got {type(data).__name__}")
     data = interpolate(data, "", path, dict(os.environ) if env is None else env, node)
     try:
-        recipe = Recipe.model_validate(data)
+        recipe = Recipe.model_validate(data, context={"sweep": sweep})
     except ValidationError as exc:
         raise RecipeError(format_validation_error(path, node, exc, Recipe)) from None
 
