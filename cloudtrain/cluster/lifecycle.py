@@ -434,6 +434,11 @@ class Lifecycle:
             ids = {n.instance_id for n in nodes} | {i.id for i in provider.list_tagged(name)}
             if ids:
                 provider.terminate(sorted(ids))
+            elif provider.capabilities.remote and not provider.capabilities.takes_hosts:
+                # No instance, but a launch killed halfway may have left billed resources (an
+                # Azure static IP, a security group): terminate would have released them.
+                for kept in provider.release_resources(name):
+                    self.reporter.warn(f"kept for now: {kept.kind} {kept.id} ({kept.note})")
             if provider.capabilities.remote:
                 from cloudtrain.remote import keys
 

@@ -25,6 +25,7 @@ _MODULES = {
     "local": "cloudtrain.providers.local",
     "ssh": "cloudtrain.providers.ssh",
     "aws": "cloudtrain.providers.aws",
+    "azure": "cloudtrain.providers.azure",
 }
 KNOWN = ("local", "ssh", "aws", "gcp", "azure")
 # Not a provider: the planner's choice among the clouds this cloudtrain can use.

@@ -1,13 +1,19 @@
-"""pytest plugin (entry point `cloudtrain`): exposes the test kit's fixtures to any project.
+"""pytest plugin (entry point `cloudtrain`): the test kit's fixtures, in any project, no conftest.
 
-`pip install cloudtrain[dev]` makes these available without a conftest:
+`pip install "cloudtrain[dev]"` registers it. One fixture per cloud, all with the same shape
+(`FakeCloud`, cloudtrain/testing/cloud.py; user guide: docs/testing.md):
+- local_cloud, ssh_cloud, aws_cloud: run your recipes with the real CLI against fakes, offline
+- fake_cloud: `fake_cloud("aws")` -> the `aws_cloud` fixture's value, for parametrized tests
+The parts they are made of, for tests of your own:
 - sshd_vm, sshd_vm_factory: real OpenSSH sshd "VMs" on loopback (testing/sshd.py)
-- tcp_proxy: a loopback TCP proxy that can cut connections (testing/tcpproxy.py)
-- moto_server, moto_server_session: moto's EC2/SSM server with fault injection (testing/aws.py)
+- tcp_proxy: a loopback TCP proxy that cuts connections or takes a link down (testing/tcpproxy.py)
+- moto_server, moto_server_session: moto's EC2/SSM/STS server with fault injection (testing/aws.py)
+
+One import line per module, fixtures listed by name: a cloud's fake adds its own line.
 """
 
-from cloudtrain.testing.aws import moto_server, moto_server_session
-from cloudtrain.testing.sshd import sshd_vm, sshd_vm_factory
-from cloudtrain.testing.tcpproxy import tcp_proxy
-
-__all__ = ["moto_server", "moto_server_session", "sshd_vm", "sshd_vm_factory", "tcp_proxy"]
+from cloudtrain.testing.aws import aws_cloud, moto_server, moto_server_session  # noqa: F401
+from cloudtrain.testing.azure import arm_server, azure_cloud  # noqa: F401
+from cloudtrain.testing.cloud import fake_cloud, local_cloud, ssh_cloud  # noqa: F401
+from cloudtrain.testing.sshd import sshd_vm, sshd_vm_factory  # noqa: F401
+from cloudtrain.testing.tcpproxy import tcp_proxy  # noqa: F401

@@ -1,0 +1,390 @@
+"""The `azure` provider: N-series (and CPU) virtual machines reached over SSH.
+
+What one `launch` creates, in a resource group of its own per cluster and region (see build.py),
+every resource tagged `cloudtrain-cluster` and `cloudtrain-owner`: an NSG allowing SSH from one
+CIDR only, a VNet/subnet, and per node a public IP, a NIC and the VM (OS disk, NIC and IP deleted
+with it), with a system-assigned managed identity that gets Contributor on that group only.
+
+Money rules Azure makes easy to break:
+- `stop` deallocates. A VM shut down from inside, or powered off through the API, is "Stopped
+  (allocated)" and still billed; we report it as STOPPING (not stopped) and `stop` deallocates it.
+- `terminate` deletes the whole resource group (and waits for it), so no disk, NIC or public IP
+  outlives the VMs. Gone is success.
+- A failed create can leave a VM resource behind (AllocationFailed arrives after ARM accepted the
+  VM): the launch deletes its half-created VMs, then the group, before raising.
+
+Capacity: AllocationFailed, ZonalAllocationFailed, Overconstrained*AllocationRequest and
+SkuNotAvailable end this placement (CapacityError scope "zone": lifecycle tries the next size or
+region in price order); quota errors (OperationNotAllowed about quota) end the region. Credential,
+authorization and subscription errors stop the launch at once (CredentialsError). The SDKs poll
+long-running operations (paced by ARM's Retry-After); this module never sleeps otherwise.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from cloudtrain.catalog import Catalog, default_catalog
+from cloudtrain.config import Config
+from cloudtrain.errors import (
+    CapacityError,
+    CloudtrainError,
+    CredentialsError,
+    NotAvailableError,
+    ProviderError,
+    UsageError,
+)
+from cloudtrain.providers.azure import build
+from cloudtrain.providers.azure.api import ArmApi, AzureApiError, log
+from cloudtrain.providers.azure.records import (
+    PLACEMENT_CAPACITY_CODES,
+    REGION_QUOTA_CODES,
+    VmRecord,
+    by_group,
+    capacity_error,
+    resolve_image,
+    vm_record,
+)
+from cloudtrain.providers.base import (
+    TAG_CLUSTER,
+    TAG_OWNER,
+    Capabilities,
+    ClusterResource,
+    CredentialStatus,
+    Instance,
+    InstanceSpec,
+    InstanceState,
+    owner_id,
+)
+
+__all__ = ["AzureApiError", "AzureProvider", "make_provider"]
+
+class AzureProvider:
+    name = "azure"
+    capabilities = Capabilities(supports_stop=True, supports_spot=True, remote=True, priced=True, stop_spot=True)
+
+    @staticmethod
+    def image_pins_region(image: str) -> bool:
+        """A managed image exists in one region; URNs and gallery images are available in many."""
+        return "/providers/microsoft.compute/images/" in image.lower()
+
+    def __init__(
+        self,
+        subscription_id: str | None = None,
+        region: str | None = None,
+        arm_endpoint: str | None = None,
+        authority: str | None = None,
+        *,
+        all_owners: bool = False,
+        catalog: Catalog | None = None,
+        polling_interval: float | None = None,
+        credential: Any = None,
+    ) -> None:
+        """Listing shows only resource groups whose owner tag is this user's `owner_id()` unless
+        `all_owners`. `polling_interval`: seconds between LRO polls when ARM sends no Retry-After."""
+        self.api = ArmApi(subscription_id, arm_endpoint, authority, polling_interval, credential)
+        self._region = region
+        self.owner: str | None = None if all_owners else owner_id()
+        self.catalog = catalog or default_catalog()
+
+    @property
+    def default_region(self) -> str | None:
+        return self._region
+
+    def check_credentials(self) -> CredentialStatus:
+        return self.api.check_credentials(self.default_region)
+
+    # launch ----------------------------------------------------------------------------------
+
+    def launch(self, spec: InstanceSpec, count: int) -> list[Instance]:
+        if count < 1:
+            raise UsageError(f"cannot launch {count} instances")
+        if not spec.instance_type:
+            raise UsageError("resources.instance_type: Azure needs a VM size", hint="set instance_type or accelerators")
+        if not spec.ssh_public_key:
+            raise UsageError(f"cluster {spec.cluster}: no SSH public key to install on Azure VMs")
+        region = spec.region or self.default_region
+        if not region:
+            raise UsageError("no Azure region: set resources.region in the recipe or azure.region in the config")
+        cidr = build.ingress_cidr(spec.allowed_cidr)
+        image = resolve_image(self.api, self.catalog, spec, region)
+        group = build.group_name(spec.cluster, region)
+        names = [build.vm_name(spec.cluster, rank) for rank in range(count)]
+        tags = spec.all_tags()
+        self._check_group_free(group, spec.cluster)
+        try:
+            group_id = self._call("creating resource group", self.api.resource.resource_groups.create_or_update,
+                                  group, build.resource_group(region, tags)).id
+            vms = self._create(spec, region, group, names, image, cidr, tags)
+        except BaseException as exc:
+            self._delete_half_created(group, spec.cluster, names, exc)
+            raise
+        self._grant_identities(group_id, group, vms, tags)
+        return [vm.instance for vm in self._vms(group, names)]
+
+    def _create(self, spec: InstanceSpec, region: str, group: str, names: list[str], image: build.ImageChoice,
+                cidr: str, tags: dict[str, str]) -> list[Any]:
+        """Network, then the VMs; each step's long-running operations run side by side."""
+        net, compute = self.api.network, self.api.compute
+        nsg_poller = self._call("creating the network security group",
+                                net.network_security_groups.begin_create_or_update,
+                                group, f"{spec.cluster}-nsg", build.security_group(region, cidr, tags))
+        zones = build.zone_of(spec.zone)
+        ip_pollers = [self._call("creating a public IP", net.public_ip_addresses.begin_create_or_update, group,
+                                 f"{name}-ip", build.public_ip(region, zones, tags)) for name in names]
+        nsg = self._wait("creating the network security group", nsg_poller)
+        vnet = self._wait("creating the virtual network", self._call(
+            "creating the virtual network", net.virtual_networks.begin_create_or_update, group,
+            f"{spec.cluster}-vnet", build.virtual_network(region, nsg.id, tags)))
+        ips = [self._wait("creating a public IP", poller) for poller in ip_pollers]
+        nic_pollers = [self._call("creating a network interface", net.network_interfaces.begin_create_or_update, group,
+                                  f"{name}-nic", build.network_interface(region, vnet.subnets[0].id, ip.id, tags))
+                       for name, ip in zip(names, ips, strict=True)]
+        nics = [self._wait("creating a network interface", poller) for poller in nic_pollers]
+        # Every VM create that ARM accepted is seen to its end before we raise, so the cleanup
+        # that follows never races a create still in flight.
+        vm_pollers, vms, failure = [], [], None
+        for name, nic in zip(names, nics, strict=True):
+            body = build.virtual_machine(spec, region, name, nic.id, image, tags)
+            try:
+                vm_pollers.append(self._vm_call(spec, region, compute.virtual_machines.begin_create_or_update,
+                                                group, name, body))
+            except CloudtrainError as exc:
+                failure = exc
+                break
+        for poller in vm_pollers:
+            try:
+                vms.append(self._vm_wait(spec, region, poller))
+            except CloudtrainError as exc:
+                failure = failure or exc
+        if failure is not None:
+            raise failure
+        return vms
+
+    def _vm_call(self, spec: InstanceSpec, region: str, fn: Any, *args: Any) -> Any:
+        try:
+            return self.api.call(f"creating VM {args[1]} ({spec.instance_type}) in {region}", fn, *args)
+        except AzureApiError as exc:
+            raise capacity_error(exc, spec, region) from None
+
+    def _vm_wait(self, spec: InstanceSpec, region: str, poller: Any) -> Any:
+        try:
+            return self.api.wait(f"creating a {spec.instance_type} VM in {region}", poller)
+        except AzureApiError as exc:
+            raise capacity_error(exc, spec, region) from None
+
+    def _check_group_free(self, group: str, cluster: str) -> None:
+        existing = self._group(group)
+        if existing is None:
+            return
+        if (existing.tags or {}).get(TAG_CLUSTER) != cluster:
+            raise ProviderError(f"resource group {group} exists and is not cloudtrain's for cluster {cluster}",
+                                hint="delete it or use another cluster name")
+        if (existing.properties and existing.properties.provisioning_state or "").lower() == "deleting":
+            raise ProviderError(f"resource group {group} is still being deleted", hint="try again in a few minutes")
+        if self._list("listing VMs", self.api.compute.virtual_machines.list, group):
+            raise ProviderError(f"resource group {group} already holds VMs of cluster {cluster}",
+                                hint=f"`cloudtrain down {cluster}` (or `cloudtrain gc`) first")
+
+    def _delete_half_created(self, group: str, cluster: str, names: list[str], cause: BaseException) -> None:
+        """After a failed launch: the VMs ARM may have kept (Failed), then the whole group. Quietly:
+        a cleanup failure must not hide the failure it cleans up after."""
+        try:
+            existing = self._group(group)
+            if existing is None or (existing.tags or {}).get(TAG_CLUSTER) != cluster:
+                return
+            compute = self.api.compute
+            pollers = [self._call("deleting a half-created VM", compute.virtual_machines.begin_delete, group, name)
+                       for name in names]
+            for poller in pollers:
+                self._wait("deleting a half-created VM", poller)
+            self._wait("deleting the resource group", self._call(
+                "deleting the resource group", self.api.resource.resource_groups.begin_delete, group))
+        except (ProviderError, CredentialsError) as exc:
+            log.warning("azure: launch failed (%s) and resource group %s could not be deleted: %s; "
+                        "`cloudtrain down %s` removes it", type(cause).__name__, group, exc.one_line(), cluster)
+
+    def _grant_identities(self, group_id: str, group: str, vms: Sequence[Any], tags: dict[str, str]) -> None:
+        """Contributor on the cluster's group for each VM's identity; and our tags on the OS disks.
+        Neither is needed to run a job, so a refusal (e.g. no roleAssignments/write for a plain
+        Contributor) is a warning, not a failed launch."""
+        subscription = self.api.require_subscription()
+        for vm in vms:
+            principal = vm.identity.principal_id if vm.identity else None
+            if principal:
+                name = build.role_assignment_name(vm.id, principal)
+                try:
+                    self._call("assigning a role to the VM's identity", self.api.authorization.role_assignments.create,
+                               group_id, name, build.role_assignment(subscription, principal))
+                except (AzureApiError, CredentialsError) as exc:
+                    if getattr(exc, "code", "") != "RoleAssignmentExists":
+                        log.warning("azure: VM %s cannot stop or delete itself (autostop): its identity got no role "
+                                    "on %s: %s", vm.name, group, exc.one_line())
+            disk = vm.storage_profile.os_disk.name if vm.storage_profile and vm.storage_profile.os_disk else None
+            if disk:
+                try:
+                    poller = self._call("tagging the OS disk", self.api.compute.disks.begin_update, group, disk,
+                                        build.disk_tags(tags))
+                    self._wait("tagging the OS disk", poller)
+                except (AzureApiError, CredentialsError) as exc:
+                    log.info("azure: OS disk %s keeps no tags (%s); it goes with the VM", disk, exc.one_line())
+
+    # describe, list, stop, start, terminate --------------------------------------------------
+
+    def describe(self, ids: Sequence[str]) -> list[Instance]:
+        found: dict[str, Instance] = {}
+        for group, names in by_group(ids).items():
+            for vm in self._vms(group, names):
+                found[vm.instance.id] = vm.instance
+        gone = InstanceState.TERMINATED
+        return [found.get(i) or Instance(i, "", gone) for i in ids]
+
+    def list_tagged(self, cluster: str | None = None) -> list[Instance]:
+        found = []
+        for group in self._groups(cluster):
+            found.extend(vm.instance for vm in self._vms(group.name) if vm.instance.cluster)
+        return found
+
+    def list_resources(self, cluster: str | None = None) -> list[ClusterResource]:
+        """This owner's cloudtrain resource groups (the cluster's network, disks and IPs live in them)."""
+        return [ClusterResource("azure", (g.tags or {})[TAG_CLUSTER], "resource-group", g.name, g.location)
+                for g in self._groups(cluster)]
+
+    def release_resources(self, cluster: str) -> list[ClusterResource]:
+        """Delete the cluster's resource groups that hold no VM (a launch killed before its VM
+        existed leaves a group with a billed public IP); keep the others. Waits for the deletes."""
+        left, pollers = [], []
+        for group in self._groups(cluster):
+            vms = self._list("listing VMs", self.api.compute.virtual_machines.list, group.name)
+            if vms:
+                left.append(ClusterResource("azure", cluster, "resource-group", group.name, group.location,
+                                            f"holds {len(vms)} VM(s)"))
+                continue
+            pollers.append(self._call("deleting a resource group", self.api.resource.resource_groups.begin_delete,
+                                      group.name))
+        for poller in pollers:
+            self._wait_gone("deleting a resource group", poller)
+        return left
+
+    def stop(self, ids: Sequence[str]) -> None:
+        """Deallocate (never a power-off alone: Stopped (allocated) is still billed)."""
+        compute = self.api.compute
+        pollers = [self._call(f"deallocating {vm.name}", compute.virtual_machines.begin_deallocate, vm.group, vm.name)
+                   for vm in self._existing(ids, "stop") if vm.power not in ("deallocated", "deallocating")]
+        for poller in pollers:
+            self._wait("deallocating a VM", poller)
+
+    def start(self, ids: Sequence[str]) -> None:
+        compute = self.api.compute
+        todo = [vm for vm in self._existing(ids, "start") if vm.power not in ("running", "starting")]
+        pollers = [(vm, self._call(f"starting {vm.name}", compute.virtual_machines.begin_start, vm.group, vm.name))
+                   for vm in todo]
+        for vm, poller in pollers:
+            try:
+                self._wait(f"starting {vm.name}", poller)
+            except AzureApiError as exc:
+                if exc.code in PLACEMENT_CAPACITY_CODES or exc.code in REGION_QUOTA_CODES:
+                    # A deallocated VM stays in its region: nothing to fail over to.
+                    raise CapacityError(f"no capacity to start {vm.name} in {vm.instance.region}: {exc.code}",
+                                        hint="try again later, or `cloudtrain down` and launch elsewhere",
+                                        scope="region") from None
+                raise
+
+    def terminate(self, ids: Sequence[str]) -> None:
+        """Delete each VM's resource group when every VM in it is being terminated (the usual
+        case: the whole cluster), else just those VMs (their disk, NIC and IP go with them).
+        Idempotent; waits until ARM reports the deletes done. Then the cluster's empty groups go."""
+        clusters, pollers = set(), []
+        compute = self.api.compute
+        for group, names in by_group(ids).items():
+            existing = self._group(group)
+            if existing is None:
+                continue
+            cluster = (existing.tags or {}).get(TAG_CLUSTER)
+            present = {vm.name.lower() for vm in self._list("listing VMs", compute.virtual_machines.list, group)}
+            if cluster and present <= {n.lower() for n in names}:
+                clusters.add(cluster)
+                pollers.append(self._call(f"deleting resource group {group}",
+                                          self.api.resource.resource_groups.begin_delete, group))
+            else:
+                pollers += [self._call(f"deleting VM {n}", compute.virtual_machines.begin_delete, group, n)
+                            for n in names if n.lower() in present]
+        for poller in pollers:
+            self._wait_gone("deleting", poller)
+        for cluster in sorted(clusters):
+            for kept in self.release_resources(cluster):
+                log.info("azure: kept %s %s (%s)", kept.kind, kept.id, kept.note)
+
+    # helpers -----------------------------------------------------------------------------------
+
+    def _call(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        return self.api.call(what, fn, *args, **kwargs)
+
+    def _wait(self, what: str, poller: Any) -> Any:
+        return self.api.wait(what, poller)
+
+    def _wait_gone(self, what: str, poller: Any) -> None:
+        try:
+            self._wait(what, poller)
+        except AzureApiError as exc:
+            if exc.status != 404:
+                raise
+
+    def _list(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> list[Any]:
+        """A paged list, read to the end (errors surface while paging)."""
+        return self._call(what, lambda: list(fn(*args, **kwargs)))
+
+    def _group(self, group: str) -> Any | None:
+        try:
+            return self._call("reading a resource group", self.api.resource.resource_groups.get, group)
+        except AzureApiError as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def _groups(self, cluster: str | None) -> list[Any]:
+        wanted = f"tagName eq '{TAG_CLUSTER}'" + (f" and tagValue eq '{cluster}'" if cluster else "")
+        groups = self._list("listing resource groups", self.api.resource.resource_groups.list, filter=wanted)
+        return [g for g in groups if (g.tags or {}).get(TAG_CLUSTER)
+                and (self.owner is None or (g.tags or {}).get(TAG_OWNER) == self.owner)]
+
+    def _vms(self, group: str, names: Sequence[str] | None = None) -> list[VmRecord]:
+        """The group's VMs (or those named) with power state and addresses; missing ones left out."""
+        compute, net = self.api.compute, self.api.network
+        try:
+            if names is None:
+                names = [vm.name for vm in self._list("listing VMs", compute.virtual_machines.list, group)]
+            raw = []
+            for name in names:
+                try:
+                    raw.append(self._call(f"reading VM {name}", compute.virtual_machines.get, group, name,
+                                          expand="instanceView"))
+                except AzureApiError as exc:
+                    if exc.status != 404 or exc.code == "ResourceGroupNotFound":
+                        raise
+            if not raw:
+                return []
+            nics = {n.id.lower(): n for n in self._list("listing NICs", net.network_interfaces.list, group)}
+            ips = {i.id.lower(): i for i in self._list("listing public IPs", net.public_ip_addresses.list, group)}
+        except AzureApiError as exc:
+            if exc.status == 404:
+                return []
+            raise
+        return [vm_record(group, vm, nics, ips) for vm in raw]
+
+    def _existing(self, ids: Sequence[str], verb: str) -> list[VmRecord]:
+        found = {vm.instance.id: vm for group, names in by_group(ids).items() for vm in self._vms(group, names)}
+        gone = [i for i in ids if i not in found or found[i].instance.state is InstanceState.TERMINATED]
+        if gone:
+            raise ProviderError(f"cannot {verb} {', '.join(gone)}: no such VM",
+                                hint="`cloudtrain status --refresh` shows what exists")
+        return [found[i] for i in ids]
+
+
+def make_provider(config: Config) -> AzureProvider:
+    try:
+        return AzureProvider(subscription_id=config.azure.subscription_id, region=config.azure.region,
+                             arm_endpoint=config.azure.arm_endpoint, authority=config.azure.authority)
+    except ImportError:
+        raise NotAvailableError("cloud azure needs the Azure SDKs", hint="pip install 'cloudtrain[azure]'") from None
