@@ -60,6 +60,7 @@ class CompareRow:
     gpu_model: str | None
     strategy: str
     replicas: int
+    global_batch_size: int | None  # images per step, all replicas together
     sec_per_batch: float | None
     images_per_sec: float | None
     speedup: float | None  # images/s relative to the first run
@@ -173,14 +174,15 @@ def compare_table(runs: Sequence[RunSummary]) -> list[CompareRow]:
                      if r.hourly_price_usd is not None and r.mean_epoch_time_s is not None else None)
         rows.append(CompareRow(
             run=r.name, device="GPU" if r.gpu_names else "CPU", gpu_model=_gpu_model(r.gpu_names),
-            strategy=r.strategy, replicas=r.replicas, sec_per_batch=r.sec_per_batch, images_per_sec=r.images_per_sec,
+            strategy=r.strategy, replicas=r.replicas, global_batch_size=r.global_batch_size,
+            sec_per_batch=r.sec_per_batch, images_per_sec=r.images_per_sec,
             speedup=r.images_per_sec / base if base and r.images_per_sec is not None else None,
             test_accuracy=r.test_accuracy, wall_time_s=r.wall_time_s, cost_per_epoch_usd=per_epoch,
             cost_usd=r.cost_usd))
     return rows
 
 
-HEADERS = ("run", "device", "GPU", "strategy", "replicas", "sec/batch", "images/s", "speed-up",
+HEADERS = ("run", "device", "GPU", "strategy", "replicas", "batch", "sec/batch", "images/s", "speed-up",
            "test acc", "wall s", "cost/epoch")
 
 
@@ -188,36 +190,121 @@ def _fmt(value: float | None, spec: str, prefix: str = "", suffix: str = "") -> 
     return "-" if value is None else f"{prefix}{value:{spec}}{suffix}"
 
 
+def _usd(value: float) -> str:
+    """A small dollar amount with two significant digits: $0.00026, $0.012, $1.3."""
+    if value == 0:
+        return "$0"
+    decimals = max(2, 1 - math.floor(math.log10(abs(value))))
+    return f"${value:.{decimals}f}"
+
+
+def _money(value: float | None) -> str:
+    return "-" if value is None else _usd(value)
+
+
 def format_rows(rows: Sequence[CompareRow]) -> tuple[list[str], list[list[str]]]:
-    cells = [[r.run, r.device, r.gpu_model or "-", r.strategy, str(r.replicas), _fmt(r.sec_per_batch, ".4f"),
+    cells = [[r.run, r.device, r.gpu_model or "-", r.strategy, str(r.replicas),
+              "-" if r.global_batch_size is None else str(r.global_batch_size), _fmt(r.sec_per_batch, ".4f"),
               _fmt(r.images_per_sec, ",.0f"), _fmt(r.speedup, ".2f", suffix="x"), _fmt(r.test_accuracy, ".4f"),
-              _fmt(r.wall_time_s, ".1f"), _fmt(r.cost_per_epoch_usd, ".4f", prefix="$")] for r in rows]
+              _fmt(r.wall_time_s, ".1f"), _money(r.cost_per_epoch_usd)] for r in rows]
     return list(HEADERS), cells
 
 
+def batch_size_warning(rows: Sequence[CompareRow]) -> str | None:
+    """A sentence when the runs trained with different global batch sizes (their images/s and
+    accuracy are then not like for like), else None."""
+    sizes = {r.global_batch_size for r in rows if r.global_batch_size is not None}
+    if len(sizes) < 2:
+        return None
+    listed = ", ".join(f"{r.run} {r.global_batch_size}" for r in rows if r.global_batch_size is not None)
+    return (f"batch sizes differ ({listed}): images/s and accuracy are not like for like; "
+            "set the same job.params.batch_size x replicas to compare devices")
+
+
+def default_png_path(run_dirs: Sequence[Path | str]) -> Path:
+    """Where the chart goes without --output: next to the runs (their common parent directory)."""
+    parents = [Path(d).resolve().parent if Path(d).exists() else Path(d).absolute().parent for d in run_dirs]
+    import os
+
+    return Path(os.path.commonpath([str(p) for p in parents])) / "compare.png"
+
+
+# One colour per device: CPU runs grey, each GPU model its own colour (colour-blind friendly set).
+_CPU_COLOUR = "#8C8C8C"
+_GPU_COLOURS = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#D55E00", "#56B4E9", "#F0E442")
+
+
+def device_label(row: CompareRow) -> str:
+    return row.gpu_model or row.device
+
+
+def device_colours(rows: Sequence[CompareRow]) -> list[str]:
+    gpus = list(dict.fromkeys(device_label(r) for r in rows if r.device == "GPU"))
+    return [_GPU_COLOURS[gpus.index(device_label(r)) % len(_GPU_COLOURS)] if r.device == "GPU" else _CPU_COLOUR
+            for r in rows]
+
+
 def render_png(rows: Sequence[CompareRow], path: Path | str) -> Path:
-    """Bar chart of images/s per run; the Agg canvas is used directly so no GUI backend or pyplot
-    global state is touched (matplotlib is imported here: `cloudtrain --help` must not pay for it)."""
+    """Three panels, one bar per run coloured by device: training images/s (with speed-up), test
+    accuracy, cost per epoch. Bars are numbered (the runs' names are listed under the panels) and
+    carry their device and batch size; the title warns when batch sizes differ. The Agg canvas is
+    used directly so no GUI backend or pyplot global state is touched (matplotlib is imported here:
+    `cloudtrain --help` must not pay for it)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
+    from matplotlib.patches import Patch
+    from matplotlib.ticker import FuncFormatter
 
     if not rows:
         raise CompareError("nothing to plot: no runs")
     path = Path(path)
-    fig = Figure(figsize=(max(4.0, 1.4 * len(rows) + 2), 4.0), layout="constrained")
+    n = len(rows)
+    fig = Figure(figsize=(max(9.0, 3 * (0.8 * n + 1.2)), 4.4 + 0.17 * n), layout="constrained")
     FigureCanvasAgg(fig)
-    ax = fig.add_subplot()
-    labels = [f"{r.run}\n{r.gpu_model or r.device} {r.strategy} x{r.replicas}" for r in rows]
-    values = [r.images_per_sec or 0.0 for r in rows]
-    bars = ax.bar(range(len(rows)), values, color=["#4C72B0" if r.device == "GPU" else "#8C8C8C" for r in rows])
-    for bar, r in zip(bars, rows):
-        note = "-" if r.images_per_sec is None else f"{r.images_per_sec:,.0f}" + (
-            f"\n{r.speedup:.2f}x" if r.speedup is not None else "")
-        ax.annotate(note, (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center", va="bottom", fontsize=8)
-    ax.set_xticks(range(len(rows)), labels, fontsize=8)
-    ax.set_ylabel("training images/s (steady state)")
-    ax.set_title("cloudtrain compare")
-    ax.margins(y=0.2)
+    axes = fig.subplots(1, 3)
+    colours = device_colours(rows)
+    import textwrap
+
+    labels = [f"{i}\n{textwrap.fill(device_label(r), 16)}\nbatch {r.global_batch_size or '?'}"
+              for i, r in enumerate(rows, 1)]
+    panels = (
+        ("training images/s (steady state)", [r.images_per_sec for r in rows],
+         lambda r: f"{r.images_per_sec:,.0f}" + (f"\n{r.speedup:.2f}x" if r.speedup is not None else ""),
+         lambda v, _: f"{v:,.0f}"),
+        ("test accuracy", [r.test_accuracy for r in rows], lambda r: f"{r.test_accuracy:.4f}",
+         lambda v, _: f"{v:.2f}"),
+        ("cost per epoch", [r.cost_per_epoch_usd for r in rows],
+         lambda r: "free" if r.cost_per_epoch_usd == 0 else _usd(r.cost_per_epoch_usd),
+         lambda v, _: _usd(v)),
+    )
+    for ax, (title, values, note, ticks) in zip(axes, panels):
+        bars = ax.bar(range(n), [v or 0.0 for v in values], color=colours)
+        for bar, r, v in zip(bars, rows, values):
+            ax.annotate("n/a" if v is None else note(r), (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+                        ha="center", va="bottom", fontsize=8)
+        ax.set_xticks(range(n), labels, fontsize=7)
+        ax.yaxis.set_major_formatter(FuncFormatter(ticks))
+        ax.tick_params(axis="y", labelsize=8)
+        ax.set_title(title, fontsize=10)
+        ax.margins(y=0.25)
+        ax.spines[["top", "right"]].set_visible(False)
+    accuracies = [r.test_accuracy for r in rows if r.test_accuracy is not None]
+    if accuracies:
+        low = min(accuracies)
+        axes[1].set_ylim(max(0.0, low - (1 - low) * 2 - 0.02), 1.0)
+    if all(r.cost_per_epoch_usd is None for r in rows):
+        axes[2].text(0.5, 0.5, "no prices\n(runs without run.json)", ha="center", va="center",
+                     transform=axes[2].transAxes, fontsize=9, color="#555555")
+    legend = {device_label(r): c for r, c in zip(rows, colours)}
+    fig.legend([Patch(color=c) for c in legend.values()], list(legend), loc="outside upper right", fontsize=8,
+               title="device", title_fontsize=8, ncols=min(len(legend), 4))
+    sizes = list(dict.fromkeys(r.global_batch_size for r in rows if r.global_batch_size is not None))
+    title = "cloudtrain compare"
+    if batch_size_warning(rows):
+        title += f"\nbatch sizes differ ({', '.join(map(str, sizes))}): not like for like"
+    fig.suptitle(title, fontsize=11, color="#B00020" if len(sizes) > 1 else "black", x=0.01, ha="left")
+    fig.supxlabel("\n".join(f"{i}  {r.run}" for i, r in enumerate(rows, 1)), fontsize=8, x=0.01, ha="left",
+                  family="monospace")
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
     return path

@@ -58,6 +58,8 @@ def read_yaml(path: Path, error_cls: type[UsageError]) -> tuple[Any, yaml.Node |
 
 
 _MERGE_TAG = "tag:yaml.org,2002:merge"
+# How many problems of one file an error shows, each on its own line with file:line.
+MAX_PROBLEMS = 5
 
 
 def _refuse_duplicate_keys(root: yaml.Node, path: Path, error_cls: type[UsageError]) -> None:
@@ -93,19 +95,18 @@ def _refuse_duplicate_keys(root: yaml.Node, path: Path, error_cls: type[UsageErr
         key_loader.dispose()
     if not duplicates:
         return
-    # The walk is depth-first; the user reads top-down, so report the earliest repeat in the file.
+    # The walk is depth-first; the user reads top-down, so report the repeats in file order.
     duplicates.sort(key=lambda d: (d[1].start_mark.line, d[1].start_mark.column))
-    first_key, again, where = duplicates[0]
-    more = len(duplicates) - 1
-    message = _duplicate_message(path, where, first_key, again)
-    if more:
-        message += f" (and {more} more duplicate key{'s' if more > 1 else ''})"
+    lines = [_duplicate_message(path, where, first_key, again) for first_key, again, where in duplicates[:MAX_PROBLEMS]]
+    more = len(duplicates) - MAX_PROBLEMS
+    if more > 0:
+        lines[-1] += f" (and {more} more duplicate key{'s' if more > 1 else ''})"
     hint = (
         "merge several mappings with `<<: [*a, *b]`"
-        if again.tag == _MERGE_TAG
+        if any(again.tag == _MERGE_TAG for _, again, _ in duplicates)
         else "delete one of them: YAML would silently keep only the last"
     )
-    raise error_cls(message, hint=hint)
+    raise error_cls("\n".join(lines), hint=hint)
 
 
 def _key_identity(key: yaml.Node, loader: _Loader) -> Any:
@@ -135,22 +136,43 @@ def _join(where: str, part: str) -> str:
     return f"{where}.{part}" if where else part
 
 
+def _child(node: yaml.Node | None, part: str | int) -> tuple[yaml.Node | None, yaml.Node | None]:
+    """(key node, value node) of `part` under `node`, looking into `<<` merges too; (None, None) if absent."""
+    if isinstance(node, yaml.MappingNode):
+        for key, value in node.value:
+            if getattr(key, "value", None) == part and key.tag != _MERGE_TAG:
+                return key, value
+        for key, value in node.value:
+            if key.tag == _MERGE_TAG:
+                merged = value.value if isinstance(value, yaml.SequenceNode) else [value]
+                for source in merged:
+                    _, found = _child(source, part)
+                    if found is not None:
+                        return None, found
+        return None, None
+    if isinstance(node, yaml.SequenceNode) and isinstance(part, int) and 0 <= part < len(node.value):
+        return None, node.value[part]
+    return None, None
+
+
+def _depth_found(node: yaml.Node | None, loc: Sequence[str | int]) -> int:
+    """How many leading parts of `loc` exist in the YAML tree."""
+    for depth, part in enumerate(loc):
+        _, node = _child(node, part)
+        if node is None:
+            return depth
+    return len(loc)
+
+
 def line_of(node: yaml.Node | None, loc: Sequence[str | int]) -> int | None:
     """1-based line of the deepest YAML node on the path `loc` that exists."""
     line = node.start_mark.line + 1 if node is not None else None
     for part in loc:
-        if isinstance(node, yaml.MappingNode):
-            match = next((v for k, v in node.value if getattr(k, "value", None) == part), None)
-            key = next((k for k, _ in node.value if getattr(k, "value", None) == part), None)
-            if match is None:
-                break
-            line = (key.start_mark.line if key is not None else match.start_mark.line) + 1
-            node = match
-        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and part < len(node.value):
-            node = node.value[part]
-            line = node.start_mark.line + 1
-        else:
+        key, child = _child(node, part)
+        if child is None:
             break
+        line = ((key or child).start_mark.line) + 1
+        node = child
     return line
 
 
@@ -160,17 +182,66 @@ def did_you_mean(word: str, choices: Sequence[str]) -> str | None:
 
 
 def format_validation_error(path: Path, node: yaml.Node | None, exc: Any, model: type) -> str:
-    """One line for the first pydantic error: file:line: field.path: what was expected."""
+    """One line per problem (up to MAX_PROBLEMS, in file order): `file:line: field.path: what was expected`."""
+    problems = validation_problems(path, node, exc, model)
+    lines = [text for _, text in problems[:MAX_PROBLEMS]]
+    more = len(problems) - MAX_PROBLEMS
+    if more > 0:
+        lines[-1] += f" (and {more} more problem{'s' if more > 1 else ''})"
+    return "\n".join(lines)
+
+
+def validation_problems(path: Path, node: yaml.Node | None, exc: Any, model: type) -> list[tuple[int, str]]:
+    """(line, message) for every distinct problem pydantic found, sorted by line.
+
+    A value that fails every member of a union (`str | int | float | bool`) is one problem, not one
+    per member; a required field reported missing only because its key is misspelt is left out
+    (the typo, with its did-you-mean, explains both).
+    """
     errors = exc.errors(include_url=False)
-    # A misspelt key also makes its intended field "missing": report the typo, it explains both.
-    first = sorted(errors, key=lambda e: e["type"] != "extra_forbidden")[0]
-    loc = [p for p in first["loc"] if not (isinstance(p, str) and p.startswith("function-"))]
-    field = ".".join(str(p) for p in loc) or "(top level)"
-    line = line_of(node, loc)
-    where = f"{path}:{line}" if line else str(path)
-    message = _describe(first, loc, model)
-    more = f" (and {len(errors) - 1} more problem{'s' if len(errors) > 2 else ''})" if len(errors) > 1 else ""
-    return f"{where}: {field}: {message}{more}"
+    located: list[tuple[tuple[str | int, ...], dict[str, Any]]] = []
+    for error in errors:
+        loc = tuple(p for p in error["loc"] if not (isinstance(p, str) and p.startswith("function-")))
+        if error["type"] not in ("missing", "extra_forbidden") and node is not None:
+            loc = loc[:max(_depth_found(node, loc), 1 if loc else 0)]  # drop union-member tags ('str', 'int')
+        located.append((loc, error))
+    typos = set()
+    for loc, error in located:
+        if error["type"] == "extra_forbidden" and loc:
+            close = difflib.get_close_matches(str(loc[-1]), _fields_at(model, loc), n=1, cutoff=0.6)
+            if close:
+                typos.add((*loc[:-1], close[0]))
+    # Type errors at one place are the members of a union refusing one value: merged. Anything
+    # else (two validators objecting to one mapping, say) stays a problem of its own.
+    grouped: dict[tuple[Any, ...], tuple[tuple[str | int, ...], list[dict[str, Any]]]] = {}
+    for index, (loc, error) in enumerate(located):
+        if error["type"] == "missing" and loc in typos:
+            continue
+        merge = error["type"].endswith(("_type", "_parsing"))
+        grouped.setdefault((loc, "type") if merge else (loc, index), (loc, []))[1].append(error)
+    problems = []
+    for order, (loc, group) in enumerate(grouped.values()):
+        field = ".".join(str(p) for p in loc) or "(top level)"
+        line = line_of(node, loc)
+        where = f"{path}:{line}" if line else str(path)
+        message = _describe(group[0], loc, model) if len(group) == 1 else _describe_union(group)
+        text = f"{where}: {message}" if message.startswith((field + " ", field + ".")) else f"{where}: {field}: {message}"
+        problems.append((line or 0, order, text))
+    problems.sort(key=lambda p: (p[0], p[1]))
+    return [(line, text) for line, _, text in problems]
+
+
+def _describe_union(group: list[dict[str, Any]]) -> str:
+    """Several failures for one value (every member of a union refused it): one message."""
+    wanted = []
+    for error in group:
+        msg = error["msg"]
+        wanted.append(msg.removeprefix("Input should be ") if msg.startswith("Input should be ") else msg[0].lower() + msg[1:])
+    unique = list(dict.fromkeys(wanted))
+    expected = ", ".join(unique[:-1]) + f" or {unique[-1]}" if len(unique) > 1 else unique[0]
+    got = group[0].get("input")
+    shown = f"{got!r}" if isinstance(got, (str, int, float, bool)) else type(got).__name__
+    return f"input should be {expected}, got {shown}"
 
 
 def _fields_at(model: type, loc: Sequence[str | int]) -> list[str]:
@@ -222,4 +293,8 @@ def _describe(error: dict[str, Any], loc: Sequence[str | int], model: type) -> s
         msg = msg[len("Value error, ") :]
     if kind in ("value_error", "assertion_error"):
         return msg
-    return f"{msg[0].lower()}{msg[1:]}, got {got!r}" if isinstance(got, (str, int, float, bool)) else msg[0].lower() + msg[1:]
+    msg = msg[0].lower() + msg[1:]
+    if not isinstance(got, (str, int, float, bool)):
+        return msg
+    # pydantic sometimes says what it got already ("got a number with a fractional part"): no second "got".
+    return f"{msg} ({got!r})" if " got " in f" {msg}" else f"{msg}, got {got!r}"

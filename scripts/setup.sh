@@ -31,12 +31,24 @@ if [ "$want_test" = 1 ]; then
     fi
 fi
 
-[ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
 extras="tf,ssh,aws"
 [ "$want_test" = 1 ] && extras="$extras,dev"
 stamp=".venv/.cloudtrain-$(sha256sum pyproject.toml | cut -c1-16)-$extras"
-if [ ! -f "$stamp" ]; then
-    .venv/bin/python -m pip install -q --upgrade pip
-    .venv/bin/python -m pip install -q -e ".[$extras]"
-    touch "$stamp"
+if [ -f "$stamp" ]; then
+    echo "setup: .venv is up to date (cloudtrain[$extras]; pyproject.toml unchanged)"
+    exit 0
 fi
+
+# One line per step, then pip's own progress: the first install downloads TensorFlow and takes a while.
+started=$SECONDS
+if [ ! -x .venv/bin/python ]; then
+    echo "setup: creating .venv with $PYTHON ($("$PYTHON" -c 'import platform; print(platform.python_version())'))"
+    "$PYTHON" -m venv .venv
+fi
+echo "setup: upgrading pip in .venv"
+.venv/bin/python -m pip install -q --upgrade pip
+echo "setup: installing cloudtrain[$extras] and its dependencies; the first time this downloads"
+echo "       TensorFlow (about 600 MB with its libraries) and takes 2-5 minutes; pip's progress follows"
+.venv/bin/python -m pip install --progress-bar on -e ".[$extras]"
+touch "$stamp"
+echo "setup: done in $((SECONDS - started)) s; the next run skips this step until pyproject.toml changes"

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from cloudtrain.compare import (CompareError, CompareRow, RunSummary, compare_table, format_rows, load_runs,
-                                render_png)
+from cloudtrain.compare import (CompareError, CompareRow, RunSummary, batch_size_warning, compare_table,
+                                default_png_path, device_colours, format_rows, load_runs, render_png)
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--data", "bundled", "--limit-train", "640", "--epochs", "2", "--progress-every", "100"]
@@ -59,12 +59,15 @@ def test_table_of_one_and_two_device_runs(runs: tuple[Path, Path], tmp_path: Pat
     assert rows[1].cost_usd == 0.0012 and rows[0].gpu_model is None and rows[1].device == "CPU"
 
     headers, cells = format_rows(rows)
-    assert headers == ["run", "device", "GPU", "strategy", "replicas", "sec/batch", "images/s", "speed-up",
+    assert headers == ["run", "device", "GPU", "strategy", "replicas", "batch", "sec/batch", "images/s", "speed-up",
                        "test acc", "wall s", "cost/epoch"]
-    assert cells[0][:5] == ["cpu-1", "CPU", "-", "default", "1"] and cells[0][7] == "1.00x" and cells[0][10] == "-"
-    assert cells[1][:5] == ["cpu-2", "CPU", "-", "mirrored", "2"] and cells[1][10].startswith("$")
+    assert cells[0][:6] == ["cpu-1", "CPU", "-", "default", "1", "64"] and cells[0][8] == "1.00x"
+    assert cells[0][11] == "-"
+    assert cells[1][:6] == ["cpu-2", "CPU", "-", "mirrored", "2", "64"] and cells[1][11].startswith("$")
     assert all(len(row) == len(headers) for row in cells)
-    assert float(cells[1][5]) == pytest.approx(b.sec_per_batch, abs=1e-4)
+    assert float(cells[1][6]) == pytest.approx(b.sec_per_batch, abs=1e-4)
+    assert (rows[0].global_batch_size, rows[1].global_batch_size) == (64, 64)
+    assert batch_size_warning(rows) is None  # 64 per replica x 1 and 32 x 2: the same global batch
 
     png = render_png(rows, tmp_path / "chart" / "compare.png")
     data = png.read_bytes()
@@ -90,6 +93,12 @@ def test_gpu_names_speedup_and_worker_dirs_are_skipped(tmp_path: Path) -> None:
     assert rows[1].gpu_model == "2x NVIDIA T4" and rows[1].device == "GPU"
     assert rows[1].cost_per_epoch_usd == pytest.approx(3.6 * 2.0 / 3600)
     assert format_rows(rows)[1][1][2] == "2x NVIDIA T4"
+    cpu_a = _fake_run(tmp_path / "cpu-a", gpu_names=[], device="CPU")
+    cpu_b = _fake_run(tmp_path / "cpu-b", gpu_names=[], device="CPU")
+    v100 = _fake_run(tmp_path / "v100", gpu_names=["Tesla V100"])
+    colours = device_colours(compare_table(load_runs([cpu_a, second, cpu_b, v100])))
+    # By device: the two CPU runs share a colour; each GPU model has its own.
+    assert colours[0] == colours[2] and len({colours[0], colours[1], colours[3]}) == 3
     twin = _fake_run(tmp_path / "other" / "a")
     assert [r.name for r in load_runs([first, twin])] == [str(first), str(twin)]  # same basename: full paths
 
@@ -99,7 +108,7 @@ def test_missing_metrics_fields_render_as_dash(tmp_path: Path) -> None:
     rows = compare_table(load_runs([run]))
     assert rows[0].speedup is None and rows[0].cost_per_epoch_usd is None
     cells = format_rows(rows)[1][0]
-    assert cells[5] == cells[6] == cells[7] == cells[10] == "-"
+    assert cells[6] == cells[7] == cells[8] == cells[11] == "-"
     assert render_png(rows, tmp_path / "c.png").exists()
 
 
@@ -129,6 +138,47 @@ def test_no_runs(tmp_path: Path) -> None:
         load_runs([])
     with pytest.raises(CompareError):
         render_png([], tmp_path / "x.png")
+
+
+def test_batch_sizes_that_differ_are_named(tmp_path: Path) -> None:
+    small = _fake_run(tmp_path / "small", global_batch_size=64, gpu_names=[])
+    big = _fake_run(tmp_path / "big", global_batch_size=256)
+    same = _fake_run(tmp_path / "same", global_batch_size=64, gpu_names=[])
+    warning = batch_size_warning(compare_table(load_runs([small, big, same])))
+    assert warning is not None and "batch sizes differ" in warning and "small 64" in warning and "big 256" in warning
+    assert batch_size_warning(compare_table(load_runs([small, same]))) is None
+
+
+def test_chart_goes_next_to_the_runs(tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    assert default_png_path([runs / "a", runs / "b"]) == runs / "compare.png"
+    assert default_png_path([runs / "a"]) == runs / "compare.png"
+    assert default_png_path([runs / "x" / "a", runs / "y" / "b"]) == runs / "compare.png"
+
+
+def test_compare_command_writes_next_to_the_runs_and_warns(tmp_path: Path) -> None:
+    """Not into whatever directory the user is in (issue 14.9); different batch sizes get a warning."""
+    runs = tmp_path / "runs"
+    _fake_run(runs / "gpu", global_batch_size=256)
+    _fake_run(runs / "cpu", global_batch_size=128, gpu_names=[], device="CPU")
+    elsewhere = tmp_path / "cwd"
+    elsewhere.mkdir()
+    res = subprocess.run([sys.executable, "-m", "cloudtrain", "compare", str(runs / "cpu"), str(runs / "gpu")],
+                         capture_output=True, text=True, timeout=120, cwd=elsewhere)
+    assert res.returncode == 0, res.stderr
+    assert not list(elsewhere.iterdir())
+    assert (runs / "compare.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert f"chart: {runs / 'compare.png'}" in res.stdout
+    assert res.stderr.startswith("warning: batch sizes differ") and "cpu 128" in res.stderr, res.stderr
+    header = res.stdout.splitlines()[0].split()
+    assert {"batch", "test", "acc", "cost/epoch"} <= set(header)
+    again = subprocess.run([sys.executable, "-m", "cloudtrain", "compare", *sorted(map(str, runs.iterdir()))],
+                           capture_output=True, text=True, timeout=120, cwd=elsewhere)  # `compare runs/*`
+    assert again.returncode == 0 and f"skipped {runs / 'compare.png'}: a chart" in again.stderr, again.stderr
+    chosen = tmp_path / "out" / "chart.png"
+    res = subprocess.run([sys.executable, "-m", "cloudtrain", "compare", str(runs / "cpu"), "--output", str(chosen)],
+                         capture_output=True, text=True, timeout=120, cwd=elsewhere)
+    assert res.returncode == 0 and chosen.is_file() and res.stderr == "", res.stderr
 
 
 def test_compare_command_prints_table_and_saves_png(runs: tuple[Path, Path], tmp_path: Path) -> None:

@@ -84,3 +84,21 @@ def test_bad_config_is_exit_2_for_cli(tmp_path: Path, cloudtrain_home: Path) -> 
     (tmp_path / "r.yaml").write_text("name: cfg\nrun: echo hi\n")
     proc = cloudtrain("run", "r.yaml", cwd=tmp_path)
     assert proc.returncode == 2 and "bogus" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_ssh_include_is_on_by_default_and_can_be_turned_off(tmp_path: Path) -> None:
+    """One decision, stated in the README: cloudtrain adds an Include to ~/.ssh/config unless told not to."""
+    assert Config().ssh.add_include is True
+    path = tmp_path / "config.yaml"
+    path.write_text("ssh: {add_include: false}\n")
+    assert load_config(path).ssh.add_include is False
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    assert "add_include: true" in readme
+    assert "by default (as SkyPilot does)" in readme and "`add_include: false` keeps `~/.ssh/config` untouched" in readme
+
+
+def test_tests_never_see_the_real_home(tmp_path: Path) -> None:
+    """The suite's fixture gives every test its own HOME, so an Include can only land in a scratch dir."""
+    import os
+
+    assert Path(os.environ["HOME"]).resolve().is_relative_to(tmp_path.resolve())

@@ -52,7 +52,7 @@ BAD = [
      ["num_nodes is 2", "1 host"]),
     ("envs-list", OK_BASE + "envs: [A, B]\n", ["envs", "valid dictionary"]),
     ("envs-bad-name", OK_BASE + "envs: {'1X': y}\n", ["envs", "MY_VAR"]),
-    ("envs-nested", OK_BASE + "envs: {A: {b: c}}\n", ["envs.A must be a string"]),
+    ("envs-nested", OK_BASE + "envs: {A: {b: c}}\n", [":3: envs.A: must be a string, number or boolean, got dict"]),
     ("undefined-var", OK_BASE + "envs: {TOKEN: '${CT_TEST_UNDEFINED_VAR}'}\n",
      ["envs.TOKEN", "${CT_TEST_UNDEFINED_VAR} is not set", "export CT_TEST_UNDEFINED_VAR"]),
     ("undefined-var-nested", "name: demo\nrun: x\nresources: {region: '${CT_TEST_NOPE}'}\n",
@@ -77,8 +77,12 @@ BAD = [
     # Keys that differ in spelling but load as the same value are the same key to YAML.
     ("duplicate-after-resolving", OK_BASE + "envs:\n  1: a\n  0x1: b\n",
      [":5: envs: duplicate key '0x1' (first at line 4 as '1')"]),
-    ("duplicate-reported-in-file-order", "name: demo\nresources:\n  cloud: aws\n  cloud: local\nrun: x\nrun: y\n",
-     [":4: resources: duplicate key 'cloud' (first at line 3) (and 1 more duplicate key)"]),
+    ("envs-nested-names-its-line", OK_BASE + "envs:\n  A: ok\n  B: [1]\n", [":5: envs.B", "string, number or boolean"]),
+    ("no-doubled-got", OK_BASE + "num_nodes: 1.5\n",
+     [("num_nodes: input should be a valid integer, got a number with a fractional part (1.5)")]),
+    ("union-is-one-problem", "name: demo\njob: {name: mnist_cnn, params: {epochs: {a: 1}}}\n",
+     [(":2: job.params.epochs: input should be a valid string, a valid integer, a valid number or a valid boolean, "
+       "got dict")]),
     ("duplicate-bool-int", OK_BASE + "job: {name: mnist_cnn, params: {true: 1, 1: 2}}\n",
      ["job.params: duplicate key '1' (first at line 3 as 'true')"]),  # both load as the Python key True
     ("bad-date", OK_BASE + "envs: {BORN: 2024-13-45}\n", [":3:", "'2024-13-45'", "month must be in 1..12", "quote"]),
@@ -99,6 +103,59 @@ def test_bad_recipe_one_clear_line(tmp_path: Path, text: str, expected: list[str
     for fragment in expected:
         assert fragment in line, f"{fragment!r} not in {line!r}"
     assert info.value.exit_code == 2
+    assert line.count(" got ") <= 1, line
+
+
+# Several problems: each on its own line with file:line, in file order, at most five (issue 14.10).
+def test_several_problems_each_get_a_line_with_file_and_line(tmp_path: Path) -> None:
+    path = tmp_path / "recipe.yaml"
+    path.write_text("name: demo\nrun: x\nnum_nodes: 0\nresources:\n  cpus: -1\n  clod: aws\nsetpu: y\n")
+    with pytest.raises(RecipeError) as info:
+        load_recipe(path, env={})
+    assert info.value.message.splitlines() == [
+        f"{path}:3: num_nodes: input should be greater than or equal to 1, got 0",
+        f"{path}:5: resources.cpus: input should be greater than or equal to 1, got -1",
+        f"{path}:6: resources.clod: unknown key 'clod'; did you mean 'cloud'?",
+        f"{path}:7: setpu: unknown key 'setpu'; did you mean 'setup'?",
+    ]
+
+
+def test_at_most_five_problems_then_a_count(tmp_path: Path) -> None:
+    path = tmp_path / "recipe.yaml"
+    path.write_text(OK_BASE + "".join(f"extra{i}: 1\n" for i in range(8)))
+    with pytest.raises(RecipeError) as info:
+        load_recipe(path, env={})
+    lines = info.value.message.splitlines()
+    assert len(lines) == 5 and all(line.startswith(f"{path}:{i + 3}: extra{i}: unknown key") for i, line in enumerate(lines))
+    assert lines[-1].endswith("(and 3 more problems)")
+
+
+def test_a_misspelt_required_key_is_one_problem(tmp_path: Path) -> None:
+    path = tmp_path / "recipe.yaml"
+    path.write_text("nmae: demo\nrun: x\n")
+    with pytest.raises(RecipeError) as info:
+        load_recipe(path, env={})
+    assert info.value.message == f"{path}:1: nmae: unknown key 'nmae'; did you mean 'name'?"
+
+
+def test_duplicate_keys_are_all_listed_in_file_order(tmp_path: Path) -> None:
+    path = tmp_path / "recipe.yaml"
+    path.write_text("name: demo\nresources:\n  cloud: aws\n  cloud: local\nrun: x\nrun: y\n")
+    with pytest.raises(RecipeError) as info:
+        load_recipe(path, env={})
+    assert info.value.message.splitlines() == [
+        f"{path}:4: resources: duplicate key 'cloud' (first at line 3)",
+        f"{path}:6: duplicate key 'run' (first at line 5)",
+    ]
+    assert info.value.hint and "delete one" in info.value.hint
+
+
+def test_undefined_variable_names_file_and_line(tmp_path: Path) -> None:
+    path = tmp_path / "recipe.yaml"
+    path.write_text("name: demo\nrun: x\ndata:\n  - source: .\n    target: '${CT_TEST_NOPE}'\n")
+    with pytest.raises(RecipeError) as info:
+        load_recipe(path, env={})
+    assert info.value.message == f"{path}:5: data[0].target: ${{CT_TEST_NOPE}} is not set in the environment"
 
 
 def test_merge_keys_still_work_and_may_be_overridden(tmp_path: Path) -> None:
@@ -163,7 +220,8 @@ def test_every_bundled_recipe_validates() -> None:
     recipes = sorted(root.glob("*.yaml"))
     assert recipes
     for recipe in recipes:
-        load_recipe(recipe, env=env)
+        # Sweep recipes are a base recipe plus `sweep:`, checked by `cloudtrain sweep validate`.
+        load_recipe(recipe, env=env, sweep=recipe.name.startswith("sweep-"))
 
 
 def test_schema_is_json_schema() -> None:
@@ -171,3 +229,38 @@ def test_schema_is_json_schema() -> None:
     assert schema["title"] == "cloudtrain recipe"
     assert {"name", "resources", "run", "job", "budget", "autostop"} <= set(schema["properties"])
     assert schema["additionalProperties"] is False
+
+
+def test_schema_matches_what_validation_accepts(tmp_path: Path) -> None:
+    """Editors use the schema: it must not flag what cloudtrain accepts (`EPOCHS: 3`), and should flag
+    what cloudtrain refuses (bad names, accelerators, env names) (issue 14.12)."""
+    jsonschema = pytest.importorskip("jsonschema")
+    validator = jsonschema.Draft202012Validator(json_schema())
+
+    def schema_ok(doc: dict) -> bool:
+        return validator.is_valid(doc)
+
+    def cloudtrain_ok(doc: dict) -> bool:
+        import yaml
+
+        path = tmp_path / "r.yaml"
+        path.write_text(yaml.safe_dump(doc))
+        try:
+            load_recipe(path, env={})
+        except RecipeError:
+            return False
+        return True
+
+    base = {"name": "demo", "run": "x"}
+    accepted = [{"envs": {"EPOCHS": 3, "LR": 0.01, "DEBUG": True, "NAME": "x"}},
+                {"resources": {"cloud": "aws", "accelerators": "T4:1"}}, {"resources": {"accelerators": "V100"}},
+                {"name": "a"}, {"name": "my-job-2"}]
+    refused = [{"name": "My_Job"}, {"name": "-x"}, {"name": "x-"}, {"name": "a" * 41},
+               {"resources": {"accelerators": "T4:0"}}, {"resources": {"accelerators": "T4:x"}},
+               {"envs": {"1X": "y"}}, {"envs": {"A": [1]}}, {"envs": {"A": None}}]
+    for extra in accepted:
+        doc = {**base, **extra}
+        assert cloudtrain_ok(doc) and schema_ok(doc), doc
+    for extra in refused:
+        doc = {**base, **extra}
+        assert not cloudtrain_ok(doc) and not schema_ok(doc), doc

@@ -11,18 +11,29 @@ from cloudtrain.cli import output
 
 @click.command()
 @click.argument("run_dirs", nargs=-1, required=True, type=click.Path())
-@click.option("--png", "png_path", type=click.Path(dir_okay=False), default="compare.png", show_default=True,
-              help="Where to save the bar chart.")
-def compare(run_dirs: tuple[str, ...], png_path: str) -> None:
-    """Compare RUN_DIRs: device, strategy, sec/batch, images/s, speed-up vs the first, accuracy, cost/epoch."""
-    from cloudtrain.compare import CompareError, compare_table, format_rows, load_runs, render_png
+@click.option("--output", "-o", "png_path", type=click.Path(dir_okay=False),
+              help="Where to save the chart (default: compare.png next to the runs).")
+@click.option("--png", "png_path", type=click.Path(dir_okay=False), hidden=True)
+def compare(run_dirs: tuple[str, ...], png_path: str | None) -> None:
+    """Compare RUN_DIRs: device, strategy, batch size, sec/batch, images/s, speed-up vs the first,
+    test accuracy, cost per epoch; a chart coloured by device is saved next to the runs."""
+    from cloudtrain.compare import (CompareError, batch_size_warning, compare_table, default_png_path, format_rows,
+                                    load_runs, render_png)
 
+    # `compare runs/*` also matches the chart an earlier compare saved next to the runs: not a run.
+    charts = [d for d in run_dirs if Path(d).is_file() and Path(d).suffix.lower() == ".png"]
+    for chart in charts:
+        output.warn(f"skipped {chart}: a chart, not a run directory")
+    run_dirs = tuple(d for d in run_dirs if d not in charts)
     try:
         rows = compare_table(load_runs([Path(d) for d in run_dirs]))
     except CompareError as exc:
         exc.hint = exc.hint or "pass directories written by `cloudtrain run` or the bundled job"
         raise
+    warning = batch_size_warning(rows)
+    if warning:
+        output.warn(warning)
     headers, cells = format_rows(rows)
     output.table(headers, cells)
-    saved = render_png(rows, Path(png_path))
+    saved = render_png(rows, Path(png_path) if png_path else default_png_path(run_dirs))
     output.info(f"chart: {saved}")

@@ -24,6 +24,9 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "schema": ("cloudtrain.cli.recipe", "schema", "Print the recipe JSON Schema (for editors)."),
     "check": ("cloudtrain.cli.check", "check", "Report which clouds are usable and why not."),
     "gc": ("cloudtrain.cli.gc", "gc", "Find (and with --yes remove) leaked instances and resources by tag."),
+    "recipes": ("cloudtrain.cli.recipes", "recipes", "List the bundled recipes (run them by name)."),
+    "plan": ("cloudtrain.cli.plan", "plan", "Show where a recipe would run, the price and the worst case; creates nothing."),
+    "cost": ("cloudtrain.cli.cost", "cost", "What was spent, per cluster and per run (billed time x price)."),
     "compare": ("cloudtrain.cli.compare", "compare", "Compare runs: device, sec/batch, images/s, speed-up, cost."),
 }
 
@@ -49,8 +52,10 @@ class LazyGroup(click.Group):
             import difflib
 
             close = difflib.get_close_matches(name, list(COMMANDS), n=1)
-            hint = f" Did you mean {close[0]!r}?" if close else ""
-            ctx.fail(f"No such command {name!r}.{hint}")
+            error = click.UsageError(f"No such command {name!r}.", ctx)
+            error.hint = f"did you mean {close[0]!r}? `cloudtrain --help` lists the commands" if close else (  # type: ignore[attr-defined]
+                "`cloudtrain --help` lists the commands")
+            raise error
         return super().resolve_command(ctx, args)
 
 
@@ -67,7 +72,7 @@ def cli(ctx: click.Context, debug: bool) -> None:
       cloudtrain status
     """
     ctx.ensure_object(dict)
-    # --debug is read in main() before Click parses anything; declared here for --help.
+    # --debug is taken out of argv by main() wherever it stands (split_debug); declared here for --help.
 
 
 # tarfile's `data` extraction filter (PEP 706), which unpacks results safely, arrived in 3.11.4.
@@ -86,21 +91,61 @@ def python_too_old(version_info: tuple[int, int, int, str, int]) -> str | None:
     )
 
 
+def split_debug(argv: list[str]) -> tuple[list[str], bool]:
+    """Take `--debug` out of argv wherever it stands before a `--` (after it, it belongs to the
+    command `exec` runs). Returns (the rest, whether it was there)."""
+    end = argv.index("--") if "--" in argv else len(argv)
+    head = [a for a in argv[:end] if a != "--debug"]
+    return head + argv[end:], len(head) != end
+
+
+def usage_line(exc: click.UsageError, args: list[str] | None = None) -> str:
+    """Click's usage error as one line: what is wrong (usage; where to read more). `args` name the
+    command when Click did not attach its context (errors raised while parsing options)."""
+    message = exc.format_message().strip().rstrip(".")
+    if message[:1].isupper() and message[1:2].islower():
+        message = message[0].lower() + message[1:]
+    hint = getattr(exc, "hint", None)
+    if hint is None:
+        ctx = exc.ctx
+        command = next((a for a in args or [] if a in COMMANDS), None)
+        if ctx is not None and ctx.command is not None and (ctx.parent is not None or command is None):
+            usage = " ".join(ctx.command.collect_usage_pieces(ctx))
+            hint = f"usage: {ctx.command_path} {usage}; `{ctx.command_path} --help` explains"
+        elif command is not None:
+            hint = f"`cloudtrain {command} --help` explains"
+        else:
+            hint = "`cloudtrain --help` lists the commands"
+    return f"{message} ({hint})"
+
+
 def main(argv: list[str] | None = None) -> None:
     # Checked before anything runs, so an old Python fails here and not half-way through a paid run.
     problem = python_too_old(sys.version_info)
     if problem is not None:
         print(problem, file=sys.stderr)
         sys.exit(2)
-    debug = "--debug" in (argv if argv is not None else sys.argv[1:]) or os.environ.get("CLOUDTRAIN_DEBUG") == "1"
+    args, debug_flag = split_debug(list(argv) if argv is not None else sys.argv[1:])
+    debug = debug_flag or os.environ.get("CLOUDTRAIN_DEBUG") == "1"
     try:
         # Without standalone mode Click returns ctx.exit(n)'s code instead of exiting with it.
-        code = cli.main(args=argv, prog_name="cloudtrain", standalone_mode=False)
+        code = cli.main(args=args, prog_name="cloudtrain", standalone_mode=False)
     except click.exceptions.Abort:
         click.echo("Aborted.", err=True)
         sys.exit(130)
+    except click.UsageError as exc:
+        if type(exc).__name__ == "NoArgsIsHelpError":
+            # Bare `cloudtrain` (Click >= 8.2 reports it as an error): the help is the answer.
+            click.echo(exc.ctx.get_help() if exc.ctx is not None else "")
+            sys.exit(0)
+        if debug:
+            raise
+        click.echo(f"error: {usage_line(exc, args)}", err=True)
+        sys.exit(2)
     except click.ClickException as exc:
-        exc.show()
+        if debug:
+            raise
+        click.echo(f"error: {exc.format_message()}", err=True)
         sys.exit(exc.exit_code)
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
@@ -113,7 +158,9 @@ def main(argv: list[str] | None = None) -> None:
         if debug:
             raise
         if isinstance(exc, CloudtrainError):
-            click.echo(f"error: {exc.one_line()}", err=True)
+            # One line per problem (a recipe may have several); the hint ends the last one.
+            for line in exc.one_line().splitlines():
+                click.echo(f"error: {line}", err=True)
             sys.exit(exc.exit_code)
         click.echo(f"internal error: {type(exc).__name__}: {exc} (rerun with --debug for the traceback)", err=True)
         sys.exit(1)

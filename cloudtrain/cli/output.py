@@ -35,11 +35,13 @@ def print_json(data: Any) -> None:
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[Any]], title: str | None = None) -> None:
+    """A table; with only empty headers (a key/value summary) no header row is drawn."""
+    show_header = any(str(h) for h in headers)
     if is_tty():
         from rich.console import Console
         from rich.table import Table
 
-        t = Table(title=title, header_style="bold")
+        t = Table(title=title, header_style="bold", show_header=show_header)
         for h in headers:
             t.add_column(h)
         for row in rows:
@@ -47,7 +49,10 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[Any]], title: str | No
         Console().print(t)
         return
     # Plain, aligned columns: readable in logs and easy to grep in tests.
-    cells = [[str(h) for h in headers]] + [["-" if c is None else str(c) for c in row] for row in rows]
+    cells = ([[str(h) for h in headers]] if show_header else []) + [
+        ["-" if c is None else str(c) for c in row] for row in rows]
+    if not cells:
+        return
     widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
     if title:
         click.echo(title)
@@ -55,12 +60,48 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[Any]], title: str | No
         click.echo("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())
 
 
-class RunDisplay:
-    """Reporter for `run`/`up`/`exec`: phase lines, job output, and a progress bar for epochs."""
+def progress_text(event: dict[str, Any]) -> str | None:
+    """The readable line for a progress event, or None for events that only move the progress bar
+    (start, step). The bundled job prints the same lines itself (jobs/mnist_cnn.py progress_text;
+    tests/test_output.py keeps the two in step)."""
+    kind = event.get("type")
+    if kind == "epoch":
+        parts = [f"epoch {event.get('epoch')}/{event.get('epochs')}"]
+        for key in ("loss", "accuracy", "val_loss", "val_accuracy"):
+            if isinstance(event.get(key), (int, float)) and not isinstance(event.get(key), bool):
+                parts.append(f"{key} {event[key]:.4f}")
+        if isinstance(event.get("epoch_time_s"), (int, float)):
+            parts.append(f"{event['epoch_time_s']:.1f}s")
+        return "  ".join(parts)
+    if kind == "done" and isinstance(event.get("test_accuracy"), (int, float)):
+        parts = [f"test accuracy {event['test_accuracy']:.4f}"]
+        if isinstance(event.get("test_loss"), (int, float)):
+            parts.append(f"loss {event['test_loss']:.4f}")
+        if isinstance(event.get("images_per_sec"), (int, float)):
+            parts.append(f"{event['images_per_sec']:,.0f} images/s (steady state)")
+        return "  ".join(parts)
+    return None
 
-    def __init__(self, show_logs: bool = True) -> None:
+
+def render_log_line(line: str) -> str | None:
+    """A job log line as the user should read it: progress-protocol lines (older bundled jobs, or any
+    job that prints them) become their readable line or nothing; everything else is kept verbatim."""
+    from cloudtrain.events import parse_progress
+
+    event = parse_progress(line)
+    return line if event is None else progress_text(event)
+
+
+class RunDisplay:
+    """Reporter for `run`/`up`/`exec`: phase lines, job output, and a progress bar for epochs.
+
+    quiet: only what went wrong (failed phases, warnings); the caller prints the summary.
+    """
+
+    def __init__(self, show_logs: bool = True, quiet: bool = False) -> None:
         self.tty = is_tty()
-        self.show_logs = show_logs
+        self.quiet = quiet
+        self.show_logs = show_logs and not quiet
         self._progress = None
         self._task = None
         self._console = None
@@ -77,20 +118,26 @@ class RunDisplay:
             click.echo(text)
 
     def phase_start(self, phase: str, detail: str = "") -> None:
+        if self.quiet:
+            return
         self._print(f"==> {phase}{': ' + detail if detail else ''}", style="bold cyan")
 
     def phase_end(self, phase: str, seconds: float, detail: str = "", ok: bool = True) -> None:
+        if phase in ("run", "setup"):
+            self._stop_progress()
+        if self.quiet and ok:
+            return
         mark = "ok" if ok else "FAILED"
         self._print(f"<== {phase} {mark} ({seconds:.1f}s){' ' + detail if detail else ''}",
                     style="green" if ok else "bold red")
-        if phase in ("run", "setup"):
-            self._stop_progress()
 
     def log_line(self, line: str, node: int = 0) -> None:
         if self.show_logs:
             self._print(line if node == 0 else f"[node {node}] {line}", style="dim")
 
     def progress(self, event: dict[str, Any]) -> None:
+        if self.quiet:
+            return
         kind = event.get("type")
         if kind == "start":
             self._steps = int(event.get("steps_per_epoch") or 0)
@@ -108,21 +155,16 @@ class RunDisplay:
             completed = (int(event["epoch"]) - 1) * self._steps + int(event["step"])
             self._progress.update(self._task, completed=completed, description=f"loss {event.get('loss', 0):.4f}")
         elif kind == "epoch":
-            parts = [f"epoch {event.get('epoch')}/{event.get('epochs')}"]
-            for key in ("loss", "accuracy", "val_loss", "val_accuracy"):
-                if isinstance(event.get(key), (int, float)):
-                    parts.append(f"{key} {event[key]:.4f}")
-            if isinstance(event.get("epoch_time_s"), (int, float)):
-                parts.append(f"{event['epoch_time_s']:.1f}s")
+            text = progress_text(event) or ""
             if self._progress is not None:
-                self._progress.console.print("  ".join(parts), markup=False, highlight=False)
+                self._progress.console.print(text, markup=False, highlight=False)
             else:
-                self._print("  ".join(parts))
+                self._print(text)
         elif kind == "done":
             self._stop_progress()
-            acc = event.get("test_accuracy")
-            if isinstance(acc, (int, float)):
-                self._print(f"test accuracy {acc:.4f}", style="bold")
+            text = progress_text(event)
+            if text:
+                self._print(text, style="bold")
 
     def _stop_progress(self) -> None:
         if self._progress is not None:
@@ -130,7 +172,8 @@ class RunDisplay:
             self._progress = None
 
     def info(self, message: str) -> None:
-        self._print(message)
+        if not self.quiet:
+            self._print(message)
 
     def warn(self, message: str) -> None:
         self._stop_progress()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import signal
 from pathlib import Path
@@ -11,6 +12,10 @@ import click
 
 from cloudtrain.cli import output
 from cloudtrain.cli.common import cluster_argument, cluster_option, open_lifecycle
+
+# How much of a failed job's log `run` prints (in every mode, -q included).
+TAIL_LINES = 20
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 def sigterm_as_interrupt() -> None:
@@ -21,20 +26,42 @@ def sigterm_as_interrupt() -> None:
     signal.signal(signal.SIGTERM, handler)
 
 
+def parse_env(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> dict[str, str]:
+    """`--env KEY=VALUE` (repeatable) as a dict; the last of a repeated KEY wins, like the shell."""
+    from cloudtrain.errors import UsageError
+
+    env: dict[str, str] = {}
+    for item in values:
+        key, sep, value = item.partition("=")
+        if not sep or not _ENV_NAME.match(key):
+            raise UsageError(f"--env {item!r}: expected KEY=VALUE with KEY like MY_VAR",
+                             hint="e.g. --env LR=0.01; repeat --env for more")
+        env[key] = value
+    return env
+
+
+env_option = click.option("--env", "-e", "env", multiple=True, metavar="KEY=VALUE", callback=parse_env,
+                          help="Set an environment variable for the job, over the recipe's envs (repeatable).")
+
+
 @click.command()
 @click.argument("recipe_path", metavar="RECIPE")
 @cluster_option
+@env_option
 @click.option("--down", "down_", is_flag=True, help="Terminate the cluster afterwards.")
 @click.option("--stop", "stop_", is_flag=True, help="Stop the cluster afterwards.")
 @click.option("--keep", "keep_", is_flag=True, help="Leave the cluster running.")
 @click.option("--runs-dir", type=click.Path(file_okay=False), help="Where results go (default: config runs_dir).")
-@click.option("--quiet", "-q", is_flag=True, help="Do not print the job's output.")
-def run(recipe_path: str, cluster: str | None, down_: bool, stop_: bool, keep_: bool, runs_dir: str | None,
-        quiet: bool) -> None:
+@click.option("--quiet", "-q", is_flag=True,
+              help="Print only what went wrong, the summary and the run directory.")
+def run(recipe_path: str, cluster: str | None, env: dict[str, str], down_: bool, stop_: bool, keep_: bool,
+        runs_dir: str | None, quiet: bool) -> None:
     """Run RECIPE: up if needed, sync, setup, run, collect into runs/<run-id>/, tear down.
 
-    Teardown default: down if this run created the cluster, keep it if it already existed.
-    The last line printed is the run directory; the exit code is the job's success.
+    Teardown default: the cluster is left as the run found it (down if this run created it,
+    stopped again if it was stopped, kept if it was running). The last line printed is the run
+    directory; the exit code is the job's success. A job or setup that fails gets the last lines
+    of its log printed, with -q too.
     """
     from cloudtrain.errors import UsageError
     from cloudtrain.run.pipeline import Executor
@@ -46,16 +73,47 @@ def run(recipe_path: str, cluster: str | None, down_: bool, stop_: bool, keep_: 
         raise UsageError(f"--{' and --'.join(chosen)} contradict each other", hint="give at most one of --down, --stop, --keep")
     teardown = chosen[0] if chosen else None
     loaded = load_recipe(recipe_path)
-    display = output.RunDisplay(show_logs=not quiet)
+    display = output.RunDisplay(quiet=quiet)
     lc = open_lifecycle(display)
     name = cluster or loaded.recipe.name
     base = Path(runs_dir or lc.config.runs_dir).expanduser()
     sigterm_as_interrupt()
-    result = Executor(lc, display).run(loaded, name, teardown or "auto", base)
+    result = Executor(lc, display).run(loaded, name, teardown or "auto", base, env_overrides=env)
+    if result.status != RunStatus.SUCCEEDED and result.exit_code not in (None, 0):
+        _log_tail(result)  # the job or setup failed: its log says why (other failures: the summary's error)
     _summary(result)
     output.echo(str(result.run_dir))
     if result.status != RunStatus.SUCCEEDED:
         raise SystemExit(result.exit_code if result.exit_code not in (None, 0) else 1)
+
+
+def failed_log(run_dir: Path, error: str | None) -> Path | None:
+    """The collected log that explains a failed run: the failing node's, setup's if setup failed."""
+    match = re.search(r"\bon node (\d+)\b", error or "")
+    rank = int(match.group(1)) if match else 0
+    prefix = "" if rank == 0 else f"node-{rank}-"
+    names = ["setup.log", "job.log"] if (error or "").startswith("setup") else ["job.log", "setup.log"]
+    for name in names:
+        log = run_dir / f"{prefix}{name}"
+        if log.is_file():
+            return log
+    return None
+
+
+def _log_tail(result) -> None:  # noqa: ANN001
+    log = failed_log(result.run_dir, result.error)
+    if log is None:
+        return
+    lines = [shown for line in log.read_text(errors="replace").splitlines()
+             if (shown := output.render_log_line(line)) is not None]
+    if not lines:
+        output.echo(f"{log.name} is empty")
+        return
+    tail = lines[-TAIL_LINES:]
+    output.echo()
+    output.echo(f"last {len(tail)} of {len(lines)} lines of {log}:" if len(lines) > len(tail) else f"{log}:")
+    for line in tail:
+        output.echo(f"  {line}")
 
 
 def _summary(result) -> None:  # noqa: ANN001
@@ -85,7 +143,9 @@ def _summary(result) -> None:  # noqa: ANN001
 @cluster_argument()
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 @click.option("--detach", "-d", is_flag=True, help="Start the command and return; follow with `logs -f`.")
-def exec_(name: str, command: tuple[str, ...], detach: bool) -> None:
+@click.option("--no-sync", "no_sync", is_flag=True, help="Do not sync the recipe's workdir first.")
+@env_option
+def exec_(name: str, command: tuple[str, ...], detach: bool, no_sync: bool, env: dict[str, str]) -> None:
     """Run COMMAND on cluster NAME (rank 0), in the synced workdir: `cloudtrain exec NAME -- CMD...`."""
     from cloudtrain.remote.jobs import JobState
     from cloudtrain.run.attach import exec_command
@@ -94,7 +154,8 @@ def exec_(name: str, command: tuple[str, ...], detach: bool) -> None:
     lc = open_lifecycle(display)
     sigterm_as_interrupt()
     script = command[0] if len(command) == 1 else shlex.join(command)
-    job_id, status = exec_command(lc, display, name, script, detach=detach)
+    sync = not no_sync
+    job_id, status = exec_command(lc, display, name, script, detach=detach, sync=sync, env_overrides=env)
     if detach:
         output.info(f"started job {job_id}; follow it with `cloudtrain logs {name} {job_id} -f`")
         return
@@ -107,13 +168,30 @@ def exec_(name: str, command: tuple[str, ...], detach: bool) -> None:
 @click.argument("job", required=False)
 @click.option("--follow", "-f", is_flag=True, help="Keep printing until the job ends; exit with the job's code.")
 @click.option("--resume", is_flag=True, help="Continue where the last interrupted `logs` stopped.")
-def logs(name: str, job: str | None, follow: bool, resume: bool) -> None:
+@click.option("--watchdog", is_flag=True, help="Print the on-node watchdog's decisions (autostop, budget) instead.")
+def logs(name: str, job: str | None, follow: bool, resume: bool, watchdog: bool = False) -> None:
     """Print the log of JOB (default: the cluster's latest job) on cluster NAME."""
     from cloudtrain.remote.jobs import JobState
     from cloudtrain.run.attach import print_logs
 
     lc = open_lifecycle()
-    status = print_logs(lc, name, job, follow=follow, resume=resume)
+    if watchdog:
+        from cloudtrain.errors import UsageError
+        from cloudtrain.run.attach import print_watchdog_log
+
+        if job or follow or resume:
+            raise UsageError("--watchdog prints the watchdog's log: no JOB, -f or --resume with it",
+                             hint=f"`ssh {name} tail -f ~/.cloudtrain/{name}/watchdog.log` follows it")
+        print_watchdog_log(lc, name, write=click.echo)
+        return
+
+    def write(line: str) -> None:
+        # Progress-protocol lines read as `run` prints them; the machine stream is progress.jsonl.
+        shown = output.render_log_line(line)
+        if shown is not None:
+            click.echo(shown)
+
+    status = print_logs(lc, name, job, follow=follow, resume=resume, write=write)
     if follow and status is not None and status.state != JobState.SUCCEEDED:
         raise SystemExit(status.exit_code or 1)
 

@@ -4,10 +4,15 @@
 Shipped to VMs as this single file: it needs only the standard library, numpy and
 TensorFlow (imported inside main() so that --help and argument errors are instant).
 
-stdout carries the progress protocol the cloudtrain CLI parses: single-line JSON objects
-with "cloudtrain": "progress" and a "type" of start, step, epoch or done; any other line
-is a human log line. Native (C/C++) writes to stdout never reach that stream: fd 1 is
-pointed at stderr, captured while placements are logged, then discarded.
+What goes where, one line per fact:
+  stdout                  readable lines for people (data, device, one line per epoch, test accuracy);
+                          `cloudtrain run` and `cloudtrain logs` show them as they are
+  OUTPUT/progress.jsonl   the same events for programs: one JSON object per line with
+                          "cloudtrain": "progress" and a "type" of start, step, epoch or done (appended,
+                          so a resumed or repeated run adds to it)
+  OUTPUT/tensorflow.log   TensorFlow's native (C/C++) output and Python-level library warnings, which
+                          never reach stdout or stderr (placement lines go to device_placement.log.gz)
+  stderr                  this job's own errors: one line for bad input, a traceback for a crash
 Exit codes: 0 success or already complete, 2 bad input (one-line message), else a crash.
 """
 from __future__ import annotations
@@ -45,7 +50,10 @@ HEAVY_OPS = frozenset({
     "Conv2D", "Conv2DBackpropFilter", "Conv2DBackpropInput", "_FusedConv2D", "DepthwiseConv2dNative",
     "MatMul", "BatchMatMulV2", "BatchMatMulV3", "_FusedMatMul"})
 ARTIFACTS = ("metrics.json", "environment.json", "history.csv", "train_state.json", "model.keras",
-             "device_placement.json", "device_placement.log.gz", "checkpoints", "tensorboard")
+             "device_placement.json", "device_placement.log.gz", "checkpoints", "tensorboard", "progress.jsonl",
+             "tensorflow.log")
+PROGRESS_FILE = "progress.jsonl"
+NATIVE_LOG = "tensorflow.log"
 PLACER_RE = re.compile(r"^(?P<node>\S+): \((?P<op>\w+)\): (?P<device>/job:\S+)$")
 EAGER_RE = re.compile(r"Executing op (?P<op>\S+) in device (?P<device>/job:\S+)")
 DEVICE_RE = re.compile(r"/job:(?P<job>\w+)/replica:\d+/task:(?P<task>\d+)/device:(?P<type>\w+):(?P<idx>\d+)")
@@ -286,11 +294,12 @@ class NativeCapture:
             texts.append(f.read().decode("utf-8", "replace"))
             f.close()
         self.text = (texts[0], texts[1])
-        # Warnings and errors TensorFlow printed meanwhile still deserve to be seen.
-        for line in (texts[0] + texts[1]).splitlines():
-            if not (line.startswith(MARK) or PLACER_RE.match(line) or "placer.cc" in line or EAGER_RE.search(line)):
-                print(line, file=sys.stderr)
-        sys.stderr.flush()
+        # What TensorFlow printed meanwhile, placement lines aside, belongs in its log (fd 2 is
+        # tensorflow.log by now), next to everything else it prints natively.
+        kept = [line for line in (texts[0] + texts[1]).splitlines()
+                if not (line.startswith(MARK) or PLACER_RE.match(line) or "placer.cc" in line or EAGER_RE.search(line))]
+        if kept:
+            os.write(2, ("\n".join(kept) + "\n").encode())
 
 
 def short_device(name: str) -> str:
@@ -341,10 +350,17 @@ def read_json(path: Path) -> dict[str, Any] | None:
 
 
 class Reporter:
-    """Progress protocol and human log lines on the original stdout, one write per line."""
+    """Readable lines on the original stdout, the progress protocol in OUTPUT/progress.jsonl.
+
+    One write per line, flushed, so a follower never sees half a line. Epoch and done events also
+    become one readable line each; start and step events only go to the file."""
 
     def __init__(self, stream: TextIO) -> None:
         self.stream: TextIO | None = stream
+        self.events: TextIO | None = None
+
+    def open_progress(self, out: Path) -> None:
+        self.events = open(out / PROGRESS_FILE, "a", buffering=1, encoding="utf-8")
 
     def _write(self, line: str) -> None:
         if self.stream is None:
@@ -356,12 +372,60 @@ class Reporter:
             self.stream = None
 
     def log(self, msg: str) -> None:
-        self._write(f"[mnist_cnn] {msg}")
+        self._write(msg)
 
     def progress(self, kind: str, **fields: Any) -> None:
         obj: dict[str, Any] = {"cloudtrain": "progress", "type": kind}
         obj.update({k: round(v, 6) if isinstance(v, float) else v for k, v in fields.items()})
-        self._write(json.dumps(obj, separators=(",", ":")))
+        if self.events is not None:
+            self.events.write(json.dumps(obj, separators=(",", ":")) + "\n")
+        text = progress_text(obj)
+        if text is not None:
+            self._write(text)
+
+
+def progress_text(event: dict[str, Any]) -> str | None:
+    """The readable line for an event (the same text cloudtrain's CLI renders protocol lines as)."""
+    kind = event.get("type")
+    if kind == "epoch":
+        parts = [f"epoch {event.get('epoch')}/{event.get('epochs')}"]
+        parts += [f"{key} {event[key]:.4f}" for key in ("loss", "accuracy", "val_loss", "val_accuracy")
+                  if isinstance(event.get(key), (int, float))]
+        if isinstance(event.get("epoch_time_s"), (int, float)):
+            parts.append(f"{event['epoch_time_s']:.1f}s")
+        return "  ".join(parts)
+    if kind == "done" and isinstance(event.get("test_accuracy"), (int, float)):
+        parts = [f"test accuracy {event['test_accuracy']:.4f}"]
+        if isinstance(event.get("test_loss"), (int, float)):
+            parts.append(f"loss {event['test_loss']:.4f}")
+        if isinstance(event.get("images_per_sec"), (int, float)):
+            parts.append(f"{event['images_per_sec']:,.0f} images/s (steady state)")
+        return "  ".join(parts)
+    return None
+
+
+def native_output_to(log_file: Path) -> None:
+    """From now on TensorFlow's native writes (fds 1 and 2) and Python-level library warnings go to
+    `log_file`; sys.stderr (this job's errors and tracebacks) stays on the original stderr."""
+    import logging
+    import warnings
+
+    _flush_native()
+    fd = os.open(log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    library = open(log_file, "a", buffering=1, encoding="utf-8")
+
+    def to_log(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+               file: TextIO | None = None, line: str | None = None) -> None:
+        library.write(warnings.formatwarning(message, category, filename, lineno, line))
+
+    warnings.showwarning = to_log
+    for name in ("tensorflow", "absl", "keras", "h5py"):
+        logger = logging.getLogger(name)
+        logger.handlers[:] = [logging.StreamHandler(library)]
+        logger.propagate = False
 
 
 def cluster_role() -> tuple[int, int, bool, str | None]:
@@ -444,7 +508,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--limit-train", type=int, help="use only the first N training images")
     p.add_argument("--limit-test", type=int, help="use only the first N test images")
     p.add_argument("--max-steps-per-epoch", type=int)
-    p.add_argument("--progress-every", type=int, default=20, help="emit a step progress line every N steps")
+    p.add_argument("--progress-every", type=int, default=20, help="write a step event to progress.jsonl every N steps")
     p.add_argument("--no-placement-log", dest="placement_log", action="store_false")
     p.add_argument("--force", action="store_true", help="discard earlier results and checkpoints in --output")
     args = p.parse_args(argv)
@@ -462,11 +526,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     t_start = time.perf_counter()
     _flush_native()
-    # The protocol gets a private duplicate of stdout; fd 1 then points at stderr so nothing
-    # TensorFlow prints natively can interleave with progress lines.
+    # Readable lines get a private duplicate of stdout, this job's errors one of stderr: fds 1 and 2
+    # themselves go to OUTPUT/tensorflow.log once the output directory exists (native_output_to).
     rep = Reporter(os.fdopen(os.dup(1), "w", buffering=1, encoding="utf-8"))
+    sys.stderr = os.fdopen(os.dup(2), "w", buffering=1, encoding="utf-8")
     os.dup2(2, 1)
-    sys.stdout = sys.stderr  # Python-level prints from libraries stay visible wherever fd 1 goes
+    sys.stdout = sys.stderr  # Python-level prints (ours: none) never mix with the readable lines
     # TF's INFO level carries one "Executing op" line per training step while placement logging is on
     # (it cannot be switched off again in TF 2.21); the placer's own printf()s are what is summarized.
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
@@ -639,19 +704,25 @@ def run(args: argparse.Namespace, rep: Reporter, t_start: float) -> int:
     config = run_config(args)
     if args.force:
         clean_outputs(out)
+    rep.open_progress(out)
+    native_output_to(out / NATIVE_LOG)
     state = previous_state(out, args, config)
     if "done" in state:
         done = state["done"]
-        rep.log(f"{out} already holds the final result of {args.epochs} epochs "
-                f"(test_accuracy {done.get('test_accuracy')}); not retraining (use --force to retrain)")
-        rep.progress("done", test_accuracy=done.get("test_accuracy"), test_loss=done.get("test_loss"))
+        rep.log(f"{out} already holds the final result of {args.epochs} epochs; "
+                "not retraining (use --force to retrain)")
+        rep.progress("done", test_accuracy=done.get("test_accuracy"), test_loss=done.get("test_loss"),
+                     images_per_sec=done.get("images_per_sec"))
         return 0
     data = load_data(args.data, args.val_fraction, Path(__file__).resolve().parent, rep.log)
     data.x_train, data.y_train = data.x_train[:args.limit_train], data.y_train[:args.limit_train]
     data.x_test, data.y_test = data.x_test[:args.limit_test], data.y_test[:args.limit_test]
-    rep.log(f"data: {data.source} ({data.path}) train {len(data.x_train)}, val {len(data.x_val)}, "
+    # The bundled file sits deep in the runtime directory: its name says enough (metrics.json has the path).
+    shown = Path(data.path).name if data.source == "bundled" and data.path else data.path
+    rep.log(f"data: {data.source} ({shown}): train {len(data.x_train)}, val {len(data.x_val)}, "
             f"test {len(data.x_test)}" + (f"; {data.note}" if data.note else ""))
 
+    rep.log(f"loading TensorFlow (its own messages go to {out / NATIVE_LOG})")
     import tensorflow as tf  # deferred so --help, argument and data errors are instant
     import keras
 
@@ -739,9 +810,7 @@ def run(args: argparse.Namespace, rep: Reporter, t_start: float) -> int:
         "tensorflow": tf.__version__, "config": config,
     }
     write_json(out / "metrics.json", metrics)
-    rep.log(f"test accuracy {test_acc:.4f}, loss {test_loss:.4f}; "
-            f"{metrics['images_per_sec'] or 0:.0f} images/s steady state; results in {out}")
-    rep.progress("done", test_accuracy=test_acc, test_loss=test_loss)
+    rep.progress("done", test_accuracy=test_acc, test_loss=test_loss, images_per_sec=metrics["images_per_sec"])
     return 0
 
 

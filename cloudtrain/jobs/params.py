@@ -86,7 +86,7 @@ MNIST_CNN = JobSchema(
         Param("limit_train", int, None, "use only the first N training images", ge=1),
         Param("limit_test", int, None, "use only the first N test images", ge=1),
         Param("max_steps_per_epoch", int, None, "cap the steps of each epoch", ge=1),
-        Param("progress_every", int, 20, "emit a step progress line every N steps", ge=1),
+        Param("progress_every", int, 20, "write a step event to OUTPUT/progress.jsonl every N steps", ge=1),
         Param("no_placement_log", bool, False, "do not record where every op ran"),
         Param("force", bool, False, "discard earlier results and checkpoints in the output directory"),
     ),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import textwrap
 import time
@@ -175,13 +176,13 @@ def test_exec_on_kept_cluster_and_stop_start(tmp_path: Path) -> None:
         (["run", "missing.yaml"], "file not found"),
         (["validate", "bad.yaml"], "resources.cloud"),
         (["logs", "no-such-cluster"], "no cluster named"),
-        (["run", "unavailable.yaml"], "autostop is not available yet for cloud local"),
+        (["run", "unavailable.yaml"], "budget.max_usd needs a priced cloud: cloud local has no hourly price"),
         (["run", "later-cloud.yaml"], "cloud 'gcp' is not available yet"),
     ],
 )
 def test_bad_input_is_one_line_exit_2(tmp_path: Path, args: list[str], expected: str) -> None:
     (tmp_path / "bad.yaml").write_text("name: x\nrun: y\nresources: {cloud: nope}\n")
-    (tmp_path / "unavailable.yaml").write_text("name: x\nrun: y\nautostop: {idle_minutes: 5}\n")
+    (tmp_path / "unavailable.yaml").write_text("name: x\nrun: y\nbudget: {max_usd: 5}\n")
     (tmp_path / "later-cloud.yaml").write_text("name: x\nrun: y\nresources: {cloud: gcp}\n")
     proc = cloudtrain(*args, cwd=tmp_path)
     assert proc.returncode == 2, proc.stdout + proc.stderr
@@ -211,10 +212,24 @@ def test_bundled_mnist_recipe_end_to_end(tmp_path: Path) -> None:
     assert 0.5 < metrics["test_accuracy"] <= 1.0
     assert (run_dir / "outputs" / "device_placement.json").is_file()
     assert "epoch 1/1" in proc.stdout  # progress lines rendered by the CLI
-    log = (run_dir / "job.log").read_text()
-    assert '"cloudtrain": "progress"' in log or '"cloudtrain":"progress"' in log
     record = json.loads((run_dir / "run.json").read_text())
     assert record["status"] == "succeeded" and "outputs/metrics.json" in record["results"]
+    # What the user reads (14.2, 14.3): readable lines, one per fact, no protocol, no native noise;
+    # the machine stream and TensorFlow's own log come home as files of their own.
+    log = (run_dir / "job.log").read_text()
+    for text in (log, proc.stdout, proc.stderr):
+        assert '"cloudtrain"' not in text and "cuInit" not in text and "absl::" not in text, text[-3000:]
+        assert not re.search(r"^[IWEF]\d{4} ", text, re.MULTILINE), text[-3000:]
+    assert sum(line.startswith("test accuracy") for line in proc.stdout.splitlines()) == 1
+    assert sum(line.startswith("test accuracy") for line in log.splitlines()) == 1
+    epoch_line = next(line for line in log.splitlines() if line.startswith("epoch 1/1"))
+    assert epoch_line in proc.stdout  # `run` and job.log show the same line
+    logs = cloudtrain("logs", "mnist-local")  # the cluster is down: the collected log, as it is
+    assert logs.returncode == 0 and logs.stdout == log
+    events = [json.loads(line) for line in (run_dir / "outputs" / "progress.jsonl").read_text().splitlines()]
+    kinds = [e["type"] for e in events]
+    assert kinds[0] == "start" and kinds[-2:] == ["epoch", "done"]
+    assert (run_dir / "outputs" / "tensorflow.log").is_file()
 
 
 def test_multi_node_ranks_and_one_node_failure(tmp_path: Path) -> None:
@@ -281,3 +296,133 @@ def test_exec_on_a_cluster_whose_nodes_are_gone_suggests_what_works(tmp_path: Pa
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert "cloudtrain down vanished" in proc.stderr and "cloudtrain start" not in proc.stderr
     assert cloudtrain("down", "vanished").returncode == 0
+
+
+# ---------------------------------------------------------------- the first hour (issue 14)
+
+def test_quiet_run_prints_only_the_summary_and_the_run_directory(tmp_path: Path) -> None:
+    """`run -q` (14.4): no phase lines, no job output, no progress; the summary and the run dir."""
+    recipe = write_recipe(tmp_path, """\
+        name: hush
+        setup: echo setting-up
+        run: |
+          echo job-output
+          echo '{"cloudtrain":"progress","type":"epoch","epoch":1,"epochs":1,"loss":0.5}'
+          echo '{"cloudtrain":"progress","type":"done","test_accuracy":0.9}'
+    """)
+    proc = cloudtrain("run", str(recipe), "-q", "--runs-dir", str(tmp_path / "runs"), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = proc.stdout
+    for noise in ("==>", "<==", "setting-up", "job-output", "epoch 1/1", "test accuracy", "workdir:"):
+        assert noise not in out, f"{noise!r} in quiet output:\n{out}"
+    assert "status" in out and "succeeded" in out
+    run_dir = Path(out.strip().splitlines()[-1])
+    assert run_dir.parent == tmp_path / "runs" and (run_dir / "job.log").is_file()
+    assert proc.stderr == ""
+    loud = cloudtrain("run", str(recipe), "--runs-dir", str(tmp_path / "runs"), cwd=tmp_path)
+    assert "==> run" in loud.stdout and "job-output" in loud.stdout and "epoch 1/1  loss 0.5000" in loud.stdout
+
+
+@pytest.mark.parametrize("quiet", [False, True], ids=["normal", "quiet"])
+def test_a_failed_run_prints_the_tail_of_its_log(tmp_path: Path, quiet: bool) -> None:
+    """Every failed run ends with the last lines of the log that explains it (14.4)."""
+    recipe = write_recipe(tmp_path, """\
+        name: tail-end
+        run: |
+          for i in $(seq 1 40); do echo "line-$i"; done
+          echo "Traceback: it broke" >&2
+          exit 3
+    """)
+    args = ["run", str(recipe), "--runs-dir", str(tmp_path / "runs")] + (["-q"] if quiet else [])
+    proc = cloudtrain(*args, cwd=tmp_path)
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    lines = proc.stdout.splitlines()
+    run_dir = Path(lines[-1])
+    header = next(i for i, line in enumerate(lines) if line.startswith("last 20 of 41 lines of"))
+    assert lines[header].endswith(f"{run_dir / 'job.log'}:")
+    assert [line.strip() for line in lines[header + 1:header + 21]] == [f"line-{i}" for i in range(22, 41)] + [
+        "Traceback: it broke"]
+    if quiet:
+        assert "line-5" not in proc.stdout  # the log was not streamed, only its tail shown
+    setup_fails = write_recipe(tmp_path, "name: bad-setup\nsetup: echo no-pip; exit 4\nrun: echo never\n", "s.yaml")
+    proc = cloudtrain("run", str(setup_fails), "-q", "--runs-dir", str(tmp_path / "runs"), cwd=tmp_path)
+    assert proc.returncode == 4 and "setup.log:" in proc.stdout and "  no-pip" in proc.stdout, proc.stdout
+
+
+def test_env_overrides_the_recipe_on_run_and_exec(tmp_path: Path) -> None:
+    """`--env KEY=VALUE`, repeatable, over the recipe's envs (14.8); never written to run.json or state."""
+    recipe = write_recipe(tmp_path, """\
+        name: envy
+        envs: {LR: "0.1", KEEP: kept}
+        setup: echo "setup sees LR=$LR"
+        run: echo "LR=$LR KEEP=$KEEP EXTRA=$EXTRA"
+    """)
+    proc = cloudtrain("run", str(recipe), "--env", "LR=0.001", "-e", "EXTRA=a=b c", "--keep",
+                      "--runs-dir", str(tmp_path / "runs"), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    run_dir = Path(proc.stdout.strip().splitlines()[-1])
+    assert "LR=0.001 KEEP=kept EXTRA=a=b c" in (run_dir / "job.log").read_text()
+    assert "setup sees LR=0.001" in (run_dir / "setup.log").read_text()
+    assert "a=b c" not in (run_dir / "run.json").read_text()
+    assert "a=b c" not in cloudtrain("status", "--json").stdout
+    out = cloudtrain("exec", "envy", "--env", "LR=0.5", "--", "sh", "-c", 'echo "exec LR=$LR KEEP=$KEEP"')
+    assert out.returncode == 0 and "exec LR=0.5 KEEP=kept" in out.stdout, out.stdout + out.stderr
+    for bad in ("NOVALUE", "1X=2", "=x"):
+        refused = cloudtrain("run", str(recipe), "--env", bad, cwd=tmp_path)
+        assert refused.returncode == 2, refused.stderr
+        assert len(refused.stderr.strip().splitlines()) == 1 and "KEY=VALUE" in refused.stderr
+    assert cloudtrain("down", "envy").returncode == 0
+
+
+def test_recipe_path_is_stored_absolute(tmp_path: Path) -> None:
+    """run.json, the run row and the cluster row name the recipe wherever the command ran (14.13)."""
+    write_recipe(tmp_path, "name: where\nrun: echo hi\n", "where.yaml")
+    proc = cloudtrain("run", "where.yaml", "--keep", "--runs-dir", "runs", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    run_dir = Path(proc.stdout.strip().splitlines()[-1])
+    expected = str((tmp_path / "where.yaml").resolve())
+    assert run_dir.is_absolute() and run_dir.parent == (tmp_path / "runs").resolve()
+    assert json.loads((run_dir / "run.json").read_text())["recipe"]["path"] == expected
+    data = json.loads(cloudtrain("status", "--json").stdout)
+    assert data["runs"][0]["recipe_path"] == expected
+    assert data["clusters"][0]["recipe_path"] == expected
+    assert cloudtrain("down", "where").returncode == 0
+
+
+def test_logs_render_progress_lines_like_run(tmp_path: Path) -> None:
+    """`logs` shows readable lines, never the raw progress protocol (14.3), live and after teardown."""
+    recipe = write_recipe(tmp_path, """\
+        name: readable
+        run: |
+          echo start-of-job
+          echo '{"cloudtrain":"progress","type":"step","epoch":1,"epochs":2,"step":5,"steps_per_epoch":5,"loss":1}'
+          echo '{"cloudtrain":"progress","type":"epoch","epoch":1,"epochs":2,"loss":0.5,"epoch_time_s":1.25}'
+    """)
+    proc = cloudtrain("run", str(recipe), "--keep", "--runs-dir", str(tmp_path / "runs"), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    expected = ["start-of-job", "epoch 1/2  loss 0.5000  1.2s"]
+    live = cloudtrain("logs", "readable")
+    assert live.returncode == 0 and live.stdout.splitlines() == expected, live.stdout + live.stderr
+    assert cloudtrain("down", "readable").returncode == 0
+    collected = cloudtrain("logs", "readable")
+    assert collected.returncode == 0 and collected.stdout.splitlines() == expected, collected.stdout
+
+
+def test_bad_recipe_errors_name_file_and_line_for_every_problem(tmp_path: Path) -> None:
+    """Up to five problems, each with file:line; ${VAR} and not-available errors too (14.10)."""
+    (tmp_path / "many.yaml").write_text("name: x\nrun: y\nnum_nodes: 1.5\nresources: {cpus: -1, clod: aws}\nsetpu: z\n")
+    proc = cloudtrain("validate", "many.yaml", cwd=tmp_path)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert lines == [
+        "error: many.yaml:3: num_nodes: input should be a valid integer, got a number with a fractional part (1.5)",
+        "error: many.yaml:4: resources.cpus: input should be greater than or equal to 1, got -1",
+        "error: many.yaml:4: resources.clod: unknown key 'clod'; did you mean 'cloud'?",
+        "error: many.yaml:5: setpu: unknown key 'setpu'; did you mean 'setup'?",
+    ], proc.stderr
+    (tmp_path / "var.yaml").write_text("name: x\nrun: y\nenvs:\n  TOKEN: '${CT_E2E_UNSET_VAR}'\n")
+    proc = cloudtrain("run", "var.yaml", cwd=tmp_path)
+    assert proc.returncode == 2 and proc.stderr.startswith("error: var.yaml:4: envs.TOKEN: ${CT_E2E_UNSET_VAR}"), proc.stderr
+    (tmp_path / "na.yaml").write_text("name: x\nrun: y\n\nbudget: {max_usd: 5}\n")
+    proc = cloudtrain("run", "na.yaml", cwd=tmp_path)
+    assert proc.returncode == 2 and proc.stderr.startswith("error: na.yaml:4: budget.max_usd"), proc.stderr

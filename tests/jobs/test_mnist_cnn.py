@@ -10,6 +10,7 @@ import gzip
 import importlib.util
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -56,17 +57,34 @@ def run_job(out: Path, *args: str, env: dict[str, str] | None = None, script: Pa
                           cwd=ROOT, env=env or _env(), timeout=timeout)
 
 
-def progress_lines(stdout: str) -> list[dict[str, Any]]:
-    """Every stdout line must be a protocol object or a human log line; returns the former."""
+# What TensorFlow's native logging and absl look like: never on the job's stdout or stderr.
+NATIVE = re.compile(r"^[IWEF]\d{4} |absl::|cuInit|oneDNN|cuda_|cudart|TF_ENABLE_ONEDNN_OPTS")
+
+
+def readable(stdout: str) -> list[str]:
+    """Every stdout line is one readable fact: no protocol object, no native noise."""
+    lines = stdout.splitlines()
+    for line in lines:
+        assert not line.startswith("{"), f"protocol line on stdout: {line!r}"
+        assert not NATIVE.search(line), f"native noise on stdout: {line!r}"
+        assert line.strip() == line and line, f"stray stdout line: {line!r}"
+    return lines
+
+
+def progress_events(out: Path, since: int = 0) -> list[dict[str, Any]]:
+    """The protocol objects in OUTPUT/progress.jsonl after byte `since` (it is appended to)."""
     events = []
-    for line in stdout.splitlines():
-        if line.startswith("{"):
+    with open(out / "progress.jsonl", "rb") as f:
+        f.seek(since)
+        for line in f.read().decode().splitlines():
             obj = json.loads(line)
             assert obj["cloudtrain"] == "progress", line
             events.append(obj)
-        else:
-            assert line.startswith("[mnist_cnn] "), f"stray stdout line: {line!r}"
     return events
+
+
+def size(path: Path) -> int:
+    return path.stat().st_size if path.exists() else 0
 
 
 def read(path: Path) -> dict[str, Any]:
@@ -185,7 +203,8 @@ def one_epoch(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subproces
 
 def test_one_epoch_run_writes_every_artifact(one_epoch: tuple[Path, subprocess.CompletedProcess[str]]) -> None:
     out, res = one_epoch
-    events = progress_lines(res.stdout)
+    readable(res.stdout)
+    events = progress_events(out)
     assert [e["type"] for e in events] == ["start", "step", "step", "epoch", "done"]
     assert events[0] == {"cloudtrain": "progress", "type": "start", "epochs": 1, "steps_per_epoch": 10,
                          "initial_epoch": 0}
@@ -228,12 +247,40 @@ def test_finished_output_is_not_retrained(one_epoch: tuple[Path, subprocess.Comp
     out, _ = one_epoch
     before = (out / "metrics.json").stat().st_mtime_ns
     t0 = time.perf_counter()
+    offset = size(out / "progress.jsonl")
     res = run_job(out, *TINY, "--epochs", "1")
     assert res.returncode == 0 and "already holds the final result" in res.stdout
-    assert [e["type"] for e in progress_lines(res.stdout)] == ["done"]
+    assert [e["type"] for e in progress_events(out, offset)] == ["done"]
+    assert readable(res.stdout)[-1].startswith("test accuracy ")
     assert (out / "metrics.json").stat().st_mtime_ns == before and time.perf_counter() - t0 < 10
     res = run_job(out, *TINY, "--epochs", "1", "--lr", "0.01")  # other settings: refuse, don't mix
     assert res.returncode == 2 and "lr 0.002 -> 0.01" in res.stderr
+
+
+def test_output_is_one_readable_line_per_fact(one_epoch: tuple[Path, subprocess.CompletedProcess[str]]) -> None:
+    """stdout: readable lines only; stderr: nothing on success; TensorFlow's native output lands in
+    OUTPUT/tensorflow.log (issue 14, items 2 and 3)."""
+    out, res = one_epoch
+    lines = readable(res.stdout)
+    assert res.stderr == "", res.stderr[-2000:]
+    assert lines[0] == "data: bundled (mnist_5k.csv.gz): train 640, val 400, test 1000"
+    assert lines[1].startswith("loading TensorFlow")
+    assert any(line.startswith("device CPU, strategy default") for line in lines)
+    epoch = [line for line in lines if line.startswith("epoch ")]
+    assert len(epoch) == 1 and re.fullmatch(r"epoch 1/1  loss [\d.]+  accuracy [\d.]+  val_loss [\d.]+  "
+                                             r"val_accuracy [\d.]+  [\d.]+s", epoch[0]), epoch
+    assert sum("test accuracy" in line for line in lines) == 1  # once, not twice
+    assert re.fullmatch(r"test accuracy 0\.\d{4}  loss [\d.]+  [\d,]+ images/s \(steady state\)", lines[-1]), lines[-1]
+    native = (out / "tensorflow.log").read_text()
+    assert "(Conv2D): /job:localhost" not in native  # placement lines are in device_placement.log.gz only
+
+
+def test_a_crash_still_reaches_stderr(tmp_path: Path) -> None:
+    """Native output goes to tensorflow.log, but the job's own errors are never hidden there."""
+    res = run_job(tmp_path / "out", *TINY, "--epochs", "1", "--limit-train", "10")  # less than one batch
+    assert res.returncode == 2 and "do not fill one global batch" in res.stderr
+    assert res.stderr.count("\n") == 1 and not NATIVE.search(res.stderr), res.stderr
+    assert (tmp_path / "out" / "tensorflow.log").exists()
 
 
 def test_gpu_request_fails_clearly_without_gpu(tmp_path: Path) -> None:
@@ -295,8 +342,11 @@ def test_multiworker_two_local_workers_agree(tmp_path: Path) -> None:
     for key in ("test_accuracy", "test_loss", "train_loss", "train_accuracy", "val_loss", "val_accuracy"):
         assert worker[key] == pytest.approx(chief[key], rel=1e-6, abs=1e-7), key
     assert not (tmp_path / "worker-0").exists() and (tmp_path / "model.keras").exists()
-    assert [e["loss"] for e in progress_lines(results[0][0]) if e["type"] == "epoch"] == \
-        [e["loss"] for e in progress_lines(results[1][0]) if e["type"] == "epoch"]
+    assert [e["loss"] for e in progress_events(tmp_path) if e["type"] == "epoch"] == \
+        [e["loss"] for e in progress_events(tmp_path / "worker-1") if e["type"] == "epoch"]
+    # The same readable epoch lines on both workers, but for their own epoch times.
+    assert [line.rsplit("  ", 1)[0] for line in readable(results[0][0]) if line.startswith("epoch ")] == \
+        [line.rsplit("  ", 1)[0] for line in readable(results[1][0]) if line.startswith("epoch ")]
 
 
 def test_killed_after_epoch_two_resumes_at_three(tmp_path: Path) -> None:
@@ -305,7 +355,7 @@ def test_killed_after_epoch_two_resumes_at_three(tmp_path: Path) -> None:
     try:
         assert proc.stdout
         for line in proc.stdout:
-            if line.startswith("{") and json.loads(line)["type"] == "epoch" and json.loads(line)["epoch"] == 2:
+            if line.startswith("epoch 2/4 "):
                 proc.send_signal(signal.SIGKILL)  # the epoch line follows its checkpoint
                 break
     finally:
@@ -315,11 +365,15 @@ def test_killed_after_epoch_two_resumes_at_three(tmp_path: Path) -> None:
     assert not (tmp_path / "metrics.json").exists()
     assert len(read(tmp_path / "train_state.json")["history"]) == 2
 
+    offset = size(tmp_path / "progress.jsonl")
     res = run_job(tmp_path, *TINY, "--epochs", "4")
     assert res.returncode == 0, res.stderr[-3000:]
-    events = progress_lines(res.stdout)
+    events = progress_events(tmp_path, offset)
     assert events[0]["initial_epoch"] == 2 and "resuming from the checkpoint after epoch 2" in res.stdout
     assert [e["epoch"] for e in events if e["type"] == "epoch"] == [3, 4]
+    assert [line.split()[1] for line in readable(res.stdout) if line.startswith("epoch ")] == ["3/4", "4/4"]
+    # The file keeps the killed process's epochs too: a resumed run's record is complete.
+    assert [e["epoch"] for e in progress_events(tmp_path) if e["type"] == "epoch"] == [1, 2, 3, 4]
     m = read(tmp_path / "metrics.json")
     assert m["resumed_from_epoch"] == 2 and m["epochs"] == 4 and len(m["epoch_times_s"]) == 4
     rows = (tmp_path / "history.csv").read_text().splitlines()[1:]
@@ -340,3 +394,12 @@ def test_quality_three_seeds(tmp_path: Path) -> None:
     assert all(m["num_test"] == 1000 for m in results)
     assert np.mean([m["test_accuracy"] for m in results]) >= 0.97, summary
     assert all(m["train_time_s"] <= 60 for m in results), summary
+
+
+def test_force_cleans_the_progress_stream_and_native_log(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    for name in ("progress.jsonl", "tensorflow.log", "metrics.json"):
+        (out / name).write_text("old\n")
+    job.clean_outputs(out)
+    assert not list(out.iterdir())

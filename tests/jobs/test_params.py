@@ -204,3 +204,10 @@ def test_params_module_imports_no_numpy() -> None:
     code = "import sys, cloudtrain.jobs.params; print(sorted(m for m in ('numpy', 'tensorflow', 'pydantic') if m in sys.modules))"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert proc.stdout.strip() == "[]"
+
+
+def test_progress_every_names_the_file_the_job_writes(job: ModuleType, job_actions: dict[str, argparse.Action]) -> None:
+    """The step events moved off stdout into OUTPUT/progress.jsonl (issue 14.3): both helps say where."""
+    declared = MNIST_CNN.get("progress_every")
+    assert declared is not None and job.PROGRESS_FILE in declared.help
+    assert job.PROGRESS_FILE in (job_actions["--progress-every"].help or "")
