@@ -22,5 +22,6 @@ def check_cluster_name(name: str) -> str:
     suggestion = re.sub(r"[^a-z0-9-]+", "-", name.lower()).strip("-")[:40].rstrip("-")
     if suggestion and not suggestion[0].isalpha():
         suggestion = f"c-{suggestion}"[:40].rstrip("-")
-    hint = f"try --cluster {suggestion}" if suggestion and NAME_RE.fullmatch(suggestion) else "pick another name"
+    # Verbs take the name as --cluster or positionally: suggest the name, not the flag.
+    hint = f"a valid name: {suggestion}" if suggestion and NAME_RE.fullmatch(suggestion) else "pick another name"
     raise UsageError(f"cluster name {name!r} is not valid: it must be {NAME_RULE}", hint=hint)

@@ -66,7 +66,7 @@ def test_invalid_names_are_usage_errors_with_the_rule(name: str, why: str, sugge
     if suggestion is None:
         assert "--cluster" not in line, line
     else:
-        assert f"try --cluster {suggestion}" in line, line
+        assert f"a valid name: {suggestion}" in line, line
         # The suggestion itself is a valid name.
         assert check_cluster_name(suggestion) == suggestion
 
@@ -76,8 +76,8 @@ def test_every_suggestion_is_valid() -> None:
         with pytest.raises(UsageError) as caught:
             check_cluster_name(name)
         hint = caught.value.hint or ""
-        if hint.startswith("try --cluster "):
-            check_cluster_name(hint.removeprefix("try --cluster "))
+        if hint.startswith("a valid name: "):
+            check_cluster_name(hint.removeprefix("a valid name: "))
 
 
 @pytest.mark.parametrize("name", ["box\n", "a\n"])

@@ -431,7 +431,8 @@ def _replace_section(cluster: str, section: str) -> Path:
 
 
 def ensure_ssh_include() -> bool:
-    """Add `Include <generated config>` at the top of ~/.ssh/config (opt-in). True when it changed."""
+    """Add `Include <generated config>` at the top of ~/.ssh/config (on by default, `ssh.add_include:
+    false` turns it off). True when it changed."""
     user_dir = Path.home() / ".ssh"
     user_config = user_dir / "config"
     target = ssh_config_path()

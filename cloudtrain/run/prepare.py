@@ -108,7 +108,9 @@ def write_ssh_config(cluster: Cluster, config: Config, reporter: Reporter) -> No
     name = cluster.record.name
     keys.write_ssh_config(name, [endpoint_of(r, cluster.provider, config) for r in cluster.nodes])
     if config.ssh.add_include and keys.ensure_ssh_include():
-        reporter.info(f"added cloudtrain's ssh config to ~/.ssh/config: `ssh {name}` reaches rank 0")
+        # A change to the user's own file: said even with -q, with the way to turn it off.
+        reporter.warn(f"added an Include of cloudtrain's ssh config to ~/.ssh/config: `ssh {name}` reaches rank 0 "
+                      "(set ssh.add_include: false in the config to keep your ~/.ssh/config untouched)")
 
 
 def _bootstrap(node: Node, ensure_tf: bool, reporter: Reporter) -> str:

@@ -111,7 +111,7 @@ def test_ssh_config_blocks_per_node_and_cluster(tmp_path: Path) -> None:
     assert "Host exp" not in path.read_text() and "Host other\n" in path.read_text()
 
 
-def test_ensure_ssh_include_is_opt_in_idempotent_and_keeps_user_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_ensure_ssh_include_is_idempotent_and_keeps_user_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HOME", str(tmp_path / "user"))
     user_config = tmp_path / "user" / ".ssh" / "config"
     user_config.parent.mkdir(parents=True)
