@@ -1,7 +1,11 @@
 #!/bin/sh
 # cloudtrain job runner: the same file on every node (local, SSH, every cloud).
 #
-#   runner.sh start    JOBDIR         start JOBDIR/cmd.sh detached, in its own session; print the pid
+#   runner.sh start    JOBDIR [GRACE [DEADLINE]]
+#                                     start JOBDIR/cmd.sh detached, in its own session; print the pid.
+#                                     DEADLINE (whole seconds, optional): the supervisor ends the job
+#                                     then, on the node, whatever happens to the CLI: TERM, KILL after
+#                                     GRACE, exit code 124 (state failed), a line in the log
 #   runner.sh status   JOBDIR         print one JSON line: state, pid, exit_code, started_at, ended_at
 #   runner.sh kill     JOBDIR [GRACE] end the job and everything it started: TERM, then KILL after
 #                                     GRACE seconds (default 10)
@@ -111,7 +115,7 @@ start)
     if [ -f "$jobdir/pid" ]; then echo "runner: job in $jobdir was already started" >&2; exit 3; fi
     # setsid gives the job its own session and process group, so neither a closed SSH session
     # nor Ctrl-C in the CLI reaches it; only `runner.sh kill` (or a stopped VM) ends it.
-    setsid sh "$0" _supervise "$jobdir" "$grace" </dev/null >/dev/null 2>&1 &
+    setsid sh "$0" _supervise "$jobdir" "$grace" "${4:-}" </dev/null >/dev/null 2>&1 &
     i=0
     while [ ! -s "$jobdir/pid" ] && [ $i -lt 1000 ]; do sleep 0.01; i=$((i + 1)); done
     [ -s "$jobdir/pid" ] || { echo "runner: job did not start" >&2; exit 4; }
@@ -128,22 +132,54 @@ _supervise)
         exit 0
     fi
     child=
+    deadline=${4:-}
     finish() {
         code=$1
-        trap '' TERM INT HUP
+        trap '' TERM INT HUP USR1
         # Whatever the job left behind (background processes, daemons of its own) ends with it.
         # Done while this supervisor lives, so the session id cannot have been reused.
         end_processes $$ 1
         write_exit "$code"
         exit 0
     }
+    # The deadline: a timer in the job's session signals this supervisor, which ends the whole
+    # session (the job, what it started, the timer) as `kill` does and records exit code 124.
+    on_deadline() {
+        trap '' TERM INT HUP USR1
+        : > timed_out
+        echo "cloudtrain: the job reached its deadline of ${deadline}s and was stopped" >> log
+        end_processes $$ 1
+        wait "$child" 2>/dev/null
+        finish 124
+    }
     trap '[ -n "$child" ] && kill -TERM "$child" 2>/dev/null; wait "$child" 2>/dev/null; finish 143' TERM INT HUP
+    trap on_deadline USR1
     (
         [ -f env.sh ] && . ./env.sh
         cd "${CLOUDTRAIN_WORKDIR:-.}" || exit 1
         exec sh "$jobdir/cmd.sh"
     ) >> log 2>&1 &
     child=$!
+    if [ -n "$deadline" ] && [ "$deadline" -gt 0 ] 2>/dev/null; then
+        echo "$deadline" > deadline_s
+        sup=$$
+        # Signals only a supervisor that is still this job's (alive, leading its own session, no exit code).
+        (
+            sleep "$deadline"
+            [ -f "$jobdir/exit_code" ] && exit 0
+            if [ -r "/proc/$sup/stat" ]; then
+                stat=""
+                read -r stat < "/proc/$sup/stat" 2>/dev/null || exit 0
+                rest=${stat##*) }
+                set -f
+                # shellcheck disable=SC2086
+                set -- $rest
+                set +f
+                [ "${4:-}" = "$sup" ] || exit 0
+            fi
+            kill -USR1 "$sup" 2>/dev/null
+        ) </dev/null >/dev/null 2>&1 &
+    fi
     wait "$child"
     finish $?
     ;;

@@ -23,6 +23,7 @@ from cloudtrain.recipe import Recipe, load_recipe
 from tests.conftest import REPO, cloudtrain
 
 AWS = "name: demo\nresources:\n  cloud: aws\n"  # lines 1-3
+SSH = "name: demo\nresources: {cloud: ssh, hosts: [{address: 10.0.0.5}]}\nrun: x\n\n"  # lines 1-4
 
 
 def aws(*resource_lines: str) -> str:
@@ -62,9 +63,12 @@ BAD = [
      ["recipe.yaml:2: resources.accelerators", "no cloud offers a GPU called 'T5'", "did you mean"]),
     ("max-hourly-too-low", aws("accelerators: 'T4:1'", "max_hourly_usd: 0.01"),
      ["resources.max_hourly_usd", "nothing that fits costs $0.01/h or less"]),
-    # fields no provider acts on yet
-    ("autostop", aws() + "autostop: {idle_minutes: 5}\n", ["recipe.yaml:5: autostop is not available yet for cloud aws"]),
-    ("budget", aws() + "budget: {max_usd: 5}\n", ["recipe.yaml:5: budget limits are not available yet"]),
+    # fields the cloud cannot act on: autostop and budget where machines cannot stop themselves
+    ("autostop", SSH + "autostop: {idle_minutes: 5}\n",
+     ["recipe.yaml:5: autostop is not available for cloud ssh", "your own machines"]),
+    ("budget", SSH + "budget: {max_hours: 5}\n", ["recipe.yaml:5: budget limits are not available for cloud ssh"]),
+    ("budget-usd-on-free-cloud", "name: demo\nrun: x\nbudget: {max_usd: 5}\n",
+     ["recipe.yaml:3: budget.max_usd needs a priced cloud", "budget.max_hours"]),
     ("region-on-local", "name: demo\nrun: x\nresources:\n  cloud: local\n  region: us-east-1\n",
      ["recipe.yaml:5: resources.region does not apply to cloud local"]),
     ("spot-on-local", "name: demo\nrun: x\nresources: {spot: true}\n",
@@ -214,7 +218,9 @@ BUNDLED = [
 
 
 def test_bundled_recipes_are_all_covered() -> None:
-    assert {name for name, _, _ in BUNDLED} == {p.name for p in (REPO / "recipes").glob("*.yaml")}
+    # Sweep recipes are checked by `cloudtrain sweep validate` (tests/sweep/test_spec.py).
+    recipes = {p.name for p in (REPO / "recipes").glob("*.yaml") if not p.name.startswith("sweep-")}
+    assert {name for name, _, _ in BUNDLED} == recipes
 
 
 @pytest.mark.parametrize(("name", "env", "plan_line"), BUNDLED, ids=[f"{n}-{len(e)}" for n, e, _ in BUNDLED])
@@ -275,7 +281,7 @@ def test_preflight_breaks_price_ties_towards_the_configured_region(tmp_path: Pat
         (aws("region: ap-south-1"), NotAvailableError),
         ("name: demo\nresources: {cloud: any, accelerators: 'T5:1'}\nrun: x\n", UsageError),
         (job("epochs: 0"), RecipeError),
-        (aws() + "budget: {max_usd: 1}\n", NotAvailableError),
+        ("name: demo\nrun: x\nbudget: {max_usd: 1}\n", NotAvailableError),
     ],
 )
 def test_preflight_errors_are_usage_errors(tmp_path: Path, text: str, error: type) -> None:

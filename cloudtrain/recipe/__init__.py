@@ -148,6 +148,9 @@ class BundledJob(StrictModel):
 class Autostop(StrictModel):
     idle_minutes: Annotated[int, Field(ge=1)] = 30
     down: bool = False
+    wait_for: Literal["jobs_and_ssh", "jobs", "none"] = Field(
+        default="jobs_and_ssh",
+        description="what keeps a node up: cloudtrain jobs and SSH sessions, jobs only, or nothing")
 
 
 class Budget(StrictModel):
@@ -211,9 +214,20 @@ class SweepReserve(StrictModel):
     release_minutes: Annotated[float, Field(gt=0)] = 2.0
 
 
+_SCALAR = {"type": ["string", "number", "boolean"]}
+_PAIR = {"type": "array", "items": {"type": "number"}, "minItems": 2, "maxItems": 2}
+# Editors see what validation accepts: a plain list, or a mapping with exactly one kind.
+_SWEEP_PARAM_SCHEMA = {"anyOf": [
+    {"type": "array", "items": _SCALAR, "minItems": 1},
+    {"type": "object", "additionalProperties": False, "minProperties": 1, "maxProperties": 1, "properties": {
+        "choice": {"type": "array", "items": _SCALAR, "minItems": 1}, "uniform": _PAIR, "loguniform": _PAIR,
+        "int": {**_PAIR, "items": {"type": "integer"}}}},
+]}
+
+
 class Sweep(StrictModel):
     method: Literal["grid", "random", "tpe"] = "tpe"
-    parameters: dict[str, SweepParam] = Field(min_length=1)
+    parameters: dict[str, Annotated[SweepParam, WithJsonSchema(_SWEEP_PARAM_SCHEMA)]] = Field(min_length=1)
     max_trials: Annotated[int, Field(ge=1)] | None = Field(default=None, description="default: the grid's size")
     max_parallel: Annotated[int, Field(ge=1, le=256)] = 1
     budget_usd: Annotated[float, Field(gt=0, description="hard: the sweep never spends more")]

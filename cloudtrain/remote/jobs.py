@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import shlex
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -76,9 +77,17 @@ def env_script(env: Mapping[str, str]) -> bytes:
     return ("\n".join(lines) + "\n").encode()
 
 
-def submit(transport: Transport, layout: NodeLayout, job_id: str, script: str, env: Mapping[str, str]) -> int:
-    """Write the job's files and start it detached; return its pid (process group id)."""
+DEADLINE_ENV = "CLOUDTRAIN_DEADLINE_S"
+
+
+def submit(transport: Transport, layout: NodeLayout, job_id: str, script: str, env: Mapping[str, str],
+           deadline_s: float | None = None) -> int:
+    """Write the job's files and start it detached; return its pid (process group id).
+
+    `deadline_s` (default: the job's CLOUDTRAIN_DEADLINE_S, if set): the node ends the job after that
+    many seconds (whole, rounded down) even if the CLI is gone; it then fails with exit code 124."""
     job_dir = layout.job_dir(job_id)
+    deadline = _deadline(deadline_s if deadline_s is not None else env.get(DEADLINE_ENV))
     # env.sh may hold secrets from the recipe's envs: readable by the node's user only.
     transport.put_file(env_script({"CLOUDTRAIN_WORKDIR": layout.workdir, **env}), f"{job_dir}/env.sh", mode=0o600)
     # cmd.sh and the start in one round trip (the edit-run loop pays for every one). The script
@@ -86,13 +95,30 @@ def submit(transport: Transport, layout: NodeLayout, job_id: str, script: str, e
     # short script to `cat`, and a truncated job must never run.
     body = script.encode()
     start = ('umask 077 && mkdir -p "$1" && cat > "$1/cmd.sh.part" && [ "$(wc -c < "$1/cmd.sh.part")" -eq "$3" ] '
-             '&& mv "$1/cmd.sh.part" "$1/cmd.sh" && exec sh "$2" start "$1"')
-    result = transport.run(["sh", "-c", start, "sh", job_dir, layout.runner, str(len(body))], input=body,
-                           what="starting the job")
+             '&& mv "$1/cmd.sh.part" "$1/cmd.sh" && exec sh "$2" start "$1" "$4" "$5"')
+    result = transport.run(["sh", "-c", start, "sh", job_dir, layout.runner, str(len(body)), str(KILL_GRACE_S),
+                            str(deadline or "")], input=body, what="starting the job")
     try:
         return int(result.text.strip())
     except ValueError:
         raise RemoteError(f"{transport.label}: runner printed {result.text!r} instead of a pid") from None
+
+
+def _deadline(value: float | str | None) -> int | None:
+    """Whole seconds (at least 1) for the runner, or None for no deadline."""
+    if value is None or value == "":
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        from cloudtrain.errors import UsageError
+
+        raise UsageError(f"{DEADLINE_ENV} must be a number of seconds, got {value!r}") from None
+    if not (seconds > 0 and math.isfinite(seconds)):
+        from cloudtrain.errors import UsageError
+
+        raise UsageError(f"{DEADLINE_ENV} must be more than 0 seconds, got {value!r}")
+    return max(1, int(seconds))
 
 
 def status(transport: Transport, layout: NodeLayout, job_id: str) -> JobStatus:

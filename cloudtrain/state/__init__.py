@@ -105,6 +105,73 @@ _MIGRATIONS: list[str] = [
     CREATE INDEX billing_by_cluster ON billing(cluster, started_at);
     CREATE INDEX billing_open ON billing(instance_id, ended_at);
     """,
+    # version 4: sweeps (cloudtrain/sweep). The scheduler's journal: written before it acts, so
+    # `sweep resume` after a killed CLI knows every VM and attempt it may have started.
+    """
+    CREATE TABLE sweeps (
+        id TEXT PRIMARY KEY,
+        name TEXT NOT NULL,
+        recipe_path TEXT NOT NULL,
+        recipe_digest TEXT NOT NULL,
+        status TEXT NOT NULL,
+        pid INTEGER,
+        results_dir TEXT NOT NULL,
+        spec TEXT NOT NULL,
+        created_at REAL NOT NULL,
+        updated_at REAL NOT NULL,
+        ended_at REAL,
+        error TEXT,
+        next_slot INTEGER NOT NULL DEFAULT 0,
+        boot_failures INTEGER NOT NULL DEFAULT 0,
+        stop_reason TEXT,
+        ended_reason TEXT
+    );
+    CREATE TABLE sweep_trials (
+        sweep TEXT NOT NULL,
+        number INTEGER NOT NULL,
+        params TEXT NOT NULL,
+        state TEXT NOT NULL,
+        attempts INTEGER NOT NULL,
+        failures INTEGER NOT NULL,
+        value REAL,
+        error TEXT,
+        created_at REAL NOT NULL,
+        ended_at REAL,
+        PRIMARY KEY (sweep, number)
+    );
+    CREATE TABLE sweep_attempts (
+        sweep TEXT NOT NULL,
+        trial INTEGER NOT NULL,
+        attempt INTEGER NOT NULL,
+        vm TEXT NOT NULL,
+        started_at REAL NOT NULL,
+        deadline_at REAL NOT NULL,
+        hourly_usd REAL NOT NULL,
+        state TEXT NOT NULL,
+        ended_at REAL,
+        value REAL,
+        error TEXT,
+        stopping TEXT,
+        PRIMARY KEY (sweep, trial, attempt)
+    );
+    CREATE TABLE sweep_vms (
+        sweep TEXT NOT NULL,
+        id TEXT NOT NULL,
+        slot INTEGER NOT NULL,
+        state TEXT NOT NULL,
+        hourly_usd REAL NOT NULL,
+        launched_at REAL NOT NULL,
+        lease_end REAL NOT NULL,
+        ready_at REAL,
+        release_at REAL,
+        gone_at REAL,
+        trial INTEGER,
+        attempt INTEGER,
+        runs INTEGER NOT NULL DEFAULT 0,
+        error TEXT,
+        PRIMARY KEY (sweep, id)
+    );
+    """,
 ]
 SCHEMA_VERSION = len(_MIGRATIONS)
 
@@ -476,3 +543,117 @@ class StateStore:
                 "ON CONFLICT(job_id) DO UPDATE SET offset = excluded.offset",
                 (job_id, offset),
             )
+
+    # sweeps ----------------------------------------------------------------------------------------
+
+    def insert_sweep(self, sweep: SweepRecord) -> None:
+        self._insert("sweeps", sweep)
+
+    def update_sweep(self, sweep_id: str, **values: Any) -> None:
+        values.setdefault("updated_at", time.time())
+        self._update("sweeps", SweepRecord, sweep_id, values)
+
+    def get_sweep(self, sweep_id: str) -> SweepRecord | None:
+        found = _rows(self._db.execute("SELECT * FROM sweeps WHERE id = ?", (sweep_id,)), SweepRecord)
+        return found[0] if found else None
+
+    def list_sweeps(self, limit: int = 50) -> list[SweepRecord]:
+        return _rows(self._db.execute("SELECT * FROM sweeps ORDER BY created_at DESC LIMIT ?", (limit,)), SweepRecord)
+
+    def save_sweep_records(self, sweep_id: str, trials: list[SweepTrialRow], attempts: list[SweepAttemptRow],
+                           vms: list[SweepVmRow], counters: dict[str, Any] | None = None) -> None:
+        """The scheduler's changed records, all in one transaction (its journal)."""
+        unknown = set(counters or {}) - {"next_slot", "boot_failures", "stop_reason", "ended_reason"}
+        if unknown:
+            raise ValueError(f"unknown sweep counters: {sorted(unknown)}")
+        with self._write() as db:
+            for table, rows in (("sweep_trials", trials), ("sweep_attempts", attempts), ("sweep_vms", vms)):
+                for row in rows:
+                    cols = [f.name for f in fields(row)]
+                    db.execute(f"INSERT OR REPLACE INTO {table} ({', '.join(cols)}) "
+                               f"VALUES ({', '.join('?' for _ in cols)})", [getattr(row, c) for c in cols])
+            if counters:
+                sets = ", ".join(f"{k} = :{k}" for k in counters)
+                db.execute(f"UPDATE sweeps SET {sets}, updated_at = :now WHERE id = :id",
+                           {**counters, "now": time.time(), "id": sweep_id})
+
+    def sweep_trials(self, sweep_id: str) -> list[SweepTrialRow]:
+        cur = self._db.execute("SELECT * FROM sweep_trials WHERE sweep = ? ORDER BY number", (sweep_id,))
+        return _rows(cur, SweepTrialRow)
+
+    def sweep_attempts(self, sweep_id: str) -> list[SweepAttemptRow]:
+        cur = self._db.execute("SELECT * FROM sweep_attempts WHERE sweep = ? ORDER BY started_at, trial, attempt",
+                               (sweep_id,))
+        return _rows(cur, SweepAttemptRow)
+
+    def sweep_vms(self, sweep_id: str) -> list[SweepVmRow]:
+        cur = self._db.execute("SELECT * FROM sweep_vms WHERE sweep = ? ORDER BY slot", (sweep_id,))
+        return _rows(cur, SweepVmRow)
+
+
+@dataclass(frozen=True)
+class SweepRecord:
+    id: str
+    name: str
+    recipe_path: str
+    recipe_digest: str
+    status: str  # running | stopping | done | stopped | failed
+    pid: int | None  # the process driving it
+    results_dir: str
+    spec: str  # JSON: costs, limits, metric, goal (fixed when the sweep starts)
+    created_at: float
+    updated_at: float
+    ended_at: float | None = None
+    error: str | None = None
+    next_slot: int = 0
+    boot_failures: int = 0
+    stop_reason: str | None = None
+    ended_reason: str | None = None
+
+
+@dataclass(frozen=True)
+class SweepTrialRow:
+    sweep: str
+    number: int
+    params: str  # JSON object
+    state: str
+    attempts: int
+    failures: int
+    value: float | None
+    error: str | None
+    created_at: float
+    ended_at: float | None
+
+
+@dataclass(frozen=True)
+class SweepAttemptRow:
+    sweep: str
+    trial: int
+    attempt: int
+    vm: str
+    started_at: float
+    deadline_at: float
+    hourly_usd: float
+    state: str
+    ended_at: float | None
+    value: float | None
+    error: str | None
+    stopping: str | None
+
+
+@dataclass(frozen=True)
+class SweepVmRow:
+    sweep: str
+    id: str
+    slot: int
+    state: str
+    hourly_usd: float
+    launched_at: float
+    lease_end: float
+    ready_at: float | None
+    release_at: float | None
+    gone_at: float | None
+    trial: int | None
+    attempt: int | None
+    runs: int
+    error: str | None

@@ -1,0 +1,462 @@
+"""The real Backend: each VM slot is a kept cluster, each attempt one run of the `run` pipeline.
+
+- launch: `Executor.up` on the slot's cluster (`sw-<sweep>-<slot>`), in a thread; a VM that is not
+  running by `ready_by` is given up (lifecycle's wait) and whatever it left is taken down.
+- run: `Executor.run(trial recipe, cluster, teardown "keep", runs/sweep-<id>/trials/tNNNN-aK/,
+  env_overrides)` in a thread; the job gets CLOUDTRAIN_DEADLINE_S, which the node enforces
+  (templates/runner.sh), and a setup that overruns its reserved time fails the attempt before the
+  job starts. Per-epoch progress lines become `Progress` events.
+- cancel: the attempt's reporter refuses to go on, and the cluster's open jobs are cancelled
+  (again, until the attempt's thread is over: a job may be submitted just after a cancel).
+- release: `cloudtrain down` of the slot's cluster (retried), after its boot thread is done.
+- recover: after a killed CLI, state rows, run rows and the node's job files say what happened:
+  a finished run is judged from its run directory, a job still running is followed again and
+  its results collected, an attempt whose job never started is reported as such.
+Each thread opens its own StateStore (one SQLite connection per thread).
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cloudtrain.config import Config
+from cloudtrain.errors import CloudtrainError
+from cloudtrain.recipe import LoadedRecipe
+from cloudtrain.sweep.core import (
+    AttemptEnded,
+    Cancel,
+    Event,
+    Launch,
+    Outcome,
+    Progress,
+    Release,
+    Snapshot,
+    Start,
+    VmFailed,
+    VmGone,
+    VmReady,
+    VmState,
+)
+from cloudtrain.sweep.spec import DEADLINE_ENV, SweepSpec, trial_recipe
+
+RELEASE_TRIES = 4
+
+
+class TrialStopped(CloudtrainError):
+    """The scheduler ended this attempt (pruned, stopped) or its setup overran its reserved time."""
+
+
+def cluster_name(sweep_id: str, slot: int) -> str:
+    return f"sw-{sweep_id}-{slot}"
+
+
+def attempt_dir(results_dir: Path, trial: int, attempt: int) -> Path:
+    return results_dir / "trials" / f"t{trial:04d}-a{attempt}"
+
+
+@dataclass
+class _Handle:
+    """An attempt in flight: its cluster, its stop flag, where it is."""
+
+    cluster: str
+    stop: threading.Event = field(default_factory=threading.Event)
+    reason: str | None = None
+    phase: str = "starting"
+    thread: threading.Thread | None = None
+
+
+class TrialReporter:
+    """The pipeline's Reporter for one attempt: progress becomes events, chatter is dropped."""
+
+    def __init__(self, backend: PipelineBackend, key: tuple[int, int], handle: _Handle, job_start_by: float) -> None:
+        self.backend = backend
+        self.key = key
+        self.handle = handle
+        self.job_start_by = job_start_by
+
+    def _check(self) -> None:
+        if self.handle.stop.is_set():
+            raise TrialStopped(f"attempt {self.key[1]} of trial {self.key[0]} {self.handle.reason or 'stopped'}")
+
+    def phase_start(self, phase: str, detail: str = "") -> None:
+        self.handle.phase = phase
+        self._check()
+        if phase == "run" and time.time() > self.job_start_by:
+            raise TrialStopped("provisioning, sync and setup took longer than the time reserved for them "
+                               "(sweep.reserve.setup_minutes)")
+
+    def phase_end(self, phase: str, seconds: float, detail: str = "", ok: bool = True) -> None:
+        return None
+
+    def log_line(self, line: str, node: int = 0) -> None:
+        return None
+
+    def progress(self, event: dict[str, Any]) -> None:
+        if event.get("type") != "epoch":
+            return
+        value = event.get(self.backend.spec.progress_metric)
+        epoch = event.get("epoch")
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and isinstance(epoch, int):
+            self.backend.put(Progress(self.key[0], self.key[1], epoch, float(value)))
+
+    def info(self, message: str) -> None:
+        return None
+
+    def warn(self, message: str) -> None:
+        self.backend.warn(f"trial {self.key[0]}: {message}")
+
+
+class _Quiet(TrialReporter):
+    def __init__(self, backend: PipelineBackend, what: str) -> None:
+        self.backend = backend
+        self.what = what
+
+    def phase_start(self, phase: str, detail: str = "") -> None:
+        return None
+
+    def progress(self, event: dict[str, Any]) -> None:
+        return None
+
+    def warn(self, message: str) -> None:
+        self.backend.warn(f"{self.what}: {message}")
+
+
+class PipelineBackend:
+    def __init__(self, sweep_id: str, base: LoadedRecipe, spec: SweepSpec, config: Config, results_dir: Path,
+                 warn: Callable[[str], None]) -> None:
+        self.sweep_id = sweep_id
+        self.base = base
+        self.spec = spec
+        self.config = config
+        self.results_dir = results_dir
+        self.warn = warn
+        self._events: queue.Queue[Event] = queue.Queue()
+        self._boots: dict[str, threading.Thread] = {}
+        self.handles: dict[tuple[int, int], _Handle] = {}
+        self._threads: list[threading.Thread] = []
+
+    # plumbing --------------------------------------------------------------------------------------
+
+    def put(self, event: Event) -> None:
+        self._events.put(event)
+
+    def _lifecycle(self):
+        from cloudtrain.cluster.lifecycle import Lifecycle
+        from cloudtrain.state import StateStore
+
+        return Lifecycle(StateStore(), self.config)
+
+    def _spawn(self, name: str, fn: Callable[[], None]) -> threading.Thread:
+        def body() -> None:
+            try:
+                fn()
+            except BaseException as exc:  # noqa: BLE001  a thread must never die silently
+                self.warn(f"{name}: internal error: {type(exc).__name__}: {exc}")
+
+        thread = threading.Thread(target=body, name=name, daemon=True)
+        self._threads.append(thread)
+        thread.start()
+        return thread
+
+    def cluster(self, vm: str) -> str:
+        return cluster_name(self.sweep_id, int(vm.lstrip("v")))
+
+    def busy(self) -> bool:
+        return any(t.is_alive() for t in self._threads)
+
+    def join(self, timeout_s: float) -> None:
+        end = time.monotonic() + timeout_s
+        for thread in list(self._threads):
+            thread.join(max(0.0, end - time.monotonic()))
+
+    # Backend ---------------------------------------------------------------------------------------
+
+    def launch(self, action: Launch) -> None:
+        name = self.cluster(action.vm)
+
+        def boot() -> None:
+            from cloudtrain.run.pipeline import Executor
+            from cloudtrain.sweep.spec import base_recipe
+
+            lc = self._lifecycle()
+            try:
+                lc.wait_timeout_s = max(30.0, action.ready_by - time.time())
+                cluster, _ = Executor(lc, _Quiet(self, name)).up(base_recipe(self.base), name)
+                self.put(VmReady(action.vm, time.time(), cluster.record.hourly_price))
+            except Exception as exc:  # noqa: BLE001
+                why = exc.one_line() if isinstance(exc, CloudtrainError) else f"{type(exc).__name__}: {exc}"
+                self._down_quietly(lc, name)
+                self.put(VmFailed(action.vm, time.time(), why))
+            finally:
+                lc.store.close()
+
+        self._boots[action.vm] = self._spawn(f"boot {name}", boot)
+
+    def run(self, action: Start) -> None:
+        key = (action.trial, action.attempt)
+        handle = _Handle(self.cluster(action.vm))
+        self.handles[key] = handle
+
+        def attempt() -> None:
+            from cloudtrain.run.pipeline import Executor
+
+            lc = self._lifecycle()
+            outcome, value, error = Outcome.FAILED, None, None
+            try:
+                loaded, env = trial_recipe(self.base, dict(action.params))
+                env.update({DEADLINE_ENV: str(int(action.job_deadline_s)), "CLOUDTRAIN_SWEEP_ID": self.sweep_id,
+                            "CLOUDTRAIN_SWEEP_TRIAL": str(action.trial),
+                            "CLOUDTRAIN_SWEEP_ATTEMPT": str(action.attempt)})
+                runs = attempt_dir(self.results_dir, action.trial, action.attempt)
+                runs.mkdir(parents=True, exist_ok=True)
+                reporter = TrialReporter(self, key, handle, action.job_start_by)
+                result = Executor(lc, reporter).run(loaded, handle.cluster, "keep", runs, env_overrides=env)
+                outcome, value, error = self.judge(result.run_dir, result.status, result.exit_code, result.error,
+                                                   handle)
+            except Exception as exc:  # noqa: BLE001  (a usage error of one trial ends that trial only)
+                error = exc.one_line() if isinstance(exc, CloudtrainError) else f"{type(exc).__name__}: {exc}"
+                outcome = Outcome.STOPPED if handle.stop.is_set() else Outcome.FAILED
+            finally:
+                lc.store.close()
+                handle.phase = "done"
+            self.put(AttemptEnded(action.trial, action.attempt, time.time(), outcome, value, error))
+
+        handle.thread = self._spawn(f"trial {action.trial}", attempt)
+
+    def cancel(self, action: Cancel) -> None:
+        handle = self.handles.get((action.trial, action.attempt))
+        if handle is None or handle.stop.is_set():
+            return
+        handle.reason = action.reason
+        handle.stop.set()
+
+        def end_jobs() -> None:
+            from cloudtrain.run.attach import cancel
+
+            lc = self._lifecycle()
+            try:
+                # A job submitted just after a cancel must not escape it: cancel until the attempt is over.
+                while handle.thread is None or handle.thread.is_alive():
+                    try:
+                        cancel(lc, handle.cluster, None, all_jobs=True)
+                    except CloudtrainError as exc:
+                        self.warn(f"could not cancel trial {action.trial} on {handle.cluster}: {exc.one_line()}")
+                    if handle.thread is not None:
+                        handle.thread.join(2.0)
+                    else:
+                        time.sleep(0.5)
+            finally:
+                lc.store.close()
+
+        self._spawn(f"cancel trial {action.trial}", end_jobs)
+
+    def release(self, action: Release) -> None:
+        name = self.cluster(action.vm)
+        boot = self._boots.get(action.vm)
+
+        def down() -> None:
+            if boot is not None:
+                boot.join()  # an `up` cannot be interrupted; take down what it made
+            lc = self._lifecycle()
+            try:
+                error = None
+                for attempt in range(RELEASE_TRIES):
+                    try:
+                        lc.down(name)
+                        error = None
+                        break
+                    except CloudtrainError as exc:
+                        error = exc.one_line()
+                        time.sleep(min(30.0, 2.0 * 2 ** attempt))
+                if error is not None:
+                    self.warn(f"could not take down {name}: {error}; run `cloudtrain down {name}` (it may be billing)")
+                    self.put(VmGone(action.vm, time.time(), f"down failed: {error}"))
+                else:
+                    self.put(VmGone(action.vm, time.time()))
+            finally:
+                lc.store.close()
+
+        self._spawn(f"release {name}", down)
+
+    def events(self, timeout_s: float) -> list[Event]:
+        out: list[Event] = []
+        try:
+            out.append(self._events.get(timeout=timeout_s))
+        except queue.Empty:
+            return out
+        while True:
+            try:
+                out.append(self._events.get_nowait())
+            except queue.Empty:
+                return out
+
+    # judging a finished run ------------------------------------------------------------------------
+
+    def judge(self, run_dir: Path, status: str, exit_code: int | None, error: str | None,
+              handle: _Handle | None) -> tuple[Outcome, float | None, str | None]:
+        from cloudtrain.state import RunStatus
+
+        if status == RunStatus.SUCCEEDED:
+            value, problem = read_metric(run_dir, self.spec.metric)
+            return Outcome.SUCCEEDED, value, problem
+        if handle is not None and handle.stop.is_set():
+            return Outcome.STOPPED, None, error
+        if exit_code == 124:
+            minutes = self.spec.costs.deadline_s / 60
+            return Outcome.TIMEOUT, None, f"the job reached its deadline ({minutes:g} min) and was stopped on the node"
+        return Outcome.FAILED, None, error or f"{status} (exit code {exit_code})"
+
+    # recovery --------------------------------------------------------------------------------------
+
+    def recover(self, snapshot: Snapshot) -> list[Event]:
+        from cloudtrain.state import ClusterStatus
+
+        events: list[Event] = []
+        lc = self._lifecycle()
+        try:
+            for attempt in snapshot.attempts:
+                if attempt.running:
+                    events += self._recover_attempt(lc, attempt.trial, attempt.attempt, self.cluster(attempt.vm),
+                                                    attempt.stopping)
+            now = time.time()
+            for vm in snapshot.vms:
+                if not vm.live:
+                    continue
+                name = self.cluster(vm.id)
+                record = lc.store.get_cluster(name)
+                if record is None or record.status != ClusterStatus.UP:
+                    if record is not None:
+                        self._down_quietly(lc, name)
+                    # When it stopped billing, from the billed intervals (never billed: never launched).
+                    intervals = lc.store.billing(name)
+                    gone_at = max([vm.launched_at] + [i.ended_at or now for i in intervals])
+                    if vm.state == VmState.BOOTING:
+                        events.append(VmFailed(vm.id, gone_at, f"cluster {name} did not come up"))
+                    else:
+                        events.append(VmGone(vm.id, gone_at, f"cluster {name} is gone"))
+                elif vm.state == VmState.BOOTING:
+                    events.append(VmReady(vm.id, now, record.hourly_price))
+        finally:
+            lc.store.close()
+        return events
+
+    def _recover_attempt(self, lc: Any, trial: int, number: int, cluster: str,
+                         stopping: str | None) -> list[Event]:
+        from cloudtrain.state import RunStatus
+
+        runs_dir = attempt_dir(self.results_dir, trial, number).resolve()
+        run = next((r for r in lc.store.list_runs(cluster=cluster, limit=1000)
+                    if r.run_dir and Path(r.run_dir).parent == runs_dir), None)
+        now = time.time()
+        if run is None:
+            return [AttemptEnded(trial, number, now, Outcome.NOT_STARTED, error="the CLI died before it started")]
+        handle = _Handle(cluster)
+        if stopping is not None:
+            handle.stop.set()
+            handle.reason = stopping
+        self.handles[(trial, number)] = handle
+        if run.status != RunStatus.RUNNING:
+            outcome, value, error = self.judge(Path(run.run_dir or ""), run.status, run.exit_code, run.error, handle)
+            return [AttemptEnded(trial, number, run.ended_at or now, outcome, value, error)]
+        job = lc.store.get_job(f"{run.id}-run")
+        if job is None or lc.store.get_cluster(cluster) is None:
+            # The CLI died in provisioning, sync or setup: end what it left, the job never started.
+            self._end_run(lc, run, "the sweep CLI died before the job started")
+            return [AttemptEnded(trial, number, now, Outcome.NOT_STARTED, error="the CLI died before the job started")]
+        handle.thread = self._spawn(f"reattach trial {trial}", lambda: self._reattach(trial, number, run, handle))
+        return []
+
+    def _reattach(self, trial: int, number: int, run: Any, handle: _Handle) -> None:
+        """Follow a job the dead CLI started until it ends, bring its results home, judge it."""
+        from cloudtrain.cluster.nodes import close_all, connect
+        from cloudtrain.run.collect import collect
+        from cloudtrain.run.follow import follow
+
+        lc = self._lifecycle()
+        key = (trial, number)
+        outcome, value, error = Outcome.LOST, None, None
+        nodes: list = []
+        try:
+            cluster = lc.get(handle.cluster)
+            nodes = connect(list(cluster.nodes), cluster.provider, lc.config)
+            handle.phase = "run"
+            final = follow(nodes[0], f"{run.id}-run", 0, TrialReporter(self, key, handle, float("inf")),
+                           others=nodes[1:])
+            handle.phase = "collect"
+            paths = json.loads(run.result_paths) if run.result_paths else []
+            run_dir = Path(run.run_dir)
+            got = collect(nodes, run.id, paths, run_dir, window_s=lc.config.ssh.connect_retries_s, warn=self.warn)
+            succeeded = final.state == "succeeded" and got.complete
+            status = "succeeded" if succeeded else "failed"
+            why = None if succeeded else (got.error and f"collect failed: {got.error}") or f"job {final.state}"
+            self._record(lc, run, cluster, status, final.exit_code, why, got)
+            outcome, value, error = self.judge(run_dir, status, final.exit_code, why, handle)
+        except CloudtrainError as exc:
+            error = f"could not follow the job again: {exc.one_line()}"
+            self._end_run(lc, run, error)
+        finally:
+            close_all(nodes)
+            lc.store.close()
+            handle.phase = "done"
+        self.put(AttemptEnded(trial, number, time.time(), outcome, value, error))
+
+    def _record(self, lc: Any, run: Any, cluster: Any, status: str, exit_code: int | None, error: str | None,
+                got: Any) -> None:
+        """run.json and the run row for a run whose own CLI died (what `run` would have written)."""
+        from cloudtrain.cost import cost_usd
+        from cloudtrain.run.record import RunJson
+
+        ended = time.time()
+        hourly = cluster.record.hourly_price
+        cost = cost_usd(hourly, ended - run.started_at)
+        RunJson(run_id=run.id, status=status, exit_code=exit_code, error=error,
+                recipe={"name": self.base.recipe.name, "path": run.recipe_path or "", "digest": run.recipe_digest or ""},
+                cluster=cluster.record.name, provider=cluster.provider.name, instance_type=cluster.record.instance_type,
+                num_nodes=len(cluster.nodes), hourly_price_usd=hourly, cost_usd=round(cost, 6), phases_s={},
+                started_at=run.started_at, ended_at=ended, wall_time_s=round(ended - run.started_at, 3),
+                teardown="kept", job_id=f"{run.id}-run", result_paths=tuple(json.loads(run.result_paths or "[]")),
+                results=tuple(sorted(got.files)), refused=tuple((x.member, x.reason) for x in got.refused),
+                collect_error=got.error, collect_attempts=got.attempts).write(Path(run.run_dir))
+        lc.store.update_run(run.id, status=status, exit_code=exit_code, ended_at=ended, cost_usd=cost,
+                            hourly_price=hourly, error=error)
+
+    def _end_run(self, lc: Any, run: Any, error: str) -> None:
+        from cloudtrain.run.attach import cancel
+        from cloudtrain.state import RunStatus
+
+        try:
+            if lc.store.get_cluster(run.cluster) is not None:
+                cancel(lc, run.cluster, None, all_jobs=True)
+        except CloudtrainError as exc:
+            self.warn(f"could not end the jobs of {run.cluster}: {exc.one_line()}")
+        lc.store.update_run(run.id, status=RunStatus.ABANDONED, ended_at=time.time(), error=error)
+
+    def _down_quietly(self, lc: Any, name: str) -> None:
+        try:
+            lc.down(name)
+        except CloudtrainError as exc:
+            self.warn(f"could not take down {name}: {exc.one_line()}; run `cloudtrain down {name}`")
+
+
+def read_metric(run_dir: Path, metric: str) -> tuple[float | None, str | None]:
+    """The sweep metric from the run's metrics.json, or None and why not."""
+    import math
+
+    from cloudtrain.compare import CompareError, find_metrics
+
+    try:
+        source = find_metrics(run_dir)
+        data: Mapping[str, Any] = json.loads(source.read_text())
+    except (CompareError, OSError, ValueError) as exc:
+        return None, f"no metrics: {exc}"
+    value = data.get(metric) if isinstance(data, dict) else None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None, f"{source.name} has no numeric {metric!r}"
+    return float(value), None

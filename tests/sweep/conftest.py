@@ -1,0 +1,21 @@
+"""Running `cloudtrain sweep` as a user does, as a subprocess."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.conftest import cli_env, default_sigint
+
+
+
+def sweep_cli(*args: str, cwd: Path | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "cloudtrain", "sweep", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout, env=cli_env(), preexec_fn=default_sigint, check=False)
+
+
+def start_sweep_cli(*args: str, cwd: Path | None = None) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "cloudtrain", "sweep", *args], cwd=cwd, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=cli_env(),
+                            preexec_fn=default_sigint)  # noqa: PLW1509

@@ -1,0 +1,129 @@
+"""The scheduler's promises, against random worlds (hypothesis), all in memory with a controlled clock.
+
+Random prices, boot/setup/training/collect/release times, boot failures, job failures, timeouts,
+preemptions, pruning and CLI crashes (the scheduler thrown away mid-step with only some of its
+actions carried out, the world going on for a while, a new scheduler resumed from the journal).
+Whatever happens:
+- the money really billed (the world's truth, not the scheduler's belief) never exceeds budget_usd;
+- no attempt starts twice, no trial runs two attempts at once or again after it ended for good,
+  and no trial has more failed attempts than 1 + max_retries;
+- when the sweep ends, no VM is left running, and every trial is in a final state.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from cloudtrain.sweep.core import Costs, Limits, Outcome, TrialState
+from cloudtrain.sweep.sim import Crash, Scenario, SeededSampler, simulate
+
+
+@st.composite
+def worlds(draw: st.DrawFn) -> tuple[Costs, Limits, Scenario, list[Crash], float]:
+    deadline = draw(st.floats(60, 1800))
+    costs = Costs(
+        budget_usd=draw(st.floats(0.01, 20)),
+        hourly_usd=draw(st.floats(0.05, 30)),
+        boot_s=draw(st.floats(10, 300)),
+        prep_s=draw(st.floats(5, 120)),
+        deadline_s=deadline,
+        post_s=draw(st.floats(1, 60)),
+        release_s=draw(st.floats(1, 120)),
+    )
+    limits = Limits(
+        max_trials=draw(st.integers(1, 30)),
+        max_parallel=draw(st.integers(1, 6)),
+        max_retries=draw(st.integers(0, 3)),
+        max_boot_failures=draw(st.integers(1, 5)),
+    )
+    low_boot = draw(st.floats(1, 200))
+    low_job = draw(st.floats(1, deadline))
+    scenario = Scenario(
+        seed=draw(st.integers(0, 2**31)),
+        price_share=(draw(st.floats(0.1, 1.0)), 1.0),
+        boot=(low_boot, low_boot + draw(st.floats(0, 400))),  # may take longer than boot_s
+        boot_fail_p=draw(st.sampled_from([0.0, 0.1, 0.5])),
+        prep=(1.0, costs.prep_s * draw(st.floats(0.5, 1.5))),  # may overrun prep_s
+        job=(low_job, low_job + draw(st.floats(0, 2 * deadline))),  # may hit the deadline
+        post=(0.5, costs.post_s * 2),
+        release=(0.5, costs.release_s * 2),
+        fail_p=draw(st.sampled_from([0.0, 0.2, 0.6])),
+        preempt_p=draw(st.sampled_from([0.0, 0.2, 0.7])),
+        kill_s=draw(st.floats(0, 30)),
+        epochs=draw(st.integers(1, 5)),
+    )
+    crashes = [Crash(after_step=step, executed=draw(st.integers(0, 4)), downtime_s=draw(st.floats(0, 3 * deadline)))
+               for step in sorted(set(draw(st.lists(st.integers(1, 200), max_size=4))))]
+    prune_p = draw(st.sampled_from([0.0, 0.3]))
+    return costs, limits, scenario, crashes, prune_p
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(worlds())
+def test_spend_stays_within_budget_no_trial_runs_twice_and_no_vm_outlives_the_sweep(world) -> None:
+    costs, limits, scenario, crashes, prune_p = world
+    sampler = SeededSampler(scenario.seed, prune_p=prune_p)
+    report = simulate(costs, limits, scenario, sampler=sampler, crashes=crashes)
+    truth, scheduler = report.world, report.scheduler
+
+    assert truth.spent_usd() <= costs.budget_usd, (truth.spent_usd(), costs.budget_usd)
+    assert truth.violations == []
+    assert sampler.violations == []
+    assert truth.alive() == [], "VMs outlived the sweep"
+
+    assert scheduler.finished
+    assert all(t.final for t in scheduler.trials.values())
+    assert len(scheduler.trials) <= limits.max_trials
+    for trial in scheduler.trials.values():
+        attempts = [a for a in scheduler.attempts.values() if a.trial == trial.number]
+        counted = [a for a in attempts if a.state not in (Outcome.NOT_STARTED, Outcome.SUCCEEDED, Outcome.PRUNED,
+                                                          Outcome.STOPPED, Outcome.TIMEOUT)]
+        assert len(counted) <= 1 + limits.max_retries
+        assert all(not a.running for a in attempts)
+        # What the scheduler believes matches what really ran.
+        for a in attempts:
+            real = truth.attempts.get(a.key)
+            if real is not None and a.state == Outcome.SUCCEEDED:
+                assert real.outcome == Outcome.SUCCEEDED and real.value == a.value
+        if trial.state == TrialState.SUCCEEDED:
+            assert sampler.told[trial.number] == (TrialState.SUCCEEDED, trial.value)
+    # The scheduler's account of the spend is never below the truth (it bills gone VMs as reported,
+    # at the quote when it never learnt the real price).
+    assert scheduler.spent_usd() >= truth.spent_usd() * (1 - 1e-9)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.integers(0, 2**31), st.integers(1, 8), st.integers(1, 60))
+def test_trials_that_fit_the_budget_all_run_on_at_most_max_parallel_vms(seed: int, parallel: int, trials: int) -> None:
+    """Warm reuse: with money for everything and nothing failing, no VM is booted beyond max_parallel,
+    and every trial succeeds exactly once."""
+    costs = Costs(budget_usd=1e6, hourly_usd=3.0, boot_s=120, prep_s=60, deadline_s=900, post_s=30, release_s=60)
+    limits = Limits(max_trials=trials, max_parallel=parallel)
+    report = simulate(costs, limits, Scenario(seed=seed))
+    assert report.booted <= parallel
+    assert [t.state for t in report.scheduler.trials.values()] == [TrialState.SUCCEEDED] * trials
+    assert len(report.world.attempts) == trials
+    assert report.world.alive() == []
+
+
+def test_a_budget_for_exactly_one_worst_case_trial_runs_one_at_a_time() -> None:
+    costs = Costs(budget_usd=1.0, hourly_usd=1.0, boot_s=600, prep_s=300, deadline_s=1800, post_s=300, release_s=600)
+    one = costs.new_vm_usd()
+    costs = Costs(**{**costs.__dict__, "budget_usd": one * 1.5})
+    report = simulate(costs, Limits(max_trials=5, max_parallel=4), Scenario(seed=1, job=(60, 120)))
+    # Never two VMs at once: the second's worst case would not fit.
+    vms = sorted(report.world.vms.values(), key=lambda v: v.launched_at)
+    for a, b in itertools.pairwise(vms):
+        assert b.launched_at >= a.gone_at  # type: ignore[operator]
+    assert report.world.spent_usd() <= costs.budget_usd
+
+
+def test_nothing_fits_means_nothing_is_launched() -> None:
+    costs = Costs(budget_usd=0.01, hourly_usd=10.0, boot_s=60, prep_s=60, deadline_s=600, post_s=60, release_s=60)
+    report = simulate(costs, Limits(max_trials=3, max_parallel=2), Scenario())
+    assert report.world.vms == {}
+    assert report.scheduler.counters.ended == "budget exhausted"
+    assert report.scheduler.trials == {}  # never asked the sampler for a trial it could not pay for

@@ -1,0 +1,89 @@
+"""A 4-trial sweep against the EC2 API (moto's server) whose instances are sshd VMs, 2 at a time.
+
+Wiring as in tests/e2e/test_aws_e2e.py: boto3 talks HTTP to moto, `ssh.proxy_command` sends the
+fake public IPs to two pooled loopback sshd VMs that trust moto's key pairs. What we assert about
+the cloud we read back from moto through the EC2 API.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cloudtrain.providers.base import TAG_CLUSTER
+from cloudtrain.testing import sshd
+from cloudtrain.testing.aws import MotoServer
+from tests.conftest import cloudtrain
+from tests.sweep.conftest import sweep_cli
+
+if not sshd.sshd_available() and not os.environ.get("CI"):
+    pytest.skip("OpenSSH sshd is not installed (apt-get install openssh-server)", allow_module_level=True)
+
+REGION = "us-east-1"
+LIVE = ["pending", "running", "stopping", "stopped"]
+
+
+def test_four_trials_two_at_a_time_on_ec2_end_with_nothing_running(
+    moto_server: MotoServer, sshd_vm_factory: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    vms = [sshd_vm_factory.start(pool=True, authorized_keys_command=moto_server.authorized_keys_command(REGION))
+           for _ in range(2)]
+    config = tmp_path / "config.yaml"
+    config.write_text(textwrap.dedent(f"""\
+        ssh:
+          proxy_command: {json.dumps(sshd_vm_factory.proxy_command)}
+          allowed_cidr: 203.0.113.7/32
+          connect_retries_s: 60
+        aws:
+          region: {REGION}
+        """))
+    monkeypatch.setenv("CLOUDTRAIN_CONFIG", str(config))
+    ami = moto_server.register_image(ssh_user=vms[0].user, region=REGION)
+    (tmp_path / "code").mkdir()
+    recipe = tmp_path / "sweep-ec2.yaml"
+    recipe.write_text(textwrap.dedent(f"""\
+        name: sweep-ec2
+        resources: {{cloud: aws, region: {REGION}, instance_type: t3.medium, image: {ami}}}
+        workdir: code
+        results: [outputs]
+        run: |
+          mkdir -p outputs
+          echo "{{\\"loss\\": $(( (X - 3) * (X - 3) )), \\"host\\": \\"$(hostname)\\"}}" > outputs/metrics.json
+        sweep:
+          method: grid
+          parameters: {{X: [1, 2, 3, 4]}}
+          max_parallel: 2
+          budget_usd: 1
+          metric: loss
+          goal: min
+          trial_deadline_minutes: 2
+          reserve: {{boot_minutes: 3, setup_minutes: 3, collect_minutes: 1, release_minutes: 1}}
+        """))
+    proc = sweep_cli("run", str(recipe), "--runs-dir", str(tmp_path / "runs"), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    results = Path(proc.stdout.strip().splitlines()[-1])
+    rows = list(csv.DictReader((results / "sweep.csv").open()))
+    assert (rows[0]["X"], rows[0]["state"], rows[0]["loss"]) == ("3", "succeeded", "0.0")
+    assert {r["state"] for r in rows} == {"succeeded"} and len(rows) == 4
+
+    ec2 = moto_server.client("ec2", REGION)
+    sweep_id = results.name.removeprefix("sweep-")
+    instances = [i for r in ec2.describe_instances(Filters=[{"Name": "tag-key", "Values": [TAG_CLUSTER]}])["Reservations"]
+                 for i in r["Instances"]]
+    clusters = {t["Value"] for i in instances for t in i["Tags"] if t["Key"] == TAG_CLUSTER}
+    assert clusters == {f"sw-{sweep_id}-0", f"sw-{sweep_id}-1"}  # two VMs, each reused for a second trial
+    assert [i for i in instances if i["State"]["Name"] in LIVE] == []
+    for name in clusters:
+        tag = [{"Name": f"tag:{TAG_CLUSTER}", "Values": [name]}]
+        assert ec2.describe_key_pairs(Filters=tag)["KeyPairs"] == []
+        assert ec2.describe_security_groups(Filters=tag)["SecurityGroups"] == []
+    summary = json.loads((results / "sweep.json").read_text())
+    assert summary["status"] == "done" and summary["vms_booted"] == 2
+    assert 0 < summary["spent_usd"] <= summary["budget_usd"]
+    assert json.loads(cloudtrain("status", "--json").stdout)["clusters"] == []
