@@ -717,8 +717,8 @@ def run(args: argparse.Namespace, rep: Reporter, t_start: float) -> int:
     data = load_data(args.data, args.val_fraction, Path(__file__).resolve().parent, rep.log)
     data.x_train, data.y_train = data.x_train[:args.limit_train], data.y_train[:args.limit_train]
     data.x_test, data.y_test = data.x_test[:args.limit_test], data.y_test[:args.limit_test]
-    # The bundled file sits deep in the runtime directory: its name says enough (metrics.json has the path).
-    shown = Path(data.path).name if data.source == "bundled" and data.path else data.path
+    # The full path: on a multi-node run it shows each node read its own copy.
+    shown = data.path
     rep.log(f"data: {data.source} ({shown}): train {len(data.x_train)}, val {len(data.x_val)}, "
             f"test {len(data.x_test)}" + (f"; {data.note}" if data.note else ""))
 
