@@ -75,7 +75,7 @@ class Lifecycle:
     # up ------------------------------------------------------------------------------------------
 
     def up(self, recipe: Recipe, name: str, recipe_path: str | None = None, digest: str | None = None,
-           run_id: str | None = None) -> tuple[Cluster, bool]:
+           run_id: str | None = None, usable: object = None) -> tuple[Cluster, bool]:
         """Bring the cluster up (reuse it if it exists). Returns (cluster, created_now).
 
         With run_id (a `run`), an existing cluster that another live run is using is refused:
@@ -93,7 +93,13 @@ class Lifecycle:
                 # `cloud: any` reuses the cluster wherever the plan put it.
                 provider = self.provider(existing.provider if cloud == ANY else cloud)
                 return self._reuse(existing, provider, recipe), False
-            return self._create(recipe, name, recipe_path, digest), True
+            return self._create(recipe, name, recipe_path, digest, usable), True
+
+    def launches_priced(self, recipe: Recipe) -> bool:
+        """Whether creating this recipe's cluster launches on a cloud that bills (or `cloud: any`)."""
+        from cloudtrain.providers import ANY
+
+        return recipe.resources.cloud == ANY or self.provider(recipe.resources.cloud).capabilities.priced
 
     def live_runs(self, name: str, except_run: str | None = None) -> list:  # noqa: ANN201
         """Runs on this cluster whose `cloudtrain run` process is still alive on this machine."""
@@ -172,18 +178,21 @@ class Lifecycle:
             accelerators=res.accelerators,
             ssh_public_key=public_key,
             allowed_cidr=allowed_cidr,
+            # The on-node watchdog stops a machine by shutting it down from inside: the cloud makes
+            # that a stop, or a delete when autostop says down.
+            shutdown_behavior="terminate" if recipe.autostop is not None and recipe.autostop.down else "stop",
             hosts=hosts,
         )
 
-    def _create(self, recipe: Recipe, name: str, recipe_path: str | None, digest: str | None) -> Cluster:
-        from cloudtrain.providers import ANY
-
-        if recipe.resources.cloud == ANY or self.provider(recipe.resources.cloud).capabilities.priced:
+    def _create(self, recipe: Recipe, name: str, recipe_path: str | None, digest: str | None,
+                usable: object = None) -> Cluster:
+        if self.launches_priced(recipe):
             # Credentials first, before anything is written or created: the commonest first-run
             # mistake. `cloud: any` skips (and names) the clouds without them.
-            from cloudtrain.cluster.planning import plan_with_credentials
+            from cloudtrain.cluster.planning import UsablePlan, plan_with_credentials
 
-            usable = plan_with_credentials(recipe, self.config)
+            if not isinstance(usable, UsablePlan):
+                usable = plan_with_credentials(recipe, self.config)
             for cloud, why in usable.skipped:
                 self.reporter.warn(f"skipping {cloud}: {why} (see `cloudtrain check {cloud}`)")
             self.reporter.info(f"plan: {usable.plan.summary()}")
@@ -237,7 +246,7 @@ class Lifecycle:
                 continue
             attempt = spec if placement is None else replace(
                 spec, region=placement.region, zone=placement.zone, instance_type=placement.instance_type,
-                spot=placement.spot)
+                spot=placement.spot, max_run_s=_max_run_s(recipe, placement.hourly_price))
             # State first: if we die between the create call and the next line, `status --refresh`
             # and `down` still know where to look for instances tagged with this cluster.
             self.store.upsert_cluster(
@@ -452,6 +461,15 @@ class Lifecycle:
             self.store.delete_jobs(name)
             self.store.delete_cluster(name)
         return True
+
+def _max_run_s(recipe: Recipe, hourly_per_node: float) -> float | None:
+    """The budget as running seconds at this placement's price: a cloud-side backstop for the
+    on-node watchdog where the cloud has one (InstanceSpec.max_run_s)."""
+    from cloudtrain.run.watchdog import budget_limit
+
+    limit = budget_limit(recipe.budget, hourly_per_node * recipe.num_nodes)
+    return limit[0] if limit is not None else None
+
 
 def check_stop_possible(provider: Provider, spot: bool, name: str | None = None) -> None:
     """Refuse a stop that cannot happen before it is needed: never leave a billed machine running."""

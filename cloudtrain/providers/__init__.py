@@ -25,6 +25,7 @@ _MODULES = {
     "local": "cloudtrain.providers.local",
     "ssh": "cloudtrain.providers.ssh",
     "aws": "cloudtrain.providers.aws",
+    "gcp": "cloudtrain.providers.gcp",
     "azure": "cloudtrain.providers.azure",
 }
 KNOWN = ("local", "ssh", "aws", "gcp", "azure")

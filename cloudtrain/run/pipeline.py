@@ -124,6 +124,7 @@ class Executor:
         self.store = lifecycle.store
         self.config = lifecycle.config
         self.reporter = reporter
+        self._usable: dict[str, object] = {}  # cluster -> UsablePlan checked before anything existed
 
     # run -----------------------------------------------------------------------------------------
 
@@ -135,8 +136,14 @@ class Executor:
 
         check_cluster_name(cluster_name)
         preflight(loaded, self.config)
+        existing = self.store.get_cluster(cluster_name)
+        if existing is None and self.lc.launches_priced(loaded.recipe):
+            # Missing credentials are bad input: one line, exit 2, before any run directory exists.
+            # The plan made with them is the one the launch uses (no second credentials call).
+            from cloudtrain.cluster.planning import plan_with_credentials
+
+            self._usable[cluster_name] = plan_with_credentials(loaded.recipe, self.config)
         if teardown == "stop":
-            existing = self.store.get_cluster(cluster_name)
             spot = loaded.recipe.resources.spot or bool(existing and existing.spot)
             check_stop_possible(self.lc.provider(loaded.recipe.resources.cloud), spot)
 
@@ -166,7 +173,7 @@ class Executor:
                 before = self.store.get_cluster(cluster_name)
                 r.was_stopped = before is not None and before.status == ClusterStatus.STOPPED
                 r.cluster, r.created = self.lc.up(recipe, cluster_name, str(loaded.path.resolve()), loaded.digest,
-                                                  run_id=run_id)
+                                                  run_id=run_id, usable=self._usable.get(cluster_name))
                 r.cluster_started = time.time()
                 r.nodes = self._ready_nodes(r.cluster, recipe, r.created)
             with r.clock.phase("sync"):
@@ -314,7 +321,8 @@ class Executor:
     def up(self, loaded: LoadedRecipe, cluster_name: str) -> tuple[Cluster, bool]:
         """`cloudtrain up`: provision (or reuse) and make every node ready to run the recipe."""
         self.check(loaded, cluster_name, "keep")
-        cluster, created = self.lc.up(loaded.recipe, cluster_name, str(loaded.path.resolve()), loaded.digest)
+        cluster, created = self.lc.up(loaded.recipe, cluster_name, str(loaded.path.resolve()), loaded.digest,
+                                      usable=self._usable.get(cluster_name))
         nodes: list[Node] = []
         try:
             nodes = self._ready_nodes(cluster, loaded.recipe, created)
@@ -347,6 +355,11 @@ class Executor:
         try:
             nodes = on_all(nodes, lambda n: prepare(n, recipe, self.reporter))
             write_ssh_config(cluster, self.config, self.reporter)
+            if recipe.autostop is not None or recipe.budget is not None:
+                # From here on the nodes stop themselves when idle or over budget, laptop or not.
+                from cloudtrain.run.watchdog import start_from_recipe
+
+                start_from_recipe(self.store, cluster, nodes, recipe, self.reporter, created)
         except BaseException:
             close_all(nodes)
             raise

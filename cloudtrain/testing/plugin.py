@@ -14,6 +14,7 @@ One import line per module, fixtures listed by name: a cloud's fake adds its own
 
 from cloudtrain.testing.aws import aws_cloud, moto_server, moto_server_session  # noqa: F401
 from cloudtrain.testing.azure import arm_server, azure_cloud  # noqa: F401
+from cloudtrain.testing.gcp import gce_server, gcp_cloud  # noqa: F401
 from cloudtrain.testing.cloud import fake_cloud, local_cloud, ssh_cloud  # noqa: F401
 from cloudtrain.testing.sshd import sshd_vm, sshd_vm_factory  # noqa: F401
 from cloudtrain.testing.tcpproxy import tcp_proxy  # noqa: F401

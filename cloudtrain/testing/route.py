@@ -52,13 +52,19 @@ def relay(sock: socket.socket) -> None:
     """Copy stdin -> sock and sock -> stdout until the server closes."""
 
     def upstream() -> None:
+        how = socket.SHUT_WR  # the client is done sending; the server's last words still come down
         try:
             while chunk := os.read(0, 1 << 18):
                 sock.sendall(chunk)
-            sock.shutdown(socket.SHUT_WR)
         except OSError:
-            # The server side went away; the downstream loop notices and exits.
-            return
+            # The client went away mid-stream (ECONNRESET on our stdin) or the server did: nothing
+            # more flows either way. Shut both, or the loop below waits on an open connection forever
+            # (a leaked relay is an SSH session that keeps a node "in use").
+            how = socket.SHUT_RDWR
+        try:
+            sock.shutdown(how)
+        except OSError:
+            pass
 
     threading.Thread(target=upstream, daemon=True).start()
     try:

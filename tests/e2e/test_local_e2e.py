@@ -177,7 +177,7 @@ def test_exec_on_kept_cluster_and_stop_start(tmp_path: Path) -> None:
         (["validate", "bad.yaml"], "resources.cloud"),
         (["logs", "no-such-cluster"], "no cluster named"),
         (["run", "unavailable.yaml"], "budget.max_usd needs a priced cloud: cloud local has no hourly price"),
-        (["run", "later-cloud.yaml"], "cloud 'gcp' is not available yet"),
+        (["run", "later-cloud.yaml"], "no GCP credentials found"),
     ],
 )
 def test_bad_input_is_one_line_exit_2(tmp_path: Path, args: list[str], expected: str) -> None:

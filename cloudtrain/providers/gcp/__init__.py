@@ -1,0 +1,373 @@
+"""The `gcp` provider: Compute Engine VMs (N1 + attached GPUs, or a2/a3/g2 with GPUs built in).
+
+What one `launch` creates, in the project's `default` VPC network:
+- firewall rule `cloudtrain-<cluster>-ssh`: tcp:22 from one CIDR only, to the cluster's network
+  tag; with several nodes also `cloudtrain-<cluster>-internal` (the nodes to each other). Firewall
+  rules carry no labels in Compute Engine: the description names the cluster and owner;
+- one instance per node (`instances.insert`, see below), labelled `cloudtrain-cluster` and
+  `cloudtrain-owner` (the boot disk too), our public key in its `ssh-keys` metadata.
+
+Why one `insert` per node and not `bulkInsert`: clusters are a handful of nodes, each insert is one
+operation whose errors we read directly (bulkInsert reports per-zone outcomes in operation
+metadata), names stay ours (`<cluster>-<rank>-<suffix>`, the cluster readable from the name), and
+zone failover is ours anyway. A launch is all nodes or none: if one node fails the others go.
+
+Capacity (see api.failover_error): stockouts move to the region's next zone; a quota error ends the
+region (CapacityError scope "region"), or all of GCP when it names GPUS_ALL_REGIONS ("cloud");
+permission and credential errors stop at once (CredentialsError). A failed launch deletes the
+instances and firewall rules it made before raising.
+
+Spot VMs: provisioningModel SPOT, automaticRestart false, onHostMaintenance TERMINATE and
+instanceTerminationAction STOP or DELETE from the teardown policy; they can be stopped and started.
+`spec.max_run_s` (the budget's cloud-side backstop) becomes scheduling.maxRunDuration with the same
+termination action: Compute Engine itself stops or deletes the VM if everything else fails.
+
+Waiting: operations through ZoneOperationsClient/GlobalOperationsClient.wait (server-side long
+polls); this module never sleeps and never opens SSH. The SDK is imported in the constructor only.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+from cloudtrain.catalog import Catalog, default_catalog
+from cloudtrain.config import Config
+from cloudtrain.errors import (
+    CapacityError,
+    CredentialsError,
+    NotAvailableError,
+    ProviderError,
+    UsageError,
+)
+from cloudtrain.providers.base import (
+    TAG_CLUSTER,
+    TAG_OWNER,
+    Capabilities,
+    ClusterResource,
+    CredentialStatus,
+    Instance,
+    InstanceSpec,
+    InstanceState,
+    owner_id,
+)
+from cloudtrain.providers.gcp import build
+from cloudtrain.providers.gcp.api import ComputeApi, GcpApiError, failover_error, log
+from cloudtrain.providers.gcp.resources import Firewalls
+
+__all__ = ["GcpApiError", "GcpProvider", "make_provider"]
+
+
+class GcpProvider:
+    name = "gcp"
+    capabilities = Capabilities(supports_stop=True, supports_spot=True, remote=True, priced=True, stop_spot=True)
+
+    @staticmethod
+    def image_pins_region(image: str) -> bool:
+        """Compute Engine images are global: any region can use them."""
+        return False
+
+    def __init__(self, project: str | None = None, region: str | None = None, api_endpoint: str | None = None, *,
+                 all_owners: bool = False, catalog: Catalog | None = None) -> None:
+        """Listing shows only this user's (`owner_id()`) instances and firewalls unless `all_owners`."""
+        self.api = ComputeApi(project, region, api_endpoint)
+        self.owner: str | None = None if all_owners else owner_id()
+        self.catalog = catalog or default_catalog()
+        self.firewalls = Firewalls(self.api, self.owner)
+
+    @property
+    def default_region(self) -> str | None:
+        return self.api.default_region
+
+    def check_credentials(self) -> CredentialStatus:
+        return self.api.check_credentials()
+
+    # launch ----------------------------------------------------------------------------------
+
+    def launch(self, spec: InstanceSpec, count: int) -> list[Instance]:
+        if count < 1:
+            raise UsageError(f"cannot launch {count} instances")
+        if not spec.instance_type:
+            raise UsageError("resources.instance_type: GCP needs a machine type",
+                             hint="set instance_type or accelerators")
+        if not spec.ssh_public_key:
+            raise UsageError(f"cluster {spec.cluster}: no SSH public key to install on GCP instances")
+        machine = build.parse_instance_type(spec.instance_type)
+        region = spec.region or (build.region_of(spec.zone) if spec.zone else None) or self.default_region
+        if not region:
+            raise UsageError("no GCP region: set resources.region in the recipe or gcp.region in the config")
+        cidr, open_to_all = build.ingress_cidr(spec.allowed_cidr)
+        if open_to_all:
+            log.warning("gcp: SSH is open to the whole internet (allowed_cidr %s); prefer your address/32", cidr)
+        self.api.credentials()
+        image = self._image(spec, machine)
+        zones = [spec.zone] if spec.zone else self._zones_offering(region, machine, spec.instance_type)
+        try:
+            self.firewalls.ensure(spec.cluster, spec.owner, cidr, count)
+            return self._insert_in_zones(region, zones, spec, count, machine, image)
+        except BaseException:
+            # No instance of this launch is left (_insert_in_zones deletes its own): the firewall
+            # rules go too unless instances of the cluster still use them.
+            self.firewalls.release_quietly(spec.cluster, lambda: self._live_count(spec.cluster))
+            raise
+
+    def _insert_in_zones(self, region: str, zones: Sequence[str], spec: InstanceSpec, count: int,
+                         machine: build.MachineChoice, image: build.ImageChoice) -> list[Instance]:
+        attempts: list[build.ZoneAttempt] = []
+        for zone in zones:
+            names = [build.instance_name(spec.cluster, rank, uuid.uuid4().hex[:4]) for rank in range(count)]
+            try:
+                self._insert_all(zone, names, spec, machine, image)
+            except GcpApiError as exc:
+                error = failover_error(exc, f"{count} x {spec.instance_type} in {zone}")
+                if not isinstance(error, CapacityError):
+                    raise error from None
+                attempts.append(build.ZoneAttempt(zone, exc.code, exc.gcp_message))
+                log.info("gcp: %s in %s: %s; %s", spec.instance_type, zone, exc.code, exc.gcp_message)
+                if error.scope != "zone":
+                    raise error from None
+                continue
+            return [self._get(zone, name) for name in names]
+        tried = ", ".join(f"{a.zone}: {a.code}" for a in attempts) or "no zone offers it"
+        raise CapacityError(f"no capacity for {count} x {spec.instance_type} in {region} ({tried})",
+                            hint="another region or machine type may have capacity", scope="zone")
+
+    def _insert_all(self, zone: str, names: list[str], spec: InstanceSpec, machine: build.MachineChoice,
+                    image: build.ImageChoice) -> None:
+        """Insert every node in `zone` and wait for all of them: all or none. Whatever was asked
+        for is deleted (and waited for) before an error, or an interrupt, goes up."""
+        user = spec.ssh_user or image.ssh_user
+        tags = spec.all_tags()
+        if user != build.SSH_USER:
+            if build.label_value(user) != user:
+                raise UsageError(f"login user {user!r} cannot be stored as a GCP label",
+                                 hint="use a user name of lowercase letters, digits, '-' and '_'")
+            tags[build.LABEL_SSH_USER] = user
+        disk_gb = spec.disk_gb or build.DEFAULT_DISK_GB
+        if image.size_gb and disk_gb < image.size_gb:
+            log.warning("gcp: disk_gb %s is below the image's %s GB; using %s GB",
+                        disk_gb, image.size_gb, image.size_gb)
+            disk_gb = image.size_gb
+        instances = self.api.client("instances")
+        operations: list[Any] = []
+        failure: GcpApiError | None = None
+        try:
+            for name in names:
+                body = build.instance_body(
+                    name=name, zone=zone, machine=machine, image=image, disk_gb=disk_gb, ssh_user=user,
+                    public_key=spec.ssh_public_key or "", tags=tags, cluster=spec.cluster, spot=spec.spot,
+                    shutdown=spec.shutdown_behavior, max_run_s=getattr(spec, "max_run_s", None))
+                request = {"project": self.api.project, "zone": zone, "instance_resource": self.api.v1.Instance(body),
+                           "request_id": str(uuid.uuid4())}
+                try:
+                    operations.append(self.api.call(f"creating instance {name}", instances.insert_unary,
+                                                    request=request))
+                except GcpApiError as exc:
+                    failure = exc
+                    break
+            for operation in operations:
+                try:
+                    self.api.wait(f"creating an instance in {zone}", operation, zone)
+                except GcpApiError as exc:
+                    failure = failure or exc
+        except BaseException:
+            self._delete_quietly(zone, names)
+            raise
+        if failure is not None:
+            # A failed insert may still leave the instance behind: delete by name, gone is fine.
+            self._delete_quietly(zone, names)
+            raise failure
+
+    def _zones_offering(self, region: str, machine: build.MachineChoice, instance_type: str) -> list[str]:
+        """The region's zones that sell the machine type (and its attached GPU), in name order."""
+        def zones_with(what: str, fn: Any, field: str, name: str) -> set[str]:
+            found = self.api.aggregated(what, fn, field, project=self.api.project, filter=f'name = "{name}"')
+            return {zone for zone, _ in found if build.region_of(zone) == region}
+
+        zones = zones_with("listing machine types", self.api.client("machine_types").aggregated_list,
+                           "machine_types", machine.machine_type)
+        if machine.accelerator:
+            zones &= zones_with("listing accelerator types", self.api.client("accelerator_types").aggregated_list,
+                                "accelerator_types", machine.accelerator)
+        if not zones:
+            raise CapacityError(f"{instance_type} is not offered in any zone of {region}",
+                                hint="another region or machine type", scope="zone")
+        return sorted(zones)
+
+    def _image(self, spec: InstanceSpec, machine: build.MachineChoice) -> build.ImageChoice:
+        """The recipe's image or our default (Deep Learning VM for GPUs, Ubuntu otherwise), resolved
+        to one image so every node boots the same; its `cloudtrain-ssh-user` label names the login."""
+        wanted = spec.image or (build.GPU_IMAGE if machine.gpu else build.CPU_IMAGE)
+        project, name, family = build.parse_image(wanted)
+        images = self.api.client("images")
+        try:
+            if family:
+                found = self.api.call("reading the image family", images.get_from_family, project=project, family=name)
+            else:
+                found = self.api.call("reading the image", images.get, project=project, image=name)
+        except GcpApiError as exc:
+            if exc.not_found:
+                raise UsageError(f"resources.image: {wanted} not found", hint=exc.gcp_message) from None
+            raise
+        user = dict(found.labels or {}).get(build.LABEL_SSH_USER, build.SSH_USER)
+        return build.ImageChoice(f"projects/{project}/global/images/{found.name}", user, int(found.disk_size_gb or 0))
+
+    # describe, list, stop, start, terminate --------------------------------------------------
+
+    def describe(self, ids: Sequence[str]) -> list[Instance]:
+        found: list[Instance] = []
+        for value in ids:
+            parsed = build.parse_instance_id(value)
+            raw = self._raw(*parsed) if parsed else None
+            found.append(build.instance_record(raw, parsed[0]) if raw is not None and parsed else
+                         Instance(value, "", InstanceState.TERMINATED))
+        return found
+
+    def list_tagged(self, cluster: str | None = None) -> list[Instance]:
+        return [build.instance_record(raw, zone) for zone, raw in self._tagged(cluster)]
+
+    def list_resources(self, cluster: str | None = None) -> list[ClusterResource]:
+        """This owner's cloudtrain firewall rules (of one cluster, or all)."""
+        return self.firewalls.list(cluster)
+
+    def release_resources(self, cluster: str) -> list[ClusterResource]:
+        """Delete the cluster's firewall rules unless instances of it still exist (then kept, noted)."""
+        return self.firewalls.release(cluster, self._live_count(cluster))
+
+    def stop(self, ids: Sequence[str]) -> None:
+        instances = self.api.client("instances")
+        pending = [(zone, name, self.api.call(f"stopping {name}", instances.stop_unary, project=self.api.project,
+                                              zone=zone, instance=name))
+                   for zone, name, raw in self._existing(ids, "stop") if raw.status not in build.STOPPED_STATUSES]
+        for zone, name, operation in pending:
+            self.api.wait(f"stopping {name}", operation, zone)
+
+    def start(self, ids: Sequence[str]) -> None:
+        instances = self.api.client("instances")
+        pending = [(zone, name, self.api.call(f"starting {name}", instances.start_unary, project=self.api.project,
+                                              zone=zone, instance=name))
+                   for zone, name, raw in self._existing(ids, "start") if raw.status not in build.STARTED_STATUSES]
+        for zone, name, operation in pending:
+            try:
+                self.api.wait(f"starting {name}", operation, zone)
+            except GcpApiError as exc:
+                error = failover_error(exc, f"{name} in {zone}")
+                if isinstance(error, CapacityError):
+                    # A stopped instance lives in its zone: nothing to fail over to.
+                    raise CapacityError(f"no capacity to start {name} in {zone}: {exc.code}: {exc.gcp_message}",
+                                        hint="try again later, or `cloudtrain down` and launch elsewhere",
+                                        scope="zone") from None
+                raise
+
+    def terminate(self, ids: Sequence[str]) -> None:
+        """Idempotent: delete every instance still there and wait; then each cluster's firewall
+        rules go once no instance of it is left."""
+        clusters: set[str] = set()
+        pending = []
+        instances = self.api.client("instances")
+        for value in dict.fromkeys(ids):
+            parsed = build.parse_instance_id(value)
+            if parsed is None:
+                continue
+            zone, name = parsed
+            raw = self._raw(zone, name)
+            clusters.add(dict(raw.labels).get(TAG_CLUSTER, "") if raw is not None else build.cluster_of_name(name))
+            if raw is None:
+                continue
+            try:
+                pending.append((zone, name, self.api.call(f"deleting {name}", instances.delete_unary,
+                                                          project=self.api.project, zone=zone, instance=name)))
+            except GcpApiError as exc:
+                if not exc.not_found:
+                    raise
+        for zone, name, operation in pending:
+            try:
+                self.api.wait(f"deleting {name}", operation, zone)
+            except GcpApiError as exc:
+                if not exc.not_found:
+                    raise
+        for cluster in sorted(c for c in clusters if c):
+            for kept in self.release_resources(cluster):
+                log.info("gcp: kept %s %s (%s)", kept.kind, kept.id, kept.note)
+
+    def watchdog_action(self, instance: Instance, down: bool) -> dict[str, Any]:
+        """Stopping needs no credentials on the VM: Compute Engine turns an OS shutdown into a stop
+        (TERMINATED: no compute billed, the disk kept). Deleting itself would need a service
+        account on the VM with compute rights, which cloudtrain does not attach: not yet (the
+        capability `autostop` stays off until it does)."""
+        parsed = build.parse_instance_id(instance.id)
+        if parsed is None or self._raw(*parsed) is None:
+            raise ProviderError(f"no instance {instance.id} in project {self.api.project}",
+                                hint="`cloudtrain status --refresh` shows what exists")
+        if down:
+            raise NotAvailableError("a GCP instance cannot delete itself yet (it has no service account)",
+                                    hint="use autostop without down (a stop), or `cloudtrain down`")
+        return {"kind": "shutdown", "effect": "stop"}
+
+    # helpers -----------------------------------------------------------------------------------
+
+    def _tagged(self, cluster: str | None) -> list[tuple[str, Any]]:
+        terms = [f'(labels.{TAG_CLUSTER} = "{build.label_value(cluster)}")' if cluster else f"(labels.{TAG_CLUSTER}:*)"]
+        if self.owner:
+            terms.append(f'(labels.{TAG_OWNER} = "{self.owner}")')
+        return self.api.aggregated("listing instances", self.api.client("instances").aggregated_list, "instances",
+                                   project=self.api.project, filter=" ".join(terms))
+
+    def _live_count(self, cluster: str) -> int:
+        return len(self._tagged(cluster))
+
+    def _raw(self, zone: str, name: str) -> Any | None:
+        try:
+            return self.api.call(f"reading {name}", self.api.client("instances").get, project=self.api.project,
+                                 zone=zone, instance=name)
+        except GcpApiError as exc:
+            if exc.not_found:
+                return None
+            raise
+
+    def _get(self, zone: str, name: str) -> Instance:
+        raw = self._raw(zone, name)
+        if raw is None:
+            raise ProviderError(f"instance {name} in {zone} vanished right after it was created")
+        return build.instance_record(raw, zone)
+
+    def _existing(self, ids: Sequence[str], verb: str) -> list[tuple[str, str, Any]]:
+        found, gone = [], []
+        for value in ids:
+            parsed = build.parse_instance_id(value)
+            raw = self._raw(*parsed) if parsed else None
+            if raw is None or parsed is None:
+                gone.append(value)
+            else:
+                found.append((parsed[0], parsed[1], raw))
+        if gone:
+            raise ProviderError(f"cannot {verb} {', '.join(gone)}: no such instance in project {self.api.project}",
+                                hint="`cloudtrain status --refresh` shows what exists")
+        return found
+
+    def _delete_quietly(self, zone: str, names: Sequence[str]) -> None:
+        """Cleanup on a failure path: delete by name and wait; never hide the original failure."""
+        instances, pending = self.api.client("instances"), []
+        for name in names:
+            try:
+                pending.append((name, self.api.call(f"deleting {name}", instances.delete_unary,
+                                                    project=self.api.project, zone=zone, instance=name)))
+            except GcpApiError as exc:
+                if not exc.not_found:
+                    log.warning("gcp: could not delete %s in %s after a failed launch: %s", name, zone, exc.one_line())
+            except (ProviderError, CredentialsError) as exc:
+                log.warning("gcp: could not delete %s in %s after a failed launch: %s", name, zone, exc.one_line())
+        for name, operation in pending:
+            try:
+                self.api.wait(f"deleting {name}", operation, zone)
+            except (ProviderError, CredentialsError) as exc:
+                if not (isinstance(exc, GcpApiError) and exc.not_found):
+                    log.warning("gcp: deleting %s in %s after a failed launch: %s", name, zone, exc.one_line())
+
+
+def make_provider(config: Config) -> GcpProvider:
+    try:
+        return GcpProvider(project=config.gcp.project, region=config.gcp.region, api_endpoint=config.gcp.api_endpoint)
+    except ImportError:
+        raise NotAvailableError("cloud gcp needs google-cloud-compute", hint="pip install 'cloudtrain[gcp]'") from None

@@ -1,0 +1,286 @@
+"""The Compute Engine plumbing under the `gcp` provider: credentials, project, clients, errors.
+
+Credentials come from google-auth's default chain (GOOGLE_APPLICATION_CREDENTIALS, gcloud's
+application-default login, the metadata server on GCE, workload identity federation). The project
+comes from the config (`gcp.project`), then GOOGLE_CLOUD_PROJECT / CLOUDSDK_CORE_PROJECT, then the
+credentials' own project. Every client speaks REST to `gcp.api_endpoint` when the config names one.
+
+Long-running calls use `*_unary` and `ZoneOperationsClient.wait` / `GlobalOperationsClient.wait`:
+the SDK's `insert(...).result()` polls the public endpoint whatever endpoint the client has. `wait`
+is a server-side long poll (up to about two minutes per call), so this module never sleeps.
+
+Errors come two ways, an HTTP error (google-api-core's exceptions, `errors[].reason`) or an
+operation that ends DONE with `error.errors[].code`; both become a `GcpApiError` carrying every
+code and message, or a CredentialsError when the credentials are refused or lack a permission.
+The provider decides what a GcpApiError means for failover (see `failover_error`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from cloudtrain.errors import (
+    CapacityError,
+    CloudtrainError,
+    CredentialsError,
+    ProviderError,
+    UsageError,
+)
+from cloudtrain.providers.base import CredentialStatus
+
+log = logging.getLogger("cloudtrain.providers.gcp")
+
+SCOPES = ("https://www.googleapis.com/auth/cloud-platform",)
+PUBLIC_ENDPOINT = "https://compute.googleapis.com"
+CALL_TIMEOUT_S = 60.0
+OPERATION_DEADLINE_S = 20 * 60.0  # one create, start, stop or delete; `wait` returns within ~2 min
+NO_CREDENTIALS = ("no GCP credentials found (run `gcloud auth application-default login` or set "
+                  "GOOGLE_APPLICATION_CREDENTIALS)")
+CREDENTIALS_HINT = ("grant these credentials roles/compute.instanceAdmin.v1 and roles/compute.securityAdmin; "
+                    "see `cloudtrain check gcp`")
+
+# "Not in this zone now": the next zone may have it.
+ZONE_CAPACITY_CODES = frozenset({
+    "ZONE_RESOURCE_POOL_EXHAUSTED", "ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS", "UNSUPPORTED_OPERATION",
+    "insufficientCapacity", "RESOURCE_NOT_READY", "RESOURCE_OPERATION_RATE_EXCEEDED",
+})
+# Quotas are per region (every zone would say the same), or per project for GPUS_ALL_REGIONS.
+QUOTA_CODES = frozenset({"QUOTA_EXCEEDED", "quotaExceeded"})
+GLOBAL_QUOTA = "GPUS_ALL_REGIONS"
+# The credentials may not do this: never a reason to try elsewhere.
+CREDENTIAL_CODES = frozenset({
+    "forbidden", "authError", "unauthorized", "insufficientPermissions", "accessNotConfigured",
+    "IAM_PERMISSION_DENIED", "PERMISSION_DENIED", "UNAUTHENTICATED", "SERVICE_DISABLED",
+})
+NETWORK_CODES = frozenset({"VPC_NOT_FOUND", "NETWORK_NOT_FOUND"})
+
+
+class GcpApiError(ProviderError):
+    """A Compute Engine call failed with these codes (HTTP `reason`s or operation error codes)."""
+
+    def __init__(self, what: str, codes: Iterable[str], gcp_message: str, status: int | None) -> None:
+        self.codes = tuple(dict.fromkeys(c for c in codes if c))
+        self.gcp_message = gcp_message
+        self.status = status
+        self.what = what
+        code = self.codes[0] if self.codes else (str(status) if status else "error")
+        hint = None
+        if set(self.codes) & NETWORK_CODES or (status == 404 and "/networks/" in gcp_message):
+            hint = "cloudtrain uses the project's VPC network `default`: create it (auto mode)"
+        super().__init__(f"GCP {what} failed: {code}: {gcp_message}", hint=hint)
+
+    @property
+    def code(self) -> str:
+        return self.codes[0] if self.codes else ""
+
+    @property
+    def not_found(self) -> bool:
+        return self.status == 404 or "notFound" in self.codes
+
+
+def failover_error(exc: GcpApiError, where: str) -> CloudtrainError:
+    """What an error means for the launch: a CapacityError naming how far it reaches (this zone,
+    the region, or all of GCP for the GPUS_ALL_REGIONS quota), else the error itself (stop)."""
+    codes = set(exc.codes)
+    if codes & QUOTA_CODES:
+        if GLOBAL_QUOTA in exc.gcp_message:
+            return CapacityError(f"GPU quota of the project exhausted ({where}): {exc.gcp_message}",
+                                 hint="ask for more GPUS_ALL_REGIONS quota (console: IAM & Admin > Quotas)",
+                                 scope="cloud")
+        return CapacityError(f"quota exhausted for {where}: {exc.code}: {exc.gcp_message}",
+                             hint="ask for more quota in this region (console: IAM & Admin > Quotas)", scope="region")
+    if codes & ZONE_CAPACITY_CODES:
+        return CapacityError(f"no capacity for {where}: {exc.code}: {exc.gcp_message}",
+                             hint="another zone, region or machine type may have capacity", scope="zone")
+    return exc
+
+
+class ComputeApi:
+    """Credentials, project and one REST client per kind, with errors mapped to ours."""
+
+    def __init__(self, project: str | None, region: str | None, api_endpoint: str | None) -> None:
+        import google.api_core.exceptions  # heavy: only when GCP is used
+        import google.auth
+        import google.auth.exceptions
+        from google.cloud import compute_v1
+
+        self.v1 = compute_v1
+        self._auth = google.auth
+        self._auth_errors = google.auth.exceptions
+        self._api_errors = google.api_core.exceptions
+        self.configured_project = project
+        self.configured_region = region
+        self.endpoint = api_endpoint
+        self._credentials: tuple[Any, str | None] | None = None
+        self._clients: dict[str, Any] = {}
+
+    # credentials and project --------------------------------------------------------------------
+
+    def credentials(self) -> tuple[Any, str | None]:
+        """(credentials, their project) from google-auth's default chain."""
+        if self._credentials is None:
+            try:
+                self._credentials = self._auth.default(scopes=list(SCOPES))
+            except self._auth_errors.DefaultCredentialsError as exc:
+                text = str(exc)
+                if "not found" in text.lower() and "default credentials" in text.lower():
+                    raise CredentialsError(NO_CREDENTIALS) from None
+                raise CredentialsError(f"GCP credentials could not be loaded: {_first_line(text)}") from None
+        return self._credentials
+
+    def project_and_source(self) -> tuple[str | None, str]:
+        if self.configured_project:
+            return self.configured_project, "config gcp.project"
+        for name in ("GOOGLE_CLOUD_PROJECT", "CLOUDSDK_CORE_PROJECT"):
+            if os.environ.get(name):
+                return os.environ[name], name
+        _, project = self.credentials()
+        return project, "the credentials"
+
+    @property
+    def project(self) -> str:
+        project, _ = self.project_and_source()
+        if not project:
+            raise UsageError("no GCP project: set gcp.project in the config or GOOGLE_CLOUD_PROJECT")
+        return project
+
+    @property
+    def default_region(self) -> str | None:
+        return self.configured_region or os.environ.get("CLOUDSDK_COMPUTE_REGION") or None
+
+    def credential_source(self) -> str:
+        credentials, _ = self.credentials()
+        email = getattr(credentials, "service_account_email", None)
+        kind = type(credentials).__module__
+        if kind.endswith("service_account") and email:
+            where = " (GOOGLE_APPLICATION_CREDENTIALS)" if os.environ.get("GOOGLE_APPLICATION_CREDENTIALS") else ""
+            return f"service account {email}{where}"
+        if kind.startswith("google.auth.compute_engine"):
+            return "the VM's service account (metadata server)"
+        if kind.endswith("external_account") or "identity_pool" in kind:
+            return "workload identity federation"
+        return "user credentials (gcloud auth application-default login)"
+
+    # clients and calls --------------------------------------------------------------------------
+
+    def client(self, kind: str) -> Any:
+        """kind: instances, zone_operations, global_operations, firewalls, images, machine_types,
+        accelerator_types, zones."""
+        if kind not in self._clients:
+            name = "".join(part.title() for part in kind.split("_")) + "Client"
+            credentials, _ = self.credentials()
+            options = {"api_endpoint": self.endpoint} if self.endpoint else None
+            self._clients[kind] = getattr(self.v1, name)(credentials=credentials, transport="rest",
+                                                         client_options=options)
+        return self._clients[kind]
+
+    def call(self, what: str, fn: Callable[..., Any], /, **kwargs: Any) -> Any:
+        """One API call (or a pager read to the end by `fn`), errors turned into ours."""
+        kwargs.setdefault("timeout", CALL_TIMEOUT_S)
+        try:
+            return fn(**kwargs)
+        except self._api_errors.GoogleAPICallError as exc:
+            raise self._api_error(what, exc) from None
+        except self._auth_errors.RefreshError as exc:
+            raise CredentialsError(f"GCP refused the credentials ({what}): {_first_line(str(exc))}",
+                                   hint="log in again (`gcloud auth application-default login`)") from None
+        except self._auth_errors.GoogleAuthError as exc:
+            raise CredentialsError(f"GCP credentials failed ({what}): {_first_line(str(exc))}") from None
+        except OSError as exc:  # requests' ConnectionError and timeouts are OSErrors
+            raise ProviderError(f"GCP {what}: could not reach {self.endpoint or PUBLIC_ENDPOINT}: "
+                                f"{_network_reason(exc)}") from None
+
+    def list_all(self, what: str, fn: Callable[..., Any], /, **request: Any) -> list[Any]:
+        return self.call(what, lambda timeout: list(fn(request=request, timeout=timeout)))
+
+    def aggregated(self, what: str, fn: Callable[..., Any], field: str, /, **request: Any) -> list[tuple[str, Any]]:
+        """(zone, item) for every item of an aggregatedList, across zones."""
+        def read(timeout: float) -> list[tuple[str, Any]]:
+            found = []
+            for scope, scoped in fn(request=request, timeout=timeout):
+                if scope.startswith("zones/"):
+                    found += [(scope.split("/", 1)[1], item) for item in getattr(scoped, field)]
+            return found
+
+        return self.call(what, read)
+
+    def wait(self, what: str, operation: Any, zone: str | None = None) -> Any:
+        """Wait for a zonal (or global, zone None) operation to be DONE; its errors raised as ours."""
+        done = self.v1.Operation.Status.DONE
+        deadline = time.monotonic() + OPERATION_DEADLINE_S
+        while operation.status != done:
+            if time.monotonic() > deadline:
+                raise ProviderError(f"GCP {what}: operation {operation.name} not done after "
+                                    f"{OPERATION_DEADLINE_S / 60:.0f} min", hint="see the console's operations list")
+            if zone:
+                operation = self.call(what, self.client("zone_operations").wait, project=self.project, zone=zone,
+                                      operation=operation.name)
+            else:
+                operation = self.call(what, self.client("global_operations").wait, project=self.project,
+                                      operation=operation.name)
+        errors = list(operation.error.errors) if operation.error else []
+        if errors:
+            error = GcpApiError(what, [e.code for e in errors], "; ".join(e.message for e in errors if e.message),
+                                operation.http_error_status_code or None)
+            if set(error.codes) & CREDENTIAL_CODES:
+                raise CredentialsError(f"GCP denied {what}: {error.gcp_message}", hint=CREDENTIALS_HINT)
+            raise error
+        return operation
+
+    def _api_error(self, what: str, exc: Any) -> CloudtrainError:
+        reasons = [e.get("reason", "") for e in (exc.errors or []) if isinstance(e, dict)]
+        if getattr(exc, "reason", None):
+            reasons.append(exc.reason)
+        message = _rest_message(exc)
+        status = getattr(exc, "code", None)
+        codes = set(reasons)
+        if status == 401 or (codes & CREDENTIAL_CODES) or (status == 403 and not codes & (QUOTA_CODES | {
+                "rateLimitExceeded", "userRateLimitExceeded"})):
+            return CredentialsError(f"GCP denied {what}: {message}", hint=CREDENTIALS_HINT)
+        return GcpApiError(what, reasons, message, status)
+
+    def check_credentials(self) -> CredentialStatus:
+        """One cheap authenticated call (a page of zones) says whether these credentials work here."""
+        try:
+            source = self.credential_source()
+            project, where = self.project_and_source()
+        except CredentialsError as exc:
+            return CredentialStatus("gcp", False, exc.one_line())
+        if not project:
+            return CredentialStatus("gcp", False, f"{source}: no project (set gcp.project in the config or "
+                                                  "GOOGLE_CLOUD_PROJECT)")
+        try:
+            zones = self.client("zones")
+            self.call("listing zones", lambda timeout: next(iter(zones.list(
+                request={"project": project, "max_results": 1}, timeout=timeout)), None), timeout=15.0)
+        except CloudtrainError as exc:
+            return CredentialStatus("gcp", False, f"{source}, project {project}: {exc.one_line()}")
+        region = self.default_region
+        place = f"region {region}" if region else "no default region (set gcp.region or name one in recipes)"
+        return CredentialStatus("gcp", True, f"{source}, project {project} (from {where}), {place}")
+
+
+def _rest_message(exc: Any) -> str:
+    """The API's own message (google-api-core prefixes it with the method and URL)."""
+    response = getattr(exc, "response", None)
+    try:
+        return str(response.json()["error"]["message"])
+    except Exception:  # noqa: BLE001 - not JSON, or not that shape: fall back to the exception text
+        text = str(getattr(exc, "message", "") or exc)
+        return text.split(": ", 1)[1] if text.startswith(("GET ", "POST ", "DELETE ", "PATCH ", "PUT ")) else text
+
+
+def _network_reason(exc: OSError) -> str:
+    """'Connection refused' rather than urllib3's whole retry story."""
+    text = str(exc)
+    found = re.findall(r"\[Errno -?\d+\] ([^\"')\]]+)", text)
+    return found[-1].strip() if found else (_first_line(text) or type(exc).__name__)
+
+
+def _first_line(text: str) -> str:
+    return text.strip().splitlines()[0] if text.strip() else text

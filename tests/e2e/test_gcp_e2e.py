@@ -1,0 +1,172 @@
+"""`cloudtrain` against GCP as a subprocess: Compute Engine is our fake, the VMs are sshd VMs.
+
+Only public interfaces are wired (the `gcp_cloud` fixture): the CLI reads `gcp.project` and
+`gcp.api_endpoint` from its config, google-auth finds a service-account key through
+GOOGLE_APPLICATION_CREDENTIALS and signs its own JWT, which the fake verifies; each instance the
+fake runs boots an sshd VM trusting the instance's `ssh-keys` metadata (as the guest agent
+installs them), reached through `ssh.proxy_command` at the instance's external IP. What we assert
+about the cloud we read back from the fake.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from cloudtrain.providers.base import TAG_CLUSTER, TAG_OWNER
+from cloudtrain.testing import sshd
+from cloudtrain.testing.gcp import GcpCloud
+from tests.conftest import REPO, cloudtrain
+
+pytest.importorskip("google.cloud.compute_v1")
+if not sshd.sshd_available() and not os.environ.get("CI"):
+    pytest.skip("OpenSSH sshd is not installed (apt-get install openssh-server)", allow_module_level=True)
+
+T4 = "n1-standard-4+t4x1"
+
+
+def status_of(cloud: GcpCloud, *args: str) -> dict:
+    result = cloud.cli("status", cloud.cluster, "--json", *args)
+    assert result.ok, result.output
+    return json.loads(result.stdout)["clusters"][0]
+
+
+def nat_ip(inst: dict) -> str | None:
+    return next((c.get("natIP") for c in inst["networkInterfaces"][0]["accessConfigs"] if c.get("natIP")), None)
+
+
+def assert_nothing_left(cloud: GcpCloud) -> None:
+    assert cloud.instances() == [] and cloud.firewall_rules() == []
+    assert cloud.leftovers() == []  # no disk either, and no cluster left in state
+    # The firewall never let anyone but the caller in, not even for a moment.
+    assert cloud.server.firewall_ranges_seen <= {cloud.allowed_cidr}
+
+
+def test_up_run_stop_start_down(gcp_cloud: GcpCloud) -> None:
+    cloud, name = gcp_cloud, gcp_cloud.cluster
+    recipe = cloud.recipe(job={"name": "mnist_cnn", "params": {"epochs": 1, "data": "bundled"}},
+                          resources={"instance_type": T4})
+    up = cloud.up(recipe)
+    assert up.ok, up.output
+    ((zone, inst),) = cloud.instances()
+    assert zone == "us-central1-a" and inst["status"] == "RUNNING"
+    assert inst["machineType"].endswith("/machineTypes/n1-standard-4")
+    assert inst["guestAccelerators"][0]["acceleratorType"].endswith("/acceleratorTypes/nvidia-tesla-t4")
+    assert inst["scheduling"]["onHostMaintenance"] == "TERMINATE"
+    assert inst["labels"][TAG_CLUSTER] == name and TAG_OWNER in inst["labels"]
+    ((_, disk),) = [(z, d) for (z, _), d in cloud.server.disks.items()]
+    assert disk["labels"][TAG_CLUSTER] == name
+    (rule,) = cloud.firewall_rules()
+    assert rule["sourceRanges"] == [cloud.allowed_cidr] and rule["allowed"] == [{"IPProtocol": "tcp", "ports": ["22"]}]
+    assert rule["targetTags"] == inst["tags"]["items"] == [f"cloudtrain-{name}"]
+
+    run = cloud.run(recipe)  # on the cluster `up` made: kept afterwards
+    assert run.ok, run.output
+    metrics = json.loads((run.run_dir / "outputs" / "metrics.json").read_text())
+    assert metrics["epochs"] == 1 and 0.5 < metrics["test_accuracy"] <= 1.0
+    assert run.run_json["status"] == "succeeded" and run.run_json["provider"] == "gcp"
+    machine = cloud.vm(zone, inst["name"])
+    assert list(machine.home_dir.glob(f".cloudtrain/{name}/**/metrics.json"))
+    wrote = cloud.cli("exec", name, "--", "sh", "-c", "echo kept > marker")
+    assert wrote.ok, wrote.output
+
+    stop = cloud.cli("stop", name)
+    assert stop.ok, stop.output
+    assert cloud.server.instance(zone, inst["name"])["status"] == "TERMINATED" and not machine.running
+    stopped = status_of(cloud)
+    assert stopped["status"] == "stopped" and stopped["nodes"][0]["state"] == "stopped"
+
+    start = cloud.cli("start", name)
+    assert start.ok, start.output
+    started = cloud.server.instance(zone, inst["name"])
+    assert started["status"] == "RUNNING" and machine.running
+    # The same disk behind a new ephemeral address, which cloudtrain followed.
+    assert nat_ip(started) != nat_ip(inst) and status_of(cloud)["nodes"][0]["public_ip"] == nat_ip(started)
+    read = cloud.cli("exec", name, "--", "cat", "marker")
+    assert read.ok and "kept" in read.stdout, read.output
+
+    down = cloud.down()
+    assert down.ok, down.output
+    assert_nothing_left(cloud)
+    assert cloud.down().ok  # again: nothing to do, still fine
+
+
+def test_a_stockout_in_the_first_zone_lands_in_the_next(gcp_cloud: GcpCloud) -> None:
+    cloud = gcp_cloud
+    cloud.fail("capacity", zones={"us-central1-a"})
+    up = cloud.up(cloud.recipe(run="echo hi"))
+    assert up.ok, up.output
+    ((zone, _),) = cloud.instances()
+    assert zone == "us-central1-b"
+    assert cloud.faults.count("instances.insert", zone="us-central1-a") == 1
+    assert status_of(cloud)["zone"] == "us-central1-b"
+    assert cloud.down().ok
+    assert_nothing_left(cloud)
+
+
+def test_quota_exceeded_moves_to_the_next_region(gcp_cloud: GcpCloud) -> None:
+    cloud = gcp_cloud
+    cloud.fail("quota", regions={"us-central1"})
+    up = cloud.up(cloud.recipe(run="echo hi"))
+    assert up.ok, up.output
+    assert "trying the next placement" in up.stderr
+    assert cloud.faults.count("instances.insert", region="us-central1") == 1  # one try ends the region
+    ((zone, _),) = cloud.instances()
+    assert zone.startswith("us-east1-")
+    assert status_of(cloud)["region"] == "us-east1"
+    assert cloud.down().ok
+    assert_nothing_left(cloud)
+
+
+def test_permission_denied_is_one_line_and_leaves_nothing(gcp_cloud: GcpCloud) -> None:
+    cloud, name = gcp_cloud, gcp_cloud.cluster
+    cloud.fail("permission")
+    up = cloud.up(cloud.recipe(run="echo hi"))
+    assert up.returncode != 0, up.output
+    lines = [line for line in up.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error:") and "compute.instances.create" in lines[0], up.output
+    assert cloud.faults.count("instances.insert") == 1  # no failover: every zone would refuse too
+    assert_nothing_left(cloud)
+    assert name not in cloud.cli("status").stdout
+
+
+def test_sigkill_after_the_insert_then_refresh_finds_it_and_down_removes_it(gcp_cloud: GcpCloud) -> None:
+    cloud, name = gcp_cloud, gcp_cloud.cluster
+    recipe = cloud.recipe(run="echo hi")
+    # Compute Engine accepts the instance and the answer is held: the CLI dies between GCP
+    # creating it and learning anything about it.
+    gate = cloud.faults.hold("instances.insert", after=True)
+    env = {**os.environ, **cloud.env}
+    proc = subprocess.Popen([sys.executable, "-m", "cloudtrain", "up", str(recipe), "--cluster", name], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert gate.wait_held(timeout=120), "the CLI never created the instance"
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        gate.release()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+    ((zone, inst),) = cloud.instances()
+
+    assert status_of(cloud)["nodes"] == []  # state knows the cluster (written first), not its instance
+    nodes = status_of(cloud, "--refresh")["nodes"]
+    assert [n["instance_id"] for n in nodes] == [f"{zone}:{inst['name']}"]
+
+    down = cloud.down()
+    assert down.ok, down.output
+    assert_nothing_left(cloud)
+
+
+def test_bundled_gcp_recipes_validate() -> None:
+    for name in ("mnist-gcp-t4.yaml", "mnist-gcp-spot.yaml"):
+        proc = cloudtrain("validate", str(REPO / "recipes" / name))
+        assert proc.returncode == 0, proc.stderr
+        assert "gcp/" in proc.stdout and "n1-standard-4+t4x1" in proc.stdout
