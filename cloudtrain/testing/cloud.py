@@ -6,8 +6,8 @@
         assert (result.run_dir / "outputs" / "model.json").exists()
         assert aws_cloud.leftovers() == []
 
-Every `<cloud>_cloud` fixture (`local_cloud`, `ssh_cloud`, `aws_cloud`; `gcp_cloud` and
-`azure_cloud` as their fakes land) returns a `FakeCloud` with the same shape, and
+Every `<cloud>_cloud` fixture (`local_cloud`, `ssh_cloud`, `aws_cloud`, `gcp_cloud`,
+`azure_cloud`) returns a `FakeCloud` with the same shape, and
 `fake_cloud("aws")` returns the one named, so one test can be parametrized over clouds. Each
 sets up everything a run needs and nothing else, for this test only:
 
