@@ -6,8 +6,9 @@ capacity, the network, the job itself). It makes no network call, writes no file
 and touches no state; it imports neither cloud SDKs nor TensorFlow nor numpy.
 
 Checks, in order, each raising one line with `file:line: field: what was expected` (exit code 2):
-  1. the cloud exists in this cloudtrain (`any`, `gcp`, `azure` are refused here, not after a run row);
-  2. recipe fields no provider acts on yet (autostop, budget; cloud-only fields on cloud local);
+  1. the cloud exists in this cloudtrain (one without a provider is refused here, not after a run row);
+  2. recipe fields the cloud cannot act on (autostop and budget where its machines cannot stop
+     themselves, budget.max_usd on a free cloud; cloud-only fields on cloud local);
   3. the bundled job's parameters, against its declared schema (cloudtrain/jobs/params.py);
   4. for priced clouds, the catalog plan: instance type, region, GPU (with did-you-mean), sizes, AMI.
 Data targets (relative, inside the workdir) are checked when the recipe loads.
@@ -71,16 +72,25 @@ def preflight(loaded: LoadedRecipe, config: Config) -> Plan | None:
 
 
 def unsupported(recipe: Recipe) -> tuple[str, str, str | None] | None:
-    """The first field that validates but that no provider acts on yet: (field, message, hint).
+    """The first field that validates but that the recipe's cloud cannot act on: (field, message, hint).
 
     Refused, never ignored. lifecycle.refuse_unavailable raises the same messages for callers
     that skip preflight.
     """
     cloud = recipe.resources.cloud
-    if recipe.autostop is not None:
-        return "autostop", f"autostop is not available yet for cloud {cloud}", "remove 'autostop' and use `cloudtrain down`"
-    if recipe.budget is not None:
-        return "budget", f"budget limits are not available yet for cloud {cloud}", "remove 'budget'"
+    for name in ("autostop", "budget"):
+        if getattr(recipe, name) is None:
+            continue
+        for target in _clouds_of(cloud):
+            problem = autostop_problem(target, name)
+            if problem is None and name == "autostop" and recipe.autostop.down:  # type: ignore[union-attr]
+                problem = autostop_problem(target, "autostop.down")
+            if problem is not None:
+                return problem
+    if recipe.budget is not None and recipe.budget.max_usd is not None and cloud in _registered():
+        if not provider_capabilities(cloud).priced:
+            return ("budget.max_usd", f"budget.max_usd needs a priced cloud: cloud {cloud} has no hourly price",
+                    "use budget.max_hours to limit the running time")
     if cloud in _registered() and not provider_capabilities(cloud).cloud_fields:
         for name in CLOUD_ONLY_FIELDS:
             if getattr(recipe.resources, name) is not None:
@@ -88,6 +98,39 @@ def unsupported(recipe: Recipe) -> tuple[str, str, str | None] | None:
         if recipe.resources.spot:
             return "resources.spot", f"resources.spot does not apply to cloud {cloud}", None
     return None
+
+
+def autostop_problem(cloud: str, field: str = "autostop") -> tuple[str, str, str | None] | None:
+    """Why `cloud` cannot honour `field` (autostop, budget or autostop.down): its machines cannot stop
+    or delete themselves (capabilities `autostop`, `autostop_down`; Provider.watchdog_action). None
+    when it can."""
+    if cloud not in _registered():
+        return None  # the cloud itself is refused elsewhere, with its own message
+    caps = provider_capabilities(cloud)
+    if field == "autostop.down":
+        if not caps.autostop or caps.autostop_down:
+            return None
+        return (field, f"autostop.down is not available yet for cloud {cloud}: its machines can stop themselves "
+                       "but not delete themselves", "autostop without down stops them; `cloudtrain down` deletes")
+    if caps.autostop:
+        return None
+    what = "autostop is" if field == "autostop" else "budget limits are"
+    if caps.takes_hosts:
+        return (field, f"{what} not available for cloud {cloud}: the hosts are your own machines and cloudtrain "
+                       "never stops them", f"remove '{field}'; `cloudtrain down` ends the cluster's jobs")
+    return (field, f"{what} not available yet for cloud {cloud}: its machines cannot stop themselves yet",
+            f"remove '{field}' and use `cloudtrain down`")
+
+
+def _clouds_of(cloud: str) -> list[str]:
+    """The clouds a recipe may land on: its own, or every priced one for `cloud: any`."""
+    from cloudtrain.providers import ANY
+
+    if cloud != ANY:
+        return [cloud]
+    from cloudtrain.cluster.planning import priced_clouds
+
+    return list(priced_clouds())
 
 
 def _registered() -> tuple[str, ...]:

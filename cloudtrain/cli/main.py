@@ -27,6 +27,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "recipes": ("cloudtrain.cli.recipes", "recipes", "List the bundled recipes (run them by name)."),
     "sweep": ("cloudtrain.cli.sweep", "sweep", "Run a cost-limited sweep of a recipe: trials under a hard budget, leaderboard."),
     "catalog": ("cloudtrain.cli.catalog", "catalog", "List instance types, GPUs and hourly prices, cheapest first; `catalog refresh` updates them."),
+    "autostop": ("cloudtrain.cli.autostop", "autostop", "Make a cluster stop (or --down delete) itself after MIN idle minutes; --cancel turns it off."),
     "plan": ("cloudtrain.cli.plan", "plan", "Show where a recipe would run, the price and the worst case; creates nothing."),
     "cost": ("cloudtrain.cli.cost", "cost", "What was spent, per cluster and per run (billed time x price)."),
     "compare": ("cloudtrain.cli.compare", "compare", "Compare runs: device, sec/batch, images/s, speed-up, cost."),

@@ -11,7 +11,7 @@ import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Literal, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
 TAG_CLUSTER = "cloudtrain-cluster"
 TAG_OWNER = "cloudtrain-owner"
@@ -42,6 +42,11 @@ class Capabilities:
     takes_hosts: bool = False
     # region, zone, instance_type, accelerators, image, disk_gb, spot mean something here.
     cloud_fields: bool = True
+    # Its machines can stop or delete themselves with no user credentials on them
+    # (`watchdog_action`), so recipes may set `autostop` and `budget` (templates/watchdog.py).
+    autostop: bool = False
+    # With autostop: they can also delete themselves (autostop.down). False: stop only.
+    autostop_down: bool = True
 
 
 @dataclass(frozen=True)
@@ -82,7 +87,12 @@ class InstanceSpec:
     ssh_public_key: str | None = None
     ssh_user: str | None = None
     allowed_cidr: str | None = None
+    # What an OS shutdown from inside does (autostop.down: terminate); clouds without the
+    # setting ignore it. Spot instances that cannot stop terminate whatever this says.
     shutdown_behavior: Literal["stop", "terminate"] = "stop"
+    # A cloud-side backstop for the budget: seconds the instance may run before the cloud itself
+    # stops it (or deletes it, per shutdown_behavior), where the cloud offers one. None: no limit.
+    max_run_s: float | None = None
     hosts: tuple[HostSpec, ...] = ()
     tags: Mapping[str, str] = field(default_factory=dict)
 
@@ -151,6 +161,24 @@ class Provider(Protocol):
     def release_resources(self, cluster: str) -> list[ClusterResource]:
         """Delete the cluster's resources besides instances; return those that must stay for now
         (still in use by instances shutting down), each with a note. Idempotent."""
+        ...
+
+    def watchdog_action(self, instance: Instance, down: bool) -> dict[str, Any]:
+        """What the watchdog on `instance` (templates/watchdog.py) must do to stop it (down=False)
+        or delete it (down=True) by itself, with no user credentials on the machine: a JSON-able
+        dict with "kind" and "effect" ("stop" or "delete"), one of
+
+          {"kind": "shutdown", "effect": ...}   power off from inside; the cloud makes it a stop or a delete
+          {"kind": "http", "effect": ..., "method": "POST"|"DELETE", "url": "...", "headers": {...},
+           "body": ... or None, "token": {"url": metadata token URL, "headers": {...}, "field": "access_token"},
+           "ok": [200, 202], "gone_ok": True}
+                                                one API call with the machine's own token from its metadata server
+          {"kind": "exec", "effect": ..., "argv": [...], "exit_after": True}
+                                                a command on the node (the machine itself stays up)
+
+        May make idempotent cloud calls so that the action does what is asked (AWS sets the
+        instance's shutdown behaviour); creates nothing. Providers whose capabilities say
+        `autostop=False` raise NotAvailableError."""
         ...
 
 

@@ -14,7 +14,9 @@ packet to that address.
 from __future__ import annotations
 
 import logging
+import os
 import shlex
+import signal
 import socket
 import subprocess
 import tempfile
@@ -122,12 +124,17 @@ class _Connection:
     def close(self) -> None:
         self.client.close()
         if self.proxy is not None:
-            # Its stdin (our socket) is closed now, so a well-behaved proxy exits by itself.
+            # Its stdin (our socket) is closed now, so a well-behaved proxy exits by itself; what
+            # it started (the proxy is `sh -c ...` in a session of its own) must end with it.
             try:
                 self.proxy.wait(timeout=2)
             except subprocess.TimeoutExpired:
                 self.proxy.kill()
                 self.proxy.wait()
+            try:
+                os.killpg(self.proxy.pid, signal.SIGTERM)
+            except (ProcessLookupError, PermissionError) as exc:
+                log.debug("ProxyCommand group %s already gone: %s", self.proxy.pid, exc)
         if self.proxy_errors is not None:
             self.proxy_errors.close()
 

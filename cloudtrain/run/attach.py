@@ -143,6 +143,16 @@ def print_logs(lc: Lifecycle, name: str, job_id: str | None, follow: bool, resum
     return final
 
 
+def print_watchdog_log(lc: Lifecycle, name: str, write: Callable[[str], None] | None = None) -> None:
+    """`logs NAME --watchdog`: every decision the on-node watchdog logged (autostop, budget), per node.
+
+    Reading it opens an SSH session, which counts as activity for `wait_for: jobs_and_ssh`.
+    """
+    from cloudtrain.run.watchdog import print_logs as print_watchdog
+
+    print_watchdog(lc, name, write or (lambda line: print(line, flush=True)))
+
+
 def _collected_log(lc: Lifecycle, name: str) -> Path | None:
     """The job.log the cluster's last run brought home; a clear error when it did not."""
     runs = [r for r in lc.store.list_runs(cluster=name, limit=1) if r.run_dir]

@@ -137,15 +137,15 @@ class Executor:
         check_cluster_name(cluster_name)
         preflight(loaded, self.config)
         existing = self.store.get_cluster(cluster_name)
+        if teardown == "stop":
+            spot = loaded.recipe.resources.spot or bool(existing and existing.spot)
+            check_stop_possible(self.lc.provider(loaded.recipe.resources.cloud), spot)
         if existing is None and self.lc.launches_priced(loaded.recipe):
             # Missing credentials are bad input: one line, exit 2, before any run directory exists.
             # The plan made with them is the one the launch uses (no second credentials call).
             from cloudtrain.cluster.planning import plan_with_credentials
 
             self._usable[cluster_name] = plan_with_credentials(loaded.recipe, self.config)
-        if teardown == "stop":
-            spot = loaded.recipe.resources.spot or bool(existing and existing.spot)
-            check_stop_possible(self.lc.provider(loaded.recipe.resources.cloud), spot)
 
     def run(self, loaded: LoadedRecipe, cluster_name: str, teardown: Teardown, runs_dir: Path,
             env_overrides: Mapping[str, str] | None = None) -> RunResult:

@@ -146,6 +146,8 @@ class FakeCloud:
             "CLOUDTRAIN_HOME": str(self.home),
             "CLOUDTRAIN_CONFIG": str(self.config_path),
             "HOME": str(self.user_home),
+            # A watchdog started in a test never installs itself into the developer's crontab or systemd.
+            "CLOUDTRAIN_WATCHDOG_PERSIST": "none",
             **(env or {}),
         }
         for name, value in self.env.items():

@@ -76,6 +76,10 @@ def test_four_trials_two_at_a_time_on_ec2_end_with_nothing_running(
     sweep_id = results.name.removeprefix("sweep-")
     instances = [i for r in ec2.describe_instances(Filters=[{"Name": "tag-key", "Values": [TAG_CLUSTER]}])["Reservations"]
                  for i in r["Instances"]]
+    # The moto server may be shared with other tests of the session: look at this sweep's clusters only.
+    ours = [i for i in instances
+            if any(t["Key"] == TAG_CLUSTER and t["Value"].startswith(f"sw-{sweep_id}-") for t in i["Tags"])]
+    instances = ours
     clusters = {t["Value"] for i in instances for t in i["Tags"] if t["Key"] == TAG_CLUSTER}
     assert clusters == {f"sw-{sweep_id}-0", f"sw-{sweep_id}-1"}  # two VMs, each reused for a second trial
     assert [i for i in instances if i["State"]["Name"] in LIVE] == []

@@ -70,7 +70,7 @@ _SHUTTING_DOWN = "instances still shutting down"
 
 class AwsProvider:
     name = "aws"
-    capabilities = Capabilities(supports_stop=True, supports_spot=True, remote=True, priced=True)
+    capabilities = Capabilities(supports_stop=True, supports_spot=True, remote=True, priced=True, autostop=True)
 
     @staticmethod
     def image_pins_region(image: str) -> bool:
@@ -475,6 +475,29 @@ class AwsProvider:
                         self._terminate_one(region, instance_id)
         for region, cluster in sorted(clusters):
             _log_leftovers(cluster, self._release(region, cluster))
+
+    def watchdog_action(self, instance: Instance, down: bool) -> dict[str, Any]:
+        """An OS shutdown, which EC2 turns into a stop or a terminate by the instance's
+        InstanceInitiatedShutdownBehavior (set at launch from autostop.down, changed here when a
+        live `cloudtrain autostop --down` asks otherwise). One-time spot instances cannot stop:
+        their shutdown terminates, whatever is asked. No credentials on the VM."""
+        found = self._lookup([instance.id])
+        if instance.id not in found or found[instance.id][1]["State"]["Name"] in ("shutting-down", "terminated"):
+            raise ProviderError(f"no live instance {instance.id} in {', '.join(self.regions())}",
+                                hint="`cloudtrain status --refresh` shows what exists")
+        region, raw = found[instance.id]
+        spot = raw.get("InstanceLifecycle") == "spot"
+        wanted = "terminate" if down or spot else "stop"
+        attribute = "instanceInitiatedShutdownBehavior"
+        current = self.api.ec2(region, "describe_instance_attribute", InstanceId=instance.id, Attribute=attribute)
+        if current.get("InstanceInitiatedShutdownBehavior", {}).get("Value") != wanted:
+            # The Attribute/Value form: EC2 and moto both take it.
+            self.api.ec2(region, "modify_instance_attribute", InstanceId=instance.id, Attribute=attribute,
+                         Value=wanted)
+        action: dict[str, Any] = {"kind": "shutdown", "effect": "delete" if wanted == "terminate" else "stop"}
+        if spot and not down:
+            action["note"] = "spot instance: a shutdown terminates it (one-time spot requests cannot stop)"
+        return action
 
     def _terminate_one(self, region: str, instance_id: str) -> None:
         try:

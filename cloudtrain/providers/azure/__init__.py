@@ -246,6 +246,14 @@ class AzureProvider:
             found.extend(vm.instance for vm in self._vms(group.name) if vm.instance.cluster)
         return found
 
+    def watchdog_action(self, instance: Instance, down: bool) -> dict[str, Any]:
+        """Not yet: an OS shutdown leaves an Azure VM allocated and billed, so the watchdog must
+        deallocate through ARM with the VM's managed identity (docs/watchdog.md has the action's
+        shape); until that is wired the capability `autostop` stays off and preflight refuses
+        autostop and budget on Azure."""
+        raise NotAvailableError("autostop and budget are not available on Azure yet",
+                                hint="use `cloudtrain down` (or `stop`, which deallocates)")
+
     def list_resources(self, cluster: str | None = None) -> list[ClusterResource]:
         """This owner's cloudtrain resource groups (the cluster's network, disks and IPs live in them)."""
         return [ClusterResource("azure", (g.tags or {})[TAG_CLUSTER], "resource-group", g.name, g.location)

@@ -11,9 +11,11 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from cloudtrain import paths
 from cloudtrain.config import Config
@@ -33,7 +35,7 @@ _META = "instance.json"
 class LocalProvider:
     name = "local"
     capabilities = Capabilities(supports_stop=True, supports_spot=False, remote=False, priced=False,
-                                owns_machines=False, cloud_fields=False)
+                                owns_machines=False, cloud_fields=False, autostop=True)
 
     def __init__(self, base: Path | None = None) -> None:
         self.base = base or paths.home() / "local"
@@ -108,6 +110,14 @@ class LocalProvider:
             if node_dir.exists():
                 _kill_jobs(node_dir)
                 shutil.rmtree(node_dir)
+
+    def watchdog_action(self, instance: Instance, down: bool) -> dict[str, Any]:
+        """This machine is never powered off: the watchdog does what `cloudtrain stop` / `down`
+        do to a local node (end its jobs; mark it stopped, or remove its directory), through
+        `python -m cloudtrain.providers.local`, and then ends itself."""
+        verb = "terminate" if down else "stop"
+        return {"kind": "exec", "effect": "delete" if down else "stop", "exit_after": True,
+                "argv": [sys.executable, "-m", "cloudtrain.providers.local", verb, "--base", str(self.base), instance.id]}
 
     def _dir(self, instance_id: str) -> Path:
         return self.base / instance_id

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from typing import Any
 
 from cloudtrain.config import Config
 from cloudtrain.errors import NotAvailableError, ProviderError
@@ -91,6 +92,11 @@ class SshProvider:
 
     def terminate(self, ids: Sequence[str]) -> None:
         return None
+
+    def watchdog_action(self, instance: Instance, down: bool) -> dict[str, Any]:
+        # The hosts are the user's: cloudtrain never powers them off, by itself or by a watchdog.
+        raise NotAvailableError("ssh hosts are your own machines: cloudtrain never stops or deletes them",
+                                hint="end the work with `cloudtrain cancel` or `cloudtrain down`")
 
 
 def make_provider(config: Config) -> SshProvider:

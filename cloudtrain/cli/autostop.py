@@ -1,0 +1,40 @@
+"""`autostop`: change, live, when a running cluster stops (or deletes) itself."""
+
+from __future__ import annotations
+
+import click
+
+from cloudtrain.cli import output
+from cloudtrain.cli.common import cluster_argument, open_lifecycle
+
+
+@click.command()
+@cluster_argument()
+@click.option("--idle-minutes", "-i", "idle_minutes", type=click.IntRange(min=1), metavar="MIN",
+              help="Stop after MIN minutes without a job (and, by default, without an SSH session).")
+@click.option("--down", "down_", is_flag=True, help="Delete the cluster instead of stopping it.")
+@click.option("--wait-for", type=click.Choice(["jobs_and_ssh", "jobs", "none"]), default="jobs_and_ssh",
+              show_default=True, help="What keeps the cluster up: jobs and SSH sessions, jobs only, or nothing.")
+@click.option("--cancel", is_flag=True, help="Turn autostop off (a recipe's budget stays).")
+def autostop(name: str, idle_minutes: int | None, down_: bool, wait_for: str, cancel: bool) -> None:
+    """Make cluster NAME stop (or with --down, delete) itself after MIN idle minutes.
+
+    The watchdog on every node takes the change on its next tick, and needs nothing from this
+    machine afterwards. `cloudtrain logs NAME --watchdog` shows its decisions.
+    """
+    from cloudtrain.errors import UsageError
+    from cloudtrain.run.watchdog import report, set_autostop
+
+    if cancel and (idle_minutes is not None or down_):
+        raise UsageError("--cancel turns autostop off: no -i or --down with it",
+                         hint=f"`cloudtrain autostop {name} --cancel`")
+    if not cancel and idle_minutes is None:
+        raise UsageError("how long may the cluster be idle?",
+                         hint=f"`cloudtrain autostop {name} -i 30` (minutes), or --cancel")
+    display = output.RunDisplay()
+    lc = open_lifecycle(display)
+    settings, results = set_autostop(lc, name, idle_minutes, down_, wait_for, cancel, display)
+    report(display, settings, results)
+    effects = sorted({r.effect for r in results if r.effect})
+    if "delete" in effects and not down_:
+        display.warn("these machines cannot stop, only terminate (spot): autostop deletes them")

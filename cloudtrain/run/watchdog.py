@@ -1,0 +1,368 @@
+"""The on-node watchdog (templates/watchdog.py) from this side: its config, starting it, its log.
+
+A watchdog runs on every node of a cluster whose recipe sets `autostop` or `budget` (started by
+`up`, and by `run` when it readies the nodes), or after `cloudtrain autostop`. It needs nothing from
+this machine afterwards: the laptop can be closed. Its config, ~/.cloudtrain/<cluster>/watchdog.json
+on the node, is rewritten here and reread by the watchdog on every tick:
+
+    tick_s       seconds between decisions (15; CLOUDTRAIN_WATCHDOG_TICK_S overrides, for tests)
+    autostop     {idle_s, down, wait_for} or null (idle_s: idle_minutes x 60;
+                 CLOUDTRAIN_WATCHDOG_IDLE_S overrides, for tests)
+    budget       {limit_s, used_s, epoch, why} or null: a hard limit on running time
+    action       what the provider says the node must do to stop or delete itself
+                 (Provider.watchdog_action), cached on the node per instance and effect
+    count_ssh, ssh_port, shutdown_command, metadata_url, ca_file, persist  (see docs/watchdog.md)
+
+Writing it costs one round trip per node when the node already holds an action for the same
+instance and effect (a warm `run` asks the cloud nothing); otherwise the provider is asked (AWS:
+one attribute call) and the config sent again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shlex
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from cloudtrain import paths
+from cloudtrain.errors import RemoteError, UsageError
+
+if TYPE_CHECKING:
+    from cloudtrain.cluster.lifecycle import Cluster, Lifecycle
+    from cloudtrain.cluster.nodes import Node
+    from cloudtrain.events import Reporter
+    from cloudtrain.recipe import Budget, Recipe
+    from cloudtrain.state import StateStore
+
+DEFAULT_TICK_S = 15.0
+WAIT_FOR = ("jobs_and_ssh", "jobs", "none")
+CONFIG_NAME = "watchdog.json"
+LOG_NAME = "watchdog.log"
+# Test-only knobs, read when a config is written (docs/watchdog.md): they let a test run the real
+# watchdog in seconds against fakes. Never needed on a real cloud.
+ENV_TICK_S = "CLOUDTRAIN_WATCHDOG_TICK_S"
+ENV_IDLE_S = "CLOUDTRAIN_WATCHDOG_IDLE_S"
+ENV_SHUTDOWN = "CLOUDTRAIN_WATCHDOG_SHUTDOWN"  # shell words replacing the OS shutdown command
+ENV_METADATA_URL = "CLOUDTRAIN_WATCHDOG_METADATA_URL"  # replaces the metadata server in token URLs
+ENV_CA_FILE = "CLOUDTRAIN_WATCHDOG_CA_FILE"  # CA bundle for the watchdog's HTTPS calls
+ENV_PERSIST = "CLOUDTRAIN_WATCHDOG_PERSIST"  # auto | none (none: no systemd unit or crontab line)
+
+# Runs on the node with its python3: installs watchdog.py (only when it changed) and calls its
+# ensure() with the config, in one round trip. stdin: {"program": source, "config": {...}}.
+_BOOT = """\
+import importlib.util, json, os, sys
+program, config = sys.argv[1], sys.argv[2]
+payload = json.load(sys.stdin)
+try:
+    with open(program, encoding="utf-8") as handle:
+        old = handle.read()
+except OSError:
+    old = None
+if old != payload["program"]:
+    os.makedirs(os.path.dirname(program), exist_ok=True)
+    with open(program + ".tmp", "w", encoding="utf-8") as handle:
+        handle.write(payload["program"])
+    os.replace(program + ".tmp", program)
+spec = importlib.util.spec_from_file_location("cloudtrain_watchdog", program)
+module = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(module)
+print(json.dumps(module.ensure(config, payload["config"], sys.executable, program)))
+"""
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What the watchdog enforces, independent of the node it runs on."""
+
+    autostop: dict[str, Any] | None  # {"idle_s", "down", "wait_for"}
+    budget: dict[str, Any] | None  # {"limit_s", "used_s", "epoch", "why"}
+    keep: tuple[str, ...] = ()  # config keys this write leaves as the node has them
+
+    @property
+    def down(self) -> bool:
+        return bool(self.autostop and self.autostop.get("down"))
+
+    def describe(self) -> str:
+        parts = []
+        if self.autostop:
+            idle = float(self.autostop["idle_s"])
+            when = f"{idle / 60:g} min" if idle >= 60 and idle % 60 == 0 else f"{idle:g}s"
+            waits = {"jobs_and_ssh": "jobs and SSH sessions", "jobs": "jobs", "none": "nothing"}
+            parts.append(f"autostop after {when} idle ({'delete' if self.down else 'stop'}; "
+                         f"waits for {waits[self.autostop['wait_for']]})")
+        else:
+            parts.append("autostop off")
+        if self.budget:
+            parts.append(f"budget: stops after {self.budget['limit_s'] / 3600:.4g} h of running time "
+                         f"({self.budget['why']})")
+        return ", ".join(parts)
+
+
+@dataclass(frozen=True)
+class NodeResult:
+    rank: int
+    status: str  # written | unchanged
+    running: bool
+    started: bool
+    hook: str  # how it survives a reboot: systemd ..., cron @reboot, or none (why)
+    effect: str | None
+
+
+# ---------------------------------------------------------------------------------------- settings
+
+
+def budget_limit(budget: Budget | None, cluster_hourly: float) -> tuple[float, str] | None:
+    """Seconds of running time the budget allows and why: the smaller of max_hours and
+    max_usd / the cluster's hourly price (a free cluster has no money limit)."""
+    if budget is None:
+        return None
+    limits = []
+    if budget.max_hours is not None:
+        limits.append((budget.max_hours * 3600.0, f"max_hours {budget.max_hours:g}"))
+    if budget.max_usd is not None and cluster_hourly > 0:
+        limits.append((budget.max_usd / cluster_hourly * 3600.0,
+                       f"max_usd {budget.max_usd:g} at ${cluster_hourly:.4g}/h"))
+    return min(limits) if limits else None
+
+
+def _env_float(name: str) -> float | None:
+    raw = os.environ.get(name)
+    if not raw:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        raise UsageError(f"{name}={raw!r} is not a number of seconds") from None
+    if value <= 0:
+        raise UsageError(f"{name} must be > 0 seconds, got {raw}")
+    return value
+
+
+def autostop_settings(idle_minutes: float, down: bool, wait_for: str) -> dict[str, Any]:
+    if wait_for not in WAIT_FOR:
+        raise UsageError(f"autostop wait_for must be one of {', '.join(WAIT_FOR)}, got {wait_for!r}")
+    idle_s = _env_float(ENV_IDLE_S) or idle_minutes * 60.0
+    return {"idle_s": idle_s, "down": bool(down), "wait_for": wait_for}
+
+
+def running_seconds(store: StateStore, cluster: str, now: float | None = None) -> float:
+    """How long the cluster's compute has been billed, per node (the longest node): what the
+    budget has used so far."""
+    end = time.time() if now is None else now
+    per_node: dict[str, float] = {}
+    for item in store.billing(cluster):
+        if item.kind == "running":
+            stop = item.ended_at if item.ended_at is not None else end
+            per_node[item.instance_id] = per_node.get(item.instance_id, 0.0) + max(0.0, stop - item.started_at)
+    if per_node:
+        return max(per_node.values())
+    record = store.get_cluster(cluster)
+    return max(0.0, end - record.created_at) if record is not None else 0.0
+
+
+def settings_from_recipe(recipe: Recipe, store: StateStore, cluster: str, cluster_hourly: float) -> Settings:
+    autostop = None
+    if recipe.autostop is not None:
+        autostop = autostop_settings(recipe.autostop.idle_minutes, recipe.autostop.down, recipe.autostop.wait_for)
+    budget = None
+    limit = budget_limit(recipe.budget, cluster_hourly)
+    if limit is not None:
+        limit_s, why = limit
+        epoch = hashlib.sha256(f"{limit_s:.3f}|{why}".encode()).hexdigest()[:16]
+        budget = {"limit_s": round(limit_s, 3), "used_s": round(running_seconds(store, cluster), 3),
+                  "epoch": epoch, "why": why}
+    return Settings(autostop, budget)
+
+
+def _test_overrides() -> dict[str, Any]:
+    extra: dict[str, Any] = {}
+    shutdown = os.environ.get(ENV_SHUTDOWN)
+    if shutdown:
+        extra["shutdown_command"] = shlex.split(shutdown)
+    for key, env in (("metadata_url", ENV_METADATA_URL), ("ca_file", ENV_CA_FILE)):
+        if os.environ.get(env):
+            extra[key] = os.environ[env]
+    persist = os.environ.get(ENV_PERSIST, "auto")
+    if persist not in ("auto", "none"):
+        raise UsageError(f"{ENV_PERSIST} must be auto or none, got {persist!r}")
+    extra["persist"] = persist
+    return extra
+
+
+def node_config(cluster: Cluster, node: Node, settings: Settings, action: Mapping[str, Any] | None) -> dict[str, Any]:
+    config: dict[str, Any] = {
+        "version": 1,
+        "cluster": cluster.record.name,
+        "instance_id": node.record.instance_id,
+        "rank": node.rank,
+        "tick_s": _env_float(ENV_TICK_S) or DEFAULT_TICK_S,
+        "autostop": settings.autostop,
+        "budget": settings.budget,
+        "action": dict(action) if action is not None else None,
+        "action_key": f"{node.record.instance_id}:{'delete' if settings.down else 'stop'}",
+        # On machines reached over SSH a session of the user counts as activity; here it cannot.
+        "count_ssh": cluster.provider.capabilities.remote,
+        "ssh_port": None,
+        "written_at": time.time(),
+        **_test_overrides(),
+    }
+    if settings.keep:
+        config["keep"] = list(settings.keep)
+    return config
+
+
+# ---------------------------------------------------------------------------------------- on the nodes
+
+
+def config_path(node: Node) -> str:
+    return f"{node.layout.root}/{CONFIG_NAME}"
+
+
+def program_path(node: Node) -> str:
+    return f"{node.layout.runtime}/watchdog.py"
+
+
+def _python(cluster: Cluster, node: Node) -> str:
+    if not cluster.provider.capabilities.remote:
+        return sys.executable  # the node is this machine
+    return node.python or "python3"
+
+
+def _send(cluster: Cluster, node: Node, config: dict[str, Any]) -> dict[str, Any]:
+    payload = json.dumps({"program": (paths.templates_dir() / "watchdog.py").read_text(), "config": config})
+    result = node.transport.run([_python(cluster, node), "-c", _BOOT, program_path(node), config_path(node)],
+                                input=payload.encode(), timeout=120, what="starting the watchdog")
+    for line in reversed(result.text.strip().splitlines()):
+        try:
+            answer = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(answer, dict):
+            return answer
+    raise RemoteError(f"{node.transport.label}: the watchdog's ensure printed {result.text[-300:]!r}")
+
+
+def ensure_on_node(cluster: Cluster, node: Node, settings: Settings, eager_action: bool = False) -> NodeResult:
+    """Write the node's watchdog config and make sure the watchdog runs: one round trip when the
+    node already holds the action for this instance and effect, else the provider is asked."""
+    from cloudtrain.cluster.nodes import instance_of
+
+    def action() -> dict[str, Any]:
+        return dict(cluster.provider.watchdog_action(instance_of(node.record), settings.down))
+
+    first = action() if eager_action else None
+    answer = _send(cluster, node, node_config(cluster, node, settings, first))
+    if answer.get("status") == "need-action":
+        first = action()
+        answer = _send(cluster, node, node_config(cluster, node, settings, first))
+    if answer.get("status") not in ("written", "unchanged"):
+        raise RemoteError(f"{node.transport.label}: the watchdog's ensure answered {answer!r}")
+    if (settings.autostop is not None or settings.budget is not None) and not answer.get("running"):
+        raise RemoteError(f"{node.transport.label}: the watchdog did not start (see {node.layout.root}/{LOG_NAME})")
+    return NodeResult(node.rank, str(answer["status"]), bool(answer.get("running")), bool(answer.get("started")),
+                      str(answer.get("hook") or "none"), (first or {}).get("effect"))
+
+
+def ensure_on_nodes(cluster: Cluster, nodes: Sequence[Node], settings: Settings,
+                    eager_action: bool = False) -> list[NodeResult]:
+    from cloudtrain.cluster.nodes import on_all
+
+    return on_all(list(nodes), lambda n: ensure_on_node(cluster, n, settings, eager_action),
+                  label=lambda n: f"node {n.rank} ({n.record.instance_id})")
+
+
+def report(reporter: Reporter, settings: Settings, results: Sequence[NodeResult]) -> None:
+    started = [r for r in results if r.started]
+    reporter.info(f"watchdog: {settings.describe()} on {len(results)} node(s)")
+    hooks = sorted({r.hook for r in started})
+    for hook in hooks:
+        if hook.startswith("none"):
+            reporter.warn(f"watchdog started detached (setsid), {hook}: it does not survive a reboot of the node")
+        else:
+            reporter.info(f"watchdog survives reboots through {hook}")
+
+
+def start_from_recipe(store: StateStore, cluster: Cluster, nodes: Sequence[Node], recipe: Recipe,
+                      reporter: Reporter, created: bool) -> list[NodeResult]:
+    """`up` / `run`: the recipe's autostop and budget, enforced on every node from now on. A new
+    cluster asks the provider for the action right away (its launch set the cloud side up)."""
+    settings = settings_from_recipe(recipe, store, cluster.record.name, cluster.record.hourly_price)
+    results = ensure_on_nodes(cluster, nodes, settings, eager_action=created)
+    if any(r.status == "written" for r in results):
+        report(reporter, settings, results)
+        store.add_event(cluster.record.name, "watchdog", settings.describe())
+    return results
+
+
+def set_autostop(lc: Lifecycle, name: str, idle_minutes: float | None, down: bool, wait_for: str, cancel: bool,
+                 reporter: Reporter) -> tuple[Settings, list[NodeResult]]:
+    """`cloudtrain autostop`: change (or cancel) autostop on a running cluster, live. The budget
+    the recipe set stays as the nodes have it."""
+    from cloudtrain.cluster.nodes import close_all, connect
+    from cloudtrain.preflight import autostop_problem
+
+    cluster = lc.get(name)
+    problem = autostop_problem(cluster.provider.name, "autostop") or (
+        autostop_problem(cluster.provider.name, "autostop.down") if down and not cancel else None)
+    if problem is not None:
+        from cloudtrain.errors import NotAvailableError
+
+        raise NotAvailableError(problem[1], hint=problem[2])
+    from cloudtrain.state import ClusterStatus
+
+    if cluster.record.status != ClusterStatus.UP:
+        raise UsageError(f"cluster {name!r} is {cluster.record.status}: its watchdog cannot be reached",
+                         hint=f"`cloudtrain start {name}` first" if cluster.record.status == ClusterStatus.STOPPED
+                         else f"`cloudtrain status {name} --refresh`")
+    autostop = None if cancel else autostop_settings(float(idle_minutes or 0), down, wait_for)
+    settings = Settings(autostop, None, keep=("budget",))
+    nodes = connect(list(cluster.nodes), cluster.provider, lc.config)
+    try:
+        results = ensure_on_nodes(cluster, nodes, settings)
+    finally:
+        close_all(nodes)
+    lc.store.add_event(name, "autostop", settings.describe() or "autostop off")
+    return settings, results
+
+
+def read_logs(lc: Lifecycle, name: str) -> list[tuple[int, str | None]]:
+    """Each node's watchdog.log: (rank, text), text None where no watchdog ever ran."""
+    from cloudtrain.cluster.nodes import close_all, connect
+
+    cluster = lc.get(name)
+    from cloudtrain.state import ClusterStatus
+
+    if cluster.record.status == ClusterStatus.STOPPED and cluster.provider.capabilities.remote:
+        # (A node on this machine is a directory: readable stopped or not.)
+        raise UsageError(f"cluster {name!r} is stopped; the watchdog's log is on its disk",
+                         hint=f"`cloudtrain start {name}`, then `cloudtrain logs {name} --watchdog`")
+    nodes = connect(list(cluster.nodes), cluster.provider, lc.config)
+    try:
+        out = []
+        for node in nodes:
+            log = f"{node.layout.root}/{LOG_NAME}"
+            result = node.transport.run(["sh", "-c", '[ -f "$1" ] || exit 3; cat "$1"', "sh", log], check=False,
+                                        what="reading the watchdog log")
+            out.append((node.rank, None if result.exit_code == 3 else result.text))
+        return out
+    finally:
+        close_all(nodes)
+
+
+def print_logs(lc: Lifecycle, name: str, write: Callable[[str], None]) -> None:
+    logs = read_logs(lc, name)
+    several = len(logs) > 1
+    for rank, text in logs:
+        prefix = f"node {rank}: " if several else ""
+        if text is None:
+            write(f"{prefix}no watchdog has run on this node (the recipe sets no autostop or budget; "
+                  f"`cloudtrain autostop {name} -i MIN` starts one)")
+            continue
+        for line in text.splitlines():
+            write(prefix + line)

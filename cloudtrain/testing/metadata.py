@@ -1,0 +1,187 @@
+"""What a VM asks of its own cloud, faked for the on-node watchdog (templates/watchdog.py).
+
+- `MetadataServer`: an instance metadata server on loopback answering the two token endpoints a
+  watchdog uses to act with the machine's own identity, with the headers the real ones require:
+    GCE metadata server  GET /computeMetadata/v1/instance/service-accounts/default/token
+                         (header `Metadata-Flavor: Google`) -> {"access_token", "expires_in", "token_type"}
+    Azure IMDS           GET /metadata/identity/oauth2/token?api-version=...&resource=...
+                         (header `Metadata: true`) -> {"access_token", "expires_on", "resource", "token_type"}
+  Point the watchdog at it with `CLOUDTRAIN_WATCHDOG_METADATA_URL=<server.url>` (read when the CLI
+  writes the watchdog's config). `requests` lists what it was asked; `token_for(kind)` is the token
+  it hands out, which the fake cloud API should expect as the bearer token. `fail(status)` makes
+  the next answers fail (a metadata server that is not there yet).
+- `metadata_server`: a fixture with one of them for the test.
+- An OS-shutdown stand-in for EC2, for a VM that is an sshd process and cannot power off:
+
+      python -m cloudtrain.testing.metadata ec2-shutdown --endpoint URL [--region R]
+
+  does what EC2 does when an instance's OS shuts down: reads the instance's
+  InstanceInitiatedShutdownBehavior and calls StopInstances or TerminateInstances for it (the
+  instance id comes from $CLOUDTRAIN_INSTANCE_ID, which the watchdog sets for its shutdown command).
+  Use it as the watchdog's shutdown command: `CLOUDTRAIN_WATCHDOG_SHUTDOWN="<python> -m
+  cloudtrain.testing.metadata ec2-shutdown --endpoint <moto url>"`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import secrets
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs, urlsplit
+
+import pytest
+
+GCE_TOKEN_PATH = "/computeMetadata/v1/instance/service-accounts/default/token"
+IMDS_TOKEN_PATH = "/metadata/identity/oauth2/token"
+
+
+@dataclass(frozen=True)
+class MetadataRequest:
+    kind: str  # "gce" | "imds" | "unknown"
+    path: str
+    query: dict[str, str]
+    headers: dict[str, str]
+    status: int
+
+
+@dataclass
+class MetadataServer:
+    """A fake instance metadata server (GCE metadata server and Azure IMDS token endpoints)."""
+
+    host: str = "127.0.0.1"
+    requests: list[MetadataRequest] = field(default_factory=list)
+    tokens: dict[str, str] = field(default_factory=lambda: {
+        "gce": "ya29.fake-" + secrets.token_hex(8), "imds": "eyJ.fake-" + secrets.token_hex(8)})
+    _fail_status: int | None = None
+    _fail_times: int = 0
+    _server: ThreadingHTTPServer | None = None
+    _thread: threading.Thread | None = None
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def start(self) -> MetadataServer:
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, format: str, *args: object) -> None:
+                return None
+
+            def do_GET(self) -> None:
+                server._answer(self)
+
+        self._server = ThreadingHTTPServer((self.host, 0), Handler)
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(target=self._server.serve_forever, name="metadata-server", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+    @property
+    def url(self) -> str:
+        assert self._server is not None, "start() the server first"
+        return f"http://{self.host}:{self._server.server_address[1]}"
+
+    def token_for(self, kind: str) -> str:
+        """The bearer token handed out by the "gce" or "imds" endpoint."""
+        return self.tokens[kind]
+
+    def fail(self, status: int = 503, times: int = 1) -> None:
+        """Answer the next `times` token requests with HTTP `status`."""
+        with self._lock:
+            self._fail_status, self._fail_times = status, times
+
+    def seen(self, kind: str) -> list[MetadataRequest]:
+        with self._lock:
+            return [r for r in self.requests if r.kind == kind]
+
+    def _answer(self, handler: BaseHTTPRequestHandler) -> None:
+        parts = urlsplit(handler.path)
+        query = {k: v[0] for k, v in parse_qs(parts.query).items()}
+        headers = {k.lower(): v for k, v in handler.headers.items()}
+        if parts.path == GCE_TOKEN_PATH:
+            kind = "gce"
+            allowed = headers.get("metadata-flavor") == "Google"
+            body = {"access_token": self.tokens["gce"], "expires_in": 3599, "token_type": "Bearer"}
+        elif parts.path == IMDS_TOKEN_PATH:
+            kind = "imds"
+            # IMDS also refuses requests that carry X-Forwarded-For (came through a proxy).
+            allowed = headers.get("metadata") == "true" and "x-forwarded-for" not in headers and "resource" in query
+            body = {"access_token": self.tokens["imds"], "expires_on": str(int(time.time()) + 3600),
+                    "resource": query.get("resource", ""), "token_type": "Bearer"}
+        else:
+            kind, allowed, body = "unknown", False, {}
+        with self._lock:
+            status = 200 if allowed else (400 if kind != "unknown" else 404)
+            if kind != "unknown" and self._fail_times > 0 and self._fail_status is not None:
+                status = self._fail_status
+                self._fail_times -= 1
+            self.requests.append(MetadataRequest(kind, parts.path, query, headers, status))
+        payload = json.dumps(body if status == 200 else {"error": "refused"}).encode()
+        handler.send_response(status)
+        handler.send_header("Content-Type", "application/json")
+        handler.send_header("Content-Length", str(len(payload)))
+        handler.end_headers()
+        handler.wfile.write(payload)
+
+
+@pytest.fixture
+def metadata_server() -> Iterator[MetadataServer]:
+    """A fake instance metadata server on loopback for this test (`MetadataServer`): the GCE
+    metadata server's and Azure IMDS's token endpoints, checking the headers the real ones
+    require. Point the watchdog at it with CLOUDTRAIN_WATCHDOG_METADATA_URL=metadata_server.url."""
+    server = MetadataServer().start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+# ---------------------------------------------------------------------------------------- EC2 shutdown
+
+
+def ec2_shutdown(endpoint: str, region: str, instance_id: str) -> str:
+    """What EC2 does when the OS of `instance_id` shuts down: stop or terminate it, as its
+    InstanceInitiatedShutdownBehavior says. Returns the behaviour applied."""
+    import boto3
+
+    from cloudtrain.testing.aws import FAKE_KEY_ID, FAKE_SECRET
+
+    ec2 = boto3.client("ec2", region_name=region, endpoint_url=endpoint, aws_access_key_id=FAKE_KEY_ID,
+                       aws_secret_access_key=FAKE_SECRET)
+    behavior = ec2.describe_instance_attribute(InstanceId=instance_id, Attribute="instanceInitiatedShutdownBehavior")
+    value = behavior["InstanceInitiatedShutdownBehavior"]["Value"]
+    if value == "terminate":
+        ec2.terminate_instances(InstanceIds=[instance_id])
+    else:
+        ec2.stop_instances(InstanceIds=[instance_id])
+    return value
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m cloudtrain.testing.metadata")
+    sub = parser.add_subparsers(dest="command", required=True)
+    shutdown = sub.add_parser("ec2-shutdown", help="an OS shutdown of an EC2 instance, against moto")
+    shutdown.add_argument("--endpoint", required=True, help="moto's URL")
+    shutdown.add_argument("--region", default="us-east-1")
+    shutdown.add_argument("--instance-id", default=os.environ.get("CLOUDTRAIN_INSTANCE_ID"))
+    args = parser.parse_args(argv)
+    if not args.instance_id:
+        parser.error("no instance id: pass --instance-id or set CLOUDTRAIN_INSTANCE_ID")
+    print(f"shutdown of {args.instance_id}: {ec2_shutdown(args.endpoint, args.region, args.instance_id)}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,829 @@
+#!/usr/bin/env python3
+"""cloudtrain watchdog: stops (or deletes) this machine when it is idle or over budget.
+
+Standard library only, Python 3.8+: it runs on the node, whatever the job's environment is.
+
+    watchdog.py run    CONFIG   the loop: decide every tick_s, act, log every decision
+    watchdog.py check  CONFIG   what counts as activity right now, as one JSON line (acts on nothing)
+    watchdog.py ensure CONFIG   a new config on stdin (JSON): written if it changed; the loop started
+                                if none runs, surviving reboots where it can; one JSON line back
+    watchdog.py stop   CONFIG   end a running loop and remove its reboot hook
+
+CONFIG is ~/.cloudtrain/<cluster>/watchdog.json, written by the CLI (`up`, `run`, `autostop`) and
+read again on every tick, so a change takes effect on the next one. Beside it: watchdog.log (every
+decision, one line each, `<UTC time> <decision> <detail>`), watchdog.state.json (running time
+counted against the budget; it survives reboots), watchdog.pid and watchdog.lock (one loop per
+cluster and machine: the loop holds an exclusive lock on it).
+
+Decisions: `start`, `config` (settings changed; the idle clock restarts), `busy`, `idle`, `stop` /
+`delete` (acting), `waiting` (acted; the machine should be going down), `error`, `exit`.
+
+Activity (what restarts the idle clock), by `autostop.wait_for`:
+  jobs_and_ssh  a cloudtrain job of this cluster running (or starting) on this node, a new job
+                appearing, or an established TCP connection to this node's sshd port
+  jobs          jobs only
+  none          nothing: the machine stops idle_s after the watchdog started or its settings changed
+Jobs are read the way templates/runner.sh reports them (`runner.sh status`): exit_code present means
+over; a supervisor pid that is alive means running.
+
+The budget is a hard limit on running time (`budget.limit_s`, from max_hours and max_usd / the
+cluster's hourly price): it fires even while a job runs. The laptop sends the time already used
+(`budget.used_s`, from billed intervals) with an `epoch`; the node counts on from there, across
+reboots, until a config with another epoch arrives.
+
+The action (`action` in the config) is what the cloud's provider said the machine must do to stop
+or delete itself with no user credentials on it (Provider.watchdog_action):
+  {"kind": "shutdown", "effect": "stop"|"delete"}
+        power off from inside (`shutdown_command`, default: shutdown -h now, through sudo -n when
+        not root); the cloud turns an OS shutdown into a stop or a delete
+  {"kind": "http", "effect": ..., "method": "POST", "url": "...", "headers": {...}, "body": ...,
+   "token": {"url": "...", "headers": {...}, "field": "access_token"}, "ok": [200, 202], "gone_ok": true}
+        one API call with a bearer token from the instance metadata server (`metadata_url`
+        replaces the token URL's scheme and host: tests point it at a fake)
+  {"kind": "exec", "effect": ..., "argv": [...], "exit_after": true}
+        run a command (the local provider's stop); exit_after: the machine stays up, so the
+        watchdog ends after it
+After an action succeeds the loop waits `retry_s` (default 300) for the machine to go down before
+acting again; a failed action is retried on the next ticks, with backoff.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+VERSION = 1
+WAIT_FOR = ("jobs_and_ssh", "jobs", "none")
+DEFAULT_TICK_S = 15.0
+DEFAULT_RETRY_S = 300.0
+PENDING_GRACE_S = 120.0  # a job dir without a pid counts as "starting" this long
+LOG_MAX_BYTES = 1 << 20
+ACTION_TIMEOUT_S = 120.0
+
+
+def utc_now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def read_json(path: str):
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return json.load(handle)
+    except (OSError, ValueError):
+        return None
+
+
+def write_json(path: str, data, mode: int = 0o600) -> None:
+    """Atomically: readers see the old file or the new one, whole."""
+    tmp = f"{path}.tmp.{os.getpid()}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        json.dump(data, handle, indent=1, sort_keys=True)
+        handle.write("\n")
+    os.replace(tmp, path)
+
+
+class Paths:
+    def __init__(self, config_path: str) -> None:
+        self.config = os.path.abspath(config_path)
+        self.root = os.path.dirname(self.config)
+        self.log = os.path.join(self.root, "watchdog.log")
+        self.state = os.path.join(self.root, "watchdog.state.json")
+        self.lock = os.path.join(self.root, "watchdog.lock")
+        self.pid = os.path.join(self.root, "watchdog.pid")
+        self.hook = os.path.join(self.root, "watchdog.hook")
+        self.jobs = os.path.join(self.root, "jobs")
+        self.runner = os.path.join(self.root, "runtime", "runner.sh")
+
+
+class Log:
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __call__(self, decision: str, detail: str) -> None:
+        line = f"{utc_now()} {decision} {detail}\n"
+        try:
+            if os.path.getsize(self.path) > LOG_MAX_BYTES:
+                os.replace(self.path, self.path + ".1")
+        except OSError:
+            pass
+        try:
+            with open(self.path, "a", encoding="utf-8") as handle:
+                handle.write(line)
+        except OSError:
+            sys.stderr.write(line)
+
+
+# ------------------------------------------------------------------------------------ what is going on
+
+
+def job_state(job_dir: str, runner: str) -> str:
+    """running | pending | succeeded | failed | killed | lost, as `runner.sh status` says."""
+    if os.path.exists(os.path.join(job_dir, "exit_code")):
+        return "over"  # written last: the job and everything it started are over
+    if os.path.exists(runner):
+        try:
+            out = subprocess.run(["sh", runner, "status", job_dir], stdout=subprocess.PIPE,
+                                 stderr=subprocess.DEVNULL, timeout=30, check=False).stdout
+            return str(json.loads(out.decode("utf-8", "replace"))["state"])
+        except (OSError, ValueError, KeyError, subprocess.SubprocessError):
+            pass
+    # No runner (never prepared, or removed): the same rules, read here.
+    try:
+        with open(os.path.join(job_dir, "pid"), encoding="utf-8") as handle:
+            pid = int(handle.read().strip())
+    except (OSError, ValueError):
+        return "pending"
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return "lost"
+    except PermissionError:
+        return "running"
+    return "running"
+
+
+def observe_jobs(paths: Paths, now: float) -> dict:
+    """Job ids of this cluster on this node by what they count for."""
+    found = {"all": [], "running": [], "starting": [], "over": []}
+    try:
+        names = sorted(os.listdir(paths.jobs))
+    except OSError:
+        return found
+    for name in names:
+        job_dir = os.path.join(paths.jobs, name)
+        if not os.path.isdir(job_dir):
+            continue
+        found["all"].append(name)
+        state = job_state(job_dir, paths.runner)
+        if state == "over":
+            found["over"].append(name)
+        elif state == "running":
+            found["running"].append(name)
+        elif state == "pending":
+            # Being started right now; a start that failed must not keep the machine up forever.
+            try:
+                age = now - os.stat(job_dir).st_mtime
+            except OSError:
+                continue
+            if age < PENDING_GRACE_S:
+                found["starting"].append(name)
+    return found
+
+
+def ssh_sessions(port) -> int | None:
+    """Established TCP connections to this node's sshd port (server side), or None if unknown."""
+    if not port:
+        return None
+    listening, established = [], []
+    seen = False
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table, encoding="ascii") as handle:
+                lines = handle.readlines()[1:]
+        except OSError:
+            continue
+        seen = True
+        for line in lines:
+            fields = line.split()
+            if len(fields) < 4:
+                continue
+            address, _, hex_port = fields[1].rpartition(":")
+            try:
+                if int(hex_port, 16) != int(port):
+                    continue
+            except ValueError:
+                continue
+            if fields[3] == "0A":  # LISTEN
+                listening.append(address)
+            elif fields[3] == "01":  # ESTABLISHED
+                established.append(address)
+    if not seen:
+        return None
+    if not listening:
+        return len(established)
+    # Server sides only: a connection accepted on one of sshd's listening addresses. (An outgoing
+    # connection from another local address may have been given the same port number.)
+    wildcard = any(set(a) == {"0"} for a in listening)
+    return sum(1 for a in established if wildcard or a in listening)
+
+
+# ------------------------------------------------------------------------------------ acting
+
+
+def default_shutdown_command() -> list:
+    if os.geteuid() == 0:
+        return ["shutdown", "-h", "now"]
+    return ["sudo", "-n", "shutdown", "-h", "now"]
+
+
+def run_command(argv, env_extra: dict) -> tuple[bool, str]:
+    env = dict(os.environ)
+    env.update(env_extra)
+    try:
+        proc = subprocess.run(list(argv), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              timeout=ACTION_TIMEOUT_S, env=env, check=False)
+    except FileNotFoundError:
+        return False, f"command not found: {argv[0]}"
+    except (OSError, subprocess.SubprocessError) as exc:
+        return False, f"{type(exc).__name__}: {exc}"
+    tail = proc.stdout.decode("utf-8", "replace").strip().splitlines()[-1:] or [""]
+    if proc.returncode != 0:
+        return False, f"{shlex.join(argv)} exited {proc.returncode}: {tail[0][:300]}"
+    return True, shlex.join(argv)
+
+
+def rebase(url: str, base) -> str:
+    """`url` with its scheme and host replaced by `base`'s (path and query kept)."""
+    if not base:
+        return url
+    from urllib.parse import urlsplit, urlunsplit
+
+    old, new = urlsplit(url), urlsplit(base)
+    return urlunsplit((new.scheme, new.netloc, old.path, old.query, old.fragment))
+
+
+def http_action(action: dict, cfg: dict) -> tuple[bool, str]:
+    import ssl
+    import urllib.error
+    import urllib.request
+
+    context = ssl.create_default_context(cafile=cfg["ca_file"]) if cfg.get("ca_file") else None
+    headers = dict(action.get("headers") or {})
+    token_spec = action.get("token")
+    if token_spec:
+        # The metadata server is link-local: never through a proxy from the environment.
+        direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        token_url = rebase(token_spec["url"], cfg.get("metadata_url"))
+        request = urllib.request.Request(token_url, headers=dict(token_spec.get("headers") or {}), method="GET")
+        try:
+            with direct.open(request, timeout=15) as answer:
+                token = json.load(answer)[token_spec.get("field", "access_token")]
+        except urllib.error.HTTPError as exc:
+            return False, f"token from {token_url}: HTTP {exc.code}"
+        except (OSError, ValueError, KeyError) as exc:
+            return False, f"token from {token_url}: {type(exc).__name__}: {exc}"
+        headers["Authorization"] = f"Bearer {token}"
+    method = action.get("method", "POST").upper()
+    body = action.get("body")
+    if body is not None:
+        data = json.dumps(body).encode()
+        headers.setdefault("Content-Type", "application/json")
+    else:
+        data = b"" if method in ("POST", "PUT", "PATCH") else None
+    request = urllib.request.Request(action["url"], data=data, headers=headers, method=method)
+    try:
+        with urllib.request.urlopen(request, timeout=60, context=context) as answer:
+            status = answer.status
+    except urllib.error.HTTPError as exc:
+        status = exc.code
+        detail = exc.read()[:300].decode("utf-8", "replace").replace("\n", " ")
+        if not (status == 404 and action.get("gone_ok")):
+            return False, f"{method} {action['url']}: HTTP {status} {detail}"
+    except (OSError, ValueError) as exc:
+        return False, "{} {}: {}: {}".format(method, action["url"], type(exc).__name__, exc)
+    if status not in (action.get("ok") or [200, 201, 202, 204]) and not (status == 404 and action.get("gone_ok")):
+        return False, f"{method} {action['url']}: unexpected HTTP {status}"
+    return True, f"{method} {action['url']}: HTTP {status}"
+
+
+def perform(action: dict, cfg: dict) -> tuple[bool, str]:
+    kind = action.get("kind")
+    env = {"CLOUDTRAIN_CLUSTER": str(cfg.get("cluster", "")), "CLOUDTRAIN_INSTANCE_ID": str(cfg.get("instance_id", "")),
+           "CLOUDTRAIN_WATCHDOG_EFFECT": str(action.get("effect", ""))}
+    if kind == "shutdown":
+        command = cfg.get("shutdown_command") or default_shutdown_command()
+        ok, detail = run_command(command, env)
+        if not ok and not cfg.get("shutdown_command"):
+            for fallback in (["systemctl", "poweroff"], ["sudo", "-n", "systemctl", "poweroff"]):
+                ok, more = run_command(fallback, env)
+                detail += "; " + more
+                if ok:
+                    break
+        return ok, detail
+    if kind == "http":
+        return http_action(action, cfg)
+    if kind == "exec":
+        return run_command(action["argv"], env)
+    return False, f"unknown action kind {kind!r}"
+
+
+# ------------------------------------------------------------------------------------ the loop
+
+
+def describe_settings(cfg: dict) -> str:
+    auto, budget, action = cfg.get("autostop"), cfg.get("budget"), cfg.get("action") or {}
+    parts = []
+    if auto:
+        waits = {"jobs_and_ssh": "jobs and ssh sessions", "jobs": "jobs", "none": "nothing"}
+        parts.append("autostop after {:g}s idle ({}, waiting for {})".format(
+            float(auto["idle_s"]), action.get("effect", "stop"), waits.get(auto.get("wait_for"), auto.get("wait_for"))))
+    else:
+        parts.append("autostop off")
+    if budget:
+        parts.append("budget {:g}s of running time ({})".format(float(budget["limit_s"]), budget.get("why", "")))
+    parts.append("action {}".format(action.get("kind", "none")))
+    parts.append(f"tick {tick_of(cfg):g}s")
+    return ", ".join(parts)
+
+
+def tick_of(cfg: dict) -> float:
+    try:
+        return max(0.05, float(cfg.get("tick_s") or DEFAULT_TICK_S))
+    except (TypeError, ValueError):
+        return DEFAULT_TICK_S
+
+
+class Watchdog:
+    def __init__(self, config_path: str) -> None:
+        self.paths = Paths(config_path)
+        self.log = Log(self.paths.log)
+        self.state = read_json(self.paths.state) or {}
+        self.last_m = time.monotonic()
+        self.idle_from = self.last_m
+        self.idle_since = "start"  # what the idle clock counts from, for the log
+        self.settings_key = None
+        self.known_jobs = None
+        self.acted_at = None
+        self.failures = 0
+        self.next_try = 0.0
+        self.cfg = None
+        self.said_no_ssh = False
+        self.over_seen = None  # jobs already over when last looked at
+        self.prev_running = set()
+        self.prev_sessions = 0
+        self.wake_in = None  # seconds to the next decision (a tick, or sooner when a limit falls due)
+
+    def load(self):
+        cfg = read_json(self.paths.config)
+        if cfg is None:
+            if not os.path.exists(self.paths.config):
+                return None  # the cluster's files are gone (down): nothing left to watch
+            self.log("error", f"{self.paths.config} is not readable JSON; keeping the previous settings")
+            return self.cfg
+        self.cfg = cfg
+        return cfg
+
+    def tick(self) -> bool:
+        """One decision. False: the loop should end."""
+        cfg = self.load()
+        if cfg is None:
+            return False
+        now_m = time.monotonic()
+        delta, self.last_m = now_m - self.last_m, now_m
+        self.wake_in = tick_of(cfg)
+        auto, budget = cfg.get("autostop"), cfg.get("budget")
+        if not auto and not budget:
+            self.log("exit", "nothing to enforce (autostop and budget are off)")
+            remove_hook(self.paths)
+            return False
+        key = json.dumps([auto, (budget or {}).get("epoch"), cfg.get("action")], sort_keys=True)
+        if key != self.settings_key:
+            if self.settings_key is not None:
+                self.log("config", describe_settings(cfg))
+            self.settings_key = key
+            self.idle_from, self.idle_since = now_m, "settings"
+            self.acted_at = None
+            self.failures, self.next_try = 0, 0.0
+        used = None
+        if budget:
+            if self.state.get("epoch") != budget.get("epoch"):
+                self.state = {"epoch": budget.get("epoch"), "used_s": float(budget.get("used_s") or 0.0)}
+            else:
+                self.state["used_s"] = float(self.state.get("used_s", 0.0)) + delta
+            used = self.state["used_s"]
+            try:
+                write_json(self.paths.state, self.state)
+            except OSError as exc:
+                self.log("error", f"cannot save the budget count: {exc}")
+
+        now = time.time()
+        wait_for = (auto or {}).get("wait_for", "jobs_and_ssh")
+        jobs = observe_jobs(self.paths, now)
+        # A job that appeared since the last look and is already over counts from its end (below).
+        new_jobs = [] if self.known_jobs is None else [
+            j for j in jobs["all"] if j not in self.known_jobs and j not in jobs["over"]]
+        self.known_jobs = set(jobs["all"])
+        sessions = None
+        if wait_for == "jobs_and_ssh" and cfg.get("count_ssh"):
+            sessions = ssh_sessions(cfg.get("ssh_port"))
+            if sessions is None and not self.said_no_ssh:
+                self.said_no_ssh = True
+                self.log("error", "cannot count ssh sessions (no sshd port known or no /proc/net/tcp); jobs only")
+        busy = []
+        if auto and wait_for in ("jobs", "jobs_and_ssh"):
+            if jobs["running"]:
+                busy.append("{} job(s) running ({})".format(len(jobs["running"]), ", ".join(jobs["running"][:3])))
+            if jobs["starting"]:
+                busy.append("job(s) starting ({})".format(", ".join(jobs["starting"][:3])))
+            if new_jobs:
+                busy.append("new job(s) ({})".format(", ".join(new_jobs[:3])))
+            if sessions:
+                busy.append(f"{sessions} ssh session(s)")
+        if busy:
+            self.idle_from, self.idle_since = now_m, "busy"
+        elif auto and wait_for in ("jobs", "jobs_and_ssh"):
+            mark, why = self.activity_ended(jobs, sessions, now, now_m)
+            if mark > self.idle_from:
+                self.idle_from, self.idle_since = mark, why
+        self.over_seen = set(jobs["over"])
+        self.prev_running = set(jobs["running"])
+        self.prev_sessions = sessions or 0
+        idle_s = now_m - self.idle_from
+        budget_text = ""
+        if budget:
+            budget_text = "; budget {:.0f}/{:.0f}s".format(used, float(budget["limit_s"]))
+        facts = "jobs running {}, ssh sessions {}{}".format(
+            len(jobs["running"]), "-" if sessions is None else sessions, budget_text)
+
+        action = cfg.get("action") or {}
+        effect = action.get("effect", "stop")
+        if self.acted_at is not None:
+            since = now_m - self.acted_at
+            if since < float(cfg.get("retry_s") or DEFAULT_RETRY_S):
+                self.log("waiting", f"{effect} requested {since:.0f}s ago; {facts}")
+                return True
+            self.log("error", f"still running {since:.0f}s after the {effect}; acting again")
+            self.acted_at = None
+        reason = None
+        if budget and used is not None and used >= float(budget["limit_s"]):
+            reason = "budget: {:.0f}s of running time >= limit {:.0f}s ({}), {} job(s) still running".format(
+                used, float(budget["limit_s"]), budget.get("why", ""), len(jobs["running"]))
+        elif auto and idle_s >= float(auto["idle_s"]):
+            reason = "autostop: idle {:.0f}s >= {:g}s".format(idle_s, float(auto["idle_s"]))
+        if reason is None:
+            # Wake when a limit falls due rather than up to a tick later.
+            if auto and not busy:
+                self.wake_in = min(self.wake_in, max(0.05, float(auto["idle_s"]) - idle_s))
+            if budget and used is not None:
+                self.wake_in = min(self.wake_in, max(0.05, float(budget["limit_s"]) - used))
+            if busy:
+                self.log("busy", "{}; {}".format("; ".join(busy), facts))
+            elif auto:
+                self.log("idle", "idle {:.0f}/{:g}s since {}; {}".format(idle_s, float(auto["idle_s"]), self.idle_since, facts))
+            else:
+                self.log("idle", f"autostop off; {facts}")
+            return True
+        if now_m < self.next_try:
+            self.log("waiting", f"{reason}; retrying the {effect} in {self.next_try - now_m:.0f}s")
+            return True
+        if not action:
+            self.log("error", f"{reason}, but the config has no action; nothing done")
+            return True
+        self.log(effect, "{} -> {}".format(reason, action.get("kind")))
+        ok, detail = perform(action, cfg)
+        if ok:
+            self.log(effect, f"done: {detail}")
+            self.failures = 0
+            if action.get("exit_after"):
+                self.log("exit", f"the machine stays up ({effect} done): the watchdog ends")
+                return False
+            self.acted_at = time.monotonic()
+            return True
+        self.failures += 1
+        backoff = min(DEFAULT_RETRY_S, tick_of(cfg) * (2 ** min(self.failures, 10)))
+        self.next_try = time.monotonic() + backoff
+        self.log("error", f"{effect} failed (try {self.failures}, next in {backoff:.0f}s): {detail}")
+        return True
+
+    def activity_ended(self, jobs: dict, sessions, now: float, now_m: float) -> tuple[float, str]:
+        """When the activity since the last look ended (monotonic), now that none is left, and what
+        it was: a job's own end time (runner.sh writes ended_at), else this tick (an SSH session or
+        a lost job ended at some unknown moment since the last look: counting from now never stops early)."""
+        mark, why = float("-inf"), ""
+        if self.over_seen is None:
+            return mark, why  # the first look: the idle clock starts at the watchdog's start
+        for name in jobs["over"]:
+            if name in self.over_seen:
+                continue
+            ended = read_text(os.path.join(self.paths.jobs, name, "ended_at"))
+            try:
+                # ended_at has whole seconds: one more never stops early.
+                at = now_m - max(0.0, now - (float(ended) + 1.0))
+            except ValueError:
+                at = now_m
+            if at > mark:
+                mark, why = at, f"job {name} ended"
+        lost = self.prev_running - set(jobs["running"]) - set(jobs["over"])
+        if lost and now_m > mark:
+            mark, why = now_m, f"job {min(lost)} was lost"
+        if self.prev_sessions and not sessions and now_m > mark:
+            mark, why = now_m, "the last ssh session ended"
+        return mark, why
+
+    def run(self) -> int:
+        lock = try_lock(self.paths)
+        if lock is None:
+            return 0  # another loop watches this cluster on this machine
+        with open(self.paths.pid, "w", encoding="ascii") as handle:
+            handle.write(f"{os.getpid()}\n")
+        stopping = []
+        signal.signal(signal.SIGTERM, lambda *_: stopping.append(1))
+        cfg = self.load()
+        if cfg is None:
+            return 0
+        self.log("start", "pid {}, python {}; {}; reboot hook: {}".format(
+            os.getpid(), sys.executable, describe_settings(cfg), read_text(self.paths.hook) or "none"))
+        try:
+            while not stopping:
+                try:
+                    if not self.tick():
+                        break
+                except Exception as exc:  # noqa: BLE001 - a watchdog that dies stops nobody
+                    self.log("error", f"{type(exc).__name__}: {exc}")
+                deadline = time.monotonic() + (self.wake_in or tick_of(self.cfg or {}))
+                while not stopping and time.monotonic() < deadline:
+                    time.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
+            if stopping:
+                self.log("exit", "stopped by a signal")
+        finally:
+            try:
+                os.unlink(self.paths.pid)
+            except OSError:
+                pass
+            lock.close()
+        return 0
+
+
+def read_text(path: str) -> str:
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return handle.read().strip()
+    except OSError:
+        return ""
+
+
+def try_lock(paths: Paths):
+    """The loop's lock file, held; None if another process holds it."""
+    import fcntl
+
+    try:
+        handle = open(paths.lock, "a+")  # noqa: SIM115 - held for as long as the loop runs
+    except OSError:
+        return None
+    try:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        handle.close()
+        if exc.errno in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
+            return None
+        raise
+    return handle
+
+
+def running_pid(paths: Paths) -> int | None:
+    """The pid of the loop holding the lock, or None when none runs."""
+    if not os.path.exists(paths.lock):
+        return None
+    lock = try_lock(paths)
+    if lock is not None:
+        lock.close()
+        return None
+    try:
+        return int(read_text(paths.pid))
+    except ValueError:
+        return -1  # held, pid file not written yet
+
+
+# ------------------------------------------------------------------------------------ ensure / reboots
+
+
+def unit_name(cfg: dict) -> str:
+    return "cloudtrain-watchdog-{}.service".format(cfg.get("cluster", "cluster"))
+
+
+def quiet(argv, timeout: float = 30) -> bool:
+    try:
+        return subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              timeout=timeout, check=False).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        return False
+
+
+def output(argv, timeout: float = 30) -> str:
+    try:
+        return subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                              timeout=timeout, check=False).stdout.decode("utf-8", "replace")
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+def user_name() -> str:
+    import pwd
+
+    return pwd.getpwuid(os.getuid()).pw_name
+
+
+def systemd_user_ready() -> tuple[bool, str]:
+    """A systemd user manager that keeps running without a login (linger), so a unit survives reboots."""
+    if not shutil.which("systemctl") or not quiet(["systemctl", "--user", "show-environment"]):
+        return False, "no systemd user manager"
+    user = user_name()
+    if output(["loginctl", "show-user", user, "--property=Linger", "--value"]).strip() == "yes":
+        return True, ""
+    if quiet(["loginctl", "enable-linger"]) or quiet(["sudo", "-n", "loginctl", "enable-linger", user]):
+        return True, ""
+    # Without linger the user manager, and the unit with it, ends at logout.
+    return False, "systemd user manager without linger (loginctl enable-linger refused)"
+
+
+def install_systemd(paths: Paths, cfg: dict, python: str, program: str) -> bool:
+    unit_dir = os.path.join(os.path.expanduser("~"), ".config", "systemd", "user")
+    os.makedirs(unit_dir, exist_ok=True)
+    unit = unit_name(cfg)
+    text = (
+        "[Unit]\nDescription=cloudtrain watchdog for cluster {} (autostop, budget)\n\n"
+        "[Service]\nExecStart={} {} run {}\nRestart=on-failure\nRestartSec=10\n\n"
+        "[Install]\nWantedBy=default.target\n"
+    ).format(cfg.get("cluster", ""), shlex.quote(python), shlex.quote(program), shlex.quote(paths.config))
+    with open(os.path.join(unit_dir, unit), "w", encoding="utf-8") as handle:
+        handle.write(text)
+    return quiet(["systemctl", "--user", "daemon-reload"]) and quiet(["systemctl", "--user", "enable", "--now", unit])
+
+
+def cron_marker(paths: Paths) -> str:
+    return f"# cloudtrain-watchdog {paths.config}"
+
+
+def install_cron(paths: Paths, python: str, program: str) -> bool:
+    if not shutil.which("crontab"):
+        return False
+    current = output(["crontab", "-l"])
+    marker = cron_marker(paths)
+    if marker in current:
+        return True
+    line = f"@reboot {shlex.quote(python)} {shlex.quote(program)} run {shlex.quote(paths.config)} >/dev/null 2>&1 {marker}\n"
+    text = (current if current.endswith("\n") or not current else current + "\n") + line
+    try:
+        proc = subprocess.run(["crontab", "-"], input=text.encode(), stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL, timeout=30, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return proc.returncode == 0
+
+
+def remove_hook(paths: Paths) -> None:
+    """Undo install_systemd / install_cron (the loop is ending for good)."""
+    hook = read_text(paths.hook)
+    cfg = read_json(paths.config) or {}
+    if hook.startswith("systemd"):
+        unit = unit_name(cfg)
+        quiet(["systemctl", "--user", "disable", unit])
+        try:
+            os.unlink(os.path.join(os.path.expanduser("~"), ".config", "systemd", "user", unit))
+        except OSError:
+            pass
+    elif hook.startswith("cron") and shutil.which("crontab"):
+        current = output(["crontab", "-l"])
+        marker = cron_marker(paths)
+        if marker in current:
+            kept = "".join(line for line in current.splitlines(True) if marker not in line)
+            try:
+                subprocess.run(["crontab", "-"], input=kept.encode(), stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL, timeout=30, check=False)
+            except (OSError, subprocess.SubprocessError):
+                pass
+    try:
+        os.unlink(paths.hook)
+    except OSError:
+        pass
+
+
+def start_detached(paths: Paths, python: str, program: str) -> None:
+    """setsid + no terminal, stdio to the log: it outlives the SSH session that started it."""
+    with open(paths.log, "ab") as log:
+        subprocess.Popen([python, program, "run", paths.config], stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                         cwd=paths.root, start_new_session=True, close_fds=True)
+
+
+def wait_running(paths: Paths, timeout: float = 10.0) -> int | None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        pid = running_pid(paths)
+        if pid is not None and pid > 0:
+            return pid
+        time.sleep(0.02)
+    return running_pid(paths)
+
+
+# Fields the CLI sends that change on every write without changing what the loop does.
+_VOLATILE = ("written_at",)
+
+
+def _comparable(cfg) -> dict | None:
+    if not isinstance(cfg, dict):
+        return None
+    out = {k: v for k, v in cfg.items() if k not in _VOLATILE}
+    if isinstance(out.get("budget"), dict):
+        out["budget"] = {k: v for k, v in out["budget"].items() if k != "used_s"}
+    return out
+
+
+def ensure(config_path: str, new: dict, python: str, program: str) -> dict:
+    """Write `new` if it changed and make sure a loop runs. `new` may lack its action (the CLI
+    avoids a cloud call when the node already has the action for the same instance and effect):
+    then the old one is kept, or {"status": "need-action"} comes back and nothing is written."""
+    paths = Paths(config_path)
+    os.makedirs(paths.root, exist_ok=True)
+    old = read_json(paths.config)
+    old = old if isinstance(old, dict) else {}
+    for key in new.pop("keep", None) or ():
+        # Settings this write does not own (e.g. `autostop` keeps the recipe's budget).
+        if key in old:
+            new[key] = old[key]
+        else:
+            new.setdefault(key, None)
+    if new.get("action") is None:
+        if old.get("action") and old.get("action_key") == new.get("action_key"):
+            new["action"] = old["action"]
+        else:
+            return {"status": "need-action"}
+    if new.get("count_ssh") and not new.get("ssh_port"):
+        # This very command came in over SSH: $SSH_CONNECTION names the port sshd listens on here.
+        fields = os.environ.get("SSH_CONNECTION", "").split()
+        new["ssh_port"] = int(fields[3]) if len(fields) == 4 and fields[3].isdigit() else old.get("ssh_port")
+    changed = _comparable(old) != _comparable(new)
+    if changed:
+        write_json(paths.config, new)
+    result = {"status": "written" if changed else "unchanged", "started": False, "hook": read_text(paths.hook) or "none",
+              "ssh_port": new.get("ssh_port")}
+    if not new.get("autostop") and not new.get("budget"):
+        pid = running_pid(paths)
+        result.update(running=pid is not None, pid=pid)
+        return result  # nothing to enforce: a running loop ends on its next tick
+    pid = running_pid(paths)
+    if pid is None:
+        hook, why = "none", ""
+        if new.get("persist", "auto") == "auto":
+            ready, why = systemd_user_ready()
+            if ready and install_systemd(paths, new, python, program):
+                hook = f"systemd (user unit {unit_name(new)}, linger)"
+            elif install_cron(paths, python, program):
+                hook = "cron @reboot"
+                why = ""
+            else:
+                why = (why + "; " if why else "") + "no crontab"
+        else:
+            why = "persist: none"
+        with open(paths.hook, "w", encoding="utf-8") as handle:
+            handle.write(hook + ("" if hook != "none" else f" ({why})") + "\n")
+        if not hook.startswith("systemd") or wait_running(paths, 5.0) is None:
+            start_detached(paths, python, program)
+        pid = wait_running(paths)
+        result.update(started=True, hook=read_text(paths.hook))
+    result.update(running=pid is not None, pid=pid)
+    return result
+
+
+def stop(config_path: str) -> dict:
+    paths = Paths(config_path)
+    pid = running_pid(paths)
+    if pid and pid > 0:
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except OSError:
+            pass
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and running_pid(paths) is not None:
+            time.sleep(0.05)
+    remove_hook(paths)
+    return {"stopped": pid is not None, "pid": pid}
+
+
+def check(config_path: str) -> dict:
+    paths = Paths(config_path)
+    cfg = read_json(paths.config) or {}
+    jobs = observe_jobs(paths, time.time())
+    return {"jobs_running": jobs["running"], "jobs_starting": jobs["starting"], "jobs": jobs["all"],
+            "ssh_sessions": ssh_sessions(cfg.get("ssh_port")) if cfg.get("count_ssh") else None,
+            "ssh_port": cfg.get("ssh_port"), "running_pid": running_pid(paths),
+            "budget_used_s": (read_json(paths.state) or {}).get("used_s")}
+
+
+def main(argv) -> int:
+    if len(argv) != 3 or argv[1] not in ("run", "check", "ensure", "stop"):
+        sys.stderr.write(__doc__.split("\n\n")[1] + "\n")
+        return 2
+    mode, config_path = argv[1], os.path.abspath(argv[2])
+    if mode == "run":
+        return Watchdog(config_path).run()
+    if mode == "check":
+        print(json.dumps(check(config_path)))
+        return 0
+    if mode == "stop":
+        print(json.dumps(stop(config_path)))
+        return 0
+    new = json.load(sys.stdin)
+    print(json.dumps(ensure(config_path, new, sys.executable, os.path.abspath(argv[0]))))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

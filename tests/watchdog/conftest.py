@@ -1,0 +1,238 @@
+"""Helpers for the watchdog tests: real watchdog processes, a node directory laid out like
+~/.cloudtrain/<cluster>, a recording stand-in for a cloud API, and reading the decision log."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cloudtrain import paths
+from cloudtrain.testing.metadata import metadata_server  # noqa: F401 - a fixture for these tests
+
+WATCHDOG = paths.templates_dir() / "watchdog.py"
+RUNNER = paths.templates_dir() / "runner.sh"
+
+
+def wait_until(predicate: Callable[[], Any], timeout: float = 120, what: str = "condition") -> Any:
+    """Poll until `predicate()` is truthy (returns it); fail with `what` after `timeout` (a bound on
+    a hung test, never a timing assertion)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+def decisions(log: Path) -> list[tuple[str, str]]:
+    """(decision, detail) per line of a watchdog.log."""
+    if not log.exists():
+        return []
+    out = []
+    for line in log.read_text(errors="replace").splitlines():
+        parts = line.split(" ", 2)
+        if len(parts) == 3 and parts[0].endswith("Z"):
+            out.append((parts[1], parts[2]))
+    return out
+
+
+def ticks_covering(seconds: float, tick: float) -> int:
+    """How many consecutive decisions span more than `seconds` (plus two ticks of slack)."""
+    return math.ceil(seconds / tick) + 3
+
+
+def wait_busy_beyond_idle(log: Path, idle_s: float, tick_s: float, reason: str, timeout: float = 120) -> None:
+    """Wait until the watchdog logged `busy` (for `reason`) on enough ticks in a row to span more
+    than the idle period: the activity demonstrably held it up."""
+    need = ticks_covering(idle_s, tick_s)
+
+    def enough() -> bool:
+        run = 0
+        for decision, detail in decisions(log):
+            if decision in ("stop", "delete"):
+                raise AssertionError(f"the watchdog acted while {reason} should have kept the node up:\n"
+                                     + log.read_text())
+            run = run + 1 if decision == "busy" and reason in detail else 0
+            if run >= need:
+                return True
+        return False
+
+    wait_until(enough, timeout, f"{need} busy decisions ({reason}) in {log}")
+
+
+@dataclass
+class NodeDir:
+    """A node's ~/.cloudtrain/<cluster> with the runner installed, for running the watchdog here."""
+
+    root: Path
+    cluster: str = "wd"
+    started: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        (self.root / "runtime").mkdir(parents=True, exist_ok=True)
+        (self.root / "jobs").mkdir(exist_ok=True)
+        shutil.copy(RUNNER, self.root / "runtime" / "runner.sh")
+        shutil.copy(WATCHDOG, self.root / "runtime" / "watchdog.py")
+
+    @property
+    def config_path(self) -> Path:
+        return self.root / "watchdog.json"
+
+    @property
+    def log(self) -> Path:
+        return self.root / "watchdog.log"
+
+    def config(self, **overrides: Any) -> dict[str, Any]:
+        config = {"version": 1, "cluster": self.cluster, "instance_id": "i-test", "rank": 0, "tick_s": 0.2,
+                  "autostop": None, "budget": None, "action": None, "action_key": "i-test:stop",
+                  "count_ssh": False, "ssh_port": None, "persist": "none"}
+        config.update(overrides)
+        return config
+
+    def write(self, **overrides: Any) -> dict[str, Any]:
+        config = self.config(**overrides)
+        tmp = self.config_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(config))
+        os.replace(tmp, self.config_path)
+        return config
+
+    def watchdog(self, mode: str, stdin: dict | None = None, env: dict[str, str] | None = None) -> dict[str, Any]:
+        proc = subprocess.run(
+            [sys.executable, str(self.root / "runtime" / "watchdog.py"), mode, str(self.config_path)],
+            input=json.dumps(stdin) if stdin is not None else "", capture_output=True, text=True, timeout=60,
+            env={**os.environ, **(env or {})}, check=False,
+        )
+        assert proc.returncode == 0, proc.stderr
+        answer = json.loads(proc.stdout.strip().splitlines()[-1])
+        if answer.get("pid"):
+            self.started.append(int(answer["pid"]))
+        return answer
+
+    def run(self) -> subprocess.Popen:
+        """`watchdog.py run CONFIG` in the foreground of a process of our own (ended at teardown)."""
+        proc = subprocess.Popen([sys.executable, str(self.root / "runtime" / "watchdog.py"), "run",
+                                 str(self.config_path)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.started.append(proc.pid)
+        return proc
+
+    def start_job(self, job_id: str, script: str) -> Path:
+        job_dir = self.root / "jobs" / job_id
+        job_dir.mkdir()
+        (job_dir / "cmd.sh").write_text(script + "\n")
+        subprocess.run(["sh", str(self.root / "runtime" / "runner.sh"), "start", str(job_dir)], check=True,
+                       capture_output=True, timeout=30)
+        return job_dir
+
+    def kill_job(self, job_dir: Path) -> None:
+        subprocess.run(["sh", str(self.root / "runtime" / "runner.sh"), "kill", str(job_dir), "1"], check=True,
+                       capture_output=True, timeout=60)
+
+    def close(self) -> None:
+        subprocess.run([sys.executable, str(WATCHDOG), "stop", str(self.config_path)], capture_output=True,
+                       timeout=60, check=False)
+        for pid in self.started:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        subprocess.run(["sh", str(RUNNER), "kill-all", str(self.root / "jobs"), "1"], capture_output=True, timeout=60,
+                       check=False)
+
+
+@pytest.fixture
+def node_dir(tmp_path: Path) -> Iterator[NodeDir]:
+    node = NodeDir(tmp_path / "home" / ".cloudtrain" / "wd")
+    try:
+        yield node
+    finally:
+        node.close()
+
+
+def marker_command(path: Path) -> list[str]:
+    """A stand-in shutdown command: appends what it was told to `path`, like a power-off would leave a trace."""
+    code = ("import os, sys; open(sys.argv[1], 'a').write('%s %s %s\\n' % (os.environ['CLOUDTRAIN_INSTANCE_ID'], "
+            "os.environ['CLOUDTRAIN_WATCHDOG_EFFECT'], os.environ['CLOUDTRAIN_CLUSTER']))")
+    return [sys.executable, "-c", code, str(path)]
+
+
+# ---------------------------------------------------------------------------------------- a cloud API
+
+
+@dataclass(frozen=True)
+class ApiCall:
+    method: str
+    path: str
+    headers: dict[str, str]
+    body: bytes
+
+
+class RecordingApi:
+    """A stand-in for a cloud's REST API (Compute API, ARM): records every call, answers `status`."""
+
+    def __init__(self, status: int = 200) -> None:
+        self.calls: list[ApiCall] = []
+        self.status = status
+        api = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, format: str, *args: object) -> None:
+                return None
+
+            def _record(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(length) if length else b""
+                api.calls.append(ApiCall(self.command, self.path, {k.lower(): v for k, v in self.headers.items()}, body))
+                payload = b"{}"
+                self.send_response(api.status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+
+            do_POST = do_DELETE = do_GET = do_PUT = _record
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread.start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self._server.server_address[1]}"
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout=10)
+
+
+@pytest.fixture
+def cloud_api() -> Iterator[RecordingApi]:
+    api = RecordingApi()
+    try:
+        yield api
+    finally:
+        api.close()
+
+
+def autostop_cli(cloud: Any, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    """`cloudtrain autostop ARGS...` in a fake cloud's environment, as a user runs it."""
+    env = {**os.environ, **cloud.env}
+    return subprocess.run([sys.executable, "-m", "cloudtrain", "autostop", *args], cwd=str(cloud.root), env=env,
+                          capture_output=True, text=True, timeout=timeout, check=False)

@@ -1,0 +1,134 @@
+"""The watchdog on AWS, end to end: `cloudtrain up` against moto, every instance an sshd VM, and the
+CLI gone while the VM decides by itself.
+
+An sshd VM cannot power off, so its shutdown command is a stand-in doing what EC2 does when an
+instance's OS shuts down (cloudtrain.testing.metadata ec2-shutdown): it reads the instance's
+InstanceInitiatedShutdownBehavior and calls StopInstances or TerminateInstances for its own id.
+The aws_cloud fake then powers the VM off (its sessions, jobs and watchdog end). So these tests
+check the launch's shutdown behaviour and a live `autostop --down` too.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cloudtrain.testing.aws import AwsCloud
+from tests.watchdog.conftest import (
+    autostop_cli,
+    decisions,
+    wait_busy_beyond_idle,
+    wait_until,
+)
+
+TICK_S = 0.5
+IDLE_S = 3.0
+T3_MEDIUM_HOURLY = 0.0416  # the catalog's price in every region the plan considers
+
+
+@pytest.fixture
+def cloud(aws_cloud: AwsCloud, monkeypatch: pytest.MonkeyPatch) -> AwsCloud:
+    monkeypatch.setenv("CLOUDTRAIN_WATCHDOG_TICK_S", str(TICK_S))
+    monkeypatch.setenv("CLOUDTRAIN_WATCHDOG_IDLE_S", str(IDLE_S))
+    monkeypatch.setenv("CLOUDTRAIN_WATCHDOG_PERSIST", "none")
+    monkeypatch.setenv("CLOUDTRAIN_WATCHDOG_SHUTDOWN", f"{sys.executable} -m cloudtrain.testing.metadata ec2-shutdown "
+                                                       f"--endpoint {aws_cloud.server.url} --region {aws_cloud.region}")
+    return aws_cloud
+
+
+def the_instance(cloud: AwsCloud) -> dict[str, Any]:
+    (instance,) = cloud.instances(cloud.cluster)
+    return instance
+
+
+def state(cloud: AwsCloud) -> str:
+    return str(the_instance(cloud)["State"]["Name"])
+
+
+def shutdown_behavior(cloud: AwsCloud) -> str:
+    answer = cloud.server.client("ec2", cloud.region, internal=True).describe_instance_attribute(
+        InstanceId=the_instance(cloud)["InstanceId"], Attribute="instanceInitiatedShutdownBehavior")
+    return str(answer["InstanceInitiatedShutdownBehavior"]["Value"])
+
+
+def watchdog_log(cloud: AwsCloud) -> Path:
+    vm = cloud.machines.vm(the_instance(cloud)["InstanceId"])
+    return vm.home_dir / ".cloudtrain" / cloud.cluster / "watchdog.log"
+
+
+def up(cloud: AwsCloud, **fields: Any) -> None:
+    result = cloud.up(cloud.recipe(run="echo hi", **fields))
+    assert result.ok, result.output
+    assert "watchdog started detached (setsid), none (persist: none)" in result.stderr + result.stdout
+
+
+def finish(cloud: AwsCloud) -> None:
+    down = cloud.down()
+    assert down.ok, down.output
+    assert cloud.leftovers() == []
+
+
+def test_idle_instance_stops_itself_once_the_ssh_session_ends(cloud: AwsCloud) -> None:
+    import paramiko
+
+    up(cloud, autostop={"idle_minutes": 1})
+    assert shutdown_behavior(cloud) == "stop"  # launched so that an OS shutdown stops it
+    vm = cloud.machines.vm(the_instance(cloud)["InstanceId"])
+    # A user logged in: an SSH session of its own, no job.
+    client = paramiko.SSHClient()
+    client.set_missing_host_key_policy(paramiko.AutoAddPolicy())
+    client.connect("127.0.0.1", port=vm.port, username=vm.user, allow_agent=False, look_for_keys=False,
+                   key_filename=str(cloud.machines.factory.client_key.private_path))
+    shell = client.invoke_shell()
+    try:
+        wait_busy_beyond_idle(watchdog_log(cloud), IDLE_S, TICK_S, "1 ssh session(s)")
+        assert state(cloud) == "running"
+    finally:
+        shell.close()
+        client.close()
+    wait_until(lambda: state(cloud) == "stopped", what="the instance to stop itself")
+    log = decisions(watchdog_log(cloud))
+    assert any(d == "stop" and detail.startswith("autostop: idle") for d, detail in log)
+    finish(cloud)
+
+
+def test_with_down_a_running_job_keeps_it_until_the_job_ends_then_it_terminates(
+    cloud: AwsCloud, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CLOUDTRAIN_WATCHDOG_IDLE_S", "3600")  # nothing may act before the job runs
+    up(cloud, autostop={"idle_minutes": 60, "down": True})
+    assert shutdown_behavior(cloud) == "terminate"  # launched so that an OS shutdown terminates it
+    job = cloud.cli("exec", cloud.cluster, "--detach", "--", "sleep", "300")
+    assert job.ok, job.output
+    monkeypatch.setenv("CLOUDTRAIN_WATCHDOG_IDLE_S", str(IDLE_S))
+    live = autostop_cli(cloud, cloud.cluster, "-i", "1", "--down")
+    assert live.returncode == 0, live.stdout + live.stderr
+    wait_busy_beyond_idle(watchdog_log(cloud), IDLE_S, TICK_S, "job(s) running")
+    assert state(cloud) == "running"
+    cancel = cloud.cli("cancel", cloud.cluster)
+    assert cancel.ok, cancel.output
+    wait_until(lambda: state(cloud) == "terminated", what="the instance to terminate itself")
+    assert any(d == "delete" and detail.startswith("autostop: idle") for d, detail in decisions(watchdog_log(cloud)))
+    finish(cloud)
+
+
+def test_budget_deadline_fires_under_a_running_job_after_a_live_autostop_down(
+    cloud: AwsCloud, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # About 20 s of t3.medium, counted from the launch (up, autostop and exec take a few seconds).
+    max_usd = round(20 / 3600 * T3_MEDIUM_HOURLY, 7)
+    up(cloud, budget={"max_usd": max_usd})
+    assert shutdown_behavior(cloud) == "stop"
+    monkeypatch.setenv("CLOUDTRAIN_WATCHDOG_IDLE_S", "3600")  # only the budget may act in this test
+    live = autostop_cli(cloud, cloud.cluster, "-i", "60", "--down")
+    assert live.returncode == 0, live.stdout + live.stderr
+    assert shutdown_behavior(cloud) == "terminate"  # the live change reached the instance, not only the node
+    job = cloud.cli("exec", cloud.cluster, "--detach", "--", "sleep", "300")
+    assert job.ok, job.output
+    wait_until(lambda: state(cloud) == "terminated", what="the budget to terminate the instance")
+    (line,) = [detail for d, detail in decisions(watchdog_log(cloud)) if d == "delete" and detail.startswith("budget")]
+    assert "1 job(s) still running" in line and f"max_usd {max_usd:g}" in line
+    finish(cloud)
