@@ -61,7 +61,10 @@ __all__ = ["GcpApiError", "GcpProvider", "make_provider"]
 
 class GcpProvider:
     name = "gcp"
-    capabilities = Capabilities(supports_stop=True, supports_spot=True, remote=True, priced=True, stop_spot=True)
+    # autostop: an OS shutdown stops a GCE VM (no credentials needed on it); deleting itself would
+    # need a service account on the VM, which cloudtrain does not attach: autostop.down is refused.
+    capabilities = Capabilities(supports_stop=True, supports_spot=True, remote=True, priced=True, stop_spot=True,
+                                autostop=True, autostop_down=False)
 
     @staticmethod
     def image_pins_region(image: str) -> bool:
