@@ -88,6 +88,7 @@ def main() -> int:
         "rsync -e ssh": rsync,
         "cloudtrain (rsync)": ours("rsync"),
         "cloudtrain (tar-delta)": ours("tar-delta"),
+        "cloudtrain (default)": ours("auto"),  # what `run` uses: tar-delta unless a big file was edited
     }
     results: dict[str, dict[str, float]] = {name: {} for name in tools}
     try:
