@@ -48,6 +48,10 @@ class AzureConfig(StrictModel):
 
 class Config(StrictModel):
     runs_dir: str = "./runs"
+    confirm: bool = Field(
+        default=True,
+        description="ask before run/up/sweep start billing on a priced cloud; false: never ask (CI, the test kit)",
+    )
     ssh: SshConfig = Field(default_factory=SshConfig)
     aws: AwsConfig = Field(default_factory=AwsConfig)
     gcp: GcpConfig = Field(default_factory=GcpConfig)

@@ -42,6 +42,10 @@ class ClusterNotFoundError(UsageError):
     """The named cluster is not in state."""
 
 
+class Declined(CloudtrainError):
+    """The user answered no when asked to approve spending (nothing was created)."""
+
+
 class CredentialsError(CloudtrainError):
     """A cloud's credentials are missing or rejected."""
 

@@ -7,14 +7,19 @@ import time
 import click
 
 from cloudtrain.cli import output
+from cloudtrain.cli.approve import approver, yes_option
 from cloudtrain.cli.common import cluster_argument, cluster_option, open_lifecycle, valid_cluster_names
 
 
 @click.command()
 @click.argument("recipe_path", metavar="RECIPE")
 @cluster_option
-def up(recipe_path: str, cluster: str | None) -> None:
-    """Provision the cluster RECIPE describes, or reuse it if it is already up."""
+@yes_option
+def up(recipe_path: str, cluster: str | None, yes: bool) -> None:
+    """Provision the cluster RECIPE describes, or reuse it if it is already up.
+
+    On a priced cloud a new (or stopped) cluster is priced first and you are asked to proceed on a
+    terminal; without one pass --yes (or set `confirm: false` in the config)."""
     from cloudtrain.run.pipeline import Executor
     from cloudtrain.recipe import load_recipe
 
@@ -27,7 +32,7 @@ def up(recipe_path: str, cluster: str | None) -> None:
     sigterm_as_interrupt()
     display.phase_start("provision", loaded.recipe.resources.cloud)
     started = time.monotonic()
-    result, created = Executor(lc, display).up(loaded, name)
+    result, created = Executor(lc, display, approver(yes, lc.config.confirm)).up(loaded, name)
     display.phase_end("provision", time.monotonic() - started)
     verb = "created" if created else "reused"
     output.info(f"cluster {name} {verb}: {len(result.nodes)} node(s) on {result.provider.name}")

@@ -11,6 +11,7 @@ from pathlib import Path
 import click
 
 from cloudtrain.cli import output
+from cloudtrain.cli.approve import approver, yes_option
 from cloudtrain.cli.common import cluster_argument, cluster_option, open_lifecycle
 
 # How much of a failed job's log `run` prints (in every mode, -q included).
@@ -54,9 +55,13 @@ env_option = click.option("--env", "-e", "env", multiple=True, metavar="KEY=VALU
 @click.option("--runs-dir", type=click.Path(file_okay=False), help="Where results go (default: config runs_dir).")
 @click.option("--quiet", "-q", is_flag=True,
               help="Print only what went wrong, the summary and the run directory.")
+@yes_option
 def run(recipe_path: str, cluster: str | None, env: dict[str, str], down_: bool, stop_: bool, keep_: bool,
-        runs_dir: str | None, quiet: bool) -> None:
+        runs_dir: str | None, quiet: bool, yes: bool) -> None:
     """Run RECIPE: up if needed, sync, setup, run, collect into runs/<run-id>/, tear down.
+
+    On a priced cloud, a new cluster (or a stopped one started again) is priced first and, on a
+    terminal, you are asked to proceed; without a terminal pass --yes (or set `confirm: false`).
 
     Teardown default: the cluster is left as the run found it (down if this run created it,
     stopped again if it was stopped, kept if it was running). The last line printed is the run
@@ -78,7 +83,8 @@ def run(recipe_path: str, cluster: str | None, env: dict[str, str], down_: bool,
     name = cluster or loaded.recipe.name
     base = Path(runs_dir or lc.config.runs_dir).expanduser()
     sigterm_as_interrupt()
-    result = Executor(lc, display).run(loaded, name, teardown or "auto", base, env_overrides=env)
+    approve = approver(yes, lc.config.confirm)
+    result = Executor(lc, display, approve).run(loaded, name, teardown or "auto", base, env_overrides=env)
     if result.status != RunStatus.SUCCEEDED and result.exit_code not in (None, 0):
         _log_tail(result)  # the job or setup failed: its log says why (other failures: the summary's error)
     _summary(result)

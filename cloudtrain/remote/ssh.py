@@ -57,7 +57,7 @@ _KEEPALIVE_S = 15
 # Re-opening a connection that dropped between calls: a blip, not a boot; don't wait minutes.
 _RECONNECT_BUDGET_S = 30.0
 # A freshly launched VM may accept TCP before cloud-init installed our key: retry auth that long.
-_AUTH_GRACE_S = 900.0
+BOOT_GRACE_S = 900.0
 # A node up for longer than that is not booting: retry a blip, not a boot.
 _WARM_RETRY_S = 10.0
 
@@ -76,7 +76,7 @@ def open_transport(
     still be booting (launched or started in the last 15 minutes), briefly otherwise: a machine that
     has been up for an hour and does not answer is down, and `status`/`logs`/`down` say so at once."""
     endpoint = resolve_endpoint(instance=instance, config=config, host=host, key_path=key_path)
-    fresh = instance.launched_at is not None and time.time() - instance.launched_at < _AUTH_GRACE_S
+    fresh = instance.launched_at is not None and time.time() - instance.launched_at < BOOT_GRACE_S
     transport = SSHTransport(
         endpoint,
         cluster=cluster,

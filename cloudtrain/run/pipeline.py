@@ -20,6 +20,8 @@ from pathlib import Path
 from typing import Literal
 
 from cloudtrain.cost import spend
+from cloudtrain.run import approval
+from cloudtrain.run.approval import Approver
 from cloudtrain.run.collect import Collected, collect
 from cloudtrain.errors import CloudtrainError, Interrupted, JobFailedError, RemoteError, UsageError
 from cloudtrain.events import Reporter
@@ -119,11 +121,15 @@ def new_run_id(cluster: str) -> str:
 
 
 class Executor:
-    def __init__(self, lifecycle: Lifecycle, reporter: Reporter) -> None:
+    def __init__(self, lifecycle: Lifecycle, reporter: Reporter, approve: Approver | None = None) -> None:
         self.lc = lifecycle
         self.store = lifecycle.store
         self.config = lifecycle.config
         self.reporter = reporter
+        # Asked before anything starts billing (cli/approve.py); None: the caller approved already
+        # (a sweep approves its budget once, not every VM).
+        self.approve = approve
+        self._restarted: set[str] = set()  # clusters found stopped behind our back and started again
         self._usable: dict[str, object] = {}  # cluster -> UsablePlan checked before anything existed
 
     # run -----------------------------------------------------------------------------------------
@@ -145,7 +151,13 @@ class Executor:
             # The plan made with them is the one the launch uses (no second credentials call).
             from cloudtrain.cluster.planning import plan_with_credentials
 
-            self._usable[cluster_name] = plan_with_credentials(loaded.recipe, self.config)
+            self._usable[cluster_name] = usable = plan_with_credentials(loaded.recipe, self.config)
+            if self.approve is not None:
+                self.approve(approval.for_launch(cluster_name, loaded.recipe, usable))
+        elif (existing is not None and existing.status == ClusterStatus.STOPPED and self.approve is not None
+              and self.lc.provider(existing.provider).capabilities.priced):
+            self.approve(approval.for_start(cluster_name, loaded.recipe, existing.provider, existing.region,
+                                            existing.instance_type, existing.num_nodes, existing.hourly_price))
 
     def run(self, loaded: LoadedRecipe, cluster_name: str, teardown: Teardown, runs_dir: Path,
             env_overrides: Mapping[str, str] | None = None) -> RunResult:
@@ -176,6 +188,8 @@ class Executor:
                                                   run_id=run_id, usable=self._usable.get(cluster_name))
                 r.cluster_started = time.time()
                 r.nodes = self._ready_nodes(r.cluster, recipe, r.created)
+                if cluster_name in self._restarted:
+                    r.was_stopped = True  # its watchdog had stopped it: "as the run found it" is stopped
             with r.clock.phase("sync"):
                 on_all(r.nodes, lambda n: sync(n, loaded, self.reporter))
             if recipe.setup:
@@ -339,18 +353,58 @@ class Executor:
         close_all(nodes)
         return cluster, created
 
+    @staticmethod
+    def _may_have_acted_alone(cluster: Cluster, recipe: Recipe) -> bool:
+        """A watchdog (or spot reclaim) may have stopped or deleted these nodes, and a node started
+        in the last minutes gets minutes of SSH retries (remote/ssh.py): worth one cloud call."""
+        from cloudtrain.remote.ssh import BOOT_GRACE_S
+
+        if not cluster.provider.capabilities.remote:
+            return False
+        if recipe.autostop is None and recipe.budget is None and not cluster.record.spot:
+            return False
+        now = time.time()
+        return any(n.started_at is not None and now - n.started_at < BOOT_GRACE_S for n in cluster.nodes)
+
+    def _behind_our_back(self, fresh: Cluster, recipe: Recipe) -> Cluster:
+        """A reused cluster that did not answer, as the cloud sees it now. State said up, but the
+        machines may have acted alone: the on-node watchdog stops (autostop, budget) or deletes
+        (autostop.down) them with no laptop around, and spot capacity is taken back. Stopped: start
+        it again (billing again, so it is approved like any start). Gone: say so."""
+        name = fresh.record.name
+        if fresh.record.status == ClusterStatus.STOPPED:
+            self.reporter.info(f"cluster {name} was stopped while cloudtrain was away (its watchdog: autostop "
+                               "or budget; see `cloudtrain logs --watchdog`): starting it again")
+            if self.approve is not None:
+                rec = fresh.record
+                self.approve(approval.for_start(name, recipe, rec.provider, rec.region, rec.instance_type,
+                                                rec.num_nodes, rec.hourly_price))
+            started = self.lc.start(name)
+            self._restarted.add(name)
+            return started
+        if fresh.record.status == ClusterStatus.TERMINATED:
+            raise UsageError(f"cluster {name} no longer exists: its machines were deleted while cloudtrain was "
+                             "away (its watchdog's autostop.down or budget, or a spot reclaim)",
+                             hint=f"`cloudtrain down {name}` forgets it; then run again for a new one")
+        return fresh
+
     def _ready_nodes(self, cluster: Cluster, recipe: Recipe, created: bool = True) -> list[Node]:
         """Connect to every node and prepare it (runtime, bootstrap, job files, ssh config).
         Returns open nodes; on failure none stays open. A reused cluster was taken from state
         without asking the cloud: if a node cannot be reached, ask once (it may have a new address)."""
+        if not created and self._may_have_acted_alone(cluster, recipe):
+            # Connecting to a recently started node is patient (it may be booting): ask the cloud
+            # first rather than wait minutes on a machine its watchdog stopped.
+            cluster = self._behind_our_back(self.lc.refresh(cluster.record.name), recipe)
         try:
             nodes = connect(list(cluster.nodes), cluster.provider, self.config)
         except RemoteError:
             if created:
                 raise
-            fresh = self.lc.refresh(cluster.record.name)
+            fresh = self._behind_our_back(self.lc.refresh(cluster.record.name), recipe)
             if fresh.nodes == cluster.nodes:
                 raise
+            cluster = fresh  # new addresses: the ssh config and the watchdog need these
             nodes = connect(list(fresh.nodes), fresh.provider, self.config)
         try:
             nodes = on_all(nodes, lambda n: prepare(n, recipe, self.reporter))

@@ -14,7 +14,7 @@ sets up everything a run needs and nothing else, for this test only:
 - its own CLOUDTRAIN_HOME, HOME and config file (CLOUDTRAIN_CONFIG), all under the test's temp
   dir: nothing is read from or written to your real home, `~/.ssh` included;
 - a config with short SSH windows (connect timeout 5 s, retries 30 s, not 300), `ssh.add_include:
-  false`, `runs_dir` in the temp dir, plus what the cloud needs (for AWS: the caller CIDR, the
+  false`, `runs_dir` in the temp dir, `confirm: false` (no price prompt: a fake bills nobody), plus what the cloud needs (for AWS: the caller CIDR, the
   ProxyCommand that routes the fake public IPs to VMs, the region);
 - a unique cluster name (`cloud.cluster`) so tests sharing a session-wide fake never see each
   other's instances;
@@ -141,7 +141,9 @@ class FakeCloud:
         self._hint = hint
         self.cluster = self.new_cluster()
         self._monkeypatch = monkeypatch
-        self.config: dict[str, Any] = _merge({"runs_dir": str(self.runs_dir), "ssh": dict(BASE_SSH_CONFIG)}, config or {})
+        # confirm: false - a fake cloud bills nobody, and a CI job has no one to answer a prompt.
+        self.config: dict[str, Any] = _merge({"runs_dir": str(self.runs_dir), "confirm": False,
+                                              "ssh": dict(BASE_SSH_CONFIG)}, config or {})
         self.env: dict[str, str] = {
             "CLOUDTRAIN_HOME": str(self.home),
             "CLOUDTRAIN_CONFIG": str(self.config_path),

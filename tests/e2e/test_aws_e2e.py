@@ -48,6 +48,7 @@ def cloud(moto_server: MotoServer, sshd_vm_factory: Any, tmp_path: Path, monkeyp
               connect_retries_s: 60
             aws:
               region: {REGION}
+            confirm: false
             """
         )
     )

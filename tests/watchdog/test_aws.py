@@ -132,3 +132,19 @@ def test_budget_deadline_fires_under_a_running_job_after_a_live_autostop_down(
     (line,) = [detail for d, detail in decisions(watchdog_log(cloud)) if d == "delete" and detail.startswith("budget")]
     assert "1 job(s) still running" in line and f"max_usd {max_usd:g}" in line
     finish(cloud)
+
+
+def test_run_after_the_watchdog_stopped_the_cluster_starts_it_again(cloud: AwsCloud) -> None:
+    # State still says `up` (nobody told this laptop); the run must not hang on a stopped machine.
+    recipe = cloud.recipe(run="echo again", autostop={"idle_minutes": 1, "wait_for": "jobs"})
+    result = cloud.up(recipe)
+    assert result.ok, result.output
+    wait_until(lambda: state(cloud) == "stopped", what="the instance to stop itself")
+    again = cloud.run(recipe)
+    assert again.ok, again.output
+    assert "was stopped while cloudtrain was away" in again.output and "again" in again.output
+    # Left as the run found it: stopped (the run started it, so it stops it again).
+    wait_until(lambda: state(cloud) == "stopped", what="the run to stop the cluster again")
+    status = cloud.cli("status", cloud.cluster, "--json")
+    assert status.ok and '"stopped"' in status.stdout, status.output
+    finish(cloud)
