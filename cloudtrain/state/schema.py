@@ -1,0 +1,161 @@
+"""The state database's schema: one SQL script per version, applied in order on open
+(`PRAGMA user_version` says how far a file is). Append a version; never edit a released one."""
+
+from __future__ import annotations
+
+_MIGRATIONS: list[str] = [
+    # version 1
+    """
+    CREATE TABLE clusters (
+        name TEXT PRIMARY KEY,
+        provider TEXT NOT NULL,
+        status TEXT NOT NULL,
+        region TEXT, zone TEXT, instance_type TEXT,
+        hourly_price REAL NOT NULL DEFAULT 0,
+        num_nodes INTEGER NOT NULL DEFAULT 1,
+        recipe_path TEXT, recipe_digest TEXT,
+        owner TEXT NOT NULL,
+        created_at REAL NOT NULL, updated_at REAL NOT NULL,
+        last_error TEXT
+    );
+    CREATE TABLE nodes (
+        cluster TEXT NOT NULL REFERENCES clusters(name) ON DELETE CASCADE,
+        rank INTEGER NOT NULL,
+        instance_id TEXT NOT NULL,
+        state TEXT NOT NULL,
+        public_ip TEXT, private_ip TEXT,
+        ssh_user TEXT, ssh_port INTEGER,
+        ssh_key TEXT, proxy_command TEXT,
+        started_at REAL,
+        PRIMARY KEY (cluster, rank)
+    );
+    CREATE TABLE runs (
+        id TEXT PRIMARY KEY,
+        cluster TEXT NOT NULL,
+        recipe_path TEXT, recipe_digest TEXT,
+        run_dir TEXT,
+        status TEXT NOT NULL,
+        exit_code INTEGER,
+        provider TEXT, instance_type TEXT,
+        hourly_price REAL NOT NULL DEFAULT 0,
+        cost_usd REAL NOT NULL DEFAULT 0,
+        started_at REAL NOT NULL, ended_at REAL
+    );
+    CREATE TABLE jobs (
+        id TEXT PRIMARY KEY,
+        cluster TEXT NOT NULL,
+        run_id TEXT,
+        job_dir TEXT NOT NULL,
+        status TEXT NOT NULL,
+        command TEXT,
+        submitted_at REAL NOT NULL,
+        started_at REAL, ended_at REAL,
+        exit_code INTEGER
+    );
+    CREATE INDEX jobs_by_cluster ON jobs(cluster, submitted_at);
+    CREATE TABLE events (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        ts REAL NOT NULL,
+        cluster TEXT,
+        kind TEXT NOT NULL,
+        message TEXT NOT NULL
+    );
+    CREATE TABLE log_cursors (
+        job_id TEXT PRIMARY KEY,
+        offset INTEGER NOT NULL
+    );
+    """,
+    # version 2: which process drives a run (to tell a live run from an abandoned row), what a
+    # run collects (for `cloudtrain collect`), and whether a cluster is spot (stop semantics).
+    """
+    ALTER TABLE runs ADD COLUMN pid INTEGER;
+    ALTER TABLE runs ADD COLUMN result_paths TEXT;
+    ALTER TABLE runs ADD COLUMN error TEXT;
+    ALTER TABLE clusters ADD COLUMN spot INTEGER NOT NULL DEFAULT 0;
+    """,
+    # version 3: billed intervals, one row per node and billing state (running at the compute
+    # price, stopped at the disk price); an open interval has ended_at NULL. Spend is the sum of
+    # price x billed time over these rows, never an estimate from the cluster's age.
+    """
+    CREATE TABLE billing (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        cluster TEXT NOT NULL,
+        cloud TEXT NOT NULL,
+        instance_id TEXT NOT NULL,
+        kind TEXT NOT NULL,
+        hourly_price REAL NOT NULL,
+        started_at REAL NOT NULL,
+        ended_at REAL
+    );
+    CREATE INDEX billing_by_cluster ON billing(cluster, started_at);
+    CREATE INDEX billing_open ON billing(instance_id, ended_at);
+    """,
+    # version 4: sweeps (cloudtrain/sweep). The scheduler's journal: written before it acts, so
+    # `sweep resume` after a killed CLI knows every VM and attempt it may have started.
+    """
+    CREATE TABLE sweeps (
+        id TEXT PRIMARY KEY,
+        name TEXT NOT NULL,
+        recipe_path TEXT NOT NULL,
+        recipe_digest TEXT NOT NULL,
+        status TEXT NOT NULL,
+        pid INTEGER,
+        results_dir TEXT NOT NULL,
+        spec TEXT NOT NULL,
+        created_at REAL NOT NULL,
+        updated_at REAL NOT NULL,
+        ended_at REAL,
+        error TEXT,
+        next_slot INTEGER NOT NULL DEFAULT 0,
+        boot_failures INTEGER NOT NULL DEFAULT 0,
+        stop_reason TEXT,
+        ended_reason TEXT
+    );
+    CREATE TABLE sweep_trials (
+        sweep TEXT NOT NULL,
+        number INTEGER NOT NULL,
+        params TEXT NOT NULL,
+        state TEXT NOT NULL,
+        attempts INTEGER NOT NULL,
+        failures INTEGER NOT NULL,
+        value REAL,
+        error TEXT,
+        created_at REAL NOT NULL,
+        ended_at REAL,
+        PRIMARY KEY (sweep, number)
+    );
+    CREATE TABLE sweep_attempts (
+        sweep TEXT NOT NULL,
+        trial INTEGER NOT NULL,
+        attempt INTEGER NOT NULL,
+        vm TEXT NOT NULL,
+        started_at REAL NOT NULL,
+        deadline_at REAL NOT NULL,
+        hourly_usd REAL NOT NULL,
+        state TEXT NOT NULL,
+        ended_at REAL,
+        value REAL,
+        error TEXT,
+        stopping TEXT,
+        PRIMARY KEY (sweep, trial, attempt)
+    );
+    CREATE TABLE sweep_vms (
+        sweep TEXT NOT NULL,
+        id TEXT NOT NULL,
+        slot INTEGER NOT NULL,
+        state TEXT NOT NULL,
+        hourly_usd REAL NOT NULL,
+        launched_at REAL NOT NULL,
+        lease_end REAL NOT NULL,
+        ready_at REAL,
+        release_at REAL,
+        gone_at REAL,
+        trial INTEGER,
+        attempt INTEGER,
+        runs INTEGER NOT NULL DEFAULT 0,
+        error TEXT,
+        PRIMARY KEY (sweep, id)
+    );
+    """,
+]
+SCHEMA_VERSION = len(_MIGRATIONS)
