@@ -8,15 +8,19 @@ from pathlib import Path
 _PACKAGE_DIR = Path(__file__).resolve().parent
 
 
-def home() -> Path:
-    """$CLOUDTRAIN_HOME, else the platform's user data dir. Created on first use."""
+def home_path() -> Path:
+    """$CLOUDTRAIN_HOME, else the platform's user data dir; not created (reading must not write)."""
     configured = os.environ.get("CLOUDTRAIN_HOME")
     if configured:
-        path = Path(configured).expanduser()
-    else:
-        from platformdirs import user_data_dir
+        return Path(configured).expanduser()
+    from platformdirs import user_data_dir
 
-        path = Path(user_data_dir("cloudtrain", appauthor=False))
+    return Path(user_data_dir("cloudtrain", appauthor=False))
+
+
+def home() -> Path:
+    """`home_path()`, created on first use."""
+    path = home_path()
     path.mkdir(parents=True, exist_ok=True)
     return path
 

@@ -80,16 +80,11 @@ class Offer:
 
 
 def user_catalog_dir() -> Path:
-    """Where `catalog refresh` writes: $CLOUDTRAIN_HOME/catalog/ (may not exist yet).
+    """Where `catalog refresh` writes: $CLOUDTRAIN_HOME/catalog/ (may not exist yet: reading never
+    creates anything, `validate` must not)."""
+    from cloudtrain.paths import home_path
 
-    Reading never creates anything (`validate` must not), so this is paths.home()'s rule without
-    its mkdir; keep the two in step."""
-    configured = os.environ.get("CLOUDTRAIN_HOME")
-    if configured:
-        return Path(configured).expanduser() / "catalog"
-    from platformdirs import user_data_dir
-
-    return Path(user_data_dir("cloudtrain", appauthor=False)) / "catalog"
+    return home_path() / "catalog"
 
 
 def bundled_files() -> tuple[Path, ...]:
