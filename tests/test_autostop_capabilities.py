@@ -15,7 +15,8 @@ BASE = 'name: demo\nresources: {cloud: CLOUD, accelerators: "T4:1"}\nrun: x\n'
     ("aws", "autostop: {idle_minutes: 10, down: true}\n", True, "plan:"),
     ("gcp", "autostop: {idle_minutes: 10}\nbudget: {max_hours: 2}\n", True, "at most $1.08 for 2 h"),
     ("gcp", "autostop: {idle_minutes: 10, down: true}\n", False, "autostop.down is not available yet for cloud gcp"),
-    ("azure", "autostop: {idle_minutes: 10}\n", False, "not available yet for cloud azure"),
+    # Azure VMs deallocate (or delete) themselves through ARM with their managed identity.
+    ("azure", "autostop: {idle_minutes: 10, down: true}\nbudget: {max_hours: 2}\n", True, "at most $1.05 for 2 h"),
 ])
 def test_autostop_where_the_cloud_can_honour_it(tmp_path: Path, cloud: str, extra: str, ok: bool, fragment: str) -> None:
     (tmp_path / "r.yaml").write_text(BASE.replace("CLOUD", cloud) + extra)

@@ -6,6 +6,9 @@ credential classes talk to it unchanged: a service principal (AZURE_TENANT_ID/CL
 CLIENT_SECRET) fetches `/{tenant}/v2.0/.well-known/openid-configuration`, posts to the token
 endpoint it names, and ARM requests carry that bearer token. REQUESTS_CA_BUNDLE makes the
 certificate trusted (it holds that certificate only: HTTPS from the test goes to the fake).
+A VM's managed identity calls ARM too (the on-node watchdog deallocating or deleting its VM): a
+token registered with `accept_identity_token` (what the fake IMDS, testing/metadata.py, hands out)
+may do what the VMs' role assignments give them, and gets 403 AuthorizationFailed otherwise.
 
 What it serves, with ARM's shapes (long-running operations answered with Azure-AsyncOperation and
 Location headers the way the SDK polls them; an operation finishes at the fake's next request unless
@@ -51,6 +54,7 @@ fake's running VMs.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import ipaddress
 import json
@@ -69,12 +73,13 @@ from typing import Any
 import pytest
 
 from cloudtrain.testing.cloud import CloudMachines, FakeCloud, cluster_hint
+from cloudtrain.testing.metadata import MetadataServer
 from cloudtrain.testing.sshd import SshdFactory
 
 SUBSCRIPTION = "00000000-0000-4000-8000-0000000c1a0d"
 TENANT = "00000000-0000-4000-8000-00000000e7e7"
 CLIENT_ID = "00000000-0000-4000-8000-00000000c11e"
-CLIENT_SECRET = "cloudtrain-test-secret"  # noqa: S105 - the fake's own service principal
+CLIENT_SECRET = "cloudtrain-test-secret"
 REGIONS = ("eastus", "eastus2", "westus2", "westus3", "centralus", "northeurope", "westeurope", "uksouth")
 VM_SIZES = {  # name -> vCPUs
     "Standard_B2s": 2, "Standard_D2s_v5": 2, "Standard_D4s_v5": 4, "Standard_D8s_v5": 8,
@@ -153,6 +158,11 @@ class ArmRequest:
     path: str
     action: str  # e.g. "vm.create", "group.delete", "vm.deallocate"
     region: str | None
+    # Who called: the service principal's client id, or for a managed identity's token the
+    # principal id of the VM identity whose role allowed the call ("" when none did: refused).
+    caller: str = ""
+    managed_identity: bool = False  # the bearer token was a managed identity's (from IMDS)
+    bearer: str = ""  # the bearer token sent
 
 
 @dataclass
@@ -268,6 +278,9 @@ class FakeArm:
         self.subscription_state = "Enabled"
         self.principals = {CLIENT_ID: CLIENT_SECRET}
         self.tokens: dict[str, str] = {}
+        # Bearer tokens of the VMs' managed identities, as their IMDS hands them out (see
+        # accept_identity_token): such a call may do what a role assignment gives a VM identity.
+        self.identity_tokens: set[str] = set()
         self.resources: dict[str, dict[str, Any]] = {}
         self.ops: dict[str, _Op] = {}
         self.faults = Faults()
@@ -309,7 +322,8 @@ class FakeArm:
             return (*self._identity(request, parts, low), None)
         if not low or low[0] != "subscriptions":
             raise ArmError("NotFound", f"no route for {request.method} {path}", 404)
-        self._authenticate(request)
+        bearer, client = self._authenticate(request)
+        denied = None
         with self.lock:
             self._tick()
             if "operations" in low or "operationresults" in low:
@@ -321,8 +335,14 @@ class FakeArm:
                 raise ArmError("SubscriptionNotFound", f"The subscription '{parts[1] if len(parts) > 1 else ''}' "
                                "could not be found.", 404)
             body = request.get_json(silent=True) if request.data else None
-            arm_request = ArmRequest(request.method, path, self._action(request.method, low), self._region(low, body))
+            arm_request = ArmRequest(request.method, path, self._action(request.method, low), self._region(low, body),
+                                     caller=client or "", managed_identity=client is None, bearer=bearer)
+            if client is None:
+                principal, denied = self._authorize_identity(arm_request)
+                arm_request = dataclasses.replace(arm_request, caller=principal or "")
         fault, gate = self.faults._seen(arm_request)
+        if denied is not None:
+            raise denied
         if gate is not None and not gate.after:
             gate.park()
             gate = None
@@ -365,11 +385,47 @@ class FakeArm:
         self.tokens[token] = client
         return 200, {"token_type": "Bearer", "expires_in": 3599, "ext_expires_in": 3599, "access_token": token}, {}
 
-    def _authenticate(self, request: Any) -> None:
+    def _authenticate(self, request: Any) -> tuple[str, str | None]:
+        """(bearer token, service principal's client id); client None: a managed identity's token."""
         header = request.headers.get("Authorization", "")
         token = header.removeprefix("Bearer ").strip()
+        if header.startswith("Bearer ") and token in self.identity_tokens:
+            return token, None
         if not header.startswith("Bearer ") or self.tokens.get(token) not in self.principals:
             raise ArmError("InvalidAuthenticationToken", "The access token is invalid.", 401)
+        return token, self.tokens[token]
+
+    def accept_identity_token(self, token: str) -> None:
+        """Take `token` (e.g. `MetadataServer.token_for("imds")`) as a managed identity's token.
+
+        One fake IMDS serves every VM of a test, so the token cannot say which VM asked: it stands
+        for the system-assigned identity of each VM the fake holds, and a call is allowed when one
+        of them has a role assignment that covers the call's scope and action (Owner, Contributor,
+        Virtual Machine Contributor or Reader, on the group or the subscription). Otherwise ARM's
+        403 AuthorizationFailed. The service principal stays allowed everything."""
+        with self.lock:
+            self.identity_tokens.add(token)
+
+    def forget_identity_token(self, token: str) -> None:
+        with self.lock:
+            self.identity_tokens.discard(token)
+
+    def _authorize_identity(self, request: ArmRequest) -> tuple[str | None, ArmError | None]:
+        """(the VM identity whose role allows `request`, None) or (None, AuthorizationFailed)."""
+        action = _rbac_action(request)
+        scope = request.path.lower()
+        principals = [p for p in ((vm.get("identity") or {}).get("principalId")
+                                  for vm in self._all("microsoft.compute/virtualmachines")) if p]
+        for assignment in self._all("microsoft.authorization/roleassignments"):
+            props = assignment["properties"]
+            where = props["scope"].lower().rstrip("/")
+            role = ROLES.get(props["roleDefinitionId"].rsplit("/", 1)[-1].lower(), "")
+            if props["principalId"] in principals and (scope == where or scope.startswith(where + "/")) \
+                    and _role_allows(role, action):
+                return props["principalId"], None
+        client = principals[0] if principals else "00000000-0000-0000-0000-000000000000"
+        return None, ArmError("AuthorizationFailed", _MESSAGES["AuthorizationFailed"].format(
+            client=client, action=action, scope=request.path))
 
     # operations --------------------------------------------------------------------------------
 
@@ -598,7 +654,7 @@ class FakeArm:
             checker(resource, existing)
         resource["properties"]["provisioningState"] = "Updating" if existing else "Creating"
         self.resources[key] = resource
-        on_success = lambda: resource["properties"].update(provisioningState="Succeeded")  # noqa: E731
+        on_success = lambda: resource["properties"].update(provisioningState="Succeeded")
         if kind == "virtualmachines" and existing is None:
             return self._create_vm(resource, fault)
         if kind in ("images", "galleries"):
@@ -1004,6 +1060,18 @@ def _rbac_action(request: ArmRequest) -> str:
     return f"{base}/" + {"PUT": "write", "PATCH": "write", "DELETE": "delete"}.get(request.method, "read")
 
 
+def _role_allows(role: str, action: str) -> bool:
+    """Whether a built-in role (by name) grants an RBAC action, as far as the fake needs."""
+    read = action.endswith("/read")
+    if role == "Owner":
+        return True
+    if role == "Contributor":  # everything but granting access
+        return read or not action.startswith("Microsoft.Authorization/")
+    if role == "Virtual Machine Contributor":  # VMs (incl. deallocate, delete), not the group
+        return read or action.lower().startswith("microsoft.compute/virtualmachines/")
+    return role == "Reader" and read
+
+
 def _is_read(method: str) -> bool:
     return method in ("GET", "HEAD")
 
@@ -1206,6 +1274,10 @@ class AzureCloud(FakeCloud):
     server      this test's ArmServer; `faults` is its injector (add, count, hold)
     machines    CloudMachines: `machines.vm(vm_arm_id)` is the sshd VM behind a fake VM
     image       a gallery image (every region) whose VMs log in as the sshd VMs' user
+    metadata    the VMs' IMDS (a MetadataServer, given or started here): ARM takes its token as
+                the VMs' managed identities' (FakeArm.accept_identity_token), allowed what their
+                role assignments give. `watchdog_env()` points a watchdog at it and trusts ARM's
+                certificate, so autostop and budget deallocate or delete VMs through the fake.
     """
 
     name = "azure"
@@ -1215,10 +1287,13 @@ class AzureCloud(FakeCloud):
     instance_type = "Standard_D2s_v5"
 
     def __init__(self, root: Path, monkeypatch: pytest.MonkeyPatch, server: ArmServer, machines: CloudMachines,
-                 *, hint: str = "t") -> None:
+                 *, hint: str = "t", metadata: MetadataServer | None = None) -> None:
         self.server = server
         self.faults = server.faults
         self.machines = machines
+        self._own_metadata = metadata is None
+        self.metadata = metadata if metadata is not None else MetadataServer().start()
+        server.accept_identity_token(self.metadata.token_for("imds"))
         # The sshd VMs accept the user running the tests (root in CI), which Azure itself refuses
         # as an admin user: the fake is told to allow it, and the image asks for it.
         server.allowed_admin_users = server.allowed_admin_users | {machines.user}
@@ -1265,6 +1340,12 @@ class AzureCloud(FakeCloud):
                     found.append(f"azure {kind.split('/')[1]} {item['name']} ({item['id'].split('/')[4]})")
         return sorted(set(found))
 
+    def watchdog_env(self) -> dict[str, str]:
+        """The test-only watchdog knobs (docs/watchdog.md) that send a VM's watchdog to this fake:
+        its token from `metadata` (the fake IMDS), its ARM call trusting the fake's certificate."""
+        return {"CLOUDTRAIN_WATCHDOG_METADATA_URL": self.metadata.url,
+                "CLOUDTRAIN_WATCHDOG_CA_FILE": str(self.server.ca_bundle)}
+
     def close(self) -> None:
         if self._observe in self.server.machine_hooks:
             self.server.machine_hooks.remove(self._observe)
@@ -1273,6 +1354,9 @@ class AzureCloud(FakeCloud):
                 self.server._delete_tree(group["id"].lower())
         for _, vm in self.machines:
             vm.stop()
+        self.server.forget_identity_token(self.metadata.token_for("imds"))
+        if self._own_metadata:
+            self.metadata.stop()
 
     def client(self, kind: str) -> Any:
         """A real SDK client of the fake: "compute", "network", "resource" or "authorization"."""
@@ -1298,7 +1382,9 @@ def azure_cloud(arm_server: ArmServer, sshd_vm_factory: SshdFactory, tmp_path_fa
     own sshd VM trusting the VM's osProfile SSH keys, reached at the VM's public IP; deallocate,
     power-off, delete and eviction power it off, start powers it on. Recipes get the kit's gallery
     image (login user: the VMs' user). `fail("capacity" | "sku" | "quota" | "auth", regions=...)`.
-    At teardown the test's resource groups are deleted and its VMs stopped.
+    `metadata` is the VMs' fake IMDS, whose token ARM takes as their managed identities';
+    `watchdog_env()` the knobs that point a watchdog at it. At teardown the test's resource groups
+    are deleted and its VMs stopped.
     """
     cloud = AzureCloud(tmp_path_factory.mktemp("azure-cloud"), monkeypatch, arm_server, CloudMachines(sshd_vm_factory),
                        hint=cluster_hint(request))

@@ -16,12 +16,24 @@ from typing import Any
 import pytest
 
 from cloudtrain.config import Config
-from cloudtrain.errors import CapacityError, CredentialsError, ProviderError, UsageError
-from cloudtrain.providers.base import TAG_CLUSTER, TAG_OWNER, InstanceSpec, InstanceState, owner_id
+from cloudtrain.errors import (
+    CapacityError,
+    CredentialsError,
+    NotAvailableError,
+    ProviderError,
+    UsageError,
+)
+from cloudtrain.providers.base import (
+    TAG_CLUSTER,
+    TAG_OWNER,
+    InstanceSpec,
+    InstanceState,
+    owner_id,
+)
 from cloudtrain.testing.azure import SUBSCRIPTION, ArmServer
 
 pytest.importorskip("azure.identity")
-from cloudtrain.providers.azure import AzureProvider, make_provider  # noqa: E402
+from cloudtrain.providers.azure import AzureProvider, make_provider
 
 KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFakeKeyForTheAzureProviderTests test"
 CIDR = "203.0.113.7/32"
@@ -52,6 +64,7 @@ def groups(arm: ArmServer) -> list[str]:
 def test_capabilities_config_and_lazy_sdk_import(arm_server: ArmServer) -> None:
     caps = AzureProvider.capabilities
     assert (caps.supports_stop, caps.supports_spot, caps.remote, caps.priced, caps.stop_spot) == (True,) * 5
+    assert caps.autostop and caps.autostop_down  # the VM deallocates / deletes itself through ARM
     config = Config.model_validate({"azure": arm_server.config(region="westus2")})
     provider = make_provider(config)
     assert provider.default_region == "westus2" and provider.api.arm_endpoint == arm_server.url
@@ -146,6 +159,12 @@ def test_a_refused_role_assignment_is_a_warning_not_a_failed_launch(
         (inst,) = provider.launch(spec(), 1)
     assert inst.state is InstanceState.RUNNING
     assert "cannot stop or delete itself" in caplog.text and "roleAssignments/write" in caplog.text
+    # ... and since its watchdog could only fail, autostop and budget are refused for it, in one line.
+    for down in (False, True):
+        with pytest.raises(NotAvailableError) as caught:
+            provider.watchdog_action(inst, down)
+        assert "has no role on resource group cloudtrain-box-eastus" in caught.value.one_line()
+        assert "\n" not in caught.value.one_line()
 
 
 def test_custom_images_say_their_login_user_and_managed_ones_pin_a_region(
@@ -292,6 +311,46 @@ def test_terminating_some_nodes_deletes_just_those_vms_with_their_disk_nic_and_i
         assert [r["name"].split("_")[0].removesuffix("-nic").removesuffix("-ip")
                 for r in arm_server.find(kind)] == ["box-0"], kind
     assert provider.describe([a.id])[0].state is InstanceState.RUNNING
+
+
+# the on-VM watchdog -----------------------------------------------------------------------------------
+
+
+def test_watchdog_action_is_an_arm_call_with_the_vms_managed_identity(arm_server: ArmServer,
+                                                                      provider: AzureProvider) -> None:
+    (single,) = provider.launch(spec("one"), 1)
+    pair = provider.launch(spec("two"), 2)
+    sub = f"{arm_server.url}/subscriptions/{SUBSCRIPTION}/resourceGroups"
+    imds = f"http://169.254.169.254/metadata/identity/oauth2/token?api-version=2018-02-01&resource={arm_server.url}/"
+    stop = provider.watchdog_action(single, False)
+    # Deallocate: an OS shutdown would leave the VM allocated and billed.
+    assert stop == {"kind": "http", "effect": "stop", "method": "POST",
+                    "url": f"{sub}/cloudtrain-one-eastus/providers/Microsoft.Compute/virtualMachines/one-0/deallocate"
+                           "?api-version=2024-07-01", "ok": [200, 202],
+                    "token": {"url": imds, "headers": {"Metadata": "true"}, "field": "access_token"}}
+    # The cluster's only VM deletes its whole group (disk, NIC, IP, network with it) ...
+    alone = provider.watchdog_action(single, True)
+    assert (alone["effect"], alone["method"], alone["url"], alone["gone_ok"]) == (
+        "delete", "DELETE", f"{sub}/cloudtrain-one-eastus?api-version=2022-09-01", True)
+    # ... one of several only itself: its idle decision must not delete busy peers.
+    for rank, inst in enumerate(pair):
+        one = provider.watchdog_action(inst, True)
+        assert (one["effect"], one["method"], one["gone_ok"]) == ("delete", "DELETE", True)
+        assert one["url"] == f"{sub}/cloudtrain-two-eastus/providers/Microsoft.Compute/virtualMachines/two-{rank}" \
+                             "?api-version=2024-07-01"
+        assert one["token"] == stop["token"]
+    with pytest.raises(ProviderError, match="no VM one-7"):
+        provider.watchdog_action(replace(single, id="cloudtrain-one-eastus:one-7"), False)
+
+
+def test_watchdog_action_asks_imds_for_the_configured_arm_audience() -> None:
+    from cloudtrain.providers.azure import build
+
+    action = build.watchdog_action("https://management.azure.com/", "sub", "rg", "vm", down=False, whole_group=False)
+    assert action["token"]["url"] == ("http://169.254.169.254/metadata/identity/oauth2/token?api-version=2018-02-01"
+                                      "&resource=https://management.azure.com/")
+    assert action["url"] == ("https://management.azure.com/subscriptions/sub/resourceGroups/rg/providers/"
+                             "Microsoft.Compute/virtualMachines/vm/deallocate?api-version=2024-07-01")
 
 
 def test_list_tagged_finds_vms_by_group_tag_and_owner(arm_server: ArmServer, provider: AzureProvider) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import subprocess
 import time
+import uuid
 from typing import Any
 
 import pytest
@@ -17,10 +18,10 @@ import requests
 from cloudtrain.testing.azure import CLIENT_ID, SUBSCRIPTION, TENANT, ArmServer
 
 azure_identity = pytest.importorskip("azure.identity")
-from azure.core.exceptions import ClientAuthenticationError, HttpResponseError  # noqa: E402
-from azure.mgmt.compute import models as cm  # noqa: E402
-from azure.mgmt.network import models as nm  # noqa: E402
-from azure.mgmt.resource.resources.models import ResourceGroup  # noqa: E402
+from azure.core.exceptions import ClientAuthenticationError, HttpResponseError
+from azure.mgmt.compute import models as cm
+from azure.mgmt.network import models as nm
+from azure.mgmt.resource.resources.models import ResourceGroup
 
 KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFakeKeyForTheFakeArmServerOnly test"
 
@@ -116,6 +117,56 @@ def test_a_service_principal_gets_a_token_over_https_and_arm_requires_it(arm_ser
     assert sub.json()["state"] == "Enabled"
     missing = raw(arm_server, "GET", f"/subscriptions/{SUBSCRIPTION}/resourcegroups")
     assert missing.status_code == 400 and missing.json()["error"]["code"] == "MissingApiVersionParameter"
+
+
+def test_a_vm_identity_token_may_do_what_its_role_assignment_gives(arm: Arm) -> None:
+    """The token a VM's IMDS hands out (registered with accept_identity_token) acts as the VMs'
+    system-assigned identities: allowed in a group where one has a role, else ARM's 403."""
+    from azure.mgmt.authorization.models import RoleAssignmentCreateParameters
+
+    server = arm.server
+    token = "eyJ.fake-imds-token"
+    server.accept_identity_token(token)
+
+    def call(method: str, path: str) -> requests.Response:
+        return requests.request(method, f"{server.url}/subscriptions/{SUBSCRIPTION}{path}",
+                                headers={"Authorization": f"Bearer {token}"}, verify=str(server.ca_bundle),
+                                timeout=10)
+
+    def grant(group: Any, principal: str, role: str) -> None:
+        arm.authorization.role_assignments.create(group.id, str(uuid.uuid4()), RoleAssignmentCreateParameters(
+            role_definition_id=f"/subscriptions/{SUBSCRIPTION}/providers/Microsoft.Authorization/roleDefinitions/"
+            f"{role}", principal_id=principal, principal_type="ServicePrincipal"))
+
+    mine, other = arm.group("mine"), arm.group("other")
+    vm = arm.vm("mine", "vm0")
+    arm.vm("other", "vm1")
+    vm_path = "/resourceGroups/{}/providers/Microsoft.Compute/virtualMachines/{}"
+    # No role assignment yet: refused, naming the action and the scope.
+    refused = call("POST", vm_path.format("mine", "vm0") + "/deallocate?api-version=2024-07-01")
+    assert refused.status_code == 403 and refused.json()["error"]["code"] == "AuthorizationFailed"
+    assert "Microsoft.Compute/virtualMachines/deallocate/action" in refused.json()["error"]["message"]
+    # Reader: may look, not act.
+    grant(mine, vm.identity.principal_id, "acdd72a7-3385-48ef-bd42-f606fba81ae7")
+    assert call("GET", vm_path.format("mine", "vm0") + "?api-version=2024-07-01").status_code == 200
+    assert call("POST", vm_path.format("mine", "vm0") + "/deallocate?api-version=2024-07-01").status_code == 403
+    # Contributor on its own group: deallocates there, and nothing in another group.
+    grant(mine, vm.identity.principal_id, "b24988ac-6180-42a0-ab88-20f7382dd24c")
+    done = call("POST", vm_path.format("mine", "vm0") + "/deallocate?api-version=2024-07-01")
+    assert done.status_code == 202
+    assert arm.power("mine", "vm0") == ["PowerState/deallocated"]
+    elsewhere = call("POST", vm_path.format("other", "vm1") + "/deallocate?api-version=2024-07-01")
+    assert elsewhere.status_code == 403 and arm.power("other", "vm1") == ["PowerState/running"]
+    assert call("DELETE", "/resourceGroups/other?api-version=2022-09-01").status_code == 403
+    assert call("DELETE", "/resourceGroups/mine?api-version=2022-09-01").status_code == 202
+    assert [g.name for g in arm.resource.resource_groups.list()] == [other.name]
+    # What the fake saw: the token, and the identity whose role allowed the call.
+    seen = [r for r in server.faults.requests if r.managed_identity and r.action == "vm.deallocate"]
+    assert [(r.caller, r.bearer) for r in seen] == [
+        ("", token), ("", token), (vm.identity.principal_id, token), ("", token)]
+    server.forget_identity_token(token)
+    assert call("GET", vm_path.format("other", "vm1") + "?api-version=2024-07-01").status_code == 401
+    assert mine.name == "mine"
 
 
 # long-running operations -----------------------------------------------------------------------------

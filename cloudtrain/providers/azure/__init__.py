@@ -10,6 +10,8 @@ Money rules Azure makes easy to break:
   (allocated)" and still billed; we report it as STOPPING (not stopped) and `stop` deallocates it.
 - `terminate` deletes the whole resource group (and waits for it), so no disk, NIC or public IP
   outlives the VMs. Gone is success.
+- autostop and budget: the VM's watchdog deallocates (or deletes) it through ARM with the VM's
+  managed identity (`watchdog_action`); an OS shutdown alone would keep it billed.
 - A failed create can leave a VM resource behind (AllocationFailed arrives after ARM accepted the
   VM): the launch deletes its half-created VMs, then the group, before raising.
 
@@ -62,7 +64,9 @@ __all__ = ["AzureApiError", "AzureProvider", "make_provider"]
 
 class AzureProvider:
     name = "azure"
-    capabilities = Capabilities(supports_stop=True, supports_spot=True, remote=True, priced=True, stop_spot=True)
+    # autostop: the VM deallocates (or deletes) itself through ARM with its managed identity.
+    capabilities = Capabilities(supports_stop=True, supports_spot=True, remote=True, priced=True, stop_spot=True,
+                                autostop=True, autostop_down=True)
 
     @staticmethod
     def image_pins_region(image: str) -> bool:
@@ -208,7 +212,8 @@ class AzureProvider:
     def _grant_identities(self, group_id: str, group: str, vms: Sequence[Any], tags: dict[str, str]) -> None:
         """Contributor on the cluster's group for each VM's identity; and our tags on the OS disks.
         Neither is needed to run a job, so a refusal (e.g. no roleAssignments/write for a plain
-        Contributor) is a warning, not a failed launch."""
+        Contributor) is a warning, not a failed launch; autostop and budget, which need the role,
+        are then refused by `watchdog_action` (asked right after the launch)."""
         subscription = self.api.require_subscription()
         for vm in vms:
             principal = vm.identity.principal_id if vm.identity else None
@@ -247,12 +252,57 @@ class AzureProvider:
         return found
 
     def watchdog_action(self, instance: Instance, down: bool) -> dict[str, Any]:
-        """Not yet: an OS shutdown leaves an Azure VM allocated and billed, so the watchdog must
-        deallocate through ARM with the VM's managed identity (docs/watchdog.md has the action's
-        shape); until that is wired the capability `autostop` stays off and preflight refuses
-        autostop and budget on Azure."""
-        raise NotAvailableError("autostop and budget are not available on Azure yet",
-                                hint="use `cloudtrain down` (or `stop`, which deallocates)")
+        """An ARM call the VM makes with its own managed identity (token from IMDS), never an OS
+        shutdown: that leaves an Azure VM "Stopped (allocated)" and billed. Stop: deallocate. Down:
+        delete the resource group when this VM is the cluster's only one, else this VM alone (a
+        node's idle decision must not delete busy peers; the group left holds nothing billed and
+        goes with `down` / `gc`). The identity needs a role on its group (`_grant_identities`):
+        without one the watchdog could only fail, so autostop and budget are refused here, at `up`
+        (which then tears the new cluster down) or `cloudtrain autostop`."""
+        parsed = build.parse_instance_id(instance.id)
+        if parsed is None:
+            raise ProviderError(f"{instance.id} is not an Azure VM id of cloudtrain's (<resource group>:<vm>)")
+        group, name = parsed
+        compute = self.api.compute
+        try:
+            vm = self._call(f"reading VM {name}", compute.virtual_machines.get, group, name)
+        except AzureApiError as exc:
+            if exc.status == 404:
+                raise ProviderError(f"no VM {name} in resource group {group}",
+                                    hint="`cloudtrain status --refresh` shows what exists") from None
+            raise
+        whole_group = False
+        if down:
+            present = {v.name.lower() for v in self._list("listing VMs", compute.virtual_machines.list, group)}
+            whole_group = present <= {name.lower()}
+        self._require_self_role(group, vm, build.GROUP_DELETE_ROLES if whole_group else build.VM_SELF_ROLES)
+        return build.watchdog_action(self.api.arm_endpoint, self.api.require_subscription(), group, name,
+                                     down=down, whole_group=whole_group)
+
+    def _require_self_role(self, group: str, vm: Any, roles: frozenset[str]) -> None:
+        """NotAvailableError unless the VM's system-assigned identity holds one of `roles` on its
+        group (or wider): what its watchdog's ARM call needs to be allowed."""
+        principal = vm.identity.principal_id if vm.identity else None
+        refusal = f"autostop and budget are not available for Azure VM {vm.name}"
+        if not principal:
+            raise NotAvailableError(f"{refusal}: it has no managed identity to stop itself with",
+                                    hint="`cloudtrain down` it and launch again (cloudtrain gives new VMs one)")
+        try:
+            assignments = self._list("reading the role assignments of the resource group",
+                                     self.api.authorization.role_assignments.list_for_resource_group, group)
+        except (AzureApiError, CredentialsError) as exc:
+            raise NotAvailableError(f"{refusal}: cannot tell whether its identity may stop it ({exc.one_line()})",
+                                    hint="these credentials need Microsoft.Authorization/roleAssignments/read "
+                                         f"on {group}") from None
+        for assignment in assignments:
+            role = (assignment.role_definition_id or "").rsplit("/", 1)[-1].lower()
+            if assignment.principal_id == principal and role in roles:
+                return
+        raise NotAvailableError(
+            f"{refusal}: its managed identity has no role on resource group {group} (the launch could not assign "
+            "one), so it could not deallocate or delete itself",
+            hint="launch with credentials allowed Microsoft.Authorization/roleAssignments/write (Owner or User Access "
+                 "Administrator), or drop autostop and budget and use `cloudtrain stop` / `down`")
 
     def list_resources(self, cluster: str | None = None) -> list[ClusterResource]:
         """This owner's cloudtrain resource groups (the cluster's network, disks and IPs live in them)."""

@@ -168,9 +168,13 @@ class ArmApi:
             elif kind == "network":
                 from azure.mgmt.network import NetworkManagementClient as Client  # type: ignore[assignment]
             elif kind == "resource":
-                from azure.mgmt.resource.resources import ResourceManagementClient as Client  # type: ignore[assignment]
+                from azure.mgmt.resource.resources import (
+                    ResourceManagementClient as Client,  # type: ignore[assignment]
+                )
             elif kind == "authorization":
-                from azure.mgmt.authorization import AuthorizationManagementClient as Client  # type: ignore[assignment]
+                from azure.mgmt.authorization import (
+                    AuthorizationManagementClient as Client,  # type: ignore[assignment]
+                )
             else:
                 raise ValueError(kind)
             self._clients[kind] = Client(self.credential(), subscription, **kwargs)

@@ -38,6 +38,18 @@ SSH_RULE_PRIORITY = 1000
 # Contributor, at the scope of the cluster's own resource group only: the VM may deallocate or
 # delete itself, or its whole group (which is what `down` does), and touch nothing else.
 CONTRIBUTOR_ROLE = "b24988ac-6180-42a0-ab88-20f7382dd24c"
+OWNER_ROLE = "8e3af657-a8ff-443c-a75c-2fe8c4bcb635"
+VM_CONTRIBUTOR_ROLE = "9980e02c-c2be-4d73-94e8-173b1dc7cf3c"
+# Built-in roles that let the VM's identity do what its watchdog asks, at the group's scope or wider:
+# deallocate or delete a VM (Virtual Machine Contributor suffices), or delete the whole group.
+VM_SELF_ROLES = frozenset({CONTRIBUTOR_ROLE, OWNER_ROLE, VM_CONTRIBUTOR_ROLE})
+GROUP_DELETE_ROLES = frozenset({CONTRIBUTOR_ROLE, OWNER_ROLE})
+# The on-node watchdog's calls (templates/watchdog.py, kind "http"). IMDS is link-local on every
+# Azure VM and answers only with `Metadata: true`; its token is for the audience named by
+# `resource`, which must be the ARM endpoint the call goes to (https://management.azure.com/).
+IMDS_TOKEN_URL = "http://169.254.169.254/metadata/identity/oauth2/token?api-version=2018-02-01&resource={resource}"
+COMPUTE_API_VERSION = "2024-07-01"
+RESOURCES_API_VERSION = "2022-09-01"
 _IMAGE_ID = re.compile(
     r"^/subscriptions/[^/]+/resourceGroups/(?P<group>[^/]+)/providers/Microsoft\.Compute/"
     r"(?:images/(?P<image>[^/]+)|galleries/(?P<gallery>[^/]+)/images/(?P<definition>[^/]+)(?:/versions/[^/]+)?)$",
@@ -221,6 +233,29 @@ def role_assignment(subscription: str, principal_id: str) -> Any:
 def role_assignment_name(vm_id: str, principal_id: str) -> str:
     """Deterministic, so a retried launch assigns the same role once."""
     return str(uuid.uuid5(uuid.NAMESPACE_URL, f"cloudtrain:{vm_id.lower()}:{principal_id}"))
+
+
+def watchdog_action(arm_endpoint: str, subscription: str, group: str, vm: str, *, down: bool,
+                    whole_group: bool) -> dict[str, Any]:
+    """What the VM's watchdog calls, with its managed identity's token from IMDS: deallocate itself
+    (an OS shutdown would leave it allocated and billed); with `down` delete its resource group
+    (`whole_group`: the cluster's only VM) or only itself (one node of several must not delete the
+    others; the group left behind holds nothing billed and goes with `down` or `gc`)."""
+    arm = arm_endpoint.rstrip("/")
+    token = {"url": IMDS_TOKEN_URL.format(resource=f"{arm}/"), "headers": {"Metadata": "true"},
+             "field": "access_token"}
+    group_url = f"{arm}/subscriptions/{subscription}/resourceGroups/{group}"
+    vm_url = f"{group_url}/providers/Microsoft.Compute/virtualMachines/{vm}"
+    if not down:
+        return {"kind": "http", "effect": "stop", "method": "POST",
+                "url": f"{vm_url}/deallocate?api-version={COMPUTE_API_VERSION}", "ok": [200, 202], "token": token}
+    if whole_group:
+        return {"kind": "http", "effect": "delete", "method": "DELETE",
+                "url": f"{group_url}?api-version={RESOURCES_API_VERSION}", "ok": [200, 202], "gone_ok": True,
+                "token": token}
+    return {"kind": "http", "effect": "delete", "method": "DELETE",
+            "url": f"{vm_url}?api-version={COMPUTE_API_VERSION}", "ok": [200, 202, 204], "gone_ok": True,
+            "token": token}
 
 
 def disk_tags(tags: dict[str, str]) -> Any:
