@@ -46,6 +46,15 @@ def refused_field(error: BaseException) -> str | None:
     return getattr(error, "field", None)
 
 
+def restate(error: UsageError, message: str, hint: str | None) -> UsageError:
+    """`error` (same type, same recipe field) with a new message and hint: for callers that know
+    more than the pure planner did, e.g. which clouds it was not allowed to look at."""
+    field = refused_field(error)
+    if field is None:
+        return type(error)(message, hint=hint)
+    return _refusal(type(error), field, message, hint)
+
+
 @dataclass(frozen=True)
 class Placement:
     """One place the cluster could run: every node of the cluster in the same region (and zone)."""

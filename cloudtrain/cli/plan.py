@@ -10,22 +10,24 @@ from cloudtrain.cli import output
 @click.command()
 @click.argument("recipe_path", metavar="RECIPE")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-@click.option("--alternatives", "-n", default=5, show_default=True, help="How many fallbacks to show.")
+@click.option("--alternatives", "-n", default=5, show_default=True, type=click.IntRange(min=0),
+              help="How many fallbacks to show.")
 def plan(recipe_path: str, as_json: bool, alternatives: int) -> None:
     """Show the placement RECIPE would launch (cheapest fitting offer among clouds with working
     credentials), the fallbacks failover would walk, and the worst-case cost from the budget."""
-    from cloudtrain.cli.common import open_lifecycle
     from cloudtrain.cluster.planning import plan_with_credentials
+    from cloudtrain.config import load_config
     from cloudtrain.preflight import preflight
     from cloudtrain.recipe import load_recipe
 
     loaded = load_recipe(recipe_path)
-    lc = open_lifecycle()
-    static = preflight(loaded, lc.config)
+    # The config only: opening the state store would create state.db, and `plan` creates nothing.
+    config = load_config()
+    static = preflight(loaded, config)
     if static is None:
         output.info(f"{recipe_path}: cloud {loaded.recipe.resources.cloud} costs nothing; nothing to plan")
         return
-    usable = plan_with_credentials(loaded.recipe, lc.config)
+    usable = plan_with_credentials(loaded.recipe, config)
     p = usable.plan
     rows = [(i + 1, c.cloud, c.region, c.zone or "-", c.instance_type, c.accelerators or "-",
              "spot" if c.spot else "on-demand", f"${c.hourly_price:.4g}", f"${c.hourly_price * p.num_nodes:.4g}")

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from cloudtrain.config import Config
-from cloudtrain.errors import CredentialsError
+from cloudtrain.errors import CredentialsError, UsageError
 from cloudtrain.plan import Plan
 from cloudtrain.providers import ANY, available, capabilities, get_provider
 from cloudtrain.providers.base import Provider
@@ -49,6 +49,30 @@ def plan_with_credentials(recipe: Recipe, config: Config) -> UsablePlan:
         raise CredentialsError(detail if cloud != ANY else f"no cloud has usable credentials ({detail})",
                                hint=f"see `cloudtrain check{'' if cloud == ANY else ' ' + cloud}`")
     only = next(iter(providers.values())) if len(providers) == 1 else None
-    plan = make_plan(recipe, default_catalog(), list(providers),
-                     default_region=only.default_region if only is not None else None)
+    default_region = only.default_region if only is not None else None
+    try:
+        plan = make_plan(recipe, default_catalog(), list(providers), default_region=default_region)
+    except UsageError as exc:
+        if not skipped:
+            raise
+        raise _naming_skipped(exc, recipe, list(providers), skipped, default_region) from None
     return UsablePlan(plan, providers, tuple(skipped))
+
+
+def _naming_skipped(error: UsageError, recipe: Recipe, usable: list[str], skipped: list[tuple[str, str]],
+                    default_region: str | None) -> UsageError:
+    """The planner's refusal over the usable clouds, naming the clouds it never saw. Without them
+    "no region 'eastus'" or "at most A100:1" reads as a recipe mistake when the fix is a login."""
+    from cloudtrain.catalog import default_catalog
+    from cloudtrain.plan import make_plan, restate
+
+    names = "; ".join(f"{cloud}: {why}" for cloud, why in skipped)
+    message = f"{error.message}; skipped for their credentials: {names}"
+    try:
+        # Pure and cheap: would the skipped clouds have had a place for it?
+        make_plan(recipe, default_catalog(), usable + [cloud for cloud, _ in skipped], default_region=default_region)
+    except UsageError:
+        return restate(error, message, error.hint)  # nowhere either: the recipe is what to change
+    clouds = [cloud for cloud, _ in skipped]
+    return restate(error, message, f"it fits on {'/'.join(clouds)}: fix the credentials (`cloudtrain check "
+                                   f"{' '.join(clouds)}`)")
