@@ -10,7 +10,8 @@ CLOUDTRAIN_WATCHDOG_IDLE_S), the legs side by side:
   local   the same through the CLI on cloud: local; the stop is the node's instance.json turning "stopped"
   gcp     the watchdog alone (the GCP provider wires watchdog_action separately), its delete
           action: a token from the fake metadata server, then DELETE to a recording stand-in API
-  azure   the same with IMDS and a POST .../deallocate
+  azure   `cloudtrain up` against the fake ARM, the VM an sshd VM; the stop call is the fake ARM
+          receiving the VM's own deallocate, made with its managed identity's token from the fake IMDS
 
 Printed per leg: job end -> stop call, and that minus the idle period (the watchdog's own
 latency). Target (issue 12): <= idle + 20 s. The baseline is SkyPilot's autostop as documented and
@@ -115,6 +116,47 @@ def leg_local(root: Path, idle_s: float) -> tuple[float, float]:
     return ended, stopped
 
 
+def leg_azure(root: Path, idle_s: float) -> tuple[float, float]:
+    import pytest
+
+    from cloudtrain.testing.azure import _AZURE_VARS_TO_CLEAR, ArmServer, AzureCloud
+    from cloudtrain.testing.cloud import CloudMachines
+    from cloudtrain.testing.sshd import SshdFactory
+
+    server = ArmServer(root / "arm").start()
+    factory = SshdFactory(root / "vms")
+    try:
+        with pytest.MonkeyPatch.context() as mp:
+            for name in _AZURE_VARS_TO_CLEAR:
+                mp.delenv(name, raising=False)
+            for name, value in server.env().items():
+                mp.setenv(name, value)
+            cloud = AzureCloud(root / "azure", mp, server, CloudMachines(factory), hint="idle-to-stop")
+            cloud.env.update({**_watchdog_env(idle_s), **cloud.watchdog_env()})
+            # The OS shutdown would leave an Azure VM allocated: make it a no-op that is not the stop.
+            cloud.env["CLOUDTRAIN_WATCHDOG_SHUTDOWN"] = "true"
+
+            def deallocated() -> float | None:
+                with cloud.faults.lock:
+                    seen = any(r.managed_identity and r.action == "vm.deallocate" for r in cloud.faults.requests)
+                return time.time() if seen else None
+
+            try:
+                cli_ok(cloud.up(cloud.recipe(run="true", autostop={"idle_minutes": 1})))
+                (vm_record,) = server.find("Microsoft.Compute/virtualMachines", group=f"cloudtrain-{cloud.cluster}-{cloud.region}")
+                vm = cloud.machines.vm(vm_record["id"].lower())
+                cli_ok(cloud.cli("exec", cloud.cluster, "--detach", "--", "sh", "-c", JOB))
+                ended = float(wait_for(lambda: _read(vm.home_dir / "job-ended"), 120, "the job's end"))
+                stopped = wait_for(deallocated, idle_s + 120, "the VM's own deallocate call")
+            finally:
+                cloud.down()
+                cloud.close()
+    finally:
+        factory.close()
+        server.stop()
+    return ended, stopped
+
+
 def leg_http(root: Path, idle_s: float, flavor: str) -> tuple[float, float]:
     from cloudtrain import paths
     from cloudtrain.testing.metadata import (
@@ -202,7 +244,7 @@ def main() -> int:
         "aws": lambda root: leg_aws(root, args.idle_s),
         "local": lambda root: leg_local(root, args.idle_s),
         "gcp": lambda root: leg_http(root, args.idle_s, "gcp"),
-        "azure": lambda root: leg_http(root, args.idle_s, "azure"),
+        "azure": lambda root: leg_azure(root, args.idle_s),
     }
     chosen = [name.strip() for name in args.legs.split(",") if name.strip()]
     results: dict[str, tuple[float, float] | BaseException] = {}
