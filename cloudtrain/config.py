@@ -37,6 +37,12 @@ class GcpConfig(StrictModel):
     project: str | None = None
     region: str | None = None
     api_endpoint: str | None = Field(default=None, description="Compute API endpoint, e.g. https://compute.googleapis.com")
+    service_account: Annotated[str, Field(pattern=r"^(default|none|[^@\s]+@[^@\s]+)$")] = Field(
+        default="default",
+        description="service account every VM runs as, with the compute scope, so that the on-node watchdog "
+                    "can delete its own VM (autostop.down): `default` (the project's default compute service "
+                    "account), an email, or `none` (no credentials on the VM; autostop.down then refused)",
+    )
 
 
 class AzureConfig(StrictModel):

@@ -17,6 +17,18 @@ stop/start), disks (list/get; boot disks follow their instance), firewalls (inse
 delete), zone and global operations (get and `wait`). `filter` works as the API documents it:
 `(labels.k = "v") (labels.o:*)`, `!=`, and the regex form `name eq "cloudtrain-.*"`.
 
+A VM's own credentials (the on-node watchdog deleting its VM): an instance may run as a service
+account (`serviceAccounts`: at most one, `default` resolved to the project's default compute
+account as the API does, scopes as URLs). A token registered with `accept_metadata_token` (what
+the fake metadata server, testing/metadata.py, hands out) is taken as that account's token. One
+metadata server serves every VM of a test, so the token cannot say which VM asked: it stands for
+the identity of the instance it acts on, and is allowed only requests naming one instance
+(`instances.get/delete/stop/start/...`), when that instance runs as a service account whose scopes
+cover the call (`compute` or `cloud-platform`; `compute.readonly` for reads). Otherwise 403, as
+Compute Engine answers: `forbidden` (no service account: no permission) or `insufficientPermissions`
+("Request had insufficient authentication scopes."). Requests record the bearer token and the
+acting account (`GceRequest.bearer`, `.caller`).
+
 It validates like the real API where cloudtrain could get it wrong: RFC 1035 names of at most 63
 characters, label keys and values, a missing or unknown machineType, unknown zones and images, a
 boot disk smaller than its image, GPUs attached to anything but N1 or without
@@ -29,7 +41,8 @@ every source range any rule ever had, so a test can say "never 0.0.0.0/0".
 Time: operations end on the next request (`op_seconds=0`), instances are RUNNING when their insert
 operation is DONE (`boot_seconds` to stay STAGING longer); `advance(seconds)` moves the fake's
 clock, which is how `maxRunDuration` is enforced: a VM past it is stopped or deleted by its
-termination action, as Compute Engine does. `preempt(zone, name)` reclaims a spot VM.
+termination action, as Compute Engine does. `preempt(zone, name)` reclaims a spot VM. Both are
+listed in `terminations`, so a test can tell them from stops and deletes someone asked for.
 
 Faults, per action and zone/region, delivered as Compute Engine delivers them: an HTTP error
 (`errors[].reason`, e.g. quotaExceeded, forbidden) or an insert operation that ends DONE with
@@ -47,7 +60,9 @@ or "write" (any POST/PATCH/DELETE) or "*". Machines: `machine_hooks` get ("boot"
 trusts the instance's `ssh-keys` metadata (unless OS Login is on) and routes its external IP there.
 
 Fixtures: `gce_server` (a fresh server per test, with the environment pointing at it) and
-`gcp_cloud` (a `FakeCloud`: recipes run by the real CLI against it, sshd VMs behind instances).
+`gcp_cloud` (a `FakeCloud`: recipes run by the real CLI against it, sshd VMs behind instances;
+`gcp_cloud.metadata` is the VMs' metadata server and `gcp_cloud.watchdog_env()` points an on-node
+watchdog at it and at the OS-shutdown stand-in, so autostop and budget stop or delete through the fake).
 """
 
 from __future__ import annotations
@@ -59,21 +74,30 @@ import ipaddress
 import json
 import random
 import re
+import shlex
+import sys
 import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from cloudtrain.testing.cloud import CloudMachines, FakeCloud, cluster_hint
+from cloudtrain.testing.metadata import MetadataServer
 from cloudtrain.testing.sshd import SshdFactory
 
 PROJECT = "cloudtrain-test"
 SERVICE_ACCOUNT = f"cloudtrain-kit@{PROJECT}.iam.gserviceaccount.com"
+PROJECT_NUMBER = "123"
+DEFAULT_SERVICE_ACCOUNT = f"{PROJECT_NUMBER}-compute@developer.gserviceaccount.com"  # instances' "default"
+SCOPE_PREFIX = "https://www.googleapis.com/auth/"
+# Which access scopes let a token call a method (the account's roles decide the rest).
+WRITE_SCOPES = frozenset({SCOPE_PREFIX + "compute", SCOPE_PREFIX + "cloud-platform"})
+READ_SCOPES = WRITE_SCOPES | {SCOPE_PREFIX + "compute.readonly"}
 UNIVERSE_DOMAIN = "cloudtrain.test"  # the kit's key files name it (see add_service_account)
 API = "https://www.googleapis.com/compute/v1/"  # selfLinks look like the real ones
 ZONES = {
@@ -184,6 +208,8 @@ class GceRequest:
     region: str | None
     name: str | None
     body: Any = field(default=None, compare=False, hash=False, repr=False)
+    caller: str = ""  # the service account acting (a VM's, for a metadata server token)
+    bearer: str = field(default="", compare=False, hash=False, repr=False)  # the bearer token sent
 
 
 @dataclass
@@ -340,6 +366,9 @@ class FakeGce:
         self.op_seconds, self.boot_seconds, self.wait_seconds = op_seconds, boot_seconds, wait_seconds
         self.require_auth = require_auth
         self.accounts: dict[str, _Account] = {}  # key id -> account
+        self.metadata_tokens: set[str] = set()  # VMs' service-account tokens (from a metadata server)
+        # Service accounts of the project an instance may run as (the launcher may act as them).
+        self.project_service_accounts: set[str] = {DEFAULT_SERVICE_ACCOUNT, SERVICE_ACCOUNT}
         self.project_metadata: dict[str, str] = {}  # commonInstanceMetadata (e.g. enable-oslogin)
         self.images: dict[tuple[str, str], dict[str, Any]] = {}
         self.instances: dict[tuple[str, str], dict[str, Any]] = {}  # (zone, name)
@@ -349,6 +378,8 @@ class FakeGce:
         self.ops: dict[str, _Op] = {}
         self.request_ids: dict[str, str] = {}
         self.firewall_ranges_seen: set[str] = set()
+        # (zone, name, "maxRunDuration" | "preemption"): what Compute Engine ended by itself, no call asked.
+        self.terminations: list[tuple[str, str, str]] = []
         self.faults = Faults()
         self.machine_hooks: list[Callable[[str, dict[str, Any]], None]] = []
         self.hook_errors: list[str] = []
@@ -391,15 +422,23 @@ class FakeGce:
         if parts[:2] not in (["compute", "v1"], ["compute", "beta"]) or len(parts) < 4 or parts[2] != "projects":
             raise GceError(404, "notFound", f"no route for {request.method} {request.path}")
         project, rest = parts[3], tuple(parts[4:])
-        email = self._authenticate(request) if self.require_auth else SERVICE_ACCOUNT
+        email, bearer = self._authenticate(request) if self.require_auth else (SERVICE_ACCOUNT, "")
         try:
             body = json.loads(request.get_data() or b"null")
         except ValueError:
             raise GceError(400, "parseError", "This API does not support parsing form-encoded input.") from None
         action, zone, name = _classify(request.method, rest)
         gce_request = GceRequest(request.method, request.path, action, project, zone,
-                                 zone.rsplit("-", 1)[0] if zone else None, name, body)
+                                 zone.rsplit("-", 1)[0] if zone else None, name, body, email or "", bearer)
+        denied = None
+        if email is None:  # a VM's token from the metadata server: the instance it acts on decides
+            with self.lock:
+                self._tick()
+                caller, denied = self._authorize_metadata_token(gce_request)
+            gce_request = replace(gce_request, caller=caller)
         fault, gate = self.faults._seen(gce_request)
+        if denied is not None:
+            raise denied
         if gate is not None and not gate.after:
             gate.park()
             gate = None
@@ -407,14 +446,15 @@ class FakeGce:
             self._tick()
             if fault is not None and fault.how[0] == "http":
                 raise self._fault_error(fault, gce_request)
-            status, out = self._route(gce_request, rest, dict(request.args), email, fault)
+            status, out = self._route(gce_request, rest, dict(request.args), gce_request.caller, fault)
         if action.endswith(".wait") and isinstance(out, _Op):
             out = self._wait(out)
         if isinstance(out, _Op):
             out = self._op_json(out)
         return status, out, gate
 
-    def _authenticate(self, request: Any) -> str:
+    def _authenticate(self, request: Any) -> tuple[str | None, str]:
+        """(the service account's email, the bearer token); email None: a metadata server token."""
         from google.auth import jwt
 
         header = request.headers.get("Authorization", "")
@@ -422,6 +462,9 @@ class FakeGce:
         if not header.startswith("Bearer "):
             raise denied
         token = header.removeprefix("Bearer ").strip()
+        with self.lock:
+            if token in self.metadata_tokens:
+                return None, token
         try:
             key_id = jwt.decode_header(token).get("kid", "")
             account = self.accounts[key_id]
@@ -430,7 +473,38 @@ class FakeGce:
             raise denied from None
         if claims.get("iss") != account.email:
             raise denied
-        return account.email
+        return account.email, token
+
+    def accept_metadata_token(self, token: str) -> None:
+        """Take `token` (e.g. `MetadataServer.token_for("gce")`) as the VMs' service-account token:
+        allowed on one instance at a time, as that instance's own account (see the module docstring)."""
+        with self.lock:
+            self.metadata_tokens.add(token)
+
+    def forget_metadata_token(self, token: str) -> None:
+        with self.lock:
+            self.metadata_tokens.discard(token)
+
+    def _authorize_metadata_token(self, request: GceRequest) -> tuple[str, GceError | None]:
+        """(the service account acting, None), or (it or "", the 403 Compute Engine would answer)."""
+        permission = f"compute.{request.action}"
+        resource = f"projects/{request.project}" + (f"/zones/{request.zone}" if request.zone else "") + (
+            f"/instances/{request.name}" if request.name else "")
+        forbidden = GceError(403, "forbidden", f"Required '{permission}' permission for '{resource}'")
+        if not (request.action.startswith("instances.") and request.zone and request.name):
+            return "", forbidden  # not one instance: no VM's identity to act as
+        inst = self.instances.get((request.zone, request.name)) if request.project == self.project else None
+        if inst is None:
+            return "", None  # the route answers 404, as to a caller with rights on the project
+        accounts = inst.get("serviceAccounts") or []
+        if not accounts:
+            return "", forbidden
+        account = accounts[0]
+        needed = READ_SCOPES if request.method == "GET" else WRITE_SCOPES
+        if not set(account.get("scopes", [])) & needed:
+            return account["email"], GceError(403, "insufficientPermissions",
+                                              "Request had insufficient authentication scopes.")
+        return account["email"], None
 
     def _fault_error(self, fault: Fault, request: GceRequest) -> GceError:
         return GceError(fault.how[1], fault.code, self._fault_message(fault, request))
@@ -510,7 +584,7 @@ class FakeGce:
                 self._running(key)
             limit = inst["scheduling"].get("maxRunDuration")
             if inst["status"] == "RUNNING" and limit and now - meta["run_start"] >= int(limit["seconds"]):
-                self._terminate_by_action(key)
+                self._terminate_by_action(key, "maxRunDuration")
 
     # machines -----------------------------------------------------------------------------------
 
@@ -565,8 +639,9 @@ class FakeGce:
                 self.disks[disk_key]["users"] = []
         self._hook("power_off", inst)
 
-    def _terminate_by_action(self, key: tuple[str, str]) -> None:
+    def _terminate_by_action(self, key: tuple[str, str], why: str) -> None:
         action = self.instances[key]["scheduling"].get("instanceTerminationAction", "STOP")
+        self.terminations.append((key[0], key[1], why))
         (self._delete_machine if action == "DELETE" else self._stop_machine)(key)
 
     def _new_ip(self) -> str:
@@ -592,7 +667,7 @@ class FakeGce:
             return 200, {"kind": "compute#project", "name": project, "id": "4815162342",
                          "commonInstanceMetadata": {"items": [{"key": k, "value": v}
                                                               for k, v in self.project_metadata.items()]},
-                         "defaultServiceAccount": "123-compute@developer.gserviceaccount.com",
+                         "defaultServiceAccount": DEFAULT_SERVICE_ACCOUNT,
                          "selfLink": f"{API}projects/{project}"}
         if rest[0] == "aggregated" and len(rest) == 2:
             return 200, self._aggregated(project, rest[1], args)
@@ -754,6 +829,7 @@ class FakeGce:
         for tag in (body.get("tags") or {}).get("items", []):
             _check_name("resource.tags.items", tag)
         scheduling = _check_scheduling(body.get("scheduling") or {}, gpus)
+        service_accounts = self._check_service_accounts(body.get("serviceAccounts") or [])
         if (zone, name) in self.instances:
             raise GceError(409, "alreadyExists", f"The resource 'projects/{project}/zones/{zone}/instances/{name}' "
                            "already exists")
@@ -800,6 +876,8 @@ class FakeGce:
         }
         if not self.instances[key]["guestAccelerators"]:
             del self.instances[key]["guestAccelerators"]
+        if service_accounts:
+            self.instances[key]["serviceAccounts"] = service_accounts
         self._meta[key] = {"booted": False, "run_start": self.now()}
         op = self._op(project, zone, "insert", path, lambda: self._start_machine(key),
                       fault=fault, request=request, on_error=lambda: self._delete_machine(key))
@@ -866,6 +944,28 @@ class FakeGce:
             raise _invalid("resource.disks[0].initializeParams.diskType", disk_type, "Unknown disk type for this zone.")
         _check_labels("resource.disks[0].initializeParams.labels", init.get("labels") or {})
         return f"projects/{match.group(1)}/global/images/{image['name']}", size
+
+    def _check_service_accounts(self, accounts: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """At most one; `default` is the project's default compute account (the API stores its
+        email); the launcher must be able to act as it; scopes are full URLs."""
+        if len(accounts) > 1:
+            raise _invalid("resource.serviceAccounts", len(accounts), "At most one service account may be "
+                           "specified per instance.")
+        out = []
+        for account in accounts:
+            email = account.get("email") or ""
+            email = DEFAULT_SERVICE_ACCOUNT if email == "default" else email
+            if email not in self.project_service_accounts:
+                raise GceError(400, "invalid", f"The user does not have access to service account '{email}'.  User: "
+                               f"'{SERVICE_ACCOUNT}'.  Ask a project owner to grant you the iam.serviceAccountUser "
+                               "role on the service account")
+            scopes = list(account.get("scopes") or [])
+            for index, scope in enumerate(scopes):
+                if not str(scope).startswith(SCOPE_PREFIX):
+                    raise _invalid(f"resource.serviceAccounts[0].scopes[{index}]", scope, "Must be an OAuth2 scope "
+                                   f"URL such as {SCOPE_PREFIX}compute.")
+            out.append({"email": email, "scopes": scopes})
+        return out
 
     def _check_network_interfaces(self, body: dict[str, Any]) -> str:
         nics = body.get("networkInterfaces") or []
@@ -1026,7 +1126,7 @@ class FakeGce:
             inst = self.instances[(zone, name)]
             if inst["scheduling"].get("provisioningModel") != "SPOT":
                 raise ValueError(f"{name} is not a spot VM")
-            self._terminate_by_action((zone, name))
+            self._terminate_by_action((zone, name), "preemption")
 
     def authorized_keys(self, inst: dict[str, Any]) -> list[str]:
         """The public keys the guest agent would install from `ssh-keys` metadata (none with OS Login)."""
@@ -1310,6 +1410,10 @@ class GcpCloud(FakeCloud):
     server      this test's GceServer; `faults` is its injector (add, count, hold, seen)
     machines    CloudMachines: `vm(zone, name)` is the sshd VM behind an instance
     image       an image (in the test project) whose `cloudtrain-ssh-user` label is the VMs' user
+    metadata    the VMs' metadata server (a MetadataServer, given or started here): Compute Engine
+                takes its token as the VMs' service accounts' (FakeGce.accept_metadata_token).
+                `watchdog_env()` points a watchdog at it and at the OS-shutdown stand-in, so
+                autostop and budget stop (OS shutdown) or delete (API call) instances through the fake.
     """
 
     name = "gcp"
@@ -1319,10 +1423,13 @@ class GcpCloud(FakeCloud):
     instance_type = "e2-standard-2"
 
     def __init__(self, root: Path, monkeypatch: pytest.MonkeyPatch, server: GceServer, machines: CloudMachines,
-                 *, hint: str = "t") -> None:
+                 *, hint: str = "t", metadata: MetadataServer | None = None) -> None:
         self.server = server
         self.faults = server.faults
         self.machines = machines
+        self._own_metadata = metadata is None
+        self.metadata = metadata if metadata is not None else MetadataServer().start()
+        server.accept_metadata_token(self.metadata.token_for("gce"))
         self.image = server.create_image(f"kit-vm-{uuid.uuid4().hex[:6]}", family="cloudtrain-kit",
                                          labels={"cloudtrain-ssh-user": machines.user})
         super().__init__(root, monkeypatch, env=server.env(), hint=hint,
@@ -1360,6 +1467,15 @@ class GcpCloud(FakeCloud):
             return [r for r in self.server.firewalls.values()
                     if any(r["name"].startswith(f"cloudtrain-{n}-") for n in names)]
 
+    def watchdog_env(self) -> dict[str, str]:
+        """The test-only watchdog knobs (docs/watchdog.md) that send a VM's watchdog to this fake:
+        its token from `metadata` (the delete), and as its OS shutdown the GCE stand-in, which stops
+        the instance through the fake as Compute Engine does when a guest powers off (the stop)."""
+        shutdown = [sys.executable, "-m", "cloudtrain.testing.metadata", "gce-shutdown", "--endpoint", self.server.url,
+                    "--project", self.server.project, "--key-file", str(self.server.key_file)]
+        return {"CLOUDTRAIN_WATCHDOG_METADATA_URL": self.metadata.url,
+                "CLOUDTRAIN_WATCHDOG_SHUTDOWN": shlex.join(shutdown)}
+
     def vm(self, zone: str, name: str) -> Any:
         inst = self.server.instance(zone, name)
         if inst is None:
@@ -1385,6 +1501,9 @@ class GcpCloud(FakeCloud):
                 self.server.firewalls.pop(rule["name"], None)
         for _, vm in self.machines:
             vm.stop()
+        self.server.forget_metadata_token(self.metadata.token_for("gce"))
+        if self._own_metadata:
+            self.metadata.stop()
         if self.server.hook_errors:
             raise RuntimeError("gcp_cloud could not follow the fake: " + "; ".join(self.server.hook_errors))
 
@@ -1413,7 +1532,8 @@ def gcp_cloud(gce_server: GceServer, sshd_vm_factory: SshdFactory, tmp_path_fact
     reached at its external IP (a new one after stop/start, followed); stop, delete, preemption and
     maxRunDuration power it off, start powers it on. Recipes get the kit's image (login user: the
     VMs' user). `fail("capacity" | "quota" | "global-quota" | "permission" | "auth", zones=...)`.
-    At teardown the test's instances and firewall rules are deleted and its VMs stopped.
+    `metadata` is the VMs' fake metadata server, whose token Compute Engine takes as their service
+    accounts'; `watchdog_env()` the knobs that point a watchdog at it. At teardown the test's instances and firewall rules are deleted and its VMs stopped.
     """
     cloud = GcpCloud(tmp_path_factory.mktemp("gcp-cloud"), monkeypatch, gce_server, CloudMachines(sshd_vm_factory),
                      hint=cluster_hint(request))

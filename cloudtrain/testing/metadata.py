@@ -20,6 +20,16 @@
   instance id comes from $CLOUDTRAIN_INSTANCE_ID, which the watchdog sets for its shutdown command).
   Use it as the watchdog's shutdown command: `CLOUDTRAIN_WATCHDOG_SHUTDOWN="<python> -m
   cloudtrain.testing.metadata ec2-shutdown --endpoint <moto url>"`.
+- The same for Compute Engine, against the fake GCE (cloudtrain.testing.gcp):
+
+      python -m cloudtrain.testing.metadata gce-shutdown --endpoint URL --project P --key-file KEY
+
+  does what Compute Engine does when a guest OS powers off: the instance `$CLOUDTRAIN_INSTANCE_ID`
+  (`<zone>:<name>`, cloudtrain's GCP instance id) goes TERMINATED, i.e. stopped, whatever its
+  scheduling says (instanceTerminationAction applies to preemption and maxRunDuration only). It
+  calls instances.stop with the kit's service-account key (KEY, the fake's `key_file`: the
+  hypervisor needs no credentials of the VM) and waits for the operation. `gcp_cloud.watchdog_env()`
+  sets it up.
 """
 
 from __future__ import annotations
@@ -169,6 +179,29 @@ def ec2_shutdown(endpoint: str, region: str, instance_id: str) -> str:
     return value
 
 
+# ---------------------------------------------------------------------------------------- GCE shutdown
+
+
+def gce_shutdown(endpoint: str, project: str, instance_id: str, key_file: str) -> str:
+    """What Compute Engine does when the guest OS of `instance_id` (`<zone>:<name>`) powers off: the
+    instance stops (TERMINATED). Returns its status afterwards."""
+    from google.cloud import compute_v1
+    from google.oauth2 import service_account
+
+    zone, sep, name = instance_id.partition(":")
+    if not (sep and zone and name):
+        raise ValueError(f"{instance_id!r} is not a GCP instance id (<zone>:<name>)")
+    credentials = service_account.Credentials.from_service_account_file(
+        key_file, scopes=["https://www.googleapis.com/auth/cloud-platform"])
+    options = {"api_endpoint": endpoint}
+    instances = compute_v1.InstancesClient(credentials=credentials, transport="rest", client_options=options)
+    operations = compute_v1.ZoneOperationsClient(credentials=credentials, transport="rest", client_options=options)
+    operation = instances.stop_unary(project=project, zone=zone, instance=name, timeout=60)
+    while operation.status != compute_v1.Operation.Status.DONE:  # `wait` long-polls on the server
+        operation = operations.wait(project=project, zone=zone, operation=operation.name, timeout=60)
+    return instances.get(project=project, zone=zone, instance=name, timeout=60).status
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m cloudtrain.testing.metadata")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -176,9 +209,21 @@ def main(argv: list[str] | None = None) -> int:
     shutdown.add_argument("--endpoint", required=True, help="moto's URL")
     shutdown.add_argument("--region", default="us-east-1")
     shutdown.add_argument("--instance-id", default=os.environ.get("CLOUDTRAIN_INSTANCE_ID"))
+    gce = sub.add_parser("gce-shutdown", help="an OS shutdown of a GCE instance, against the fake Compute Engine")
+    gce.add_argument("--endpoint", required=True, help="the fake Compute Engine's URL")
+    gce.add_argument("--project", required=True)
+    gce.add_argument("--key-file", default=os.environ.get("GOOGLE_APPLICATION_CREDENTIALS"),
+                     help="a service-account key the fake knows (default: $GOOGLE_APPLICATION_CREDENTIALS)")
+    gce.add_argument("--instance-id", default=os.environ.get("CLOUDTRAIN_INSTANCE_ID"), help="<zone>:<name>")
     args = parser.parse_args(argv)
     if not args.instance_id:
         parser.error("no instance id: pass --instance-id or set CLOUDTRAIN_INSTANCE_ID")
+    if args.command == "gce-shutdown":
+        if not args.key_file:
+            parser.error("no key file: pass --key-file or set GOOGLE_APPLICATION_CREDENTIALS")
+        status = gce_shutdown(args.endpoint, args.project, args.instance_id, args.key_file)
+        print(f"shutdown of {args.instance_id}: {status}", flush=True)
+        return 0
     print(f"shutdown of {args.instance_id}: {ec2_shutdown(args.endpoint, args.region, args.instance_id)}", flush=True)
     return 0
 

@@ -34,8 +34,10 @@ from cloudtrain.providers.base import (
 )
 from cloudtrain.testing.gcp import (
     ACCELERATORS,
+    DEFAULT_SERVICE_ACCOUNT,
     GLOBAL_GPU_QUOTA_MESSAGE,
     MACHINE_TYPES,
+    SERVICE_ACCOUNT,
     GceServer,
 )
 
@@ -211,16 +213,56 @@ def test_max_run_s_becomes_max_run_duration_and_gcp_enforces_it(gce_server: GceS
     assert inserted(gce_server)[-1]["scheduling"]["maxRunDuration"] == {"seconds": "30"}
 
 
-def test_a_watchdog_stops_its_vm_by_shutting_it_down(gce_server: GceServer, provider: GcpProvider) -> None:
+def test_a_watchdog_stops_its_vm_by_shutting_it_down_and_deletes_it_with_its_service_account(
+    gce_server: GceServer, provider: GcpProvider
+) -> None:
     (inst,) = provider.launch(spec(), 1)
+    zone, name = inst.id.split(":")
+    # Every VM runs as the project's default compute service account, with the compute scope only.
+    (body,) = inserted(gce_server)
+    assert body["serviceAccounts"] == [{"email": "default", "scopes": ["https://www.googleapis.com/auth/compute"]}]
+    assert gce_server.instance(zone, name)["serviceAccounts"] == [
+        {"email": DEFAULT_SERVICE_ACCOUNT, "scopes": ["https://www.googleapis.com/auth/compute"]}]
+    writes = gce_server.faults.count("write")
     assert provider.watchdog_action(inst, down=False) == {"kind": "shutdown", "effect": "stop"}
-    with pytest.raises(NotAvailableError, match="cannot delete itself"):
-        provider.watchdog_action(inst, down=True)
-    # Stopping itself works (an OS shutdown); deleting itself does not yet: autostop yes, down no.
-    assert GcpProvider.capabilities.autostop and not GcpProvider.capabilities.autostop_down
+    assert provider.watchdog_action(inst, down=True) == {
+        "kind": "http", "effect": "delete", "method": "DELETE",
+        "url": f"{gce_server.url}/compute/v1/projects/{gce_server.project}/zones/{zone}/instances/{name}",
+        "token": {"url": "http://metadata.google.internal/computeMetadata/v1/instance/service-accounts/default/token",
+                  "headers": {"Metadata-Flavor": "Google"}, "field": "access_token"},
+        "ok": [200], "gone_ok": True}
+    assert GcpProvider.capabilities.autostop and GcpProvider.capabilities.autostop_down
+    assert gce_server.faults.count("write") == writes  # asking for the actions changed nothing in the cloud
     provider.terminate([inst.id])
     with pytest.raises(ProviderError, match="no instance"):
         provider.watchdog_action(inst, down=False)
+
+
+def test_the_vms_service_account_comes_from_the_config(gce_server: GceServer) -> None:
+    config = {"gcp": {**gce_server.config(region="us-central1"), "service_account": SERVICE_ACCOUNT}}
+    chosen = make_provider(Config.model_validate(config))
+    (inst,) = chosen.launch(spec("chosen"), 1)
+    assert gce_server.instance(*inst.id.split(":"))["serviceAccounts"][0]["email"] == SERVICE_ACCOUNT
+    assert chosen.watchdog_action(inst, down=True)["effect"] == "delete"
+    # `none`: no credentials on the VM; it still stops itself, but cannot delete itself (one line).
+    bare = make_provider(Config.model_validate({"gcp": {**config["gcp"], "service_account": "none"}}))
+    (plain,) = bare.launch(spec("bare"), 1)
+    assert "serviceAccounts" not in inserted(gce_server)[-1]
+    assert "serviceAccounts" not in gce_server.instance(*plain.id.split(":"))
+    assert bare.watchdog_action(plain, down=False) == {"kind": "shutdown", "effect": "stop"}
+    with pytest.raises(NotAvailableError, match="cannot delete itself: it runs as no service account") as refused:
+        bare.watchdog_action(plain, down=True)
+    assert "gcp.service_account" in (refused.value.hint or "")
+    # An account the launcher may not act as: Compute Engine refuses the insert, nothing is left.
+    stranger = make_provider(Config.model_validate(
+        {"gcp": {**config["gcp"], "service_account": "nobody@elsewhere.iam.gserviceaccount.com"}}))
+    with pytest.raises(ProviderError, match="does not have access to service account"):
+        stranger.launch(spec("stranger"), 1)
+    assert instances(gce_server, "stranger") == []
+    with pytest.raises(ValueError, match="service_account"):
+        Config.model_validate({"gcp": {"service_account": "not an email"}})
+    chosen.terminate([inst.id])
+    bare.terminate([plain.id])
 
 
 def test_several_nodes_share_their_firewall_rules(gce_server: GceServer, provider: GcpProvider) -> None:

@@ -304,6 +304,10 @@ def test_max_run_duration_and_preemption_follow_the_termination_action(gce: Gce,
     assert gce.names("") == ["limited"]
     with pytest.raises(ValueError):
         gce_server.preempt(ZONE, "limited")  # not a spot VM
+    # What Compute Engine did by itself is listed (no request asked for it).
+    assert gce_server.terminations == [(ZONE, "gone", "maxRunDuration"), (ZONE, "limited", "maxRunDuration"),
+                                       (ZONE, "spot", "preemption")]
+    assert gce_server.faults.count("instances.stop") == gce_server.faults.count("instances.delete") == 0
 
 
 def test_firewalls_insert_list_patch_delete_and_what_they_admit(gce: Gce, gce_server: GceServer) -> None:
@@ -350,3 +354,69 @@ def test_gates_hold_an_answer_after_the_fake_acted(gce: Gce, gce_server: GceServ
     gate.release()
     thread.join(timeout=30)
     assert not thread.is_alive()
+
+
+COMPUTE = "https://www.googleapis.com/auth/compute"
+
+
+def test_a_vms_metadata_token_may_act_only_on_an_instance_whose_account_and_scopes_allow_it(
+    gce: Gce, gce_server: GceServer
+) -> None:
+    import requests
+
+    from cloudtrain.testing.gcp import DEFAULT_SERVICE_ACCOUNT, SERVICE_ACCOUNT
+
+    token = "ya29.fake-vm-token"
+    gce_server.accept_metadata_token(token)
+    gce.create(name="self", service_accounts=[{"email": "default", "scopes": [COMPUTE]}])
+    gce.create(name="reader", service_accounts=[{"email": SERVICE_ACCOUNT,
+                                                 "scopes": [COMPUTE + ".readonly"]}])
+    gce.create(name="bare")
+    # The API stores the default account's email, as Compute Engine resolves `default`.
+    accounts = gce.instances.get(project=PROJECT, zone=ZONE, instance="self").service_accounts
+    assert [(a.email, list(a.scopes)) for a in accounts] == [(DEFAULT_SERVICE_ACCOUNT, [COMPUTE])]
+    assert not gce.instances.get(project=PROJECT, zone=ZONE, instance="bare").service_accounts
+    headers = {"Authorization": f"Bearer {token}"}
+    base = f"{gce_server.url}/compute/v1/projects/{PROJECT}/zones/{ZONE}/instances"
+
+    def call(method: str, path: str = "") -> requests.Response:
+        return requests.request(method, base + path, headers=headers, timeout=10)
+
+    # No service account: no permission. A read-only scope reads but may not delete.
+    bare = call("DELETE", "/bare")
+    assert bare.status_code == 403 and bare.json()["error"]["errors"][0]["reason"] == "forbidden"
+    assert "compute.instances.delete" in bare.json()["error"]["message"]
+    assert call("GET", "/reader").status_code == 200
+    reader = call("DELETE", "/reader")
+    assert reader.status_code == 403 and reader.json()["error"]["message"] == (
+        "Request had insufficient authentication scopes.")
+    # Nothing but one instance: the token stands for the identity of the instance it acts on.
+    assert call("GET").status_code == 403
+    assert requests.get(f"{gce_server.url}/compute/v1/projects/{PROJECT}/zones", headers=headers,
+                        timeout=10).status_code == 403
+    # The compute scope deletes; the operation finishes like any other, the machine goes.
+    events: list[tuple[str, str]] = []
+    gce_server.machine_hooks.append(lambda event, inst: events.append((event, inst["name"])))
+    deleted = call("DELETE", "/self")
+    assert deleted.status_code == 200 and deleted.json()["operationType"] == "delete"
+    assert gce_server.instance(ZONE, "self") is None and events == [("power_off", "self")]
+    assert call("DELETE", "/self").status_code == 404  # gone: what the watchdog takes as done
+    (seen,) = [r for r in gce_server.faults.seen("instances.delete") if r.name == "self" and r.caller]
+    assert (seen.bearer, seen.caller) == (token, DEFAULT_SERVICE_ACCOUNT)
+    assert {r.name for r in gce_server.faults.seen("instances.delete")} == {"bare", "reader", "self"}
+    assert {z_i[1]["name"] for z_i in gce_server.find_instances()} == {"reader", "bare"}
+    # A token nobody registered is no credential at all.
+    gce_server.forget_metadata_token(token)
+    assert call("DELETE", "/reader").status_code == 401
+
+
+@pytest.mark.parametrize(("accounts", "fragment"), [
+    ([{"email": "default", "scopes": [COMPUTE]}, {"email": "default", "scopes": [COMPUTE]}], "At most one"),
+    ([{"email": "default", "scopes": ["compute"]}], "scopes[0]"),
+    ([{"email": "someone@other.iam.gserviceaccount.com", "scopes": [COMPUTE]}], "does not have access"),
+])
+def test_service_accounts_are_validated_like_the_api(gce: Gce, accounts: list, fragment: str) -> None:
+    with pytest.raises(api_exceptions.BadRequest) as caught:
+        gce.insert(name="sa", service_accounts=accounts)
+    assert fragment in caught.value.message
+    assert gce.server.instance(ZONE, "sa") is None

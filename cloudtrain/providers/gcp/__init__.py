@@ -5,7 +5,11 @@ What one `launch` creates, in the project's `default` VPC network:
   tag; with several nodes also `cloudtrain-<cluster>-internal` (the nodes to each other). Firewall
   rules carry no labels in Compute Engine: the description names the cluster and owner;
 - one instance per node (`instances.insert`, see below), labelled `cloudtrain-cluster` and
-  `cloudtrain-owner` (the boot disk too), our public key in its `ssh-keys` metadata.
+  `cloudtrain-owner` (the boot disk too), our public key in its `ssh-keys` metadata, running as the
+  service account `gcp.service_account` (the project's default compute one unless configured) with
+  the `compute` scope only: the on-node watchdog deletes its own VM with that account's token from
+  the metadata server (autostop.down). `gcp.service_account: none` attaches none (then no
+  credentials on the VM, and autostop.down is refused at `up`).
 
 Why one `insert` per node and not `bulkInsert`: clusters are a handful of nodes, each insert is one
 operation whose errors we read directly (bulkInsert reports per-zone outcomes in operation
@@ -53,7 +57,13 @@ from cloudtrain.providers.base import (
     owner_id,
 )
 from cloudtrain.providers.gcp import build
-from cloudtrain.providers.gcp.api import ComputeApi, GcpApiError, failover_error, log
+from cloudtrain.providers.gcp.api import (
+    PUBLIC_ENDPOINT,
+    ComputeApi,
+    GcpApiError,
+    failover_error,
+    log,
+)
 from cloudtrain.providers.gcp.resources import Firewalls
 
 __all__ = ["GcpApiError", "GcpProvider", "make_provider"]
@@ -61,10 +71,10 @@ __all__ = ["GcpApiError", "GcpProvider", "make_provider"]
 
 class GcpProvider:
     name = "gcp"
-    # autostop: an OS shutdown stops a GCE VM (no credentials needed on it); deleting itself would
-    # need a service account on the VM, which cloudtrain does not attach: autostop.down is refused.
+    # autostop: an OS shutdown stops a GCE VM (no credentials needed for that); autostop.down: the
+    # VM deletes itself through the Compute API with its service account's token (see launch).
     capabilities = Capabilities(supports_stop=True, supports_spot=True, remote=True, priced=True, stop_spot=True,
-                                autostop=True, autostop_down=False)
+                                autostop=True, autostop_down=True)
 
     @staticmethod
     def image_pins_region(image: str) -> bool:
@@ -72,9 +82,12 @@ class GcpProvider:
         return False
 
     def __init__(self, project: str | None = None, region: str | None = None, api_endpoint: str | None = None, *,
-                 all_owners: bool = False, catalog: Catalog | None = None) -> None:
-        """Listing shows only this user's (`owner_id()`) instances and firewalls unless `all_owners`."""
+                 service_account: str = build.DEFAULT_SERVICE_ACCOUNT, all_owners: bool = False,
+                 catalog: Catalog | None = None) -> None:
+        """Listing shows only this user's (`owner_id()`) instances and firewalls unless `all_owners`.
+        `service_account`: what every launched VM runs as (`default`, an email, or `none`)."""
         self.api = ComputeApi(project, region, api_endpoint)
+        self.service_account = service_account
         self.owner: str | None = None if all_owners else owner_id()
         self.catalog = catalog or default_catalog()
         self.firewalls = Firewalls(self.api, self.owner)
@@ -160,7 +173,8 @@ class GcpProvider:
                 body = build.instance_body(
                     name=name, zone=zone, machine=machine, image=image, disk_gb=disk_gb, ssh_user=user,
                     public_key=spec.ssh_public_key or "", tags=tags, cluster=spec.cluster, spot=spec.spot,
-                    shutdown=spec.shutdown_behavior, max_run_s=getattr(spec, "max_run_s", None))
+                    shutdown=spec.shutdown_behavior, max_run_s=getattr(spec, "max_run_s", None),
+                    service_account=self.service_account)
                 request = {"project": self.api.project, "zone": zone, "instance_resource": self.api.v1.Instance(body),
                            "request_id": str(uuid.uuid4())}
                 try:
@@ -296,17 +310,23 @@ class GcpProvider:
 
     def watchdog_action(self, instance: Instance, down: bool) -> dict[str, Any]:
         """Stopping needs no credentials on the VM: Compute Engine turns an OS shutdown into a stop
-        (TERMINATED: no compute billed, the disk kept). Deleting itself would need a service
-        account on the VM with compute rights, which cloudtrain does not attach: not yet (the
-        capability `autostop` stays off until it does)."""
+        (TERMINATED: no compute billed, the disk kept). Deleting: `instances.delete` of the VM
+        itself on the configured endpoint, with a token of the VM's service account from the
+        metadata server; refused (one line) when the VM runs as no service account whose scopes
+        allow it (`gcp.service_account: none`, or launched before cloudtrain attached one)."""
         parsed = build.parse_instance_id(instance.id)
-        if parsed is None or self._raw(*parsed) is None:
+        raw = self._raw(*parsed) if parsed is not None else None
+        if parsed is None or raw is None:
             raise ProviderError(f"no instance {instance.id} in project {self.api.project}",
                                 hint="`cloudtrain status --refresh` shows what exists")
-        if down:
-            raise NotAvailableError("a GCP instance cannot delete itself yet (it has no service account)",
-                                    hint="use autostop without down (a stop), or `cloudtrain down`")
-        return {"kind": "shutdown", "effect": "stop"}
+        if not down:
+            return {"kind": "shutdown", "effect": "stop"}
+        if not build.can_delete_itself(raw):
+            raise NotAvailableError(
+                f"instance {parsed[1]} cannot delete itself: it runs as no service account with the compute scope",
+                hint="autostop without down stops it; for down, set gcp.service_account (not `none`) and launch "
+                     "the cluster again")
+        return build.delete_action(self.api.endpoint or PUBLIC_ENDPOINT, self.api.project, *parsed)
 
     # helpers -----------------------------------------------------------------------------------
 
@@ -371,6 +391,7 @@ class GcpProvider:
 
 def make_provider(config: Config) -> GcpProvider:
     try:
-        return GcpProvider(project=config.gcp.project, region=config.gcp.region, api_endpoint=config.gcp.api_endpoint)
+        return GcpProvider(project=config.gcp.project, region=config.gcp.region, api_endpoint=config.gcp.api_endpoint,
+                           service_account=config.gcp.service_account)
     except ImportError:
         raise NotAvailableError("cloud gcp needs google-cloud-compute", hint="pip install 'cloudtrain[gcp]'") from None

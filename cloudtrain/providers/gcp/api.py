@@ -41,7 +41,9 @@ CALL_TIMEOUT_S = 60.0
 OPERATION_DEADLINE_S = 20 * 60.0  # one create, start, stop or delete; `wait` returns within ~2 min
 NO_CREDENTIALS = ("no GCP credentials found (run `gcloud auth application-default login` or set "
                   "GOOGLE_APPLICATION_CREDENTIALS)")
-CREDENTIALS_HINT = ("grant these credentials roles/compute.instanceAdmin.v1 and roles/compute.securityAdmin; "
+# Launching a VM that runs as a service account needs iam.serviceAccounts.actAs on that account.
+CREDENTIALS_HINT = ("grant these credentials roles/compute.instanceAdmin.v1, roles/compute.securityAdmin and "
+                    "roles/iam.serviceAccountUser (on the VMs' service account, gcp.service_account); "
                     "see `cloudtrain check gcp`")
 
 # "Not in this zone now": the next zone may have it.

@@ -41,6 +41,15 @@ ACCELERATOR_TYPES = {
 # Machine families whose GPUs come with the machine (no guestAccelerators in the request).
 BUILT_IN_GPU_FAMILIES = ("a2", "a3", "a4", "g2", "g4")
 MIN_RUN_SECONDS = 30  # scheduling.maxRunDuration bounds, as the API enforces them
+# The VM's service account and its access scope: the on-node watchdog deletes its own VM with a
+# token from the metadata server (autostop.down). `compute` is the narrowest scope that allows
+# instances.delete (`compute.readonly` does not; `cloud-platform` would reach every API).
+DEFAULT_SERVICE_ACCOUNT = "default"  # the project's default compute service account
+NO_SERVICE_ACCOUNT = "none"  # config value: no service account, no credentials on the VM
+COMPUTE_SCOPE = "https://www.googleapis.com/auth/compute"
+# Scopes whose tokens may call instances.delete (what watchdog_action checks on an instance).
+DELETE_SCOPES = frozenset({COMPUTE_SCOPE, "https://www.googleapis.com/auth/cloud-platform"})
+METADATA_TOKEN_URL = "http://metadata.google.internal/computeMetadata/v1/instance/service-accounts/default/token"
 MAX_RUN_SECONDS = 120 * 24 * 3600
 
 # Instance.status -> ours. A stopped instance is TERMINATED in Compute Engine (it still exists, its
@@ -248,7 +257,9 @@ def scheduling(*, spot: bool, gpu: bool, shutdown: str, max_run_s: float | None)
 
 def instance_body(*, name: str, zone: str, machine: MachineChoice, image: ImageChoice, disk_gb: int,
                   ssh_user: str, public_key: str, tags: Mapping[str, str], cluster: str, spot: bool,
-                  shutdown: str, max_run_s: float | None) -> dict[str, Any]:
+                  shutdown: str, max_run_s: float | None,
+                  service_account: str = DEFAULT_SERVICE_ACCOUNT) -> dict[str, Any]:
+    """The insert body. `service_account`: `default`, an email, or `none` (config gcp.service_account)."""
     instance_labels = labels(tags)
     metadata = [
         {"key": "ssh-keys", "value": f"{ssh_user}:{public_key.strip()}"},
@@ -277,10 +288,29 @@ def instance_body(*, name: str, zone: str, machine: MachineChoice, image: ImageC
                                 "access_configs": [{"name": "External NAT", "type_": "ONE_TO_ONE_NAT"}]}],
         "scheduling": scheduling(spot=spot, gpu=machine.gpu, shutdown=shutdown, max_run_s=max_run_s),
     }
+    if service_account != NO_SERVICE_ACCOUNT:
+        body["service_accounts"] = [{"email": service_account, "scopes": [COMPUTE_SCOPE]}]
     if machine.accelerator:
         body["guest_accelerators"] = [{"accelerator_type": f"zones/{zone}/acceleratorTypes/{machine.accelerator}",
                                        "accelerator_count": machine.count}]
     return body
+
+
+def delete_action(api_endpoint: str, project: str, zone: str, name: str) -> dict[str, Any]:
+    """The watchdog's delete of its own VM (docs/watchdog.md, the action contract): instances.delete
+    on the configured endpoint with the VM's service-account token from the metadata server."""
+    base = api_endpoint.rstrip("/")
+    if "://" not in base:
+        base = "https://" + base  # the SDK takes a bare host as its endpoint too
+    return {"kind": "http", "effect": "delete", "method": "DELETE",
+            "url": f"{base}/compute/v1/projects/{project}/zones/{zone}/instances/{name}",
+            "token": {"url": METADATA_TOKEN_URL, "headers": {"Metadata-Flavor": "Google"}, "field": "access_token"},
+            "ok": [200], "gone_ok": True}
+
+
+def can_delete_itself(raw: Any) -> bool:
+    """Whether an SDK Instance runs as a service account whose scopes allow instances.delete."""
+    return any(set(account.scopes) & DELETE_SCOPES for account in raw.service_accounts)
 
 
 def firewall_bodies(cluster: str, owner: str, cidr: str, nodes: int) -> dict[str, dict[str, Any]]:
