@@ -8,8 +8,9 @@ CLOUDTRAIN_WATCHDOG_IDLE_S), the legs side by side:
           a job that sleeps 5 s and records when it ends; the stop call is moto receiving
           StopInstances (the VM's shutdown command is the EC2 stand-in, cloudtrain.testing.metadata)
   local   the same through the CLI on cloud: local; the stop is the node's instance.json turning "stopped"
-  gcp     the watchdog alone (the GCP provider wires watchdog_action separately), its delete
-          action: a token from the fake metadata server, then DELETE to a recording stand-in API
+  gcp     `cloudtrain up` against the fake GCE with autostop.down, the VM an sshd VM; the stop call is
+          the fake receiving the VM's own instances.delete, with its service account's token from the
+          fake metadata server
   azure   `cloudtrain up` against the fake ARM, the VM an sshd VM; the stop call is the fake ARM
           receiving the VM's own deallocate, made with its managed identity's token from the fake IMDS
 
@@ -25,13 +26,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
-import subprocess
 import sys
 import tempfile
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -157,66 +155,41 @@ def leg_azure(root: Path, idle_s: float) -> tuple[float, float]:
     return ended, stopped
 
 
-def leg_http(root: Path, idle_s: float, flavor: str) -> tuple[float, float]:
-    from cloudtrain import paths
-    from cloudtrain.testing.metadata import (
-        GCE_TOKEN_PATH,
-        IMDS_TOKEN_PATH,
-        MetadataServer,
-    )
+def leg_gcp(root: Path, idle_s: float) -> tuple[float, float]:
+    import pytest
 
-    calls: list[float] = []
+    from cloudtrain.testing.cloud import CloudMachines
+    from cloudtrain.testing.gcp import _GCP_VARS_TO_CLEAR, GceServer, GcpCloud
+    from cloudtrain.testing.sshd import SshdFactory
 
-    class Api(BaseHTTPRequestHandler):
-        def log_message(self, format: str, *args: object) -> None:
-            return None
-
-        def _answer(self) -> None:
-            calls.append(time.time())
-            self.rfile.read(int(self.headers.get("Content-Length") or 0))
-            self.send_response(202 if self.command == "POST" else 200)
-            self.send_header("Content-Length", "0")
-            self.end_headers()
-
-        do_POST = do_DELETE = _answer
-
-    api = ThreadingHTTPServer(("127.0.0.1", 0), Api)
-    threading.Thread(target=api.serve_forever, daemon=True).start()
-    metadata = MetadataServer().start()
-    node = root / flavor / ".cloudtrain" / "bench"
-    (node / "runtime").mkdir(parents=True)
-    (node / "jobs").mkdir()
-    for name in ("runner.sh", "watchdog.py"):
-        shutil.copy(paths.templates_dir() / name, node / "runtime" / name)
-    base = f"http://127.0.0.1:{api.server_address[1]}"
-    if flavor == "gcp":
-        action = {"kind": "http", "effect": "delete", "method": "DELETE", "gone_ok": True,
-                  "url": f"{base}/compute/v1/projects/p/zones/z/instances/bench-0",
-                  "token": {"url": f"http://metadata.google.internal{GCE_TOKEN_PATH}",
-                            "headers": {"Metadata-Flavor": "Google"}}}
-    else:
-        action = {"kind": "http", "effect": "stop", "method": "POST", "ok": [200, 202],
-                  "url": f"{base}/subscriptions/s/resourceGroups/g/providers/Microsoft.Compute/virtualMachines/"
-                         "bench-0/deallocate?api-version=2024-07-01",
-                  "token": {"url": f"http://169.254.169.254{IMDS_TOKEN_PATH}?api-version=2018-02-01"
-                                   "&resource=https://management.azure.com/", "headers": {"Metadata": "true"}}}
-    config = {"version": 1, "cluster": "bench", "instance_id": "bench-0", "tick_s": 15.0, "count_ssh": False,
-              "autostop": {"idle_s": idle_s, "down": flavor == "gcp", "wait_for": "jobs_and_ssh"}, "budget": None,
-              "action": action, "action_key": "bench-0", "metadata_url": metadata.url, "persist": "none"}
-    (node / "watchdog.json").write_text(json.dumps(config))
-    job = node / "jobs" / "job-1"
-    job.mkdir()
-    (job / "cmd.sh").write_text(JOB.replace("$HOME", str(node)) + "\n")
-    proc = subprocess.Popen([sys.executable, str(node / "runtime" / "watchdog.py"), "run", str(node / "watchdog.json")])
+    server = GceServer(root / "gce").start()
+    factory = SshdFactory(root / "vms")
     try:
-        subprocess.run(["sh", str(node / "runtime" / "runner.sh"), "start", str(job)], check=True, capture_output=True)
-        ended = float(wait_for(lambda: _read(node / "job-ended"), 120, "the job's end"))
-        stopped = wait_for(lambda: calls[:1], idle_s + 120, "the API call")[0]
+        with pytest.MonkeyPatch.context() as mp:
+            for name in _GCP_VARS_TO_CLEAR:
+                mp.delenv(name, raising=False)
+            for name, value in server.env().items():
+                mp.setenv(name, value)
+            cloud = GcpCloud(root / "gcp", mp, server, CloudMachines(factory), hint="idle-to-stop")
+            cloud.env.update({**_watchdog_env(idle_s), **cloud.watchdog_env()})
+
+            def deleted() -> float | None:
+                # autostop.down: the VM deletes itself through the API with the metadata server's token.
+                return time.time() if cloud.faults.seen("instances.delete") else None
+
+            try:
+                cli_ok(cloud.up(cloud.recipe(run="true", autostop={"idle_minutes": 1, "down": True})))
+                ((zone, instance),) = cloud.instances(cloud.cluster)
+                vm = cloud.vm(zone, instance["name"])
+                cli_ok(cloud.cli("exec", cloud.cluster, "--detach", "--", "sh", "-c", JOB))
+                ended = float(wait_for(lambda: _read(vm.home_dir / "job-ended"), 120, "the job's end"))
+                stopped = wait_for(deleted, idle_s + 120, "the VM's own delete call")
+            finally:
+                cloud.down()
+                cloud.close()
     finally:
-        proc.terminate()
-        proc.wait(timeout=30)
-        api.shutdown()
-        metadata.stop()
+        factory.close()
+        server.stop()
     return ended, stopped
 
 
@@ -243,7 +216,7 @@ def main() -> int:
     legs = {
         "aws": lambda root: leg_aws(root, args.idle_s),
         "local": lambda root: leg_local(root, args.idle_s),
-        "gcp": lambda root: leg_http(root, args.idle_s, "gcp"),
+        "gcp": lambda root: leg_gcp(root, args.idle_s),
         "azure": lambda root: leg_azure(root, args.idle_s),
     }
     chosen = [name.strip() for name in args.legs.split(",") if name.strip()]
