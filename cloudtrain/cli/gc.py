@@ -1,6 +1,9 @@
-"""`gc`: leaked instances and resources, found by tag."""
+"""`gc`: leaked instances and resources, found by tag, with what they cost per hour."""
 
 from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Any
 
 import click
 
@@ -10,10 +13,12 @@ from cloudtrain.cli import output
 @click.command()
 @click.option("--cloud", "clouds", multiple=True, metavar="CLOUD", help="Only these clouds (default: every cloud whose machines cloudtrain creates).")
 @click.option("--yes", "-y", is_flag=True, help="Terminate and delete what is found (default: only list it).")
-def gc(clouds: tuple[str, ...], yes: bool) -> None:
-    """Find what cloudtrain created but no longer tracks (by tag, even if local state is lost)."""
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output (one JSON document).")
+def gc(clouds: tuple[str, ...], yes: bool, as_json: bool) -> None:
+    """Find what cloudtrain created but no longer tracks (by tag, even if local state is lost),
+    with its estimated hourly cost. Exits 1 when something leaked and --yes was not given."""
+    from cloudtrain.cluster.gc import collect, find_leaks, gc_clouds, total
     from cloudtrain.config import load_config
-    from cloudtrain.cluster.gc import collect, find_leaks, gc_clouds
     from cloudtrain.errors import UsageError
     from cloudtrain.state import StateStore
 
@@ -25,15 +30,48 @@ def gc(clouds: tuple[str, ...], yes: bool) -> None:
             raise UsageError(f"--cloud {cloud!r}: gc knows {', '.join(known)}", hint=did_you_mean(cloud, known))
     config = load_config()
     leaks, skipped = find_leaks(StateStore(), config, clouds or known)
+    cost = total(leaks)
+    if as_json:
+        removed = collect(leaks, config) if yes and leaks else []
+        document: dict[str, Any] = {
+            "leaks": [{**{k: v for k, v in asdict(leak).items() if k != "items"}, "hourly_usd": leak.hourly_usd,
+                       "items": [asdict(item) for item in leak.items]} for leak in leaks],
+            "skipped": [asdict(skip) for skip in skipped],
+            "hourly_usd": cost.hourly_usd,
+            "unknown_price": cost.unknown,
+            "removed": removed,
+        }
+        output.print_json(document)
+        if leaks and not yes:
+            raise SystemExit(1)
+        return
     for skip in skipped:
         output.warn(f"{skip.cloud}: not checked: {skip.reason}")
     if not leaks:
         output.info("nothing leaked")
         return
-    output.table(["CLOUD", "CLUSTER", "KIND", "IDS / REGIONS", "WHY"],
-                 [(k.cloud, k.cluster, k.kind, ", ".join(k.ids), k.reason) for k in leaks])
+    output.table(["CLOUD", "CLUSTER", "KIND", "ID", "REGION", "WHAT", "$/H", "WHY"],
+                 [(leak.cloud, leak.cluster, item.kind, item.id, item.region, item.detail or None,
+                   _hourly(item.hourly_usd), leak.reason)
+                  for leak in leaks for item in leak.items])
+    output.info(_total_line(cost.hourly_usd, cost.unknown))
     if not yes:
         output.info("run `cloudtrain gc --yes` to remove them")
         raise SystemExit(1)
     for line in collect(leaks, config):
         output.info(line)
+
+
+def _usd(value: float) -> str:
+    if value == 0:
+        return "$0"
+    return f"${value:.2f}" if value >= 1 else f"${value:.4f}"
+
+
+def _hourly(value: float | None) -> str:
+    return "price unknown" if value is None else _usd(value)
+
+
+def _total_line(hourly: float, unknown: int) -> str:
+    unpriced = f" plus {unknown} item(s) of unknown price" if unknown else ""
+    return f"leaks cost about {_usd(hourly)}/h{unpriced}"

@@ -3,18 +3,38 @@ leftover per-cluster resources, found by their `cloudtrain-cluster` tag, not fro
 
 State can be lost (a deleted $CLOUDTRAIN_HOME, another laptop, a crash between create and record);
 the tags cannot. Only this user's resources are considered (providers filter by owner tag).
+
+Each thing found carries an estimated hourly cost, from the same sources the rest of cloudtrain
+prices with: a running instance at the catalog's price for its type and region (spot or on
+demand), a stopped one at its disks' size x the storage price (catalog_data/storage/disks.csv),
+a loose disk or volume likewise, and key pairs, firewall rules, security groups and resource
+groups (as containers) at nothing. What cannot be priced says so (`hourly_usd` None): a guess
+would make a leak look cheaper than it is.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from cloudtrain.catalog import Catalog, default_catalog
 from cloudtrain.config import Config
+from cloudtrain.cost import disk_hourly
 from cloudtrain.errors import CloudtrainError
 from cloudtrain.providers import get_provider
-from cloudtrain.providers.base import Instance, InstanceState, Provider
+from cloudtrain.providers.base import ClusterResource, Instance, InstanceState, Provider
 from cloudtrain.state import StateStore
+
+log = logging.getLogger("cloudtrain.gc")
+
+# Billed by the hour as compute. STOPPING too: some clouds bill a machine that is powered off but
+# still allocated, and a transient state is better over- than under-counted.
+_COMPUTE_STATES = (InstanceState.PENDING, InstanceState.RUNNING, InstanceState.STOPPING)
+# Kinds that cost nothing while they exist (a resource group is priced by what is listed in it).
+FREE_KINDS = frozenset({"key-pair", "security-group", "firewall", "resource-group", "network"})
+# Kinds billed per GB-month of storage.
+DISK_KINDS = frozenset({"volume", "disk"})
 
 
 def gc_clouds() -> tuple[str, ...]:
@@ -25,12 +45,31 @@ def gc_clouds() -> tuple[str, ...]:
 
 
 @dataclass(frozen=True)
+class Item:
+    """One leaked thing and what it costs per hour while it exists."""
+
+    kind: str  # "instance", "key-pair", "security-group", "firewall", "resource-group", "volume", ...
+    id: str
+    region: str | None
+    detail: str  # what it is: "t3.medium running, on-demand", "stopped: 8 GB of disks"
+    hourly_usd: float | None  # None: price unknown
+    price: str  # where the price comes from, or why there is none
+
+
+@dataclass(frozen=True)
 class Leak:
     cloud: str
     cluster: str
     kind: str  # "instance" | "resources"
     ids: tuple[str, ...]
     reason: str
+    items: tuple[Item, ...] = field(default=())
+
+    @property
+    def hourly_usd(self) -> float | None:
+        """The sum of its items' prices; None when any of them is unknown."""
+        prices = [item.hourly_usd for item in self.items]
+        return None if any(p is None for p in prices) else sum(p for p in prices if p is not None)
 
 
 @dataclass(frozen=True)
@@ -39,8 +78,24 @@ class Skipped:
     reason: str
 
 
-def find_leaks(store: StateStore, config: Config, clouds: Sequence[str] | None = None) -> tuple[list[Leak], list[Skipped]]:
+@dataclass(frozen=True)
+class Total:
+    hourly_usd: float  # the sum of what is priced
+    unknown: int  # items of unknown price, left out of the sum
+
+
+def total(leaks: Sequence[Leak]) -> Total:
+    items = [item for leak in leaks for item in leak.items]
+    return Total(sum(i.hourly_usd for i in items if i.hourly_usd is not None),
+                 sum(1 for i in items if i.hourly_usd is None))
+
+
+def find_leaks(store: StateStore, config: Config, clouds: Sequence[str] | None = None,
+               catalog: Catalog | None = None) -> tuple[list[Leak], list[Skipped]]:
+    from cloudtrain.providers import capabilities
+
     clouds = gc_clouds() if clouds is None else clouds
+    catalog = catalog or default_catalog()
     leaks: list[Leak] = []
     skipped: list[Skipped] = []
     tracked = {c.name: c for c in store.list_clusters()}
@@ -51,20 +106,23 @@ def find_leaks(store: StateStore, config: Config, clouds: Sequence[str] | None =
             if not creds.ok:
                 skipped.append(Skipped(cloud, creds.detail))
                 continue
-            leaks += _instance_leaks(cloud, provider, store, tracked)
-            by_cluster: dict[str, list[str]] = {}
+            pricer = Pricer(cloud, catalog, capabilities(cloud).priced)
+            leaks += _instance_leaks(cloud, provider, store, tracked, pricer)
+            by_cluster: dict[str, list[ClusterResource]] = {}
             for resource in provider.list_resources():
                 if resource.cluster not in tracked:
-                    by_cluster.setdefault(resource.cluster, []).append(
-                        f"{resource.kind} {resource.id}" + (f" in {resource.region}" if resource.region else ""))
-            for cluster, items in sorted(by_cluster.items()):
-                leaks.append(Leak(cloud, cluster, "resources", tuple(items), "resources of a cluster not in state"))
+                    by_cluster.setdefault(resource.cluster, []).append(resource)
+            for cluster, resources in sorted(by_cluster.items()):
+                ids = tuple(f"{r.kind} {r.id}" + (f" in {r.region}" if r.region else "") for r in resources)
+                leaks.append(Leak(cloud, cluster, "resources", ids, "resources of a cluster not in state",
+                                  tuple(pricer.resource(r) for r in resources)))
         except CloudtrainError as exc:
             skipped.append(Skipped(cloud, exc.one_line()))
     return leaks, skipped
 
 
-def _instance_leaks(cloud: str, provider: Provider, store: StateStore, tracked: dict) -> list[Leak]:
+def _instance_leaks(cloud: str, provider: Provider, store: StateStore, tracked: dict,
+                    pricer: Pricer) -> list[Leak]:
     by_cluster: dict[str, list[Instance]] = {}
     for inst in provider.list_tagged(None):
         if inst.state is not InstanceState.TERMINATED:
@@ -82,8 +140,65 @@ def _instance_leaks(cloud: str, provider: Provider, store: StateStore, tracked: 
             if not unknown:
                 continue
             instances, reason = unknown, "instance not recorded in the cluster's state"
-        leaks.append(Leak(cloud, cluster, "instance", tuple(sorted(i.id for i in instances)), reason))
+        instances = sorted(instances, key=lambda i: i.id)
+        leaks.append(Leak(cloud, cluster, "instance", tuple(i.id for i in instances), reason,
+                          tuple(pricer.instance(i) for i in instances)))
     return leaks
+
+
+class Pricer:
+    """Hourly prices for one cloud's leaks, from the catalog and the storage price table."""
+
+    def __init__(self, cloud: str, catalog: Catalog, priced: bool) -> None:
+        self.cloud = cloud
+        self.catalog = catalog
+        self.priced = priced  # False: the machines are the user's own (this computer), never billed
+
+    def instance(self, inst: Instance) -> Item:
+        kind = inst.instance_type or "unknown type"
+        market = {True: "spot", False: "on-demand", None: "market unknown"}[inst.spot]
+        if not self.priced:
+            return Item("instance", inst.id, inst.region, f"{kind} {inst.state.value}", 0.0, "not billed")
+        if inst.state in _COMPUTE_STATES:
+            detail = f"{kind} {inst.state.value}, {market}"
+            if not inst.instance_type or not inst.region:
+                return Item("instance", inst.id, inst.region, detail, None, "price unknown: no type or region")
+            # Market unknown: the on-demand price, an upper bound (spot is never dearer).
+            price = self.catalog.price(self.cloud, inst.region, inst.instance_type, spot=bool(inst.spot),
+                                       zone=inst.zone)
+            if price is None:
+                return Item("instance", inst.id, inst.region, detail, None,
+                            f"price unknown: {kind} {'spot ' if inst.spot else ''}in {inst.region} not in the catalog")
+            source = "catalog" if inst.spot is not None else "catalog on-demand (upper bound)"
+            return Item("instance", inst.id, inst.region, detail, price, source)
+        if inst.state is InstanceState.STOPPED:
+            size = f"{inst.disk_gb:g} GB of disks" if inst.disk_gb is not None else "disks of the default size"
+            hourly = self._disks(inst.disk_gb)
+            return Item("instance", inst.id, inst.region, f"{kind} stopped: {size}", hourly,
+                        "storage price" if hourly is not None else "price unknown: no disk price")
+        return Item("instance", inst.id, inst.region, f"{kind} {inst.state.value}", None,
+                    "price unknown: state unknown")
+
+    def resource(self, resource: ClusterResource) -> Item:
+        detail = f"{resource.size_gb:g} GB" if resource.size_gb is not None else ""
+        if resource.hourly_usd is not None:
+            return Item(resource.kind, resource.id, resource.region, detail, resource.hourly_usd, "provider")
+        if resource.kind in FREE_KINDS or not self.priced:
+            return Item(resource.kind, resource.id, resource.region, detail, 0.0, "free")
+        if resource.kind in DISK_KINDS and resource.size_gb is not None:
+            hourly = self._disks(resource.size_gb)
+            return Item(resource.kind, resource.id, resource.region, detail, hourly,
+                        "storage price" if hourly is not None else "price unknown: no disk price")
+        return Item(resource.kind, resource.id, resource.region, detail, None, f"price unknown: {resource.kind}")
+
+    def _disks(self, size_gb: float | None) -> float | None:
+        """Storage price x size (None size: the cloud's default disk). The table answers 0 for a
+        cloud it lacks, and no real disk is free: that is "unknown", not $0."""
+        hourly = disk_hourly(self.cloud, size_gb)
+        if hourly <= 0 and size_gb != 0:
+            log.debug("gc: no disk price for %s in the storage table", self.cloud)
+            return None
+        return hourly
 
 
 def collect(leaks: Sequence[Leak], config: Config) -> list[str]:

@@ -60,6 +60,11 @@ class ClusterResource:
     id: str
     region: str | None = None
     note: str = ""  # why it was kept, when release_resources had to keep it
+    # What it costs while it exists, for `gc`: a disk/volume's size (priced per GB from
+    # catalog_data/storage/disks.csv), or a price the provider knows itself (e.g. a static IP).
+    # None: not known; key pairs, firewall rules, security groups and groups cost nothing anyway.
+    size_gb: float | None = None
+    hourly_usd: float | None = None
 
 
 @dataclass(frozen=True)
@@ -115,6 +120,11 @@ class Instance:
     launched_at: float | None = None
     # Where the node keeps its files when the provider decides it (local: a directory here).
     home: str | None = None
+    # Filled where the provider knows them (listing), for pricing what `gc` finds: the market
+    # (None: not known, priced on demand as an upper bound) and the attached disks' total size
+    # (what a stopped instance still costs; None: not known).
+    spot: bool | None = None
+    disk_gb: float | None = None
 
 
 @dataclass(frozen=True)

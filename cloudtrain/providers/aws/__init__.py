@@ -6,6 +6,9 @@ What one `launch` creates, all tagged `cloudtrain-cluster` and `cloudtrain-owner
   traffic between the cluster's own nodes (multi-node training talks on arbitrary ports),
 - instances (and their root volumes) in one zone of one region.
 
+`list_resources` also reports tagged EBS volumes attached to nothing (a volume kept past its
+instance is billed by the GB until deleted), and `release_resources` deletes them.
+
 Capacity: a zone out of capacity moves the launch to the region's next zone; a regional quota error
 ends the region at once (every zone would say the same). When the region is exhausted we raise
 `AwsCapacityError` (a `CapacityError`) listing what was tried; the lifecycle then tries the Plan's
@@ -29,7 +32,13 @@ from typing import Any
 
 from cloudtrain.catalog import Catalog, default_catalog
 from cloudtrain.config import Config
-from cloudtrain.errors import CapacityError, CredentialsError, NotAvailableError, ProviderError, UsageError
+from cloudtrain.errors import (
+    CapacityError,
+    CredentialsError,
+    NotAvailableError,
+    ProviderError,
+    UsageError,
+)
 from cloudtrain.providers.aws.api import (
     CAPACITY_CODES,
     EC2_STATES,
@@ -50,10 +59,10 @@ from cloudtrain.providers.aws.api import (
     tags_of,
 )
 from cloudtrain.providers.base import (
-    ClusterResource,
     TAG_CLUSTER,
     TAG_OWNER,
     Capabilities,
+    ClusterResource,
     CredentialStatus,
     Instance,
     InstanceSpec,
@@ -357,6 +366,17 @@ class AwsProvider:
                     left.append(ClusterResource("aws", cluster, "security-group", group_id, region, _SHUTTING_DOWN))
                 elif exc.code != "InvalidGroup.NotFound":
                     raise
+        owned = [*mine, *([{"Name": f"tag:{TAG_OWNER}", "Values": [self.owner]}] if self.owner else [])]
+        for volume in self._loose_volumes(region, owned):
+            try:
+                self.api.ec2(region, "delete_volume", VolumeId=volume["VolumeId"])
+            except AwsApiError as exc:
+                # Attached again since we listed it (someone reused it): it is in use, keep it.
+                if exc.code == "VolumeInUse":
+                    left.append(ClusterResource("aws", cluster, "volume", volume["VolumeId"], region, "in use",
+                                                size_gb=float(volume.get("Size", 0))))
+                elif exc.code != "InvalidVolume.NotFound":
+                    raise
         return left
 
     def _release_quietly(self, region: str, cluster: str) -> None:
@@ -403,13 +423,28 @@ class AwsProvider:
             filters.append({"Name": f"tag:{TAG_OWNER}", "Values": [self.owner]})
         found = []
         for region in self.regions():
-            for raw in self.api.instances(region, filters):
+            raws = self.api.instances(region, filters)
+            sizes = self._disk_sizes(region, [r["InstanceId"] for r in raws]) if raws else {}
+            for raw in raws:
                 self._where[raw["InstanceId"]] = region
-                found.append(self._instance(raw, region))
+                found.append(self._instance(raw, region, sizes.get(raw["InstanceId"])))
         return found
 
+    def _disk_sizes(self, region: str, ids: Sequence[str]) -> dict[str, float]:
+        """Total GB of the EBS volumes attached to each instance: what a stopped one still costs."""
+        sizes: dict[str, float] = {}
+        for chunk in chunks(list(ids), 200):
+            attached = [{"Name": "attachment.instance-id", "Values": chunk}]
+            for volume in self.api.pages(region, "describe_volumes", "Volumes", Filters=attached):
+                for attachment in volume.get("Attachments", []):
+                    instance_id = attachment.get("InstanceId")
+                    if instance_id:
+                        sizes[instance_id] = sizes.get(instance_id, 0.0) + float(volume.get("Size", 0))
+        return sizes
+
     def list_resources(self, cluster: str | None = None) -> list[ClusterResource]:
-        """This owner's cloudtrain key pairs and security groups (of one cluster, or all)."""
+        """This owner's cloudtrain key pairs, security groups and unattached volumes (of one
+        cluster, or all). Volumes attached to an instance go with it and are not listed."""
         tag_filters = [{"Name": "tag-key", "Values": [TAG_CLUSTER]} if cluster is None
                        else {"Name": f"tag:{TAG_CLUSTER}", "Values": [cluster]}]
         if self.owner:
@@ -421,7 +456,15 @@ class AwsProvider:
             for item in self.api.ec2(region, "describe_security_groups", Filters=tag_filters)["SecurityGroups"]:
                 found.append(ClusterResource("aws", tags_of(item)[TAG_CLUSTER], "security-group", item["GroupId"],
                                              region))
+            for item in self._loose_volumes(region, tag_filters):
+                found.append(ClusterResource("aws", tags_of(item)[TAG_CLUSTER], "volume", item["VolumeId"], region,
+                                             size_gb=float(item.get("Size", 0))))
         return found
+
+    def _loose_volumes(self, region: str, tag_filters: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Tagged volumes attached to no instance ("available"): billed, and nothing deletes them."""
+        loose = [*tag_filters, {"Name": "status", "Values": ["available"]}]
+        return list(self.api.pages(region, "describe_volumes", "Volumes", Filters=loose))
 
     def stop(self, ids: Sequence[str]) -> None:
         for region, raws in self._by_region(ids, "stop").items():
@@ -535,7 +578,7 @@ class AwsProvider:
             remaining = [i for i in remaining if i not in found]
         return found
 
-    def _instance(self, raw: dict[str, Any], region: str) -> Instance:
+    def _instance(self, raw: dict[str, Any], region: str, disk_gb: float | None = None) -> Instance:
         tags = tags_of(raw)
         instance_type = raw.get("InstanceType")
         zone = raw.get("Placement", {}).get("AvailabilityZone")
@@ -551,6 +594,8 @@ class AwsProvider:
             private_ip=raw.get("PrivateIpAddress"),
             ssh_user=tags.get(TAG_SSH_USER, SSH_USER),
             launched_at=launched.timestamp() if launched is not None else None,
+            spot=raw.get("InstanceLifecycle") == "spot",
+            disk_gb=disk_gb,
         )
 
 

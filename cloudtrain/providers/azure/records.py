@@ -89,8 +89,17 @@ def vm_record(group: str, vm: Any, nics: dict[str, Any], ips: dict[str, Any]) ->
         private_ip=private_ip,
         ssh_user=vm.os_profile.admin_username if vm.os_profile else build.SSH_USER,
         launched_at=vm.time_created.timestamp() if getattr(vm, "time_created", None) else None,
+        # For gc's price of a leak: spot is billed at the spot price, a stopped VM for its disks.
+        spot=(vm.priority or "").lower() == "spot",
+        disk_gb=_os_disk_gb(vm),
     )
     return VmRecord(instance, group, vm.name, power)
+
+
+def _os_disk_gb(vm: Any) -> int | None:
+    storage = vm.storage_profile
+    disk = storage.os_disk if storage is not None else None
+    return disk.disk_size_gb if disk is not None and disk.disk_size_gb else None
 
 
 def capacity_error(exc: AzureApiError, spec: InstanceSpec, region: str) -> ProviderError:

@@ -359,6 +359,9 @@ def instance_record(raw: Any, zone: str) -> Instance:
         private_ip=private_ip,
         ssh_user=labels_.get(LABEL_SSH_USER, SSH_USER),
         launched_at=_timestamp(started),
+        # For gc's price of a leak: spot is billed at the spot price, a stopped VM for its disks.
+        spot=bool(raw.scheduling and raw.scheduling.provisioning_model == "SPOT"),
+        disk_gb=sum(d.disk_size_gb for d in raw.disks if d.disk_size_gb) or None,
     )
 
 
