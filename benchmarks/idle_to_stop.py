@@ -30,7 +30,9 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -114,38 +116,31 @@ def leg_local(root: Path, idle_s: float) -> tuple[float, float]:
     return ended, stopped
 
 
-def leg_azure(root: Path, idle_s: float) -> tuple[float, float]:
+def _api_leg(root: Path, idle_s: float, server: Any, clear: Sequence[str], make_cloud: Callable[..., Any],
+             autostop: dict[str, Any], vm_of: Callable[[Any], Any], stop_seen: Callable[[Any], bool],
+             what: str) -> tuple[float, float]:
+    """`cloudtrain up` against a cloud's fake API with the VMs as sshd processes; the stop call is
+    the fake seeing the VM's own API call (`stop_seen`), made with the VM's identity token."""
     import pytest
 
-    from cloudtrain.testing.azure import _AZURE_VARS_TO_CLEAR, ArmServer, AzureCloud
     from cloudtrain.testing.cloud import CloudMachines
     from cloudtrain.testing.sshd import SshdFactory
 
-    server = ArmServer(root / "arm").start()
     factory = SshdFactory(root / "vms")
     try:
         with pytest.MonkeyPatch.context() as mp:
-            for name in _AZURE_VARS_TO_CLEAR:
+            for name in clear:
                 mp.delenv(name, raising=False)
             for name, value in server.env().items():
                 mp.setenv(name, value)
-            cloud = AzureCloud(root / "azure", mp, server, CloudMachines(factory), hint="idle-to-stop")
+            cloud = make_cloud(root / "cloud", mp, server, CloudMachines(factory), hint="idle-to-stop")
             cloud.env.update({**_watchdog_env(idle_s), **cloud.watchdog_env()})
-            # The OS shutdown would leave an Azure VM allocated: make it a no-op that is not the stop.
-            cloud.env["CLOUDTRAIN_WATCHDOG_SHUTDOWN"] = "true"
-
-            def deallocated() -> float | None:
-                with cloud.faults.lock:
-                    seen = any(r.managed_identity and r.action == "vm.deallocate" for r in cloud.faults.requests)
-                return time.time() if seen else None
-
             try:
-                cli_ok(cloud.up(cloud.recipe(run="true", autostop={"idle_minutes": 1})))
-                (vm_record,) = server.find("Microsoft.Compute/virtualMachines", group=f"cloudtrain-{cloud.cluster}-{cloud.region}")
-                vm = cloud.machines.vm(vm_record["id"].lower())
+                cli_ok(cloud.up(cloud.recipe(run="true", autostop=autostop)))
+                vm = vm_of(cloud)
                 cli_ok(cloud.cli("exec", cloud.cluster, "--detach", "--", "sh", "-c", JOB))
                 ended = float(wait_for(lambda: _read(vm.home_dir / "job-ended"), 120, "the job's end"))
-                stopped = wait_for(deallocated, idle_s + 120, "the VM's own deallocate call")
+                stopped = wait_for(lambda: time.time() if stop_seen(cloud) else None, idle_s + 120, what)
             finally:
                 cloud.down()
                 cloud.close()
@@ -153,44 +148,40 @@ def leg_azure(root: Path, idle_s: float) -> tuple[float, float]:
         factory.close()
         server.stop()
     return ended, stopped
+
+
+def leg_azure(root: Path, idle_s: float) -> tuple[float, float]:
+    from cloudtrain.testing.azure import _AZURE_VARS_TO_CLEAR, ArmServer, AzureCloud
+
+    def vm_of(cloud: AzureCloud) -> Any:
+        group = f"cloudtrain-{cloud.cluster}-{cloud.region}"
+        (record,) = cloud.server.find("Microsoft.Compute/virtualMachines", group=group)
+        return cloud.machines.vm(record["id"].lower())
+
+    def deallocated(cloud: AzureCloud) -> bool:
+        with cloud.faults.lock:
+            return any(r.managed_identity and r.action == "vm.deallocate" for r in cloud.faults.requests)
+
+    def make(*args: Any, **kwargs: Any) -> AzureCloud:
+        cloud = AzureCloud(*args, **kwargs)
+        cloud.env["CLOUDTRAIN_WATCHDOG_SHUTDOWN"] = "true"  # an OS shutdown must not be what stops it
+        return cloud
+
+    return _api_leg(root, idle_s, ArmServer(root / "arm").start(), _AZURE_VARS_TO_CLEAR, make,
+                    {"idle_minutes": 1}, vm_of, deallocated, "the VM's own deallocate call")
 
 
 def leg_gcp(root: Path, idle_s: float) -> tuple[float, float]:
-    import pytest
-
-    from cloudtrain.testing.cloud import CloudMachines
     from cloudtrain.testing.gcp import _GCP_VARS_TO_CLEAR, GceServer, GcpCloud
-    from cloudtrain.testing.sshd import SshdFactory
 
-    server = GceServer(root / "gce").start()
-    factory = SshdFactory(root / "vms")
-    try:
-        with pytest.MonkeyPatch.context() as mp:
-            for name in _GCP_VARS_TO_CLEAR:
-                mp.delenv(name, raising=False)
-            for name, value in server.env().items():
-                mp.setenv(name, value)
-            cloud = GcpCloud(root / "gcp", mp, server, CloudMachines(factory), hint="idle-to-stop")
-            cloud.env.update({**_watchdog_env(idle_s), **cloud.watchdog_env()})
+    def vm_of(cloud: GcpCloud) -> Any:
+        ((zone, instance),) = cloud.instances(cloud.cluster)
+        return cloud.vm(zone, instance["name"])
 
-            def deleted() -> float | None:
-                # autostop.down: the VM deletes itself through the API with the metadata server's token.
-                return time.time() if cloud.faults.seen("instances.delete") else None
-
-            try:
-                cli_ok(cloud.up(cloud.recipe(run="true", autostop={"idle_minutes": 1, "down": True})))
-                ((zone, instance),) = cloud.instances(cloud.cluster)
-                vm = cloud.vm(zone, instance["name"])
-                cli_ok(cloud.cli("exec", cloud.cluster, "--detach", "--", "sh", "-c", JOB))
-                ended = float(wait_for(lambda: _read(vm.home_dir / "job-ended"), 120, "the job's end"))
-                stopped = wait_for(deleted, idle_s + 120, "the VM's own delete call")
-            finally:
-                cloud.down()
-                cloud.close()
-    finally:
-        factory.close()
-        server.stop()
-    return ended, stopped
+    # autostop.down: the VM deletes itself through the API with the metadata server's token.
+    return _api_leg(root, idle_s, GceServer(root / "gce").start(), _GCP_VARS_TO_CLEAR, GcpCloud,
+                    {"idle_minutes": 1, "down": True}, vm_of, lambda cloud: bool(cloud.faults.seen("instances.delete")),
+                    "the VM's own delete call")
 
 
 def _watchdog_env(idle_s: float) -> dict[str, str]:
