@@ -15,8 +15,10 @@ from pathlib import Path
 
 from cloudtrain.state import BillingRecord
 
-# Not beside the offer CSVs (the catalog reads every *.csv there): disk prices per cloud.
+# Not beside the offer CSVs (the catalog reads every *.csv there): disk prices per cloud, and the
+# flat hourly prices of things billed whatever their size (a public IP address), per cloud and kind.
 _STORAGE = Path(__file__).resolve().parent / "catalog_data" / "storage" / "disks.csv"
+_FLAT = Path(__file__).resolve().parent / "catalog_data" / "storage" / "flat.csv"
 HOURS_PER_MONTH = 730.0
 
 
@@ -32,10 +34,30 @@ def _storage() -> dict[str, tuple[float, float]]:
                 for row in csv.DictReader(handle)}
 
 
+def disk_price(cloud: str) -> float | None:
+    """What `cloud`'s disks cost, in USD per GB-month (disks.csv); None where the table has no row
+    for that cloud (no real disk is free: callers must not read that as $0)."""
+    row = _storage().get(cloud)
+    return None if row is None else row[0]
+
+
 def disk_hourly(cloud: str, disk_gb: float | None = None) -> float:
-    """What one node's boot disk costs per hour while the node is stopped (0 where unknown)."""
+    """What one node's boot disk (`disk_gb`, else the cloud's default size) costs per hour while the
+    node is stopped; 0 where the table has no price (billing a stop needs a number; see disk_price)."""
     price, default_gb = _storage().get(cloud, (0.0, 0.0))
     return price * (disk_gb or default_gb) / HOURS_PER_MONTH
+
+
+@functools.cache
+def _flat() -> dict[tuple[str, str], float]:
+    with _FLAT.open(newline="") as handle:
+        return {(row["cloud"], row["kind"]): float(row["usd_per_hour"]) for row in csv.DictReader(handle)}
+
+
+def flat_hourly(cloud: str, kind: str) -> float | None:
+    """The hourly price of one `kind` (e.g. "public-ip") on `cloud` where it is billed at a flat rate
+    whatever its size (flat.csv, each row naming its source); None where the table has no row."""
+    return _flat().get((cloud, kind))
 
 
 @dataclass(frozen=True)

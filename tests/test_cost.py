@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from cloudtrain.cost import disk_hourly, spend
+from cloudtrain.cost import HOURS_PER_MONTH, disk_hourly, disk_price, flat_hourly, spend
 from cloudtrain.state import StateStore
 from tests.conftest import cli_env
 
@@ -59,3 +59,15 @@ def test_cost_command_reports_per_cluster_and_total(cloudtrain_home) -> None:  #
     bad = subprocess.run([sys.executable, "-m", "cloudtrain", "cost", "--since", "last tuesday"],
                          capture_output=True, text=True, env=cli_env(), timeout=60)
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "--since" in bad.stderr
+
+
+def test_disk_and_flat_prices_come_from_the_storage_tables() -> None:
+    # disks.csv: USD per GB-month; the hourly cost of a disk is that x size / hours in a month.
+    assert disk_price("aws") == pytest.approx(0.08)  # EBS gp3 list price
+    assert disk_hourly("aws", 50) == pytest.approx(disk_price("aws") * 50 / HOURS_PER_MONTH)
+    assert all(disk_price(cloud) > 0 for cloud in ("aws", "gcp", "azure"))
+    # A cloud the table lacks: no price (None), where disk_hourly (billing a stop) says 0.
+    assert disk_price("elsewhere") is None and disk_hourly("elsewhere", 50) == 0.0
+    # flat.csv: Azure's listed price of a Standard static IPv4 public IP, per hour.
+    assert flat_hourly("azure", "public-ip") == 0.005
+    assert flat_hourly("azure", "nat-gateway") is None and flat_hourly("elsewhere", "public-ip") is None

@@ -5,12 +5,13 @@ from __future__ import annotations
 import json
 import uuid
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from cloudtrain.catalog import Catalog, Offer
 from cloudtrain.cluster.gc import Pricer
-from cloudtrain.cost import disk_hourly
+from cloudtrain.cost import disk_hourly, disk_price
 from cloudtrain.providers.aws import AwsProvider
 from cloudtrain.providers.base import (
     TAG_CLUSTER,
@@ -23,6 +24,10 @@ from cloudtrain.providers.base import (
 )
 from cloudtrain.testing.aws import MotoServer
 from tests.conftest import cloudtrain
+
+if TYPE_CHECKING:
+    from cloudtrain.testing.azure import ArmServer
+    from cloudtrain.testing.gcp import GceServer
 
 REGION = "us-east-1"
 
@@ -149,8 +154,115 @@ def test_prices_come_from_the_catalog_and_the_storage_table() -> None:
     assert pricer.resource(res("static-ip", hourly_usd=0.005)).hourly_usd == 0.005
     assert pricer.resource(res("static-ip")).hourly_usd is None
     assert pricer.resource(res("volume")).hourly_usd is None  # a volume of unknown size
-    # A cloud the storage table lacks: no disk price, never $0.
+    # A cloud the storage table lacks: no disk price, never $0 (a loose disk or a stopped instance).
+    assert disk_price("elsewhere") is None
     other = Pricer("elsewhere", catalog, priced=True)
     assert other.resource(ClusterResource("elsewhere", "c", "disk", "d", size_gb=10)).hourly_usd is None
+    assert other.instance(inst(InstanceState.STOPPED, disk_gb=10)).hourly_usd is None
+    # A billed kind of which the provider gave no price: unknown, not free.
+    assert pricer.resource(res("public-ip")).hourly_usd is None
     # Machines that are the user's own are not billed.
     assert Pricer("mine", catalog, priced=False).instance(inst(InstanceState.RUNNING)).hourly_usd == 0.0
+
+
+# The providers' side, against their fakes: what counts as a leftover, and what release removes.
+
+GCP_ZONE = "us-central1-a"
+
+
+def _gcp_disk(gce_server: GceServer, name: str, labels: dict[str, str], size_gb: int = 20) -> str:
+    from google.cloud import compute_v1
+
+    operation = gce_server.client("disks").insert_unary(
+        project=gce_server.project, zone=GCP_ZONE,
+        disk_resource=compute_v1.Disk(name=name, size_gb=size_gb, labels=labels))
+    done = gce_server.client("zone_operations").wait(project=gce_server.project, zone=GCP_ZONE,
+                                                      operation=operation.name)
+    assert not done.error.errors, done
+    return name
+
+
+def test_gcp_lists_and_deletes_only_our_loose_disks(gce_server: GceServer) -> None:
+    pytest.importorskip("google.cloud.compute_v1")
+    from google.api_core import exceptions as api_exceptions
+
+    from cloudtrain.providers.gcp import GcpProvider
+    from cloudtrain.remote.keys import cluster_key
+
+    provider = GcpProvider(**gce_server.config(region="us-central1"))
+    (inst,) = provider.launch(InstanceSpec(
+        cluster="box", owner=owner_id(), instance_type="e2-standard-2", region="us-central1",
+        ssh_public_key=cluster_key("box").public_openssh, allowed_cidr="203.0.113.7/32"), 1)
+    ours = {TAG_CLUSTER: "box", TAG_OWNER: owner_id()}
+    _gcp_disk(gce_server, "box-left", ours, size_gb=30)
+    _gcp_disk(gce_server, "box-unlabelled", {})
+    _gcp_disk(gce_server, "box-cluster-only", {TAG_CLUSTER: "box"})
+    _gcp_disk(gce_server, "box-someone-else", {TAG_CLUSTER: "box", TAG_OWNER: "someone-else"})
+
+    # The instance's own boot disk carries our labels but is in use: not a leftover.
+    disks = [r for r in provider.list_resources() if r.kind == "disk"]
+    assert [(r.cluster, r.id, r.region, r.size_gb) for r in disks] == [
+        ("box", f"{GCP_ZONE}:box-left", "us-central1", 30.0)]
+    # While the cluster has an instance, the disk is kept (a launch may be about to use it), noted.
+    kept = provider.release_resources("box")
+    assert ("disk", f"{GCP_ZONE}:box-left", "the cluster still has 1 instance(s)") in [
+        (k.kind, k.id, k.note) for k in kept]
+    # Compute Engine refuses to delete a disk in use, and says by what.
+    with pytest.raises(api_exceptions.BadRequest, match="already being used by"):
+        gce_server.client("disks").delete(project=gce_server.project, zone=inst.zone, disk=inst.id.split(":")[1])
+
+    provider.terminate([inst.id])  # the instance, its boot disk (autoDelete), then the cluster's resources
+    with gce_server.lock:
+        left = sorted(name for _, name in gce_server.disks)
+    assert left == ["box-cluster-only", "box-someone-else", "box-unlabelled"]
+    assert provider.list_resources("box") == [] and provider.release_resources("box") == []
+
+
+def test_azure_lists_billed_items_of_groups_without_vms_and_releases_them_with_it(arm_server: ArmServer) -> None:
+    pytest.importorskip("azure.mgmt.network")
+    from azure.mgmt.compute.models import CreationData, Disk, DiskSku
+    from azure.mgmt.network.models import PublicIPAddress, PublicIPAddressSku
+    from azure.mgmt.resource.resources.models import ResourceGroup
+
+    from cloudtrain.providers.azure import AzureProvider
+    from cloudtrain.remote.keys import cluster_key
+
+    provider = AzureProvider(**arm_server.config(region="eastus"), polling_interval=0)
+    provider.launch(InstanceSpec(cluster="live", owner=owner_id(), instance_type="Standard_D2s_v5", region="eastus",
+                                 ssh_public_key=cluster_key("live").public_openssh, allowed_cidr="203.0.113.7/32"), 1)
+    network, compute = arm_server.client("network"), arm_server.client("compute")
+    group = "cloudtrain-dead-eastus"  # what a launch killed before its VM leaves
+    arm_server.client("resource").resource_groups.create_or_update(
+        group, ResourceGroup(location="eastus", tags={TAG_CLUSTER: "dead", TAG_OWNER: owner_id()}))
+    network.public_ip_addresses.begin_create_or_update(group, "dead-0-ip", PublicIPAddress(
+        location="eastus", sku=PublicIPAddressSku(name="Standard"), public_ip_allocation_method="Static",
+        public_ip_address_version="IPv4")).result()
+    network.public_ip_addresses.begin_create_or_update(group, "dead-odd-ip", PublicIPAddress(
+        location="eastus", sku=PublicIPAddressSku(name="Standard"), public_ip_allocation_method="Static",
+        public_ip_address_version="IPv6")).result()
+    compute.disks.begin_create_or_update(group, "dead-0-osdisk", Disk(
+        location="eastus", sku=DiskSku(name="StandardSSD_LRS"), creation_data=CreationData(create_option="Empty"),
+        disk_size_gb=64)).result()
+
+    found = {(r.cluster, r.kind, r.id): r for r in provider.list_resources()}
+    # The live cluster's group holds a VM: its IP and disk are its VM's, not leftovers.
+    assert sorted(found) == [
+        ("dead", "disk", f"{group}:dead-0-osdisk"), ("dead", "public-ip", f"{group}:dead-0-ip"),
+        ("dead", "public-ip", f"{group}:dead-odd-ip"), ("dead", "resource-group", group),
+        ("live", "resource-group", "cloudtrain-live-eastus")]
+    # Azure's listed price of a Standard static IPv4 address (azure.microsoft.com/pricing/details/ip-addresses);
+    # an IPv6 one is not in the price table: unknown, never $0.
+    assert found[("dead", "public-ip", f"{group}:dead-0-ip")].hourly_usd == 0.005
+    assert found[("dead", "public-ip", f"{group}:dead-odd-ip")].hourly_usd is None
+    assert found[("dead", "disk", f"{group}:dead-0-osdisk")].size_gb == 64.0
+    pricer = Pricer("azure", Catalog(offers=[]), priced=True)
+    assert pricer.resource(found[("dead", "disk", f"{group}:dead-0-osdisk")]).hourly_usd == pytest.approx(
+        disk_hourly("azure", 64))
+
+    # Released once, with its group: the IPs and the disk are not deleted on their own.
+    assert provider.release_resources("dead") == []
+    assert arm_server.faults.count("group.delete") == 1
+    assert arm_server.faults.count("ip.delete") == 0 and arm_server.faults.count("disk.delete") == 0
+    assert not arm_server.find("Microsoft.Network/publicIPAddresses", group=group)
+    assert not arm_server.find("Microsoft.Compute/disks", group=group)
+    assert [(r.cluster, r.kind) for r in provider.list_resources()] == [("live", "resource-group")]

@@ -7,8 +7,9 @@ the tags cannot. Only this user's resources are considered (providers filter by 
 Each thing found carries an estimated hourly cost, from the same sources the rest of cloudtrain
 prices with: a running instance at the catalog's price for its type and region (spot or on
 demand), a stopped one at its disks' size x the storage price (catalog_data/storage/disks.csv),
-a loose disk or volume likewise, and key pairs, firewall rules, security groups and resource
-groups (as containers) at nothing. What cannot be priced says so (`hourly_usd` None): a guess
+a loose disk or volume likewise, a public IP address at the hourly price its provider reads from
+catalog_data/storage/flat.csv, and key pairs, firewall rules, security groups and resource groups
+(as containers) at nothing. What cannot be priced says so (`hourly_usd` None): a guess
 would make a leak look cheaper than it is.
 """
 
@@ -20,7 +21,7 @@ from dataclasses import dataclass, field
 
 from cloudtrain.catalog import Catalog, default_catalog
 from cloudtrain.config import Config
-from cloudtrain.cost import disk_hourly
+from cloudtrain.cost import disk_hourly, disk_price
 from cloudtrain.errors import CloudtrainError
 from cloudtrain.providers import get_provider
 from cloudtrain.providers.base import ClusterResource, Instance, InstanceState, Provider
@@ -48,7 +49,8 @@ def gc_clouds() -> tuple[str, ...]:
 class Item:
     """One leaked thing and what it costs per hour while it exists."""
 
-    kind: str  # "instance", "key-pair", "security-group", "firewall", "resource-group", "volume", ...
+    # "instance", "key-pair", "security-group", "firewall", "resource-group", "volume", "disk", "public-ip"
+    kind: str
     id: str
     region: str | None
     detail: str  # what it is: "t3.medium running, on-demand", "stopped: 8 GB of disks"
@@ -192,13 +194,12 @@ class Pricer:
         return Item(resource.kind, resource.id, resource.region, detail, None, f"price unknown: {resource.kind}")
 
     def _disks(self, size_gb: float | None) -> float | None:
-        """Storage price x size (None size: the cloud's default disk). The table answers 0 for a
-        cloud it lacks, and no real disk is free: that is "unknown", not $0."""
-        hourly = disk_hourly(self.cloud, size_gb)
-        if hourly <= 0 and size_gb != 0:
+        """Storage price x size (None size: the cloud's default disk); None where the storage table
+        has no price for this cloud."""
+        if disk_price(self.cloud) is None:
             log.debug("gc: no disk price for %s in the storage table", self.cloud)
             return None
-        return hourly
+        return disk_hourly(self.cloud, size_gb)
 
 
 def collect(leaks: Sequence[Leak], config: Config) -> list[str]:

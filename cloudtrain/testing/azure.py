@@ -15,9 +15,10 @@ Location headers the way the SDK polls them; an operation finishes at the fake's
 `lro_seconds` says otherwise, so the SDK's first poll, made at once, finds it done; paths matched
 case-insensitively):
 resource groups (list by tag, cascade delete), virtual networks and subnets, network security
-groups, public IPs (Standard, static; addresses 20.x), NICs, managed disks (the VMs' OS disks),
-virtual machines (create, get with instanceView, list, deallocate, powerOff, start, delete with
-deleteOption cascades), images and gallery images, role assignments, subscriptions.
+groups, public IPs (Standard, static; addresses 20.x), NICs, managed disks (the VMs' OS disks, and
+disks created on their own: 202 Accepted, as ARM answers), virtual machines (create, get with
+instanceView, list, deallocate, powerOff, start, delete with deleteOption cascades), images and
+gallery images, role assignments, subscriptions.
 
 It validates like ARM where that is cheap: names, locations, api-version, unknown VM size or
 image, missing or misplaced SSH key, reserved admin user names, a NIC or image in another region,
@@ -660,7 +661,10 @@ class FakeArm:
         if kind in ("images", "galleries"):
             on_success()
             return (200 if existing else 201), resource, {}
-        return (200 if existing else 201), resource, self._start_op(on_success, region=location)
+        # Managed disks answer a create with 202 Accepted (200 or 202 are the only codes the API
+        # and its SDK know for disks.createOrUpdate); the other kinds here with 201 Created.
+        created = 202 if kind == "disks" else 201
+        return (200 if existing else created), resource, self._start_op(on_success, region=location)
 
     def _delete(self, ltype: str, key: str, existing: dict[str, Any]) -> tuple[int, Any, dict[str, str]]:
         if ltype == "microsoft.authorization/roleassignments":

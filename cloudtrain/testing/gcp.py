@@ -13,9 +13,11 @@ What it serves, in Compute Engine's JSON shapes (camelCase, int64 as strings, se
 projects.get, zones (list/get), machineTypes and acceleratorTypes (list/get/aggregatedList, with
 realistic per-zone availability), images (get, getFromFamily, list; public DLVM and Ubuntu families
 plus `create_image`), networks (`default`), instances (insert/get/list/aggregatedList/delete/
-stop/start), disks (list/get; boot disks follow their instance), firewalls (insert/get/list/patch/
-delete), zone and global operations (get and `wait`). `filter` works as the API documents it:
-`(labels.k = "v") (labels.o:*)`, `!=`, and the regex form `name eq "cloudtrain-.*"`.
+stop/start), disks (insert/get/list/aggregatedList/delete, with labels and `users`: boot disks
+follow their instance, a disk in use refuses deletion with resourceInUseByAnotherResource),
+firewalls (insert/get/list/patch/delete), zone and global operations (get and `wait`). `filter`
+works as the API documents it: `(labels.k = "v") (labels.o:*)`, `!=`, and the regex form
+`name eq "cloudtrain-.*"`.
 
 A VM's own credentials (the on-node watchdog deleting its VM): an instance may run as a service
 account (`serviceAccounts`: at most one, `default` resolved to the project's default compute
@@ -152,6 +154,10 @@ PUBLIC_IMAGES = {
 NAME_REGEX = "(?:[a-z](?:[-a-z0-9]{0,61}[a-z0-9])?|[1-9][0-9]{0,19})"
 _NAME = re.compile(rf"^{NAME_REGEX}$")
 _DISK_TYPES = ("pd-standard", "pd-balanced", "pd-ssd", "pd-extreme", "hyperdisk-balanced")
+# A blank disk inserted without sizeGb gets its type's default size (as the API and gcloud document).
+_BLANK_DISK_GB = {"pd-standard": 500, "pd-balanced": 100, "pd-ssd": 100, "pd-extreme": 1000,
+                  "hyperdisk-balanced": 100}
+MAX_DISK_GB = 65536
 _PROTOCOLS = ("tcp", "udp", "icmp", "esp", "ah", "sctp", "ipip", "all")
 MIN_RUN_S, MAX_RUN_S = 30, 120 * 24 * 3600
 FAULT_DEFAULTS = {  # code -> (delivery "http" | "operation", HTTP status, message)
@@ -698,6 +704,10 @@ class FakeGce:
         kind, name = rest[2], (rest[3] if len(rest) > 3 else None)
         if kind == "operations" and name:
             return 200, self._operation(name, zone)
+        if kind == "disks" and method == "POST" and len(rest) == 3:
+            return 200, self._disk_insert(request, zone, request.body or {}, fault)
+        if kind == "disks" and method == "DELETE" and len(rest) == 4 and name:
+            return 200, self._disk_delete(request, zone, name, fault)
         if kind in ("machineTypes", "acceleratorTypes", "disks"):
             items = {"machineTypes": self._machine_types, "acceleratorTypes": self._accelerator_types,
                      "disks": self._disks}[kind](zone)
@@ -928,11 +938,7 @@ class FakeGce:
         if not source:
             raise GceError(400, "required", "Required field 'resource.disks[0].initializeParams.sourceImage' not "
                            "specified")
-        path = re.sub(r"^https?://[^/]+/compute/(v1|beta)/", "", source)
-        match = re.match(r"^projects/([^/]+)/global/images/(.+)$", path)
-        if not match:
-            raise _invalid("resource.disks[0].initializeParams.sourceImage", source, "Must be an image URL.")
-        image = self._image_get(match.group(1), tuple(match.group(2).split("/")))
+        image_path, image = self._source_image("resource.disks[0].initializeParams.sourceImage", source)
         image_gb = int(image["diskSizeGb"])
         size = int(init.get("diskSizeGb") or image_gb)
         if size < image_gb:
@@ -943,7 +949,7 @@ class FakeGce:
         if disk_type and not re.match(known, disk_type):
             raise _invalid("resource.disks[0].initializeParams.diskType", disk_type, "Unknown disk type for this zone.")
         _check_labels("resource.disks[0].initializeParams.labels", init.get("labels") or {})
-        return f"projects/{match.group(1)}/global/images/{image['name']}", size
+        return image_path, size
 
     def _check_service_accounts(self, accounts: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """At most one; `default` is the project's default compute account (the API stores its
@@ -1000,6 +1006,72 @@ class FakeGce:
             on_done = None  # already running (or on its way): nothing to do
         return self._op(request.project, key[0], "start", inst["selfLink"].removeprefix(API), on_done,
                         fault=fault, request=request, on_error=lambda: inst.__setitem__("status", "TERMINATED"))
+
+    # disks --------------------------------------------------------------------------------------
+
+    def _disk_insert(self, request: GceRequest, zone: str, body: dict[str, Any], fault: Fault | None) -> _Op:
+        """disks.insert: a blank disk (sizeGb, else its type's default) or one from `sourceImage`,
+        CREATING until its operation is DONE, then READY; attached to nothing (no `users`)."""
+        project = request.project
+        name = body.get("name", "")
+        _check_name("resource.name", name)
+        known = rf"^(?:.*/)?zones/{re.escape(zone)}/diskTypes/({'|'.join(_DISK_TYPES)})$"
+        if body.get("type") and not re.match(known, body["type"]):
+            raise _invalid("resource.type", body["type"], "Unknown disk type for this zone.")
+        disk_type = _last(body.get("type") or "pd-standard")
+        image_path, image_gb = None, 0
+        if body.get("sourceImage"):
+            image_path, image = self._source_image("resource.sourceImage", body["sourceImage"])
+            image_gb = int(image["diskSizeGb"])
+        try:
+            size = int(body.get("sizeGb") or image_gb or _BLANK_DISK_GB[disk_type])
+        except ValueError:
+            raise _invalid("resource.sizeGb", body.get("sizeGb"), "Must be an integer.") from None
+        if not max(1, image_gb) <= size <= MAX_DISK_GB:
+            raise _invalid("resource.sizeGb", size, f"Must be between {max(1, image_gb)} and {MAX_DISK_GB} GB "
+                           "(at least the source image's size).")
+        _check_labels("resource.labels", body.get("labels") or {})
+        key = (zone, name)
+        path = f"projects/{project}/zones/{zone}/disks/{name}"
+        if key in self.disks:
+            raise GceError(409, "alreadyExists", f"The resource '{path}' already exists")
+        disk = {"kind": "compute#disk", "id": str(random.randint(10**17, 10**18)), "name": name,
+                "description": body.get("description", ""), "sizeGb": str(size),
+                "zone": f"{API}projects/{project}/zones/{zone}", "status": "CREATING",
+                "type": f"{API}projects/{project}/zones/{zone}/diskTypes/{disk_type}",
+                "labels": dict(body.get("labels") or {}), "labelFingerprint": _fingerprint(),
+                "selfLink": API + path, "creationTimestamp": _rfc3339(self.now())}
+        if image_path:
+            disk["sourceImage"] = API + image_path
+        self.disks[key] = disk
+        return self._op(project, zone, "insert", path, lambda: disk.update(status="READY"),
+                        fault=fault, request=request, on_error=lambda: self.disks.pop(key, None))
+
+    def _disk_delete(self, request: GceRequest, zone: str, name: str, fault: Fault | None) -> _Op:
+        """disks.delete: refused while an instance uses the disk (400, as Compute Engine answers);
+        else DELETING until its operation is DONE, then gone."""
+        project = request.project
+        key = (zone, name)
+        path = f"projects/{project}/zones/{zone}/disks/{name}"
+        disk = self.disks.get(key)
+        if disk is None:
+            raise _not_found(path)
+        if disk.get("users"):
+            raise GceError(400, "resourceInUseByAnotherResource", f"The disk resource '{path}' is already being used "
+                           f"by '{str(disk['users'][0]).removeprefix(API)}'")
+        before = disk["status"]
+        disk["status"] = "DELETING"
+        return self._op(project, zone, "delete", path, lambda: self.disks.pop(key, None), fault=fault,
+                        request=request, on_error=lambda: disk.__setitem__("status", before))
+
+    def _source_image(self, field_path: str, source: str) -> tuple[str, dict[str, Any]]:
+        """(projects/P/global/images/NAME, the image) of an image URL or family URL; 400 or 404 otherwise."""
+        path = re.sub(r"^https?://[^/]+/compute/(v1|beta)/", "", source)
+        match = re.match(r"^projects/([^/]+)/global/images/(.+)$", path)
+        if not match:
+            raise _invalid(field_path, source, "Must be an image URL.")
+        image = self._image_get(match.group(1), tuple(match.group(2).split("/")))
+        return f"projects/{match.group(1)}/global/images/{image['name']}", image
 
     # firewalls ----------------------------------------------------------------------------------
 

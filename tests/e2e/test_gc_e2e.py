@@ -4,8 +4,9 @@ what is not ours (no tags, only a look-alike name) is never touched.
 For each cloud: a cluster made by `up`, then the state database deleted (another laptop, a wiped
 home); besides it, resources made behind cloudtrain's back with the real SDK against the fake:
 some carrying our tags (as a crashed launch would leave them), some only looking like ours. `gc`
-lists the tagged ones with an hourly cost (the instance at its catalog price) and exits 1; `gc
---yes` removes them; the look-alikes are still there; `gc` then finds nothing.
+lists the tagged ones with an hourly cost (the instance at its catalog price, a loose disk at its
+size x the storage price, an Azure public IP at its listed hourly price) and exits 1; `gc --yes`
+removes them; the look-alikes are still there; `gc` then finds nothing.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ if not sshd.sshd_available() and not os.environ.get("CI"):
     pytest.skip("OpenSSH sshd is not installed (apt-get install openssh-server)", allow_module_level=True)
 
 VOLUME_GB = 20
+# Azure's listed price of a Standard static IPv4 public IP (azure.microsoft.com/pricing/details/ip-addresses).
+AZURE_PUBLIC_IP_HOURLY = 0.005
 
 
 @dataclass
@@ -88,47 +91,86 @@ def plant_aws(cloud: Any, orphan: str, stranger: str) -> Planted:
 
 def plant_gcp(cloud: Any, orphan: str, stranger: str) -> Planted:
     """A firewall rule claimed for our cluster and owner (rules carry no labels: the description is
-    the tag), and one of the same shape whose description claims nothing."""
+    the tag), and one of the same shape whose description claims nothing; a disk labelled for our
+    cluster and owner that no instance uses (what an instance deleted without its disk leaves),
+    and one named like an instance's disk without labels."""
     from google.cloud import compute_v1
 
-    firewalls = cloud.server.client("firewalls")
+    project = cloud.server.project
+    firewalls, disks = cloud.server.client("firewalls"), cloud.server.client("disks")
+    zone = f"{cloud.region}-a"
 
     def make(name: str, description: str) -> str:
         rule = compute_v1.Firewall(name=name, network="global/networks/default", direction="INGRESS",
                                    description=description, source_ranges=[cloud.allowed_cidr],
                                    allowed=[compute_v1.Allowed(I_p_protocol="tcp", ports=["22"])])
-        operation = firewalls.insert_unary(project=cloud.server.project, firewall_resource=rule)
-        cloud.server.client("global_operations").wait(project=cloud.server.project, operation=operation.name)
+        operation = firewalls.insert_unary(project=project, firewall_resource=rule)
+        cloud.server.client("global_operations").wait(project=project, operation=operation.name)
         return name
+
+    def make_disk(name: str, labels: dict[str, str]) -> str:
+        disk = compute_v1.Disk(name=name, size_gb=VOLUME_GB, type_=f"zones/{zone}/diskTypes/pd-balanced",
+                               labels=labels)
+        operation = disks.insert_unary(project=project, zone=zone, disk_resource=disk)
+        done = cloud.server.client("zone_operations").wait(project=project, zone=zone, operation=operation.name)
+        assert not done.error.errors, done
+        return f"{zone}:{name}"  # how gc names a disk: its zone and name, like an instance
 
     ours = make(f"cloudtrain-{orphan}-ssh", f"{TAG_CLUSTER}={orphan} {TAG_OWNER}={owner_id()}: SSH from one address")
     theirs = make(f"cloudtrain-{stranger}-ssh", "made by hand: SSH from one address")
+    our_disk = make_disk(f"{orphan}-0-d15c", _tags(orphan))
+    their_disk = make_disk(f"{stranger}-0-d15c", {})
 
     def exists(ids: list[str]) -> set[str]:
         with cloud.server.lock:
-            return set(ids) & set(cloud.server.firewalls)
+            present = set(cloud.server.firewalls) | {f"{z}:{n}" for z, n in cloud.server.disks}
+        return set(ids) & present
 
-    return Planted({("firewall", ours): 0.0}, [theirs], exists)
+    return Planted({("firewall", ours): 0.0, ("disk", our_disk): disk_hourly("gcp", VOLUME_GB)},
+                   [theirs, their_disk], exists)
 
 
 def plant_azure(cloud: Any, orphan: str, stranger: str) -> Planted:
-    """A resource group tagged for our cluster and owner (what a launch killed early leaves), and
-    one named like ours without tags."""
+    """A resource group tagged for our cluster and owner holding what a launch killed before its
+    VM leaves billed (a Standard static public IP) and a managed disk; and a group named like ours,
+    without tags, holding a public IP."""
+    from azure.mgmt.compute.models import CreationData, Disk, DiskSku
+    from azure.mgmt.network.models import PublicIPAddress, PublicIPAddressSku
     from azure.mgmt.resource.resources.models import ResourceGroup
 
     groups = cloud.client("resource").resource_groups
+    network, compute = cloud.client("network"), cloud.client("compute")
 
     def make(name: str, tags: dict[str, str]) -> str:
         groups.create_or_update(name, ResourceGroup(location=cloud.region, tags=tags or None))
         return name
 
+    def make_ip(group: str, name: str, tags: dict[str, str]) -> str:
+        network.public_ip_addresses.begin_create_or_update(group, name, PublicIPAddress(
+            location=cloud.region, tags=tags or None, sku=PublicIPAddressSku(name="Standard"),
+            public_ip_allocation_method="Static", public_ip_address_version="IPv4")).result()
+        return f"{group}:{name}"  # how gc names what is in a group, like a VM
+
+    def make_disk(group: str, name: str, tags: dict[str, str]) -> str:
+        compute.disks.begin_create_or_update(group, name, Disk(
+            location=cloud.region, tags=tags or None, sku=DiskSku(name="StandardSSD_LRS"),
+            creation_data=CreationData(create_option="Empty"), disk_size_gb=VOLUME_GB)).result()
+        return f"{group}:{name}"
+
     ours = make(f"cloudtrain-{orphan}-{cloud.region}", _tags(orphan))
+    our_ip = make_ip(ours, f"{orphan}-0-ip", _tags(orphan))
+    our_disk = make_disk(ours, f"{orphan}-0-osdisk", _tags(orphan))
     theirs = make(f"cloudtrain-{stranger}-{cloud.region}", {})
+    their_ip = make_ip(theirs, f"{stranger}-0-ip", {})
 
     def exists(ids: list[str]) -> set[str]:
-        return {name for name in ids if groups.check_existence(name)}
+        present = {g["name"] for g in cloud.server.find("Microsoft.Resources/resourceGroups")}
+        for kind in ("Microsoft.Network/publicIPAddresses", "Microsoft.Compute/disks"):
+            present |= {f"{item['id'].split('/')[4]}:{item['name']}" for item in cloud.server.find(kind)}
+        return set(ids) & present
 
-    return Planted({("resource-group", ours): 0.0}, [theirs], exists)
+    return Planted({("resource-group", ours): 0.0, ("public-ip", our_ip): AZURE_PUBLIC_IP_HOURLY,
+                    ("disk", our_disk): disk_hourly("azure", VOLUME_GB)}, [theirs, their_ip], exists)
 
 
 CLOUDS = {
@@ -179,6 +221,9 @@ def check_gc(cloud: FakeCloud, name: str, orphan: str, stranger: str, planted: P
     assert all(item["hourly_usd"] == 0.0 for item in leaks[(cloud.cluster, "resources")]["items"])
     shown = {(item["kind"], item["id"]): item["hourly_usd"] for item in leaks[(orphan, "resources")]["items"]}
     assert shown == pytest.approx(planted.tagged)
+    # Every cloud's plant holds something billed (a volume, a disk, a public IP): the leak is not free.
+    orphan_hourly = leaks[(orphan, "resources")]["hourly_usd"]
+    assert orphan_hourly > 0 and orphan_hourly == pytest.approx(sum(planted.tagged.values()))
     listed = json.dumps(found)
     assert stranger not in listed and not any(ident in listed for ident in planted.untagged)
     everything = [item["hourly_usd"] for leak in found["leaks"] for item in leak["items"]]

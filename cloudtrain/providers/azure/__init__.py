@@ -29,6 +29,7 @@ from typing import Any
 
 from cloudtrain.catalog import Catalog, default_catalog
 from cloudtrain.config import Config
+from cloudtrain.cost import flat_hourly
 from cloudtrain.errors import (
     CapacityError,
     CloudtrainError,
@@ -305,9 +306,35 @@ class AzureProvider:
                  "Administrator), or drop autostop and budget and use `cloudtrain stop` / `down`")
 
     def list_resources(self, cluster: str | None = None) -> list[ClusterResource]:
-        """This owner's cloudtrain resource groups (the cluster's network, disks and IPs live in them)."""
-        return [ClusterResource("azure", (g.tags or {})[TAG_CLUSTER], "resource-group", g.name, g.location)
-                for g in self._groups(cluster)]
+        """This owner's cloudtrain resource groups (containers: free in themselves), and in each one
+        that holds no VM (a launch killed early, a VM deleted alone) what stays billed there: public
+        IPs (`public-ip`, priced per hour) and managed disks (`disk`, with their size). Those go with
+        their group in `release_resources`, never on their own. A group with VMs is a live cluster's
+        network: it goes with its VMs (`terminate`), and gc prices those VMs."""
+        found = []
+        for group in self._groups(cluster):
+            owner_cluster = (group.tags or {})[TAG_CLUSTER]
+            found.append(ClusterResource("azure", owner_cluster, "resource-group", group.name, group.location))
+            found += self._billed_without_vms(group.name, owner_cluster)
+        return found
+
+    def _billed_without_vms(self, group: str, cluster: str) -> list[ClusterResource]:
+        """The public IPs and disks of `group` when it holds no VM ([] when it does, or is gone)."""
+        compute, net = self.api.compute, self.api.network
+        try:
+            if self._list("listing VMs", compute.virtual_machines.list, group):
+                return []
+            ips = self._list("listing public IPs", net.public_ip_addresses.list, group)
+            disks = self._list("listing disks", compute.disks.list_by_resource_group, group)
+        except AzureApiError as exc:
+            if exc.status == 404:  # deleted since the groups were listed: nothing left to bill
+                return []
+            raise
+        found = [ClusterResource("azure", cluster, "public-ip", build.instance_id(group, ip.name), ip.location,
+                                 hourly_usd=_public_ip_hourly(ip)) for ip in ips]
+        found += [ClusterResource("azure", cluster, "disk", build.instance_id(group, disk.name), disk.location,
+                                  size_gb=float(disk.disk_size_gb) if disk.disk_size_gb else None) for disk in disks]
+        return found
 
     def release_resources(self, cluster: str) -> list[ClusterResource]:
         """Delete the cluster's resource groups that hold no VM (a launch killed before its VM
@@ -438,6 +465,17 @@ class AzureProvider:
             raise ProviderError(f"cannot {verb} {', '.join(gone)}: no such VM",
                                 hint="`cloudtrain status --refresh` shows what exists")
         return [found[i] for i in ids]
+
+
+def _public_ip_hourly(ip: Any) -> float | None:
+    """The listed hourly price of a Standard static IPv4 address (what launch creates; Basic is
+    retired); None for any other kind, whose price the table does not hold."""
+    sku = (ip.sku.name if ip.sku else "") or ""
+    method = ip.public_ip_allocation_method or ""
+    version = ip.public_ip_address_version or "IPv4"
+    if (sku.lower(), method.lower(), version.lower()) != ("standard", "static", "ipv4"):
+        return None
+    return flat_hourly("azure", "public-ip")
 
 
 def make_provider(config: Config) -> AzureProvider:

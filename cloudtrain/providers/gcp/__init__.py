@@ -5,11 +5,13 @@ What one `launch` creates, in the project's `default` VPC network:
   tag; with several nodes also `cloudtrain-<cluster>-internal` (the nodes to each other). Firewall
   rules carry no labels in Compute Engine: the description names the cluster and owner;
 - one instance per node (`instances.insert`, see below), labelled `cloudtrain-cluster` and
-  `cloudtrain-owner` (the boot disk too), our public key in its `ssh-keys` metadata, running as the
-  service account `gcp.service_account` (the project's default compute one unless configured) with
-  the `compute` scope only: the on-node watchdog deletes its own VM with that account's token from
-  the metadata server (autostop.down). `gcp.service_account: none` attaches none (then no
-  credentials on the VM, and autostop.down is refused at `up`).
+  `cloudtrain-owner` (the boot disk too, deleted with it: a labelled disk no instance uses is a
+  leftover, which `list_resources` lists and `release_resources` deletes, see resources.py), our
+  public key in its `ssh-keys` metadata, running as the service account `gcp.service_account` (the
+  project's default compute one unless configured) with the `compute` scope only: the on-node
+  watchdog deletes its own VM with that account's token from the metadata server (autostop.down).
+  `gcp.service_account: none` attaches none (then no credentials on the VM, and autostop.down is
+  refused at `up`).
 
 Why one `insert` per node and not `bulkInsert`: clusters are a handful of nodes, each insert is one
 operation whose errors we read directly (bulkInsert reports per-zone outcomes in operation
@@ -64,7 +66,7 @@ from cloudtrain.providers.gcp.api import (
     failover_error,
     log,
 )
-from cloudtrain.providers.gcp.resources import Firewalls
+from cloudtrain.providers.gcp.resources import Disks, Firewalls
 
 __all__ = ["GcpApiError", "GcpProvider", "make_provider"]
 
@@ -91,6 +93,7 @@ class GcpProvider:
         self.owner: str | None = None if all_owners else owner_id()
         self.catalog = catalog or default_catalog()
         self.firewalls = Firewalls(self.api, self.owner)
+        self.disks = Disks(self.api, self.owner)
 
     @property
     def default_region(self) -> str | None:
@@ -245,12 +248,15 @@ class GcpProvider:
         return [build.instance_record(raw, zone) for zone, raw in self._tagged(cluster)]
 
     def list_resources(self, cluster: str | None = None) -> list[ClusterResource]:
-        """This owner's cloudtrain firewall rules (of one cluster, or all)."""
-        return self.firewalls.list(cluster)
+        """This owner's cloudtrain firewall rules and loose labelled disks, with their sizes (of one
+        cluster, or all)."""
+        return self.firewalls.list(cluster) + self.disks.list(cluster)
 
     def release_resources(self, cluster: str) -> list[ClusterResource]:
-        """Delete the cluster's firewall rules unless instances of it still exist (then kept, noted)."""
-        return self.firewalls.release(cluster, self._live_count(cluster))
+        """Delete the cluster's firewall rules and loose disks unless instances of it still exist
+        (then kept, noted)."""
+        live = self._live_count(cluster)
+        return self.firewalls.release(cluster, live) + self.disks.release(cluster, live)
 
     def stop(self, ids: Sequence[str]) -> None:
         instances = self.api.client("instances")

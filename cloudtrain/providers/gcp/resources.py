@@ -1,17 +1,25 @@
-"""A cluster's firewall rules: created before its instances, deleted with the last of them.
+"""A cluster's resources besides its instances: firewall rules, and disks left loose.
 
-Compute Engine firewall rules carry no labels, so ours are found by name (`cloudtrain-*`) and
-claimed by their description (`cloudtrain-cluster=<c> cloudtrain-owner=<o>: ...`): a rule whose
-description names another cluster or owner is never changed or deleted.
+Firewall rules are created before the instances and deleted with the last of them. Compute Engine
+firewall rules carry no labels, so ours are found by name (`cloudtrain-*`) and claimed by their
+description (`cloudtrain-cluster=<c> cloudtrain-owner=<o>: ...`): a rule whose description names
+another cluster or owner is never changed or deleted.
+
+Disks: cloudtrain makes only boot disks, labelled like their instance and deleted with it
+(autoDelete). One can still outlive its instance (deleted with autoDelete off, by hand or by a
+tool; an insert that failed after its disk was made) and stays billed per GB-month. A loose disk is
+one carrying both our labels (`cloudtrain-cluster` and this owner's `cloudtrain-owner`) that no
+instance uses (`users` empty); only those are listed and deleted.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
 from cloudtrain.errors import CredentialsError, ProviderError
-from cloudtrain.providers.base import ClusterResource
+from cloudtrain.providers.base import TAG_CLUSTER, TAG_OWNER, ClusterResource
 from cloudtrain.providers.gcp import build
 from cloudtrain.providers.gcp.api import ComputeApi, GcpApiError, log
 
@@ -99,3 +107,76 @@ class Firewalls:
             if exc.not_found:
                 return None
             raise
+
+
+# Compute Engine's reason (HTTP 400) when a disk to delete is attached to an instance.
+IN_USE = "resourceInUseByAnotherResource"
+
+
+class Disks:
+    """Loose labelled disks (see the module docstring), listed for `gc` with their size."""
+
+    def __init__(self, api: ComputeApi, owner: str | None) -> None:
+        self.api = api
+        self.owner = owner  # None: every owner's disks (all_owners); the owner label is still required
+
+    def list(self, cluster: str | None = None) -> list[ClusterResource]:
+        return [_disk_resource(zone, raw) for zone, raw in self._loose(cluster)]
+
+    def release(self, cluster: str, live: int) -> list[ClusterResource]:
+        """Delete the cluster's loose disks when no instance of it is left (`live`): while the cluster
+        has instances a launch or a replacement may be about to attach one, so they are kept, noted.
+        A disk attached since it was listed is kept (Compute Engine refuses to delete it)."""
+        loose = self._loose(cluster)
+        if live:
+            return [_noted(_disk_resource(zone, raw), f"the cluster still has {live} instance(s)")
+                    for zone, raw in loose]
+        client = self.api.client("disks")
+        kept, pending = [], []
+        for zone, raw in loose:
+            try:
+                pending.append((zone, raw, self.api.call(f"deleting disk {raw.name}", client.delete_unary,
+                                                         project=self.api.project, zone=zone, disk=raw.name)))
+            except GcpApiError as exc:
+                if exc.code == IN_USE:
+                    kept.append(_noted(_disk_resource(zone, raw), "attached to an instance since listed"))
+                elif not exc.not_found:
+                    raise
+        for zone, raw, operation in pending:
+            try:
+                self.api.wait(f"deleting disk {raw.name}", operation, zone)
+            except GcpApiError as exc:
+                if not exc.not_found:
+                    raise
+        return kept
+
+    def _loose(self, cluster: str | None) -> list[tuple[str, Any]]:
+        """(zone, disk) of this owner's labelled disks no instance uses. The filter narrows the
+        listing; the labels and `users` are checked here again, since deleting rests on them."""
+        want_cluster = build.label_value(cluster) if cluster else None
+        terms = [f'(labels.{TAG_CLUSTER} = "{want_cluster}")' if want_cluster else f"(labels.{TAG_CLUSTER}:*)",
+                 f'(labels.{TAG_OWNER} = "{self.owner}")' if self.owner else f"(labels.{TAG_OWNER}:*)"]
+        found = self.api.aggregated("listing disks", self.api.client("disks").aggregated_list, "disks",
+                                    project=self.api.project, filter=" ".join(terms))
+        loose = []
+        for zone, raw in found:
+            labels = dict(raw.labels or {})
+            if not labels.get(TAG_CLUSTER) or not labels.get(TAG_OWNER) or list(raw.users):
+                continue
+            if want_cluster and labels[TAG_CLUSTER] != want_cluster:
+                continue
+            if self.owner and labels[TAG_OWNER] != self.owner:
+                continue
+            loose.append((zone, raw))
+        return sorted(loose, key=lambda found: (found[0], found[1].name))
+
+
+def _disk_resource(zone: str, raw: Any) -> ClusterResource:
+    """Named `<zone>:<name>` like instances (a disk lives in one zone); priced by its size."""
+    return ClusterResource("gcp", dict(raw.labels)[TAG_CLUSTER], "disk", build.instance_id(zone, raw.name),
+                           build.region_of(zone), size_gb=float(raw.size_gb) if raw.size_gb else None)
+
+
+def _noted(resource: ClusterResource, note: str) -> ClusterResource:
+    """What release_resources returns for a resource it kept: the resource, with why."""
+    return dataclasses.replace(resource, note=note)
