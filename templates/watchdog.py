@@ -31,6 +31,16 @@ cluster's hourly price): it fires even while a job runs. The laptop sends the ti
 (`budget.used_s`, from billed intervals) with an `epoch`; the node counts on from there, across
 reboots, until a config with another epoch arrives.
 
+The lease (`lease`, a sweep VM's) is a hard deadline: {"until": <unix time by which the delete must
+have been called>, "why": "...", "sent_at": <the CLI's clock when it sent this>}. When it passes, the
+machine is deleted whether or not a job runs (the action is then always a delete: the CLI asks the
+provider for the delete action for a node with a lease). Clocks: `until` is the laptop's wall clock.
+`ensure` also notes, on this node, when it wrote the lease (`mono_until`: this node's monotonic clock
+plus until - sent_at, and the boot it belongs to), so the lease falls due at the EARLIER of
+`until` on this node's wall clock and `mono_until` on its monotonic clock (same boot only). A node
+clock that is behind (or jumps back) still fires on time, one that is ahead fires early (safe); the
+price of the monotonic rule is the config's transit time (well inside the CLI's safety margin).
+
 The action (`action` in the config) is what the cloud's provider said the machine must do to stop
 or delete itself with no user credentials on it (Provider.watchdog_action):
   {"kind": "shutdown", "effect": "stop"|"delete"}
@@ -329,9 +339,39 @@ def describe_settings(cfg: dict) -> str:
         parts.append("autostop off")
     if budget:
         parts.append("budget {:g}s of running time ({})".format(float(budget["limit_s"]), budget.get("why", "")))
+    if cfg.get("lease"):
+        parts.append(describe_lease(cfg["lease"]))
     parts.append("action {}".format(action.get("kind", "none")))
     parts.append(f"tick {tick_of(cfg):g}s")
     return ", ".join(parts)
+
+
+def boot_id() -> str:
+    """This boot of the machine (a monotonic clock reading means nothing after a reboot)."""
+    return read_text("/proc/sys/kernel/random/boot_id") or "unknown"
+
+
+def lease_left(lease, now: float, now_m: float) -> float | None:
+    """Seconds until the lease falls due (<= 0: due), or None without a valid lease: the earlier of
+    its wall-clock time and its monotonic reading on this boot (see the module's docstring)."""
+    if not isinstance(lease, dict):
+        return None
+    try:
+        left = float(lease["until"]) - now
+    except (KeyError, TypeError, ValueError):
+        return None
+    mono = lease.get("mono_until")
+    if isinstance(mono, (int, float)) and lease.get("boot_id") == boot_id():
+        left = min(left, float(mono) - now_m)
+    return left
+
+
+def describe_lease(lease) -> str:
+    try:
+        until = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(float(lease["until"])))
+    except (KeyError, TypeError, ValueError):
+        return "lease invalid"
+    return "lease: delete by {} ({})".format(until, lease.get("why", ""))
 
 
 def tick_of(cfg: dict) -> float:
@@ -360,6 +400,8 @@ class Watchdog:
         self.prev_running = set()
         self.prev_sessions = 0
         self.wake_in = None  # seconds to the next decision (a tick, or sooner when a limit falls due)
+        self.lease_key = None
+        self.hook_text = read_text(self.paths.hook)  # how this loop survives reboots (its files may go)
 
     def load(self):
         cfg = read_json(self.paths.config)
@@ -375,15 +417,25 @@ class Watchdog:
         """One decision. False: the loop should end."""
         cfg = self.load()
         if cfg is None:
+            if self.hook_text and not self.hook_text.startswith("none"):
+                # Gone with the cluster's files: no reboot may start this loop again.
+                remove_hook(self.paths, self.hook_text, self.cfg or {})
             return False
+        self.hook_text = read_text(self.paths.hook) or self.hook_text  # (written after a systemd start)
         now_m = time.monotonic()
         delta, self.last_m = now_m - self.last_m, now_m
         self.wake_in = tick_of(cfg)
-        auto, budget = cfg.get("autostop"), cfg.get("budget")
-        if not auto and not budget:
-            self.log("exit", "nothing to enforce (autostop and budget are off)")
+        auto, budget, lease = cfg.get("autostop"), cfg.get("budget"), cfg.get("lease")
+        if not auto and not budget and not lease:
+            self.log("exit", "nothing to enforce (autostop, budget and lease are off)")
             remove_hook(self.paths)
             return False
+        lease_key = json.dumps(lease, sort_keys=True)
+        if lease_key != self.lease_key:
+            # A new or extended lease changes no idle clock: it is a deadline, not activity.
+            if self.lease_key is not None:
+                self.log("config", describe_settings(cfg))
+            self.lease_key = lease_key
         key = json.dumps([auto, (budget or {}).get("epoch"), cfg.get("action")], sort_keys=True)
         if key != self.settings_key:
             if self.settings_key is not None:
@@ -453,7 +505,13 @@ class Watchdog:
             self.log("error", f"still running {since:.0f}s after the {effect}; acting again")
             self.acted_at = None
         reason = None
-        if budget and used is not None and used >= float(budget["limit_s"]):
+        left = lease_left(lease, now, now_m) if lease else None
+        if lease and left is None:
+            self.log("error", f"the lease {lease!r} is not readable; it is not enforced")
+        if left is not None and left <= 0:
+            reason = "lease: {} ({}), {} job(s) still running".format(
+                "ended" if left > -1 else f"ended {-left:.0f}s ago", lease.get("why", ""), len(jobs["running"]))
+        elif budget and used is not None and used >= float(budget["limit_s"]):
             reason = "budget: {:.0f}s of running time >= limit {:.0f}s ({}), {} job(s) still running".format(
                 used, float(budget["limit_s"]), budget.get("why", ""), len(jobs["running"]))
         elif auto and idle_s >= float(auto["idle_s"]):
@@ -464,6 +522,9 @@ class Watchdog:
                 self.wake_in = min(self.wake_in, max(0.05, float(auto["idle_s"]) - idle_s))
             if budget and used is not None:
                 self.wake_in = min(self.wake_in, max(0.05, float(budget["limit_s"]) - used))
+            if left is not None:
+                self.wake_in = min(self.wake_in, max(0.05, left))
+                facts += "; lease {:.0f}s left".format(left)
             if busy:
                 self.log("busy", "{}; {}".format("; ".join(busy), facts))
             elif auto:
@@ -540,6 +601,8 @@ class Watchdog:
                     self.log("error", f"{type(exc).__name__}: {exc}")
                 deadline = time.monotonic() + (self.wake_in or tick_of(self.cfg or {}))
                 while not stopping and time.monotonic() < deadline:
+                    if not os.path.exists(self.paths.config):
+                        break  # the cluster's files are gone (down): the next tick ends the loop now
                     time.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
             if stopping:
                 self.log("exit", "stopped by a signal")
@@ -669,10 +732,11 @@ def install_cron(paths: Paths, python: str, program: str) -> bool:
     return proc.returncode == 0
 
 
-def remove_hook(paths: Paths) -> None:
-    """Undo install_systemd / install_cron (the loop is ending for good)."""
-    hook = read_text(paths.hook)
-    cfg = read_json(paths.config) or {}
+def remove_hook(paths: Paths, hook=None, cfg=None) -> None:
+    """Undo install_systemd / install_cron (the loop is ending for good). `hook` and `cfg`: what the
+    loop read before its files were removed (`down` of a machine we do not own removes them)."""
+    hook = read_text(paths.hook) if hook is None else hook
+    cfg = (read_json(paths.config) or {}) if cfg is None else cfg
     if hook.startswith("systemd"):
         unit = unit_name(cfg)
         quiet(["systemctl", "--user", "disable", unit])
@@ -723,6 +787,25 @@ def _comparable(cfg) -> dict | None:
     out = {k: v for k, v in cfg.items() if k not in _VOLATILE}
     if isinstance(out.get("budget"), dict):
         out["budget"] = {k: v for k, v in out["budget"].items() if k != "used_s"}
+    if isinstance(out.get("lease"), dict):
+        # The same lease sent again: the node keeps its first reading (they agree on the deadline).
+        out["lease"] = {k: v for k, v in out["lease"].items() if k not in _LEASE_STAMPS}
+    return out
+
+
+# What ensure adds to a lease on the node, and when it was sent: not part of what the lease says.
+_LEASE_STAMPS = ("sent_at", "mono_until", "boot_id")
+
+
+def stamp_lease(lease: dict) -> dict:
+    """The lease with this node's monotonic reading of its deadline (see the module's docstring)."""
+    out = dict(lease)
+    try:
+        remaining = float(lease["until"]) - float(lease.get("sent_at", lease["until"]))
+    except (KeyError, TypeError, ValueError):
+        return out  # unreadable: the loop says so in its log
+    out["mono_until"] = time.monotonic() + remaining
+    out["boot_id"] = boot_id()
     return out
 
 
@@ -740,21 +823,35 @@ def ensure(config_path: str, new: dict, python: str, program: str) -> dict:
             new[key] = old[key]
         else:
             new.setdefault(key, None)
+    if new.get("lease"):
+        # A machine under a lease is only ever deleted (on AWS one instance cannot both stop on one
+        # shutdown and terminate on another): a write that keeps the lease (`cloudtrain autostop`)
+        # must not turn its action into a stop.
+        key = str(new.get("action_key") or "")
+        if key.endswith(":stop"):
+            new["action_key"] = key[: -len(":stop")] + ":delete"
+            if (new.get("action") or {}).get("effect") != "delete":
+                new["action"] = None
     if new.get("action") is None:
         if old.get("action") and old.get("action_key") == new.get("action_key"):
             new["action"] = old["action"]
         else:
-            return {"status": "need-action"}
+            return {"status": "need-action", "down": str(new.get("action_key") or "").endswith(":delete")}
     if new.get("count_ssh") and not new.get("ssh_port"):
         # This very command came in over SSH: $SSH_CONNECTION names the port sshd listens on here.
         fields = os.environ.get("SSH_CONNECTION", "").split()
         new["ssh_port"] = int(fields[3]) if len(fields) == 4 and fields[3].isdigit() else old.get("ssh_port")
     changed = _comparable(old) != _comparable(new)
     if changed:
+        lease, before = new.get("lease"), old.get("lease")
+        if isinstance(lease, dict):
+            same = isinstance(before, dict) and _comparable({"lease": before}) == _comparable({"lease": lease})
+            # The same lease (kept, or sent again with other changes) keeps the node's first reading.
+            new["lease"] = dict(before) if same and "mono_until" in before else stamp_lease(lease)
         write_json(paths.config, new)
     result = {"status": "written" if changed else "unchanged", "started": False, "hook": read_text(paths.hook) or "none",
               "ssh_port": new.get("ssh_port")}
-    if not new.get("autostop") and not new.get("budget"):
+    if not new.get("autostop") and not new.get("budget") and not new.get("lease"):
         pid = running_pid(paths)
         result.update(running=pid is not None, pid=pid)
         return result  # nothing to enforce: a running loop ends on its next tick

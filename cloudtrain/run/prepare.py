@@ -94,8 +94,11 @@ def job_script(recipe: Recipe) -> str:
     # One script for every node; each node's own interpreter and runtime dir come from its env.
     args = ["--output", "outputs", *job_argv(recipe.job.name, recipe.job.params)]
     job_file = f'"$CLOUDTRAIN_RUNTIME/jobs/{recipe.job.name}.py"'
-    # A fresh run starts clean; resuming a preempted run reuses outputs/ (its checkpoints).
-    return f'rm -rf outputs\nexec "$CLOUDTRAIN_PYTHON" -u {job_file} {shlex.join(args)}\n'
+    # A fresh run starts clean; resuming a preempted run reuses outputs/ (its checkpoints). A sweep's
+    # retry of a preempted trial starts from the checkpoint it carried over (docs/sweeps.md).
+    carried = ('if [ -n "${CLOUDTRAIN_CHECKPOINT_DIR:-}" ] && [ -f "$CLOUDTRAIN_CHECKPOINT_DIR/train_state.json" ]; '
+               'then mkdir -p outputs && cp -R "$CLOUDTRAIN_CHECKPOINT_DIR/." outputs/; fi\n')
+    return f'rm -rf outputs\n{carried}exec "$CLOUDTRAIN_PYTHON" -u {job_file} {shlex.join(args)}\n'
 
 
 def write_ssh_config(cluster: Cluster, config: Config, reporter: Reporter) -> None:

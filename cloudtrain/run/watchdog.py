@@ -9,6 +9,10 @@ on the node, is rewritten here and reread by the watchdog on every tick:
     autostop     {idle_s, down, wait_for} or null (idle_s: idle_minutes x 60;
                  CLOUDTRAIN_WATCHDOG_IDLE_S overrides, for tests)
     budget       {limit_s, used_s, epoch, why} or null: a hard limit on running time
+    lease        {until, why, sent_at} or null: a sweep VM's hard deadline (unix time by which the
+                 node must have called its delete; `until` already has the release time and a
+                 safety margin taken off). A node with a lease is only ever deleted. Written by
+                 the sweep backend (`set_lease`); `up`, `run` and `autostop` keep it
     action       what the provider says the node must do to stop or delete itself
                  (Provider.watchdog_action), cached on the node per instance and effect
     count_ssh, ssh_port, shutdown_command, metadata_url, ca_file, persist  (see docs/watchdog.md)
@@ -83,10 +87,17 @@ class Settings:
     autostop: dict[str, Any] | None  # {"idle_s", "down", "wait_for"}
     budget: dict[str, Any] | None  # {"limit_s", "used_s", "epoch", "why"}
     keep: tuple[str, ...] = ()  # config keys this write leaves as the node has them
+    lease: dict[str, Any] | None = None  # {"until", "why"} (sent with "sent_at")
 
     @property
     def down(self) -> bool:
-        return bool(self.autostop and self.autostop.get("down"))
+        # A lease ends the machine for good: its action is the delete (the watchdog's too, for a
+        # lease kept from an earlier write).
+        return bool(self.autostop and self.autostop.get("down")) or self.lease is not None
+
+    @property
+    def enforces(self) -> bool:
+        return self.autostop is not None or self.budget is not None or self.lease is not None
 
     def describe(self) -> str:
         parts = []
@@ -101,6 +112,9 @@ class Settings:
         if self.budget:
             parts.append(f"budget: stops after {self.budget['limit_s'] / 3600:.4g} h of running time "
                          f"({self.budget['why']})")
+        if self.lease:
+            until = time.strftime("%H:%M:%S", time.localtime(float(self.lease["until"])))
+            parts.append(f"lease: deletes itself at {until} ({self.lease['why']})")
         return ", ".join(parts)
 
 
@@ -177,7 +191,8 @@ def settings_from_recipe(recipe: Recipe, store: StateStore, cluster: str, cluste
         epoch = hashlib.sha256(f"{limit_s:.3f}|{why}".encode()).hexdigest()[:16]
         budget = {"limit_s": round(limit_s, 3), "used_s": round(running_seconds(store, cluster), 3),
                   "epoch": epoch, "why": why}
-    return Settings(autostop, budget)
+    # A sweep's lease on this node is the sweep's to set: a warm `run` of a trial keeps it.
+    return Settings(autostop, budget, keep=("lease",))
 
 
 def _test_overrides() -> dict[str, Any]:
@@ -204,6 +219,7 @@ def node_config(cluster: Cluster, node: Node, settings: Settings, action: Mappin
         "tick_s": _env_float(ENV_TICK_S) or DEFAULT_TICK_S,
         "autostop": settings.autostop,
         "budget": settings.budget,
+        "lease": {**settings.lease, "sent_at": time.time()} if settings.lease is not None else None,
         "action": dict(action) if action is not None else None,
         "action_key": f"{node.record.instance_id}:{'delete' if settings.down else 'stop'}",
         # On machines reached over SSH a session of the user counts as activity; here it cannot.
@@ -253,17 +269,18 @@ def ensure_on_node(cluster: Cluster, node: Node, settings: Settings, eager_actio
     node already holds the action for this instance and effect, else the provider is asked."""
     from cloudtrain.cluster.nodes import instance_of
 
-    def action() -> dict[str, Any]:
-        return dict(cluster.provider.watchdog_action(instance_of(node.record), settings.down))
+    def action(down: bool) -> dict[str, Any]:
+        return dict(cluster.provider.watchdog_action(instance_of(node.record), down))
 
-    first = action() if eager_action else None
+    first = action(settings.down) if eager_action else None
     answer = _send(cluster, node, node_config(cluster, node, settings, first))
     if answer.get("status") == "need-action":
-        first = action()
+        # The node says which effect it needs: a lease kept there needs the delete.
+        first = action(bool(answer.get("down", settings.down)))
         answer = _send(cluster, node, node_config(cluster, node, settings, first))
     if answer.get("status") not in ("written", "unchanged"):
         raise RemoteError(f"{node.transport.label}: the watchdog's ensure answered {answer!r}")
-    if (settings.autostop is not None or settings.budget is not None) and not answer.get("running"):
+    if settings.enforces and not answer.get("running"):
         raise RemoteError(f"{node.transport.label}: the watchdog did not start (see {node.layout.root}/{LOG_NAME})")
     return NodeResult(node.rank, str(answer["status"]), bool(answer.get("running")), bool(answer.get("started")),
                       str(answer.get("hook") or "none"), (first or {}).get("effect"))
@@ -321,7 +338,7 @@ def set_autostop(lc: Lifecycle, name: str, idle_minutes: float | None, down: boo
                          hint=f"`cloudtrain start {name}` first" if cluster.record.status == ClusterStatus.STOPPED
                          else f"`cloudtrain status {name} --refresh`")
     autostop = None if cancel else autostop_settings(float(idle_minutes or 0), down, wait_for)
-    settings = Settings(autostop, None, keep=("budget",))
+    settings = Settings(autostop, None, keep=("budget", "lease"))
     nodes = connect(list(cluster.nodes), cluster.provider, lc.config)
     try:
         results = ensure_on_nodes(cluster, nodes, settings)
@@ -329,6 +346,24 @@ def set_autostop(lc: Lifecycle, name: str, idle_minutes: float | None, down: boo
         close_all(nodes)
     lc.store.add_event(name, "autostop", settings.describe() or "autostop off")
     return settings, results
+
+
+def lease_until(lease_end: float, release_s: float) -> float:
+    """When the node must call its delete for the machine to be gone by `lease_end`: release_s
+    before it (what the sweep reserves for a release), less a safety margin for the config's transit
+    and the loop's wake-up (10% of release_s, at most 30 s)."""
+    return lease_end - release_s - min(LEASE_MARGIN_MAX_S, LEASE_MARGIN_SHARE * release_s)
+
+
+LEASE_MARGIN_SHARE = 0.1
+LEASE_MARGIN_MAX_S = 30.0
+
+
+def set_lease(cluster: Cluster, nodes: Sequence[Node], until: float, why: str) -> list[NodeResult]:
+    """A sweep VM's hard deadline on every node (one round trip per node; the provider is asked for
+    the delete action only when a node has none yet). Autostop and budget stay as the nodes have them."""
+    settings = Settings(None, None, keep=("autostop", "budget"), lease={"until": round(until, 3), "why": why})
+    return ensure_on_nodes(cluster, nodes, settings)
 
 
 def read_logs(lc: Lifecycle, name: str) -> list[tuple[int, str | None]]:

@@ -1,24 +1,34 @@
 """The real Backend: each VM slot is a kept cluster, each attempt one run of the `run` pipeline.
 
 - launch: `Executor.up` on the slot's cluster (`sw-<sweep>-<slot>`), in a thread; a VM that is not
-  running by `ready_by` is given up (lifecycle's wait) and whatever it left is taken down.
+  running by `ready_by` is given up (lifecycle's wait) and whatever it left is taken down. Once up,
+  every node gets the VM's lease (`Launch.lease_end`) as a hard deadline for its on-node watchdog
+  (cloudtrain/run/watchdog.py `set_lease`): it deletes the machine by then, CLI or not. A VM that
+  cannot take its lease is given up too. Clouds without a watchdog (`ssh`) take none (`lease_note`).
 - run: `Executor.run(trial recipe, cluster, teardown "keep", runs/sweep-<id>/trials/tNNNN-aK/,
   env_overrides)` in a thread; the job gets CLOUDTRAIN_DEADLINE_S, which the node enforces
   (templates/runner.sh), and a setup that overruns its reserved time fails the attempt before the
-  job starts. Per-epoch progress lines become `Progress` events.
+  job starts. Per-epoch progress lines become `Progress` events. A Start that extends the VM's
+  lease writes the new one to its nodes first. An attempt that fails because its VM is gone
+  (preempted, or deleted by its lease) ends as `VmGone`: the scheduler retries it as preempted.
 - cancel: the attempt's reporter refuses to go on, and the cluster's open jobs are cancelled
   (again, until the attempt's thread is over: a job may be submitted just after a cancel).
 - release: `cloudtrain down` of the slot's cluster (retried), after its boot thread is done.
 - recover: after a killed CLI, state rows, run rows and the node's job files say what happened:
   a finished run is judged from its run directory, a job still running is followed again and
-  its results collected, an attempt whose job never started is reported as such.
+  its results collected, an attempt whose job never started is reported as such. Every VM state
+  still calls up is asked for (one describe): one that is gone (its watchdog deleted it at its lease
+  end while no CLI ran, or it was preempted) is reported gone, with its attempt.
 Each thread opens its own StateStore (one SQLite connection per thread).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import queue
+import re
+import shutil
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -29,6 +39,8 @@ from typing import Any
 from cloudtrain.config import Config
 from cloudtrain.errors import CloudtrainError
 from cloudtrain.recipe import LoadedRecipe
+from cloudtrain.sweep import checkpoints
+from cloudtrain.sweep.checkpoints import CHECKPOINT_ENV, Puller
 from cloudtrain.sweep.core import (
     AttemptEnded,
     Cancel,
@@ -44,9 +56,10 @@ from cloudtrain.sweep.core import (
     VmReady,
     VmState,
 )
-from cloudtrain.sweep.spec import DEADLINE_ENV, SweepSpec, trial_recipe
+from cloudtrain.sweep.spec import DEADLINE_ENV, SweepSpec, lease_note, trial_recipe
 
 RELEASE_TRIES = 4
+log = logging.getLogger(__name__)
 
 
 class TrialStopped(CloudtrainError):
@@ -70,6 +83,8 @@ class _Handle:
     reason: str | None = None
     phase: str = "starting"
     thread: threading.Thread | None = None
+    puller: Puller | None = None  # keeps the attempt's newest checkpoint on the laptop
+    carry: Path | None = None  # a checkpoint carried over from a preempted attempt: uploaded before the job
 
 
 class TrialReporter:
@@ -88,6 +103,8 @@ class TrialReporter:
     def phase_start(self, phase: str, detail: str = "") -> None:
         self.handle.phase = phase
         self._check()
+        if phase == "run" and self.handle.carry is not None:
+            self.backend.upload_carried(self.handle, self.key[0])
         if phase == "run" and time.time() > self.job_start_by:
             raise TrialStopped("provisioning, sync and setup took longer than the time reserved for them "
                                "(sweep.reserve.setup_minutes)")
@@ -96,13 +113,19 @@ class TrialReporter:
         return None
 
     def log_line(self, line: str, node: int = 0) -> None:
-        return None
+        # The bundled job prints its epoch events as readable lines (the JSON protocol goes to its
+        # progress.jsonl): read them back, from rank 0 only.
+        event = epoch_event(line) if node == 0 else None
+        if event is not None:
+            self.progress(event)
 
     def progress(self, event: dict[str, Any]) -> None:
         if event.get("type") != "epoch":
             return
         value = event.get(self.backend.spec.progress_metric)
         epoch = event.get("epoch")
+        if isinstance(epoch, int) and not isinstance(epoch, bool) and self.handle.puller is not None:
+            self.handle.puller.epoch(epoch)  # its checkpoint is written: keep a copy here
         if isinstance(value, (int, float)) and not isinstance(value, bool) and isinstance(epoch, int):
             self.backend.put(Progress(self.key[0], self.key[1], epoch, float(value)))
 
@@ -141,6 +164,8 @@ class PipelineBackend:
         self._boots: dict[str, threading.Thread] = {}
         self.handles: dict[tuple[int, int], _Handle] = {}
         self._threads: list[threading.Thread] = []
+        self._leases: dict[str, float] = {}  # VM -> the lease end its nodes hold (as written here)
+        self.lease_note = lease_note(base)  # why this sweep's VMs take no lease, or None
 
     # plumbing --------------------------------------------------------------------------------------
 
@@ -189,6 +214,7 @@ class PipelineBackend:
             try:
                 lc.wait_timeout_s = max(30.0, action.ready_by - time.time())
                 cluster, _ = Executor(lc, _Quiet(self, name)).up(base_recipe(self.base), name)
+                self._give_lease(lc, action.vm, action.lease_end)
                 self.put(VmReady(action.vm, time.time(), cluster.record.hourly_price))
             except Exception as exc:  # noqa: BLE001
                 why = exc.one_line() if isinstance(exc, CloudtrainError) else f"{type(exc).__name__}: {exc}"
@@ -213,9 +239,13 @@ class PipelineBackend:
                 loaded, env = trial_recipe(self.base, dict(action.params))
                 env.update({DEADLINE_ENV: str(int(action.job_deadline_s)), "CLOUDTRAIN_SWEEP_ID": self.sweep_id,
                             "CLOUDTRAIN_SWEEP_TRIAL": str(action.trial),
-                            "CLOUDTRAIN_SWEEP_ATTEMPT": str(action.attempt)})
+                            "CLOUDTRAIN_SWEEP_ATTEMPT": str(action.attempt),
+                            CHECKPOINT_ENV: checkpoints.node_dir(action.trial)})
                 runs = attempt_dir(self.results_dir, action.trial, action.attempt)
                 runs.mkdir(parents=True, exist_ok=True)
+                self._checkpoints(lc, handle, action.trial, action.attempt)
+                # Before the job: the old lease may end before this attempt would.
+                self._give_lease(lc, action.vm, action.lease_end)
                 reporter = TrialReporter(self, key, handle, action.job_start_by)
                 result = Executor(lc, reporter).run(loaded, handle.cluster, "keep", runs, env_overrides=env)
                 outcome, value, error = self.judge(result.run_dir, result.status, result.exit_code, result.error,
@@ -223,12 +253,114 @@ class PipelineBackend:
             except Exception as exc:  # noqa: BLE001  (a usage error of one trial ends that trial only)
                 error = exc.one_line() if isinstance(exc, CloudtrainError) else f"{type(exc).__name__}: {exc}"
                 outcome = Outcome.STOPPED if handle.stop.is_set() else Outcome.FAILED
+            if handle.puller is not None:
+                handle.puller.close()
+            try:
+                gone = None
+                if outcome == Outcome.FAILED:
+                    gone = self._vanished(lc, handle.cluster)
             finally:
                 lc.store.close()
                 handle.phase = "done"
-            self.put(AttemptEnded(action.trial, action.attempt, time.time(), outcome, value, error))
+            if gone is not None:
+                # Its VM went away under it: the scheduler ends the attempt as preempted (and retries it).
+                self.put(VmGone(action.vm, time.time(), gone))
+            else:
+                self.put(AttemptEnded(action.trial, action.attempt, time.time(), outcome, value, error))
 
         handle.thread = self._spawn(f"trial {action.trial}", attempt)
+
+    def _checkpoints(self, lc: Any, handle: _Handle, trial: int, attempt: int) -> None:
+        """The attempt's checkpoint keeper, and the checkpoint its preempted predecessors kept (if any),
+        copied into its own directory (so a second preemption carries it on)."""
+        kept = attempt_dir(self.results_dir, trial, attempt) / checkpoints.KEPT
+        if attempt > 1:
+            source = checkpoints.carried(lambda k: attempt_dir(self.results_dir, trial, k),
+                                         lc.store.sweep_attempts(self.sweep_id), trial, attempt)
+            if source is not None and not kept.exists():
+                shutil.copytree(source, kept)
+            if source is not None:
+                handle.carry = kept
+        name = handle.cluster
+
+        def open_node() -> tuple[Any, Callable[[], None]]:
+            from cloudtrain.cluster.nodes import close_all, connect
+
+            own = self._lifecycle()
+            try:
+                cluster = own.get(name)
+                nodes = connect(list(cluster.nodes)[:1], cluster.provider, own.config)
+            except BaseException:
+                own.store.close()
+                raise
+
+            def close() -> None:
+                close_all(nodes)
+                own.store.close()
+
+            return nodes[0], close
+
+        handle.puller = checkpoints.Puller(open_node, kept, self.base.recipe.job is not None, trial, self.warn)
+
+    def upload_carried(self, handle: _Handle, trial: int) -> None:
+        """Before the job starts: the carried checkpoint into its CLOUDTRAIN_CHECKPOINT_DIR on every node.
+        Without it the job starts over (said, not fatal)."""
+        from cloudtrain.cluster.nodes import close_all, connect
+
+        assert handle.carry is not None
+        lc = self._lifecycle()
+        nodes: list = []
+        try:
+            cluster = lc.get(handle.cluster)
+            nodes = connect(list(cluster.nodes), cluster.provider, lc.config)
+            checkpoints.upload(nodes, handle.carry, trial)
+        except CloudtrainError as exc:
+            self.warn(f"trial {trial}: could not upload the checkpoint of epoch "
+                      f"{checkpoints.kept_epoch(handle.carry)}; it starts over: {exc.one_line()}")
+        finally:
+            close_all(nodes)
+            lc.store.close()
+
+    def _give_lease(self, lc: Any, vm: str, lease_end: float) -> None:
+        """Write the VM's lease to its nodes (when it is later than what they hold): the watchdog
+        there deletes the machine before lease_end, whatever happens to this process."""
+        if self.lease_note is not None or lease_end <= self._leases.get(vm, float("-inf")):
+            return
+        from cloudtrain.cluster.nodes import close_all, connect
+        from cloudtrain.errors import RemoteError
+        from cloudtrain.run.watchdog import lease_until, set_lease
+
+        name = self.cluster(vm)
+        cluster = lc.get(name)
+        nodes = connect(list(cluster.nodes), cluster.provider, lc.config)
+        try:
+            set_lease(cluster, nodes, lease_until(lease_end, self.spec.costs.release_s), f"sweep {self.sweep_id}")
+        except CloudtrainError as exc:
+            raise RemoteError(f"could not give {name} its lease (the VM would outlive a dead CLI): "
+                              f"{exc.one_line()}") from exc
+        finally:
+            close_all(nodes)
+        self._leases[vm] = lease_end
+
+    def _vanished(self, lc: Any, name: str, take_down: bool = True) -> str | None:
+        """Why the cluster is gone (preempted, deleted by its lease, stopped by its cloud), or None
+        while it is up or nobody can tell. Asks the cloud once. take_down: remove what is left now
+        (else the caller does, once it has read the cluster's run and job rows)."""
+        from cloudtrain.state import ClusterStatus
+
+        if lc.store.get_cluster(name) is None:
+            return f"cluster {name} was taken down"  # (`cloudtrain down` behind the sweep's back)
+        try:
+            status = lc.refresh(name).record.status
+        except CloudtrainError as exc:
+            self.warn(f"could not ask the cloud about {name}: {exc.one_line()}")
+            return None
+        if status == ClusterStatus.UP:
+            return None
+        if take_down:
+            # Nothing of it may go on billing (a stopped spot VM keeps its disk): take down what is left.
+            self._down_quietly(lc, name)
+        return f"cluster {name} is {status} (preempted, or deleted by its lease)"
 
     def cancel(self, action: Cancel) -> None:
         handle = self.handles.get((action.trial, action.attempt))
@@ -321,17 +453,25 @@ class PipelineBackend:
         events: list[Event] = []
         lc = self._lifecycle()
         try:
+            # VMs that went away while no CLI ran (their lease ended, or preempted): state still calls
+            # them up. One describe per VM.
+            vanished: dict[str, str] = {}
+            for vm in snapshot.vms:
+                if vm.live:
+                    why = self._vanished(lc, self.cluster(vm.id), take_down=False)
+                    if why is not None:
+                        vanished[vm.id] = why
             for attempt in snapshot.attempts:
                 if attempt.running:
                     events += self._recover_attempt(lc, attempt.trial, attempt.attempt, self.cluster(attempt.vm),
-                                                    attempt.stopping)
+                                                    attempt.stopping, vanished.get(attempt.vm))
             now = time.time()
             for vm in snapshot.vms:
                 if not vm.live:
                     continue
                 name = self.cluster(vm.id)
                 record = lc.store.get_cluster(name)
-                if record is None or record.status != ClusterStatus.UP:
+                if vm.id in vanished or record is None or record.status != ClusterStatus.UP:
                     if record is not None:
                         self._down_quietly(lc, name)
                     # When it stopped billing, from the billed intervals (never billed: never launched).
@@ -340,15 +480,15 @@ class PipelineBackend:
                     if vm.state == VmState.BOOTING:
                         events.append(VmFailed(vm.id, gone_at, f"cluster {name} did not come up"))
                     else:
-                        events.append(VmGone(vm.id, gone_at, f"cluster {name} is gone"))
+                        events.append(VmGone(vm.id, gone_at, vanished.get(vm.id) or f"cluster {name} is gone"))
                 elif vm.state == VmState.BOOTING:
                     events.append(VmReady(vm.id, now, record.hourly_price))
         finally:
             lc.store.close()
         return events
 
-    def _recover_attempt(self, lc: Any, trial: int, number: int, cluster: str,
-                         stopping: str | None) -> list[Event]:
+    def _recover_attempt(self, lc: Any, trial: int, number: int, cluster: str, stopping: str | None,
+                         vanished: str | None = None) -> list[Event]:
         from cloudtrain.state import RunStatus
 
         runs_dir = attempt_dir(self.results_dir, trial, number).resolve()
@@ -366,10 +506,19 @@ class PipelineBackend:
             outcome, value, error = self.judge(Path(run.run_dir or ""), run.status, run.exit_code, run.error, handle)
             return [AttemptEnded(trial, number, run.ended_at or now, outcome, value, error)]
         job = lc.store.get_job(f"{run.id}-run")
+        if job is not None and vanished is not None:
+            # Its job ran, but the VM and its results are gone: the VM's VmGone ends the attempt as
+            # preempted (and `recover` takes down what state still holds of it).
+            lc.store.update_run(run.id, status=RunStatus.ABANDONED, ended_at=now, error=vanished)
+            return []
         if job is None or lc.store.get_cluster(cluster) is None:
             # The CLI died in provisioning, sync or setup: end what it left, the job never started.
-            self._end_run(lc, run, "the sweep CLI died before the job started")
+            if vanished is not None:
+                lc.store.update_run(run.id, status=RunStatus.ABANDONED, ended_at=now, error=vanished)
+            else:
+                self._end_run(lc, run, "the sweep CLI died before the job started")
             return [AttemptEnded(trial, number, now, Outcome.NOT_STARTED, error="the CLI died before the job started")]
+        self._checkpoints(lc, handle, trial, number)
         handle.thread = self._spawn(f"reattach trial {trial}", lambda: self._reattach(trial, number, run, handle))
         return []
 
@@ -402,6 +551,8 @@ class PipelineBackend:
             error = f"could not follow the job again: {exc.one_line()}"
             self._end_run(lc, run, error)
         finally:
+            if handle.puller is not None:
+                handle.puller.close()
             close_all(nodes)
             lc.store.close()
             handle.phase = "done"
@@ -443,6 +594,25 @@ class PipelineBackend:
             lc.down(name)
         except CloudtrainError as exc:
             self.warn(f"could not take down {name}: {exc.one_line()}; run `cloudtrain down {name}`")
+
+
+_EPOCH_LINE = re.compile(r"^epoch (\d+)/(\d+)((?:\s+[a-z_]+ -?[\d.]+(?:e[-+]?\d+)?)*)")
+
+
+def epoch_event(line: str) -> dict[str, Any] | None:
+    """`epoch 3/8  loss 1.0652  accuracy 0.6797  val_loss 0.9591  val_accuracy 0.7375  0.1s` (the
+    bundled job's readable epoch line, events.progress_text) as the progress event it renders."""
+    match = _EPOCH_LINE.match(line.strip())
+    if match is None:
+        return None
+    event: dict[str, Any] = {"cloudtrain": "progress", "type": "epoch", "epoch": int(match.group(1)),
+                             "epochs": int(match.group(2))}
+    for key, value in re.findall(r"([a-z_]+) (-?[\d.]+(?:e[-+]?\d+)?)", match.group(3)):
+        try:
+            event[key] = float(value)
+        except ValueError:
+            log.debug("epoch line %r: %s=%r is not a number", line, key, value)
+    return event
 
 
 def read_metric(run_dir: Path, metric: str) -> tuple[float | None, str | None]:

@@ -183,6 +183,8 @@ def _drive(lc: Lifecycle, row: SweepRecord, loaded: LoadedRecipe, spec: SweepSpe
     scheduler = Scheduler(spec.costs, spec.limits, sampler, time.time, StoreJournal(lc.store, row.id), snapshot)
     backend = PipelineBackend(row.id, loaded, spec, lc.config, results_dir, view.warn)
     view.started(row.id, row.name, results_dir, spec, resumed)
+    if backend.lease_note is not None:
+        view.warn(backend.lease_note)
     events: list[Event] = backend.recover(snapshot) if snapshot is not None else []
     if stop:
         events.append(StopRequested("stopped by `cloudtrain sweep stop`"))

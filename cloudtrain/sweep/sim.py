@@ -1,7 +1,7 @@
 """An in-memory world for the scheduler: VMs, trials and a clock, all simulated.
 
 `SimWorld` is a `Backend` driven by a discrete-event queue on a `SimClock`: VMs boot (or fail to),
-get preempted, end at their lease (what the on-VM watchdog will guarantee); attempts take random
+get preempted, end at their lease (what the on-VM watchdog guarantees); attempts take random
 setup, training and collect times, fail, time out, report per-epoch progress and can be cancelled.
 It keeps the ground truth (what really ran, what was really billed) apart from what the scheduler
 believes, and records every broken promise in `violations`: an attempt started twice, two attempts

@@ -97,6 +97,33 @@ def check_sweep(loaded: LoadedRecipe, config: Config) -> SweepSpec:
                      max_epochs=_max_epochs(loaded, sweep), early_stopping=sweep.early_stopping is not None)
 
 
+def lease_note(loaded: LoadedRecipe) -> str | None:
+    """Why this sweep's VMs cannot take a lease (their on-node watchdog deleting them at lease end,
+    CLI or not), or None when they do. Without one, the budget holds while the CLI runs and the
+    job's deadline holds on the node, but a VM outlives a dead CLI until `sweep resume`/`stop`."""
+    from cloudtrain.providers import ANY, available, capabilities
+
+    cloud = loaded.recipe.resources.cloud
+    if cloud == ANY:
+        from cloudtrain.cluster.planning import priced_clouds
+
+        clouds = list(priced_clouds())
+    else:
+        clouds = [cloud]
+    unable = []
+    for name in clouds:
+        if name not in available():
+            continue  # refused by the preflight with its own message
+        caps = capabilities(name)
+        if not (caps.autostop and caps.autostop_down):
+            unable.append(name)
+    if not unable:
+        return None
+    return (f"cloud {', '.join(unable)} cannot delete its machines from the machine itself (no on-node watchdog "
+            f"delete): the sweep's VMs take no lease there, so the bound covers each job's deadline on the node "
+            f"but not a VM's lifetime after the CLI dies; `sweep resume ID` or `sweep stop ID` releases them")
+
+
 def trial_recipe(base: LoadedRecipe, params: Mapping[str, ParamValue]) -> tuple[LoadedRecipe, dict[str, str]]:
     """A trial's recipe and extra environment: parameters become the bundled job's flags, or
     environment variables of a `run` command."""

@@ -6,8 +6,16 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import cli_env, default_sigint
 
+
+@pytest.fixture(autouse=True)
+def _watchdog_stays_in_the_test(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Every sweep VM runs an on-node watchdog (its lease): never one in the developer's crontab or
+    # systemd (on `local` the node is this machine).
+    monkeypatch.setenv("CLOUDTRAIN_WATCHDOG_PERSIST", "none")
 
 
 def sweep_cli(*args: str, cwd: Path | None = None, timeout: float = 600) -> subprocess.CompletedProcess:

@@ -10,6 +10,8 @@ import csv
 import json
 import os
 import signal
+import subprocess
+import sys
 import textwrap
 import time
 from pathlib import Path
@@ -180,3 +182,184 @@ def test_run_and_validate_refuse_a_sweep_recipe_and_point_to_sweep(tmp_path: Pat
         assert "sweep-mnist-local.yaml:15: sweep: this is a sweep recipe" in line and "cloudtrain sweep run" in line
     ok = sweep_cli("validate", str(recipe))
     assert ok.returncode == 0 and "grid over lr, batch_size, up to 4 trial(s)" in ok.stdout, ok.stderr
+
+
+def _node_dirs(sweep_id: str) -> list[Path]:
+    """The local nodes of a sweep's VMs (a local node is a directory under CLOUDTRAIN_HOME)."""
+    base = Path(os.environ["CLOUDTRAIN_HOME"]) / "local"
+    return sorted(base.glob(f"local-sw-{sweep_id}-*")) if base.is_dir() else []
+
+
+def test_a_dead_cli_leaves_no_vm_past_its_lease_and_resume_finishes(tmp_path: Path) -> None:
+    """The bound when the laptop dies: each VM's watchdog deletes it at its lease end, no CLI needed."""
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    # Leases of ~30 s: 6 s boot + 6 s setup + 12 s deadline + 3 s collect (the delete is called
+    # release_minutes and a margin before each lease ends).
+    recipe = _shell_sweep(tmp_path, "sweep-lease", f"""\
+        echo "$X" >> {marks}/started
+        sleep 2
+        mkdir -p outputs && echo "{{\\"score\\": $X}}" > outputs/metrics.json
+        """, """\
+        method: grid
+        parameters: {X: [1, 2]}
+        max_parallel: 2
+        budget_usd: 1
+        metric: score
+        goal: max
+        trial_deadline_minutes: 0.2
+        reserve: {boot_minutes: 0.1, setup_minutes: 0.1, collect_minutes: 0.05, release_minutes: 0.05}
+        """)
+    proc = start_sweep_cli("run", str(recipe), "--runs-dir", str(tmp_path / "runs"), cwd=tmp_path)
+    started = marks / "started"
+    try:
+        _wait_for(lambda: started.exists() and len(started.read_text().split()) >= 2, what="two trials running")
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    sweep_id = json.loads(sweep_cli("status", "--json").stdout)["sweeps"][0]["id"]
+    nodes = _node_dirs(sweep_id)
+    assert len(nodes) == 2
+    for node in nodes:
+        config = json.loads((node / ".cloudtrain" / node.name[len("local-"):-2] / "watchdog.json").read_text())
+        assert config["lease"]["why"] == f"sweep {sweep_id}" and config["action"]["effect"] == "delete"
+        assert config["lease"]["until"] > time.time()
+    # No CLI runs: each node's own watchdog deletes it at its lease end.
+    _wait_for(lambda: not _node_dirs(sweep_id), timeout=120, what="the watchdogs to delete both nodes")
+
+    again = sweep_cli("resume", sweep_id, cwd=tmp_path)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    detail = json.loads(sweep_cli("status", sweep_id, "--json").stdout)
+    assert detail["status"] == "done"
+    assert sorted(t["score"] for t in detail["trials"]) == [1, 2]
+    # Each trial succeeded exactly once: its first attempt went with its VM (preempted), the retry ran.
+    for trial in detail["trials"]:
+        mine = sorted((a["attempt"], a["state"]) for a in detail["attempts"] if a["trial"] == trial["trial"])
+        assert trial["state"] == "succeeded" and mine == [(1, "preempted"), (2, "succeeded")], detail
+    assert sorted(started.read_text().split()) == ["1", "1", "2", "2"]
+    _nothing_left()
+
+
+def test_a_cloud_without_a_watchdog_says_the_bound_covers_the_job_only(tmp_path: Path) -> None:
+    recipe = tmp_path / "ssh-sweep.yaml"
+    recipe.write_text(textwrap.dedent("""\
+        name: ssh-sweep
+        resources:
+          cloud: ssh
+          hosts: [{address: 127.0.0.1}]
+        run: echo hi
+        sweep:
+          method: grid
+          parameters: {X: [1, 2]}
+          budget_usd: 1
+          metric: score
+          goal: max
+        """))
+    proc = sweep_cli("validate", str(recipe))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "take no lease" in proc.stderr and "deadline on the node" in proc.stderr
+
+
+def test_a_preempted_trial_resumes_from_its_last_checkpoint(tmp_path: Path) -> None:
+    """The bundled CNN; its VM vanishes (the local provider's terminate, what a spot preemption or
+    the watchdog's delete does) after an epoch: the retry on a new VM resumes from the checkpoint
+    the sweep kept on the laptop."""
+    recipe = tmp_path / "resume.yaml"
+    recipe.write_text(textwrap.dedent("""\
+        name: sweep-resume
+        resources:
+          cloud: local
+        job:
+          name: mnist_cnn
+          params: {epochs: 150, data: bundled, no_placement_log: true, limit_train: 256, limit_test: 256,
+                   batch_size: 64, max_steps_per_epoch: 2}
+        sweep:
+          method: grid
+          parameters: {lr: [0.001]}
+          budget_usd: 1
+          metric: test_accuracy
+          goal: max
+        """))
+    proc = start_sweep_cli("run", str(recipe), "--runs-dir", str(tmp_path / "runs"), cwd=tmp_path)
+    try:
+        kept = lambda: next((tmp_path / "runs").glob("sweep-*/trials/t0000-a1/checkpoint/cloudtrain-checkpoint.json"),
+                            None)
+        info = _wait_for_value(kept, timeout=300, what="the first checkpoint kept on the laptop")
+        sweep_id = info.parts[-5].removeprefix("sweep-")
+        (node,) = _node_dirs(sweep_id)
+        # The VM goes away under its job, as a preemption looks to the sweep: no `down`, state not told.
+        gone = subprocess.run([sys.executable, "-m", "cloudtrain.providers.local", "terminate", "--base",
+                               str(node.parent), node.name], capture_output=True, text=True, timeout=60, check=False)
+        assert gone.returncode == 0, gone.stderr
+        out, err = proc.communicate(timeout=600)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, out[-3000:] + err[-3000:]
+    detail = json.loads(sweep_cli("status", sweep_id, "--json").stdout)
+    attempts = sorted((a["attempt"], a["state"]) for a in detail["attempts"])
+    assert attempts == [(1, "preempted"), (2, "succeeded")], detail
+    results = Path(out.strip().splitlines()[-1])
+    (second,) = (results / "trials" / "t0000-a2").glob("sw-*")
+    metrics = json.loads((second / "outputs" / "metrics.json").read_text())
+    kept = json.loads((results / "trials" / "t0000-a1" / "checkpoint" / "cloudtrain-checkpoint.json").read_text())
+    # It resumed from the newest checkpoint the sweep had kept of the first attempt when its VM went.
+    assert metrics["resumed_from_epoch"] == kept["epoch"] >= 1 and metrics["epochs"] == 150
+    assert len(json.loads((second / "outputs" / "train_state.json").read_text())["history"]) == 150
+    assert "resuming from the checkpoint after epoch" in (second / "job.log").read_text()
+    _nothing_left()
+
+
+def _wait_for_value(fn, timeout: float, what: str):  # noqa: ANN001, ANN202
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = fn()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_a_run_command_gets_its_checkpoint_dir_back_after_a_preemption(tmp_path: Path) -> None:
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    # Resumes from $CLOUDTRAIN_CHECKPOINT_DIR/step if there, checkpoints there, prints epoch lines.
+    recipe = _shell_sweep(tmp_path, "sweep-ckpt", f"""\
+        mkdir -p "$CLOUDTRAIN_CHECKPOINT_DIR"
+        start=$(cat "$CLOUDTRAIN_CHECKPOINT_DIR/step" 2>/dev/null || echo 0)
+        echo "$CLOUDTRAIN_SWEEP_ATTEMPT $start" >> {marks}/starts
+        i=$start
+        while [ "$i" -lt 40 ]; do
+          i=$((i + 1)); echo "$i" > "$CLOUDTRAIN_CHECKPOINT_DIR/step"; echo "epoch $i/40  loss 0.5"; sleep 0.25
+        done
+        mkdir -p outputs && echo "{{\\"score\\": $start}}" > outputs/metrics.json
+        """, """\
+        method: grid
+        parameters: {X: [1]}
+        budget_usd: 1
+        metric: score
+        goal: max
+        """)
+    proc = start_sweep_cli("run", str(recipe), "--runs-dir", str(tmp_path / "runs"), cwd=tmp_path)
+    try:
+        info = _wait_for_value(lambda: next((tmp_path / "runs").glob(
+            "sweep-*/trials/t0000-a1/checkpoint/cloudtrain-checkpoint.json"), None), timeout=120, what="a kept copy")
+        (node,) = _node_dirs(info.parts[-5].removeprefix("sweep-"))
+        gone = subprocess.run([sys.executable, "-m", "cloudtrain.providers.local", "terminate", "--base",
+                               str(node.parent), node.name], capture_output=True, text=True, timeout=60, check=False)
+        assert gone.returncode == 0, gone.stderr
+        out, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, out[-3000:] + err[-3000:]
+    results = Path(out.strip().splitlines()[-1])
+    kept = (results / "trials" / "t0000-a1" / "checkpoint" / "step").read_text().strip()
+    (first, second) = (marks / "starts").read_text().splitlines()
+    assert first == "1 0" and second == f"2 {kept}" and int(kept) >= 1
+    _nothing_left()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import socket
+import time
 from pathlib import Path
 
 from cloudtrain.testing.metadata import GCE_TOKEN_PATH, IMDS_TOKEN_PATH, MetadataServer
@@ -212,7 +213,7 @@ def test_nothing_to_enforce_ends_the_watchdog(node_dir: NodeDir) -> None:
     cancelled = node_dir.watchdog("ensure", {**config, "autostop": None})
     assert cancelled["status"] == "written"
     wait_until(lambda: node_dir.watchdog("check")["running_pid"] is None, what="the watchdog to end")
-    assert decisions(node_dir.log)[-1] == ("exit", "nothing to enforce (autostop and budget are off)")
+    assert decisions(node_dir.log)[-1] == ("exit", "nothing to enforce (autostop, budget and lease are off)")
 
 
 def test_the_watchdog_ends_when_the_cluster_files_go(node_dir: NodeDir) -> None:
@@ -231,3 +232,83 @@ def test_check_reports_what_counts_as_activity(node_dir: NodeDir) -> None:
     assert seen["jobs_running"] == ["j1"] and seen["jobs"] == ["j1"] and seen["running_pid"] is None
     node_dir.kill_job(job)
     assert node_dir.watchdog("check")["jobs_running"] == []
+
+
+# ---------------------------------------------------------------------------------------- the lease
+
+
+def lease(seconds: float, why: str = "sweep abc123") -> dict:
+    """A lease as the CLI sends it: due `seconds` from now on this (shared) clock."""
+    now = time.time()
+    return {"until": now + seconds, "why": why, "sent_at": now}
+
+
+def test_the_lease_deletes_the_node_while_a_job_runs(node_dir: NodeDir, tmp_path: Path) -> None:
+    marker = tmp_path / "deleted"
+    node_dir.start_job("trial", "sleep 300")
+    # Autostop far away and waiting for jobs: only the lease can end this node.
+    config = node_dir.config(autostop={"idle_s": 3600, "down": False, "wait_for": "jobs"}, lease=lease(1.5),
+                             action={"kind": "shutdown", "effect": "delete"}, action_key="i-test:delete",
+                             shutdown_command=marker_command(marker))
+    assert node_dir.watchdog("ensure", config)["running"]
+    wait_until(lambda: marker.exists(), what="the delete at the lease end")
+    assert marker.read_text() == "i-test delete wd\n"
+    log = decisions(node_dir.log)
+    assert "lease: delete by" in log[0][1] and "(sweep abc123)" in log[0][1]
+    (line,) = [detail for d, detail in log if d == "delete" and not detail.startswith("done:")]
+    assert line.startswith("lease: ") and "sweep abc123" in line and "1 job(s) still running" in line
+    assert any(d == "busy" and "s left" in detail and "lease" in detail for d, detail in log)
+
+
+def test_the_earliest_of_budget_and_lease_wins(node_dir: NodeDir, tmp_path: Path) -> None:
+    marker = tmp_path / "deleted"
+    # The budget has an hour left; the lease a second: the lease fires, whatever the budget says.
+    node_dir.write(budget={"limit_s": 3600.0, "used_s": 0.0, "epoch": "e", "why": "max_hours 1"}, lease=lease(1.0),
+                   action={"kind": "shutdown", "effect": "delete"}, shutdown_command=marker_command(marker))
+    node_dir.run()
+    wait_until(lambda: marker.exists(), what="the lease's delete")
+    assert [d for d, detail in decisions(node_dir.log) if d == "delete" and detail.startswith("lease: ")]
+    assert not [d for d, detail in decisions(node_dir.log) if detail.startswith("budget")]
+
+
+def test_a_node_clock_behind_the_laptop_still_deletes_on_time(node_dir: NodeDir, tmp_path: Path) -> None:
+    marker = tmp_path / "deleted"
+    # The laptop's clock is an hour ahead of this node's: by the node's wall clock alone the lease
+    # would fire an hour late. ensure notes the lease on the node's monotonic clock too.
+    now = time.time()
+    skewed = {"until": now + 3600 + 1.0, "why": "sweep skew", "sent_at": now + 3600}
+    config = node_dir.config(lease=skewed, action={"kind": "shutdown", "effect": "delete"},
+                             action_key="i-test:delete", shutdown_command=marker_command(marker))
+    assert node_dir.watchdog("ensure", config)["running"]
+    written = json.loads(node_dir.config_path.read_text())["lease"]
+    assert written["until"] == skewed["until"] and "mono_until" in written and written["boot_id"]
+    wait_until(lambda: marker.exists(), timeout=60, what="the delete on the node's own clock")
+    # Sending the same lease again keeps the node's first reading (no later deadline from a resend).
+    again = node_dir.watchdog("ensure", {**config, "lease": {**skewed, "sent_at": skewed["sent_at"] + 50}})
+    assert again["status"] == "unchanged"
+    assert json.loads(node_dir.config_path.read_text())["lease"]["mono_until"] == written["mono_until"]
+
+
+def test_an_extended_lease_keeps_the_node_and_a_kept_lease_forces_the_delete(node_dir: NodeDir,
+                                                                            tmp_path: Path) -> None:
+    marker = tmp_path / "deleted"
+    config = node_dir.config(lease=lease(1.5), action={"kind": "shutdown", "effect": "delete"},
+                             action_key="i-test:delete", shutdown_command=marker_command(marker))
+    assert node_dir.watchdog("ensure", dict(config))["running"]
+    # A new trial on the warm VM: the lease moves an hour on before the old one ends.
+    assert node_dir.watchdog("ensure", {**config, "lease": lease(3600)})["status"] == "written"
+    wait_until(lambda: any(d == "config" and "lease: delete by" in detail for d, detail in decisions(node_dir.log)),
+               what="the new lease taken")
+    wait_until(lambda: sum(1 for d, _ in decisions(node_dir.log) if d == "idle") >= 10, what="ticks past the old lease")
+    assert not marker.exists()
+    # `cloudtrain autostop NAME -i ...` (no --down) keeps the lease, and with it the delete action:
+    # the stop it sends is not taken.
+    change = {**config, "lease": None, "keep": ["budget", "lease"], "action": {"kind": "shutdown", "effect": "stop"},
+              "action_key": "i-test:stop", "autostop": {"idle_s": 3600, "down": False, "wait_for": "jobs"}}
+    assert node_dir.watchdog("ensure", dict(change))["status"] == "written"
+    written = json.loads(node_dir.config_path.read_text())
+    assert written["action"]["effect"] == "delete" and written["action_key"] == "i-test:delete"
+    assert written["lease"]["why"] == "sweep abc123" and written["autostop"]["idle_s"] == 3600
+    # A node holding no delete action yet asks for one (the CLI then asks the provider with down=True).
+    node_dir.write(**{**written, "action": {"kind": "shutdown", "effect": "stop"}, "action_key": "i-test:stop"})
+    assert node_dir.watchdog("ensure", dict(change)) == {"status": "need-action", "down": True}
