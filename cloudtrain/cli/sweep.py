@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from cloudtrain.cli import output
+from cloudtrain.cli.approve import ask, yes_option
 from cloudtrain.cli.common import open_lifecycle
 
 if TYPE_CHECKING:
@@ -30,9 +31,11 @@ def sweep() -> None:
 @sweep.command("run")
 @click.argument("recipe_path", metavar="RECIPE")
 @click.option("--runs-dir", type=click.Path(file_okay=False), help="Where results go (default: config runs_dir).")
-def run_cmd(recipe_path: str, runs_dir: str | None) -> None:
+@yes_option
+def run_cmd(recipe_path: str, runs_dir: str | None, yes: bool) -> None:
     """Run the sweep in RECIPE (a recipe with a `sweep:` section). Ctrl-C stops it cleanly; after a
-    killed CLI, `cloudtrain sweep resume ID` goes on. The last line printed is the results directory."""
+    killed CLI, `cloudtrain sweep resume ID` goes on. The last line printed is the results directory.
+    On a priced cloud the budget is approved first (a terminal asks; otherwise --yes or `confirm: false`)."""
     from cloudtrain.recipe import load_recipe
     from cloudtrain.sweep import session
 
@@ -40,7 +43,14 @@ def run_cmd(recipe_path: str, runs_dir: str | None) -> None:
     view = SweepDisplay()
     lc = open_lifecycle(view)
     base = Path(runs_dir or lc.config.runs_dir).expanduser()
-    _report(session.start(lc, loaded, base, view))
+
+    def approve(spec: SweepSpec) -> None:
+        c = spec.costs
+        ask(f"sweep {loaded.recipe.name}: up to {spec.limits.max_trials} trial(s) on up to {spec.limits.max_parallel} "
+            f"VM(s) at most {output.money(c.hourly_usd)}/h each; hard budget {output.money(c.budget_usd)}",
+            yes, lc.config.confirm, what="started")
+
+    _report(session.start(lc, loaded, base, view, approve))
 
 
 @sweep.command()

@@ -13,7 +13,7 @@ import secrets
 import signal
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -104,11 +104,16 @@ def get_sweep(lc: Lifecycle, sweep_id: str) -> SweepRecord:
     return row
 
 
-def start(lc: Lifecycle, loaded: LoadedRecipe, runs_dir: Path, view: SweepView) -> SweepOutcome:
+def start(lc: Lifecycle, loaded: LoadedRecipe, runs_dir: Path, view: SweepView,
+          approve: Callable[[SweepSpec], None] | None = None) -> SweepOutcome:
+    """`approve` (the CLI's price prompt) sees the checked spec before anything exists; it raises
+    to stop. A sweep is approved once, for its whole budget, not per VM."""
     from cloudtrain.state import SweepRecord
     from cloudtrain.sweep.spec import check_sweep
 
     spec = check_sweep(loaded, lc.config)
+    if approve is not None and spec.costs.hourly_usd > 0:
+        approve(spec)
     sweep_id = new_sweep_id()
     while lc.store.get_sweep(sweep_id) is not None:
         sweep_id = new_sweep_id()

@@ -65,7 +65,12 @@ def test_four_trials_two_at_a_time_on_ec2_end_with_nothing_running(
           trial_deadline_minutes: 2
           reserve: {{boot_minutes: 3, setup_minutes: 3, collect_minutes: 1, release_minutes: 1}}
         """))
-    proc = sweep_cli("run", str(recipe), "--runs-dir", str(tmp_path / "runs"), cwd=tmp_path)
+    # A sweep on a priced cloud is approved once, for its budget: no terminal and no --yes, nothing starts.
+    refused = sweep_cli("run", str(recipe), "--runs-dir", str(tmp_path / "runs"), cwd=tmp_path)
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert "hard budget $1" in refused.stderr and "--yes" in refused.stderr
+    assert not (tmp_path / "runs").exists()
+    proc = sweep_cli("run", str(recipe), "--runs-dir", str(tmp_path / "runs"), "--yes", cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     results = Path(proc.stdout.strip().splitlines()[-1])
     rows = list(csv.DictReader((results / "sweep.csv").open()))
