@@ -28,6 +28,52 @@ class _Loader(yaml.SafeLoader):
             ) from None
 
 
+    def flatten_mapping(self, node: yaml.MappingNode) -> None:
+        """`<<` merges as the YAML spec has them: keys written in the mapping win, then a mapping
+        earlier in `<<: [*a, *b]` wins over a later one.
+
+        PyYAML 6.0.4 lets the *last* merged mapping win for keys of two or more characters (its
+        merge-key DoS fix, yaml/pyyaml#937; the regression is yaml/pyyaml#953), so a recipe would
+        load differently depending on the PyYAML a user has. Each key is kept once, so aliases that
+        merge each other cannot blow the mapping up exponentially (the DoS that fix was for).
+        """
+        sources: list[yaml.MappingNode] = []
+        written: list[tuple[yaml.Node, yaml.Node]] = []
+        for key_node, value_node in node.value:
+            if key_node.tag == _MERGE_TAG:
+                merged = value_node.value if isinstance(value_node, yaml.SequenceNode) else [value_node]
+                for source in merged:
+                    if not isinstance(source, yaml.MappingNode):
+                        raise yaml.constructor.ConstructorError(
+                            "while constructing a mapping", node.start_mark,
+                            f"expected a mapping or list of mappings for merging, but found {source.id}",
+                            source.start_mark)
+                    sources.append(source)
+            else:
+                if key_node.tag == "tag:yaml.org,2002:value":
+                    key_node.tag = "tag:yaml.org,2002:str"
+                written.append((key_node, value_node))
+        if not sources:
+            return
+        seen = {_merge_identity(key) for key, _ in written}
+        merged_pairs = []
+        for source in sources:
+            self.flatten_mapping(source)  # (a flattened mapping has no `<<` left: flattening it again is one pass)
+            for key, value in source.value:
+                identity = _merge_identity(key)
+                if identity not in seen:
+                    seen.add(identity)
+                    merged_pairs.append((key, value))
+        node.value = merged_pairs + written
+
+
+def _merge_identity(key: yaml.Node) -> tuple:
+    """How merged keys are told apart: a scalar by what it says, anything else by the node itself."""
+    if isinstance(key, yaml.ScalarNode):
+        return (key.tag, key.value)
+    return ("node", id(key))
+
+
 _Loader.add_constructor("tag:yaml.org,2002:timestamp", _Loader.construct_yaml_timestamp)
 
 

@@ -346,17 +346,25 @@ class PipelineBackend:
         """Why the cluster is gone (preempted, deleted by its lease, stopped by its cloud), or None
         while it is up or nobody can tell. Asks the cloud once. take_down: remove what is left now
         (else the caller does, once it has read the cluster's run and job rows)."""
+        from cloudtrain.providers.base import InstanceState
         from cloudtrain.state import ClusterStatus
 
         if lc.store.get_cluster(name) is None:
             return f"cluster {name} was taken down"  # (`cloudtrain down` behind the sweep's back)
         try:
-            status = lc.refresh(name).record.status
+            cluster = lc.refresh(name)
         except CloudtrainError as exc:
             self.warn(f"could not ask the cloud about {name}: {exc.one_line()}")
             return None
-        if status == ClusterStatus.UP:
+        status = cluster.record.status
+        # A node on its way down (stopping, shutting down) leaves the cluster UP in state for a while,
+        # but the job it killed did not fail on its own.
+        going = {InstanceState.STOPPING.value, InstanceState.STOPPED.value, InstanceState.TERMINATED.value}
+        leaving = [n for n in cluster.nodes if n.state in going]
+        if status == ClusterStatus.UP and not leaving:
             return None
+        if status == ClusterStatus.UP:
+            status = leaving[0].state
         if take_down:
             # Nothing of it may go on billing (a stopped spot VM keeps its disk): take down what is left.
             self._down_quietly(lc, name)

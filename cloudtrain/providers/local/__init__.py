@@ -7,6 +7,7 @@ the node directory, which is what `list_tagged` scans, like a cloud API listing 
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -30,6 +31,10 @@ from cloudtrain.providers.base import (
 )
 
 _META = "instance.json"
+# A node directory being deleted is renamed to this prefix first; listings skip it.
+_GRAVE_PREFIX = ".deleting-"
+# How long a delete keeps going while a writer that held the directory open finishes.
+_REMOVE_WITHIN_S = 10.0
 
 
 class LocalProvider:
@@ -81,6 +86,8 @@ class LocalProvider:
             return []
         found = []
         for node_dir in sorted(self.base.iterdir()):
+            if node_dir.name.startswith(_GRAVE_PREFIX):
+                continue
             meta = self._read_meta(node_dir)
             if meta and (cluster is None or meta["tags"].get(TAG_CLUSTER) == cluster):
                 found.append(self._instance(node_dir, meta))
@@ -91,6 +98,10 @@ class LocalProvider:
             node_dir = self._dir(instance_id)
             meta = self._read_meta(node_dir)
             if meta:
+                # Said before the jobs are ended, as a cloud says `stopping` before the OS goes down:
+                # whoever sees a job die meanwhile can tell the machine went, not the job.
+                meta["state"] = InstanceState.STOPPING.value
+                self._write_meta(node_dir, meta)
                 # A stopped machine runs nothing: end every job the node still has.
                 _kill_jobs(node_dir)
                 meta["state"] = InstanceState.STOPPED.value
@@ -107,9 +118,15 @@ class LocalProvider:
     def terminate(self, ids: Sequence[str]) -> None:
         for instance_id in ids:
             node_dir = self._dir(instance_id)
+            meta = self._read_meta(node_dir)
+            if meta:
+                # Marked first (EC2's shutting-down also reads as terminated): a job killed by this
+                # is seen as its machine going away, not as the job failing.
+                meta["state"] = InstanceState.TERMINATED.value
+                self._write_meta(node_dir, meta)
             if node_dir.exists():
                 _kill_jobs(node_dir)
-                shutil.rmtree(node_dir)
+                _remove_node_dir(node_dir)
 
     def watchdog_action(self, instance: Instance, down: bool) -> dict[str, Any]:
         """This machine is never powered off: the watchdog does what `cloudtrain stop` / `down`
@@ -147,6 +164,32 @@ class LocalProvider:
         tmp = node_dir / f".{_META}.tmp"
         tmp.write_text(json.dumps(meta))
         os.replace(tmp, node_dir / _META)
+
+
+def _remove_node_dir(node_dir: Path) -> None:
+    """Delete a node directory that others may still be writing into; a node already gone is success.
+
+    Moved aside first: whoever still writes by path (the CLI pulling a checkpoint or writing a job
+    file, the node's watchdog logging its last tick) then misses it instead of putting files back into
+    a directory being deleted, which made rmtree fail with "Directory not empty". A writer holding a
+    directory open can still add a file, so the delete is repeated until nothing comes back.
+    """
+    grave = node_dir.with_name(f"{_GRAVE_PREFIX}{node_dir.name}-{os.getpid()}-{time.monotonic_ns()}")
+    try:
+        os.rename(node_dir, grave)
+    except FileNotFoundError:
+        return  # deleted by someone else (a watchdog and `down` may race): gone is success
+    deadline = time.monotonic() + _REMOVE_WITHIN_S
+    while True:
+        try:
+            shutil.rmtree(grave)
+            return
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            if exc.errno != errno.ENOTEMPTY or time.monotonic() > deadline:
+                raise
+            time.sleep(0.02)
 
 
 def _kill_jobs(node_dir: Path) -> None:
