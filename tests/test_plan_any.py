@@ -515,6 +515,31 @@ def test_plan_refusal_names_the_skipped_cloud_and_exits_2(fakes: Any, tmp_path: 
     assert created(run) == []
 
 
+@pytest.mark.parametrize(("resources", "clouds"), [({"accelerators": "T4:1"}, PRICED),
+                                                   ({"cloud": "gcp", "accelerators": "T4:1"}, ("gcp",))],
+                         ids=["any", "one named cloud"])
+def test_plan_without_any_credentials_shows_the_catalogs_answer_and_exits_2(
+    fakes: Any, tmp_path: Path, resources: dict, clouds: tuple[str, ...]
+) -> None:
+    # Pricing a recipe must not wait on a login: the catalog's plan is shown, marked as unlaunchable.
+    run = run_plan(fakes, tmp_path, resources, {"budget": {"max_hours": 4}}, PRICED)
+    assert run.result.returncode == 2
+    assert "catalog only" in run.result.stdout and "nothing here can launch" in run.result.stdout
+    expected = oracle({k: v for k, v in resources.items() if k != "cloud"}, {"budget": {"max_hours": 4}}, clouds)
+    assert run.rows() == shown(expected[:6])
+    assert f"worst case: ${expected[0][3] * 4:.2f}" in run.result.stdout
+    assert run.result.stderr.count("error:") == 1 and "credentials" in run.result.stderr
+    assert created(run) == []
+
+
+def test_plan_without_credentials_and_no_fitting_offer_shows_only_the_recipe_mistake(fakes: Any, tmp_path: Path) -> None:
+    run = run_plan(fakes, tmp_path, {"accelerators": "T4:1", "memory": 4096}, {}, PRICED)
+    assert run.result.returncode == 2 and "catalog only" not in run.result.stdout
+    # The recipe is what to fix first: no login would make it fit.
+    assert "resources.memory: no offer with T4:1 and 4096 GiB" in run.result.stderr
+    assert run.result.stderr.count("error:") == 1
+
+
 @pytest.mark.parametrize(("shown_rows", "count"), [("0", 1), ("2", 3)])
 def test_plan_alternatives_flag_sets_how_many_fallbacks(fakes: Any, tmp_path: Path, shown_rows: str, count: int) -> None:
     run = run_plan(fakes, tmp_path, {"accelerators": "T4:1"}, {}, args=("-n", shown_rows))

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import click
 
 from cloudtrain.cli import output
+
+if TYPE_CHECKING:
+    from cloudtrain.plan import Plan
 
 
 @click.command()
@@ -15,8 +20,9 @@ from cloudtrain.cli import output
 def plan(recipe_path: str, as_json: bool, alternatives: int) -> None:
     """Show the placement RECIPE would launch (cheapest fitting offer among clouds with working
     credentials), the fallbacks failover would walk, and the worst-case cost from the budget."""
-    from cloudtrain.cluster.planning import plan_with_credentials
+    from cloudtrain.cluster.planning import catalog_only_plan, plan_with_credentials
     from cloudtrain.config import load_config
+    from cloudtrain.errors import CredentialsError
     from cloudtrain.preflight import preflight
     from cloudtrain.recipe import load_recipe
 
@@ -27,11 +33,17 @@ def plan(recipe_path: str, as_json: bool, alternatives: int) -> None:
     if static is None:
         output.info(f"{recipe_path}: cloud {loaded.recipe.resources.cloud} costs nothing; nothing to plan")
         return
-    usable = plan_with_credentials(loaded.recipe, config)
+    try:
+        usable = plan_with_credentials(loaded.recipe, config)
+    except CredentialsError:
+        # Nothing can launch, but the user asked what it would cost: show the catalog's answer (when
+        # there is one) before the refusal, so pricing a recipe does not wait on a cloud login.
+        unlaunchable = None if as_json else catalog_only_plan(loaded.recipe, config)
+        if unlaunchable is not None:
+            output.info("catalog only: no credentials work for these clouds, so nothing here can launch yet")
+            _render(unlaunchable, alternatives)
+        raise
     p = usable.plan
-    rows = [(i + 1, c.cloud, c.region, c.zone or "-", c.instance_type, c.accelerators or "-",
-             "spot" if c.spot else "on-demand", f"${c.hourly_price:.4g}", f"${c.hourly_price * p.num_nodes:.4g}")
-            for i, c in enumerate(p.candidates[: alternatives + 1])]
     if as_json:
         output.print_json({
             "best": p.best.__dict__, "candidates": [c.__dict__ for c in p.candidates],
@@ -41,6 +53,13 @@ def plan(recipe_path: str, as_json: bool, alternatives: int) -> None:
         return
     for cloud, why in usable.skipped:
         output.warn(f"skipping {cloud}: {why} (see `cloudtrain check {cloud}`)")
+    _render(p, alternatives)
+
+
+def _render(p: Plan, alternatives: int) -> None:
+    rows = [(i + 1, c.cloud, c.region, c.zone or "-", c.instance_type, c.accelerators or "-",
+             "spot" if c.spot else "on-demand", f"${c.hourly_price:.4g}", f"${c.hourly_price * p.num_nodes:.4g}")
+            for i, c in enumerate(p.candidates[: alternatives + 1])]
     output.info(f"plan: {p.summary()}")
     output.table(["#", "CLOUD", "REGION", "ZONE", "TYPE", "GPU", "MARKET", "$/H/NODE", "$/H"], rows)
     more = len(p.candidates) - len(rows)

@@ -59,6 +59,21 @@ def plan_with_credentials(recipe: Recipe, config: Config) -> UsablePlan:
     return UsablePlan(plan, providers, tuple(skipped))
 
 
+def catalog_only_plan(recipe: Recipe, config: Config) -> Plan | None:
+    """The plan over every cloud the recipe allows, credentials or not; None when nothing fits.
+    For showing what a recipe would cost before any login works; never for launching."""
+    from cloudtrain.catalog import default_catalog
+    from cloudtrain.plan import make_plan
+
+    cloud = recipe.resources.cloud
+    clouds = list(priced_clouds() if cloud == ANY else (cloud,))
+    default_region = get_provider(clouds[0], config).default_region if len(clouds) == 1 else None
+    try:
+        return make_plan(recipe, default_catalog(), clouds, default_region=default_region)
+    except UsageError:
+        return None
+
+
 def _naming_skipped(error: UsageError, recipe: Recipe, usable: list[str], skipped: list[tuple[str, str]],
                     default_region: str | None) -> UsageError:
     """The planner's refusal over the usable clouds, naming the clouds it never saw. Without them
