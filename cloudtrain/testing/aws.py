@@ -61,6 +61,7 @@ from xml.sax.saxutils import escape
 import pytest
 
 from cloudtrain.testing.cloud import CloudMachines, FakeCloud, cluster_hint
+from cloudtrain.testing.faults import Gate, RequestBook
 from cloudtrain.testing.sshd import SshdFactory
 
 _SCOPE_RE = re.compile(r"Credential=[^/]+/\d{8}/(?P<region>[^/]+)/(?P<service>[^/]+)/aws4_request")
@@ -150,32 +151,6 @@ class Fault:
         return self.when is None or self.when(request)
 
 
-@dataclass
-class Gate:
-    """Parks matching EC2 requests until released: a test can act "between" two API calls."""
-
-    action: str
-    when: Callable[[Ec2Request], bool] | None = None
-    after: bool = False  # let moto act first and park the answer (the caller never hears back)
-    _released: threading.Event = field(default_factory=threading.Event)
-    _held: threading.Event = field(default_factory=threading.Event)
-
-    def matches(self, request: Ec2Request) -> bool:
-        return request.action == self.action and (self.when is None or self.when(request))
-
-    def park(self) -> None:
-        self._held.set()
-        # Bounded, so a test that forgets to release cannot hang the server forever.
-        self._released.wait(timeout=600)
-
-    def wait_held(self, timeout: float) -> bool:
-        """True once a matching request is parked."""
-        return self._held.wait(timeout)
-
-    def release(self) -> None:
-        self._released.set()
-
-
 # (request, HTTP status, response body) after moto answered; see FaultInjector.observers
 Observer = Callable[[Ec2Request, int, bytes], None]
 
@@ -191,13 +166,23 @@ class FaultInjector:
     """
 
     app: Callable[..., Iterable[bytes]]
-    faults: list[Fault] = field(default_factory=list)
-    requests: list[Ec2Request] = field(default_factory=list)
-    gates: list[Gate] = field(default_factory=list)
     observers: list[Observer] = field(default_factory=list)
     parameters: Callable[[str, str], str | None] | None = None
     observer_errors: list[str] = field(default_factory=list)
+    book: RequestBook[Ec2Request, Fault] = field(default_factory=lambda: RequestBook(_is_action))
     _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def faults(self) -> list[Fault]:
+        return self.book.faults
+
+    @property
+    def requests(self) -> list[Ec2Request]:
+        return self.book.requests
+
+    @property
+    def gates(self) -> list[Gate]:
+        return self.book.gates
 
     def add(
         self,
@@ -225,37 +210,23 @@ class FaultInjector:
             when=when,
             service=service,
         )
-        with self._lock:
-            self.faults.append(fault)
-        return fault
+        return self.book.add_fault(fault)
 
     def hold(self, action: str, *, after: bool = False, when: Callable[[Ec2Request], bool] | None = None) -> Gate:
         """Park matching requests until `gate.release()` (`after`: let moto act first)."""
-        gate = Gate(action, when, after)
-        with self._lock:
-            self.gates.append(gate)
-        return gate
+        return self.book.hold(action, after=after, when=when)
 
     def clear(self) -> None:
         """Forget faults, gates (released), recorded requests, observers and parameter answers."""
+        self.book.clear()
         with self._lock:
-            for gate in self.gates:
-                gate.release()
-            self.gates.clear()
-            self.faults.clear()
-            self.requests.clear()
             self.observers.clear()
             self.observer_errors.clear()
             self.parameters = None
 
     def count(self, action: str, *, zone: str | None = None, region: str | None = None) -> int:
         """Requests seen for `action` (each botocore retry is one), optionally in one zone/region."""
-        with self._lock:
-            return sum(
-                1
-                for r in self.requests
-                if r.action == action and (zone is None or r.zone == zone) and (region is None or r.region == region)
-            )
+        return len(self.book.matching(action, lambda r: zone in (None, r.zone) and region in (None, r.region)))
 
     def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
         if environ.get("HTTP_" + _INTERNAL_HEADER.upper().replace("-", "_")):
@@ -266,17 +237,12 @@ class FaultInjector:
         request = _api_request(environ)
         if request is None:
             return self.app(environ, start_response)
-        with self._lock:
-            self.requests.append(request)
-            gate = next((g for g in self.gates if g.matches(request)), None)
+        gate = self.book.record(request)
         if gate is not None and gate.after:
             return _answer_after(gate, self.app, environ, start_response, lambda s, b: self._notify(request, s, b))
         if gate is not None:
             gate.park()
-        with self._lock:
-            fault = next((f for f in self.faults if f.matches(request)), None)
-            if fault is not None:
-                fault.hits += 1
+        fault = self.book.take_fault(request)  # decided after the gate: a test may add one meanwhile
         if fault is not None:
             return _error_answer(fault, request, start_response)
         if not self.observers:
@@ -316,6 +282,10 @@ class FaultInjector:
         }}).encode()
         start_response("200 OK", [("Content-Type", "application/x-amz-json-1.1"), ("Content-Length", str(len(payload)))])
         return [payload]
+
+
+def _is_action(action: str, request: Ec2Request) -> bool:
+    return request.action == action
 
 
 def _error_answer(fault: Fault, request: Ec2Request, start_response: Callable[..., Any]) -> list[bytes]:

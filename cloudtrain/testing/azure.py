@@ -74,6 +74,7 @@ from typing import Any
 import pytest
 
 from cloudtrain.testing.cloud import CloudMachines, FakeCloud, cluster_hint
+from cloudtrain.testing.faults import Gate, RequestBook
 from cloudtrain.testing.metadata import MetadataServer
 from cloudtrain.testing.sshd import SshdFactory
 
@@ -189,26 +190,6 @@ class Fault:
         return self.when is None or self.when(request)
 
 
-@dataclass
-class Gate:
-    """Parks matching requests until released; with `after`, the fake acts first and the answer waits."""
-
-    action: str
-    after: bool = False
-    _released: threading.Event = field(default_factory=threading.Event)
-    _held: threading.Event = field(default_factory=threading.Event)
-
-    def park(self) -> None:
-        self._held.set()
-        self._released.wait(timeout=600)
-
-    def wait_held(self, timeout: float) -> bool:
-        return self._held.wait(timeout)
-
-    def release(self) -> None:
-        self._released.set()
-
-
 def _action_matches(pattern: str, request: ArmRequest) -> bool:
     if pattern == "*":
         return True
@@ -217,47 +198,18 @@ def _action_matches(pattern: str, request: ArmRequest) -> bool:
     return pattern.lower() == request.action.lower()
 
 
-class Faults:
+class Faults(RequestBook[ArmRequest, Fault]):
     def __init__(self) -> None:
-        self.faults: list[Fault] = []
-        self.gates: list[Gate] = []
-        self.requests: list[ArmRequest] = []
-        self.lock = threading.Lock()
+        super().__init__(_action_matches)
 
     def add(self, code: str, *, action: str = "vm.create", regions: Iterable[str] | None = None,
             message: str | None = None, status: int | None = None, times: int | None = None,
             when: Callable[[ArmRequest], bool] | None = None) -> Fault:
-        fault = Fault(code, action, frozenset(regions) if regions is not None else None, message, status, times, when)
-        with self.lock:
-            self.faults.append(fault)
-        return fault
-
-    def hold(self, action: str, *, after: bool = False) -> Gate:
-        gate = Gate(action, after)
-        with self.lock:
-            self.gates.append(gate)
-        return gate
+        return self.add_fault(Fault(code, action, frozenset(regions) if regions is not None else None, message,
+                                    status, times, when))
 
     def count(self, action: str, *, region: str | None = None) -> int:
-        with self.lock:
-            return sum(1 for r in self.requests if _action_matches(action, r) and region in (None, r.region))
-
-    def clear(self) -> None:
-        with self.lock:
-            for gate in self.gates:
-                gate.release()
-            self.gates.clear()
-            self.faults.clear()
-            self.requests.clear()
-
-    def _seen(self, request: ArmRequest) -> tuple[Fault | None, Gate | None]:
-        with self.lock:
-            self.requests.append(request)
-            gate = next((g for g in self.gates if _action_matches(g.action, request)), None)
-            fault = next((f for f in self.faults if f.matches(request)), None)
-            if fault is not None:
-                fault.hits += 1
-            return fault, gate
+        return len(self.matching(action, lambda r: region in (None, r.region)))
 
 
 @dataclass
@@ -341,7 +293,7 @@ class FakeArm:
             if client is None:
                 principal, denied = self._authorize_identity(arm_request)
                 arm_request = dataclasses.replace(arm_request, caller=principal or "")
-        fault, gate = self.faults._seen(arm_request)
+        fault, gate = self.faults.record_and_match(arm_request)
         if denied is not None:
             raise denied
         if gate is not None and not gate.after:

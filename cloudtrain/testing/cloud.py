@@ -46,6 +46,7 @@ from typing import Any, ClassVar
 
 import pytest
 
+from cloudtrain.testing.faults import Gate, kill_cli_at
 from cloudtrain.testing.sshd import SshdFactory, SshdVM
 
 # The shape of every fixture's config; clouds add their own sections on top.
@@ -258,6 +259,11 @@ class FakeCloud:
 
     def up(self, recipe: str | Path, *args: str, cluster: str | None = None) -> CliResult:
         return self.cli("up", str(recipe), "--cluster", cluster or self.cluster, *args)
+
+    def kill_cli_at(self, gate: Gate, *args: str) -> None:
+        """`cloudtrain ARGS...` in this cloud's environment, SIGKILLed while `gate` holds one of its
+        requests (see faults.kill_cli_at)."""
+        kill_cli_at(gate, [str(a) for a in args], {**os.environ, **self.env})
 
     def down(self, *clusters: str) -> CliResult:
         return self.cli("down", *(clusters or (self.cluster,)))

@@ -89,6 +89,7 @@ from typing import Any
 import pytest
 
 from cloudtrain.testing.cloud import CloudMachines, FakeCloud, cluster_hint
+from cloudtrain.testing.faults import Gate, RequestBook
 from cloudtrain.testing.metadata import MetadataServer
 from cloudtrain.testing.sshd import SshdFactory
 
@@ -252,26 +253,6 @@ class Fault:
         return self.when is None or self.when(request)
 
 
-@dataclass
-class Gate:
-    """Parks matching requests until released; with `after`, the fake acts first and the answer waits."""
-
-    action: str
-    after: bool = False
-    _released: threading.Event = field(default_factory=threading.Event)
-    _held: threading.Event = field(default_factory=threading.Event)
-
-    def park(self) -> None:
-        self._held.set()
-        self._released.wait(timeout=600)
-
-    def wait_held(self, timeout: float) -> bool:
-        return self._held.wait(timeout)
-
-    def release(self) -> None:
-        self._released.set()
-
-
 def _action_matches(pattern: str, request: GceRequest) -> bool:
     if pattern == "*":
         return True
@@ -280,55 +261,24 @@ def _action_matches(pattern: str, request: GceRequest) -> bool:
     return pattern == request.action
 
 
-class Faults:
+class Faults(RequestBook[GceRequest, Fault]):
     def __init__(self) -> None:
-        self.faults: list[Fault] = []
-        self.gates: list[Gate] = []
-        self.requests: list[GceRequest] = []
-        self.lock = threading.Lock()
+        super().__init__(_action_matches)
 
     def add(self, code: str, *, action: str = "instances.insert", zones: Iterable[str] | None = None,
             regions: Iterable[str] | None = None, message: str | None = None, status: int | None = None,
             delivery: str | None = None, times: int | None = None,
             when: Callable[[GceRequest], bool] | None = None) -> Fault:
-        fault = Fault(code, action, frozenset(zones) if zones is not None else None,
-                      frozenset(regions) if regions is not None else None, message, status, delivery, times, when)
-        with self.lock:
-            self.faults.append(fault)
-        return fault
-
-    def hold(self, action: str, *, after: bool = False) -> Gate:
-        gate = Gate(action, after)
-        with self.lock:
-            self.gates.append(gate)
-        return gate
+        return self.add_fault(Fault(code, action, frozenset(zones) if zones is not None else None,
+                                    frozenset(regions) if regions is not None else None, message, status, delivery,
+                                    times, when))
 
     def count(self, action: str, *, zone: str | None = None, region: str | None = None) -> int:
-        with self.lock:
-            return sum(1 for r in self.requests if _action_matches(action, r) and zone in (None, r.zone)
-                       and region in (None, r.region))
+        return len(self.matching(action, lambda r: zone in (None, r.zone) and region in (None, r.region)))
 
     def seen(self, action: str) -> list[GceRequest]:
         """The requests of `action` so far (with their JSON bodies), oldest first."""
-        with self.lock:
-            return [r for r in self.requests if _action_matches(action, r)]
-
-    def clear(self) -> None:
-        with self.lock:
-            for gate in self.gates:
-                gate.release()
-            self.gates.clear()
-            self.faults.clear()
-            self.requests.clear()
-
-    def _seen(self, request: GceRequest) -> tuple[Fault | None, Gate | None]:
-        with self.lock:
-            self.requests.append(request)
-            gate = next((g for g in self.gates if _action_matches(g.action, request)), None)
-            fault = next((f for f in self.faults if f.matches(request)), None)
-            if fault is not None:
-                fault.hits += 1
-            return fault, gate
+        return self.matching(action)
 
 
 @dataclass
@@ -442,7 +392,7 @@ class FakeGce:
                 self._tick()
                 caller, denied = self._authorize_metadata_token(gce_request)
             gce_request = replace(gce_request, caller=caller)
-        fault, gate = self.faults._seen(gce_request)
+        fault, gate = self.faults.record_and_match(gce_request)
         if denied is not None:
             raise denied
         if gate is not None and not gate.after:

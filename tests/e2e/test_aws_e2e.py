@@ -12,9 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -23,6 +20,7 @@ import pytest
 
 from cloudtrain.providers.base import TAG_CLUSTER
 from cloudtrain.testing.aws import MotoServer
+from cloudtrain.testing.faults import kill_cli_at
 from tests.conftest import REPO, cli_env, cloudtrain
 
 from cloudtrain.testing import sshd  # noqa: E402
@@ -142,21 +140,8 @@ def test_sigkill_after_run_instances_then_refresh_finds_it_and_down_removes_it(
     # moto launches the instance, and its answer is held: the CLI dies between EC2 creating the
     # instance and learning its id, the worst moment for bookkeeping.
     gate = moto_server.faults.hold("RunInstances", after=True)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "cloudtrain", "up", str(recipe)], env=cli_env(),
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )
-    try:
-        assert gate.wait_held(timeout=120), "the CLI never launched"
-        assert moto_server.faults.count("RunInstances") == 1
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=30)
-    finally:
-        gate.release()
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert proc.returncode == -signal.SIGKILL
+    kill_cli_at(gate, ["up", str(recipe)], cli_env())
+    assert moto_server.faults.count("RunInstances") == 1
     (orphan,) = instances(ec2, "awskill", LIVE)
 
     before = json.loads(cloudtrain("status", "awskill", "--json").stdout)["clusters"][0]

@@ -12,9 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -162,19 +159,7 @@ def test_sigkill_after_the_vm_put_then_refresh_finds_it_and_down_removes_it(azur
     # ARM accepts the VM and its answer is held: the CLI dies between Azure creating the VM and
     # learning anything about it.
     gate = cloud.faults.hold("vm.create", after=True)
-    env = {**os.environ, **cloud.env}
-    proc = subprocess.Popen([sys.executable, "-m", "cloudtrain", "up", str(recipe), "--cluster", name], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        assert gate.wait_held(timeout=120), "the CLI never created the VM"
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=30)
-    finally:
-        gate.release()
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert proc.returncode == -signal.SIGKILL
+    cloud.kill_cli_at(gate, "up", recipe, "--cluster", name)
     assert len(cloud.server.find("Microsoft.Compute/virtualMachines", f"{name}-0")) == 1
 
     before = json.loads(cloud.cli("status", name, "--json").stdout)["clusters"][0]

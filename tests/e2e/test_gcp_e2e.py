@@ -12,9 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import subprocess
-import sys
 
 import pytest
 
@@ -141,19 +138,7 @@ def test_sigkill_after_the_insert_then_refresh_finds_it_and_down_removes_it(gcp_
     # Compute Engine accepts the instance and the answer is held: the CLI dies between GCP
     # creating it and learning anything about it.
     gate = cloud.faults.hold("instances.insert", after=True)
-    env = {**os.environ, **cloud.env}
-    proc = subprocess.Popen([sys.executable, "-m", "cloudtrain", "up", str(recipe), "--cluster", name], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        assert gate.wait_held(timeout=120), "the CLI never created the instance"
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=30)
-    finally:
-        gate.release()
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert proc.returncode == -signal.SIGKILL
+    cloud.kill_cli_at(gate, "up", recipe, "--cluster", name)
     ((zone, inst),) = cloud.instances()
 
     assert status_of(cloud)["nodes"] == []  # state knows the cluster (written first), not its instance

@@ -1,0 +1,131 @@
+"""What the cloud fakes share: a book of the requests they saw, the faults to answer some with, and
+gates that park a request so a test can act between two API calls (or kill the CLI mid-call).
+
+Each fake keeps its own request and fault records, because the clouds' requests and errors differ;
+what "this request is that action" means is the fake's too (EC2's Action, GCE's "instances.insert"
+or "write", ARM's "vm.create"), handed to the book as `action_matches`.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Generic, Protocol, TypeVar
+
+# Bounded, so a test that forgets to release a gate cannot hang a fake server forever.
+GATE_LIMIT_S = 600.0
+
+
+class _Fault(Protocol):
+    hits: int
+
+    def matches(self, request: Any) -> bool: ...
+
+
+RequestT = TypeVar("RequestT")
+FaultT = TypeVar("FaultT", bound=_Fault)
+
+
+@dataclass
+class Gate:
+    """Parks matching requests until released. `after`: the fake acts first and the answer waits
+    (the caller never hears back in time); `when`: a further filter on the request."""
+
+    action: str
+    after: bool = False
+    when: Callable[[Any], bool] | None = None
+    _released: threading.Event = field(default_factory=threading.Event)
+    _held: threading.Event = field(default_factory=threading.Event)
+
+    def park(self) -> None:
+        self._held.set()
+        self._released.wait(timeout=GATE_LIMIT_S)
+
+    def wait_held(self, timeout: float) -> bool:
+        """True once a request is parked here."""
+        return self._held.wait(timeout)
+
+    def release(self) -> None:
+        self._released.set()
+
+
+class RequestBook(Generic[RequestT, FaultT]):
+    """The requests a fake saw, its faults and gates, under one lock (fakes serve from threads)."""
+
+    def __init__(self, action_matches: Callable[[str, RequestT], bool]) -> None:
+        self.faults: list[FaultT] = []
+        self.gates: list[Gate] = []
+        self.requests: list[RequestT] = []
+        self.lock = threading.Lock()
+        self._action_matches = action_matches
+
+    def add_fault(self, fault: FaultT) -> FaultT:
+        with self.lock:
+            self.faults.append(fault)
+        return fault
+
+    def hold(self, action: str, *, after: bool = False, when: Callable[[Any], bool] | None = None) -> Gate:
+        """Park matching requests until `gate.release()`."""
+        gate = Gate(action, after, when)
+        with self.lock:
+            self.gates.append(gate)
+        return gate
+
+    def matching(self, action: str, where: Callable[[RequestT], bool] | None = None) -> list[RequestT]:
+        """The requests of `action` so far (`where`: a further filter), oldest first."""
+        with self.lock:
+            return [r for r in self.requests if self._action_matches(action, r) and (where is None or where(r))]
+
+    def clear(self) -> None:
+        """Forget faults, requests and gates (released first: nothing stays parked)."""
+        with self.lock:
+            for gate in self.gates:
+                gate.release()
+            self.gates.clear()
+            self.faults.clear()
+            self.requests.clear()
+
+    def record(self, request: RequestT) -> Gate | None:
+        """Log `request`; the gate it must wait at, if any."""
+        with self.lock:
+            self.requests.append(request)
+            return next((g for g in self.gates
+                         if self._action_matches(g.action, request) and (g.when is None or g.when(request))), None)
+
+    def take_fault(self, request: RequestT) -> FaultT | None:
+        """The fault that answers `request` (counted as a hit), if any."""
+        with self.lock:
+            fault = next((f for f in self.faults if f.matches(request)), None)
+            if fault is not None:
+                fault.hits += 1
+            return fault
+
+    def record_and_match(self, request: RequestT) -> tuple[FaultT | None, Gate | None]:
+        """`record`, and the fault decided now (before any gate parks the request)."""
+        gate = self.record(request)
+        return self.take_fault(request), gate
+
+
+def kill_cli_at(gate: Gate, args: Sequence[str], env: Mapping[str, str], *, within_s: float = 120.0) -> None:
+    """Run `cloudtrain ARGS...` and SIGKILL it once a request of its is parked at `gate`, the gate
+    then released: the CLI dies at that exact point of its conversation with the cloud (with
+    `after=True`: the cloud acted, the CLI never heard). Raises AssertionError if it never got there."""
+    proc = subprocess.Popen([sys.executable, "-m", "cloudtrain", *args], env=dict(env),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        if not gate.wait_held(within_s):
+            raise AssertionError(f"`cloudtrain {' '.join(args)}` never reached {gate.action}")
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        gate.release()
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate()
+    if proc.returncode != -signal.SIGKILL:
+        raise AssertionError(f"`cloudtrain {' '.join(args)}` ended by itself ({proc.returncode}) before the kill")
