@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -260,8 +259,11 @@ def test_directory_named_like_an_ignore_file_is_no_rules(tmp_path: Path) -> None
     assert ignored("a.log") and not ignored("a.txt")
 
 
-def test_five_thousand_files_scan_quickly(tmp_path: Path) -> None:
-    # sync walks the whole workdir; rules are compiled once per ignore file, never per path.
+def test_five_thousand_files_compile_rules_once_per_ignore_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # sync walks the whole workdir: rules are compiled once per ignore file, never per path (the
+    # speed itself is measured in benchmarks/sync_speed.py, not asserted here).
+    from cloudtrain.remote import ignore as ignore_module
+
     (tmp_path / ".gitignore").write_text(
         "".join(f"*.tmp{i}\n/build{i}/\n!keep{i}.tmp{i}\nsrc/**/gen{i}\n" for i in range(25)) + "[[:digit:]]*.log\n"
     )
@@ -271,8 +273,10 @@ def test_five_thousand_files_scan_quickly(tmp_path: Path) -> None:
         (tmp_path / f"pkg{d}" / ".gitignore").write_text("*.bak\n!important.bak\n")
         for f in range(100):
             (sub / f"file{f}.{'bak' if f % 10 == 0 else 'py'}").write_text("")
-    started = time.perf_counter()
+    compiled = []
+    original = ignore_module._combine
+    monkeypatch.setattr(ignore_module, "_combine", lambda patterns: compiled.append(1) or original(patterns))
     scan = scan_tree(tmp_path, load_ignore(tmp_path))
-    elapsed = time.perf_counter() - started
     assert len(scan.entries) == 1 + 50 + 50 * 90 and len(scan.ignored) == 50 * 10
-    assert elapsed < 1.0, f"scanning 5,000 files took {elapsed:.2f} s"
+    ignore_files = 1 + 50
+    assert len(compiled) <= 4 * ignore_files  # four combined regexes per file's rules, whatever the paths
