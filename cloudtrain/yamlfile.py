@@ -27,7 +27,6 @@ class _Loader(yaml.SafeLoader):
                 node.start_mark,
             ) from None
 
-
     def flatten_mapping(self, node: yaml.MappingNode) -> None:
         """`<<` merges as the YAML spec has them: keys written in the mapping win, then a mapping
         earlier in `<<: [*a, *b]` wins over a later one.

@@ -28,13 +28,18 @@ def priced_clouds() -> tuple[str, ...]:
     return tuple(c for c in available() if capabilities(c).priced)
 
 
+def _allowed_clouds(recipe: Recipe) -> tuple[str, ...]:
+    cloud = recipe.resources.cloud
+    return priced_clouds() if cloud == ANY else (cloud,)
+
+
 def plan_with_credentials(recipe: Recipe, config: Config) -> UsablePlan:
     """The plan over the clouds the recipe allows whose credentials work; raises when none does."""
     from cloudtrain.catalog import default_catalog
     from cloudtrain.plan import make_plan
 
     cloud = recipe.resources.cloud
-    wanted = priced_clouds() if cloud == ANY else (cloud,)
+    wanted = _allowed_clouds(recipe)
     providers: dict[str, Provider] = {}
     skipped: list[tuple[str, str]] = []
     for name in wanted:
@@ -65,8 +70,7 @@ def catalog_only_plan(recipe: Recipe, config: Config) -> Plan | None:
     from cloudtrain.catalog import default_catalog
     from cloudtrain.plan import make_plan
 
-    cloud = recipe.resources.cloud
-    clouds = list(priced_clouds() if cloud == ANY else (cloud,))
+    clouds = list(_allowed_clouds(recipe))
     default_region = get_provider(clouds[0], config).default_region if len(clouds) == 1 else None
     try:
         return make_plan(recipe, default_catalog(), clouds, default_region=default_region)
