@@ -182,6 +182,7 @@ FAULT_DEFAULTS = {  # code -> (delivery "http" | "operation", HTTP status, messa
                   "login cookie or other valid authentication credential."),
     "VPC_NOT_FOUND": ("operation", 404, "The resource 'projects/{project}/global/networks/default' was not found"),
     "rateLimitExceeded": ("http", 403, "Rate Limit Exceeded"),
+    "userRateLimitExceeded": ("http", 403, "User Rate Limit Exceeded"),
     "backendError": ("http", 503, "Internal error. Please try again or contact Google Support."),
 }
 GLOBAL_GPU_QUOTA_MESSAGE = "Quota 'GPUS_ALL_REGIONS' exceeded.  Limit: 0.0 globally."
@@ -222,8 +223,10 @@ class GceRequest:
 @dataclass
 class Fault:
     """Answer matching requests with `code` (None in a filter means any). `delivery`: "http" (the
-    request fails) or "operation" (accepted, then its operation ends DONE with the error); None
-    means how Compute Engine delivers that code (FAULT_DEFAULTS)."""
+    request fails), "operation" (accepted, then its operation ends DONE with the error) or "reply"
+    (the request is carried out, then answered with the HTTP error: a 503 from a frontend after the
+    backend acted, which a retry must survive); None means how Compute Engine delivers that code
+    (FAULT_DEFAULTS)."""
 
     code: str
     action: str = "instances.insert"
@@ -402,7 +405,17 @@ class FakeGce:
             self._tick()
             if fault is not None and fault.how[0] == "http":
                 raise self._fault_error(fault, gce_request)
-            status, out = self._route(gce_request, rest, dict(request.args), gce_request.caller, fault)
+            request_id = request.args.get("requestId") if request.method != "GET" else None
+            if request_id and request_id in self.request_ids:
+                # A repeated request: Compute Engine answers with the first one's operation.
+                status, out = 200, self.ops[self.request_ids[request_id]]
+            else:
+                status, out = self._route(gce_request, rest, dict(request.args), gce_request.caller,
+                                          fault if fault is not None and fault.how[0] == "operation" else None)
+                if request_id and isinstance(out, _Op):
+                    self.request_ids[request_id] = out.name
+            if fault is not None and fault.how[0] == "reply":
+                raise self._fault_error(fault, gce_request)  # done, but the caller hears an error
         if action.endswith(".wait") and isinstance(out, _Op):
             out = self._wait(out)
         if isinstance(out, _Op):
@@ -777,9 +790,6 @@ class FakeGce:
     def _insert(self, request: GceRequest, zone: str, body: dict[str, Any], args: dict[str, str],
                 fault: Fault | None) -> _Op:
         project = request.project
-        request_id = args.get("requestId")
-        if request_id and request_id in self.request_ids:
-            return self.ops[self.request_ids[request_id]]  # a retried request: the same operation
         name = body.get("name", "")
         _check_name("resource.name", name)
         machine, gpus = self._check_machine(zone, body)
@@ -839,11 +849,8 @@ class FakeGce:
         if service_accounts:
             self.instances[key]["serviceAccounts"] = service_accounts
         self._meta[key] = {"booted": False, "run_start": self.now()}
-        op = self._op(project, zone, "insert", path, lambda: self._start_machine(key),
-                      fault=fault, request=request, on_error=lambda: self._delete_machine(key))
-        if request_id:
-            self.request_ids[request_id] = op.name
-        return op
+        return self._op(project, zone, "insert", path, lambda: self._start_machine(key),
+                        fault=fault, request=request, on_error=lambda: self._delete_machine(key))
 
     def _check_machine(self, zone: str, body: dict[str, Any]) -> tuple[str, list[tuple[str, int]]]:
         value = body.get("machineType")

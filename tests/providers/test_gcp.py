@@ -43,15 +43,22 @@ from cloudtrain.testing.gcp import (
 
 pytest.importorskip("google.cloud.compute_v1")
 from cloudtrain.providers.gcp import GcpProvider, build, make_provider
-from cloudtrain.providers.gcp.api import NO_CREDENTIALS
+from cloudtrain.providers.gcp.api import NO_CREDENTIALS, Backoff
 
 KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFakeKeyForTheGcpProviderTests test"
 CIDR = "203.0.113.7/32"
 
 
 @pytest.fixture
-def provider(gce_server: GceServer) -> GcpProvider:
-    return GcpProvider(**gce_server.config(region="us-central1"))
+def provider(gce_server: GceServer, waits: list[float]) -> GcpProvider:
+    made = GcpProvider(**gce_server.config(region="us-central1"))
+    made.api.backoff = Backoff(sleep=waits.append)  # the backoff's waits are recorded, not slept
+    return made
+
+
+@pytest.fixture
+def waits() -> list[float]:
+    return []
 
 
 @pytest.fixture
@@ -327,7 +334,7 @@ def test_a_stockout_moves_to_the_next_zone(gce_server: GceServer, provider: GcpP
 
 
 @pytest.mark.parametrize("code", ["ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS", "UNSUPPORTED_OPERATION",
-                                  "RESOURCE_NOT_READY", "RESOURCE_OPERATION_RATE_EXCEEDED"])
+                                  "RESOURCE_NOT_READY"])
 def test_every_zone_out_is_a_zone_capacity_error_that_leaves_nothing(
     gce_server: GceServer, provider: GcpProvider, code: str
 ) -> None:
@@ -387,7 +394,8 @@ def test_a_node_that_fails_takes_the_launched_ones_with_it(gce_server: GceServer
     gce_server.faults.add("backendError", when=lambda r: (r.body or {}).get("name", "").startswith("trio-2-"))
     with pytest.raises(ProviderError, match="backendError"):
         provider.launch(spec("trio"), 3)
-    assert gce_server.faults.count("instances.insert") == 3 and gce_server.faults.count("instances.delete") >= 2
+    tries = provider.api.backoff.tries  # a 503 is retried, to the bound, before it counts as a failure
+    assert gce_server.faults.count("instances.insert") == 2 + tries and gce_server.faults.count("instances.delete") >= 2
     assert instances(gce_server) == [] and gce_server.firewalls == {} and gce_server.disks == {}
 
 
@@ -403,6 +411,80 @@ def test_bad_input_is_refused_before_anything_exists(gce_server: GceServer, prov
     with pytest.raises(CapacityError, match="not offered in any zone of us-east1"):
         provider.launch(spec(instance_type="a3-highgpu-8g", region="us-east1"), 1)
     assert gce_server.faults.count("write") == 0
+
+
+# retries: what Google documents as "try again" -----------------------------------------------------
+
+RETRIED = [  # (code, action, how it is delivered, HTTP status): each answered twice, then not
+    ("rateLimitExceeded", "instances.insert", "http", 403),
+    ("userRateLimitExceeded", "instances.insert", "http", 403),
+    ("rateLimitExceeded", "instances.insert", "http", 429),
+    ("backendError", "instances.insert", "http", 503),
+    ("backendError", "instances.insert", "reply", 503),  # GCP acted, the answer was a 503: requestId
+    ("backendError", "firewalls.insert", "reply", 503),
+    ("backendError", "zoneOperations.wait", "http", 503),
+    ("backendError", "globalOperations.wait", "http", 500),
+    ("RESOURCE_OPERATION_RATE_EXCEEDED", "instances.insert", "operation", 403),  # issued again
+    ("rateLimitExceeded", "machineTypes.aggregatedList", "http", 403),
+    ("backendError", "images.getFromFamily", "http", 502),
+]
+
+
+@pytest.mark.parametrize("code,action,delivery,status", RETRIED)
+def test_a_retryable_answer_is_retried_with_backoff_and_the_launch_succeeds(
+    gce_server: GceServer, provider: GcpProvider, waits: list[float], code: str, action: str, delivery: str,
+    status: int
+) -> None:
+    fault = gce_server.faults.add(code, action=action, delivery=delivery, status=status, times=2)
+    (inst,) = provider.launch(spec(), 1)
+    assert fault.hits == 2 and len(waits) == 2 and waits[1] > waits[0] * 0.9 / 2  # backed off
+    assert [f"{zone}:{raw['name']}" for zone, raw in instances(gce_server)] == [inst.id]  # one, not two
+    assert set(gce_server.firewalls) == {"cloudtrain-box-ssh"} and len(gce_server.disks) == 1
+    assert inst.state in (InstanceState.RUNNING, InstanceState.PENDING)
+
+
+@pytest.mark.parametrize("action", ["instances.delete", "zoneOperations.wait", "firewalls.delete"])
+def test_the_delete_at_the_end_of_a_run_survives_a_503(gce_server: GceServer, provider: GcpProvider,
+                                                       action: str) -> None:
+    (inst,) = provider.launch(spec(), 1)
+    gce_server.faults.add("backendError", action=action, delivery="reply", times=1)
+    provider.terminate([inst.id])
+    assert instances(gce_server) == [] and gce_server.firewalls == {} and gce_server.disks == {}
+
+
+def test_retries_are_bounded_then_the_answer_counts(gce_server: GceServer, provider: GcpProvider,
+                                                    waits: list[float]) -> None:
+    provider.api.backoff = Backoff(tries=3, sleep=waits.append)
+    gce_server.faults.add("rateLimitExceeded", action="instances.insert")
+    with pytest.raises(ProviderError, match="rateLimitExceeded.*after 3 tries"):
+        provider.launch(spec(), 1)
+    assert gce_server.faults.count("instances.insert") == 3 and len(waits) == 2
+    assert instances(gce_server) == [] and gce_server.firewalls == {}
+    # An operation rate limit that persists is the zone's answer: retried, then the next zone.
+    gce_server.faults.clear()
+    waits.clear()
+    gce_server.faults.add("RESOURCE_OPERATION_RATE_EXCEEDED", zones={"us-central1-a"})
+    (inst,) = provider.launch(spec(), 1)
+    assert inst.zone == "us-central1-b" and gce_server.faults.count("instances.insert", zone="us-central1-a") == 3
+
+
+@pytest.mark.parametrize("code,times_asked", [
+    ("forbidden", 1), ("quotaExceeded", 1), ("insufficientCapacity", 1), ("QUOTA_EXCEEDED", 1)])
+def test_answers_that_are_not_hiccups_are_not_retried(gce_server: GceServer, provider: GcpProvider,
+                                                      waits: list[float], code: str, times_asked: int) -> None:
+    gce_server.faults.add(code, zones={"us-central1-a"}, times=1)
+    try:
+        provider.launch(spec(zone="us-central1-a"), 1)
+    except (CapacityError, CredentialsError):
+        pass  # the answer itself is tested above; here only that it was taken at once
+    assert gce_server.faults.count("instances.insert") == times_asked and waits == []
+
+
+def test_the_backoff_doubles_jitters_and_stops_at_its_budget() -> None:
+    delays = list(Backoff(first_s=1, max_s=8, tries=10, budget_s=1000).delays())
+    assert len(delays) == 9
+    assert all(0.5 * cap <= d <= cap for d, cap in zip(delays, [1, 2, 4, 8, 8, 8, 8, 8, 8]))
+    assert sum(Backoff(first_s=1, max_s=8, tries=100, budget_s=20).delays()) <= 20
 
 
 # stop, start, terminate, listing ---------------------------------------------------------------------

@@ -169,26 +169,35 @@ class GcpProvider:
                         disk_gb, image.size_gb, image.size_gb)
             disk_gb = image.size_gb
         instances = self.api.client("instances")
-        operations: list[Any] = []
+        operations: list[tuple[Any, Any]] = []
         failure: GcpApiError | None = None
-        try:
-            for name in names:
-                body = build.instance_body(
-                    name=name, zone=zone, machine=machine, image=image, disk_gb=disk_gb, ssh_user=user,
-                    public_key=spec.ssh_public_key or "", tags=tags, cluster=spec.cluster, spot=spec.spot,
-                    shutdown=spec.shutdown_behavior, max_run_s=getattr(spec, "max_run_s", None),
-                    service_account=self.service_account)
+
+        def inserter(name: str) -> Any:
+            body = build.instance_body(
+                name=name, zone=zone, machine=machine, image=image, disk_gb=disk_gb, ssh_user=user,
+                public_key=spec.ssh_public_key or "", tags=tags, cluster=spec.cluster, spot=spec.spot,
+                shutdown=spec.shutdown_behavior, max_run_s=getattr(spec, "max_run_s", None),
+                service_account=self.service_account)
+
+            def insert() -> Any:
+                # One requestId per issue: `call` repeats it verbatim (Compute Engine answers a repeat
+                # with the first operation); issuing anew after a failed operation takes a new one.
                 request = {"project": self.api.project, "zone": zone, "instance_resource": self.api.v1.Instance(body),
                            "request_id": str(uuid.uuid4())}
+                return self.api.call(f"creating instance {name}", instances.insert_unary, request=request)
+            return insert
+
+        try:
+            for name in names:
+                insert = inserter(name)
                 try:
-                    operations.append(self.api.call(f"creating instance {name}", instances.insert_unary,
-                                                    request=request))
+                    operations.append((insert, insert()))
                 except GcpApiError as exc:
                     failure = exc
                     break
-            for operation in operations:
+            for insert, operation in operations:
                 try:
-                    self.api.wait(f"creating an instance in {zone}", operation, zone)
+                    self.api.wait(f"creating an instance in {zone}", operation, zone, again=insert)
                 except GcpApiError as exc:
                     failure = failure or exc
         except BaseException:

@@ -7,7 +7,17 @@ credentials' own project. Every client speaks REST to `gcp.api_endpoint` when th
 
 Long-running calls use `*_unary` and `ZoneOperationsClient.wait` / `GlobalOperationsClient.wait`:
 the SDK's `insert(...).result()` polls the public endpoint whatever endpoint the client has. `wait`
-is a server-side long poll (up to about two minutes per call), so this module never sleeps.
+is a server-side long poll (up to about two minutes per call), so waiting never sleeps here.
+
+Retries: what Google documents as "try again" is retried with exponential backoff and jitter,
+bounded in tries and in time (`Backoff`), on every call, creates included: an HTTP 429, a 5xx that
+is not a capacity answer (`insufficientCapacity` is a 503 that means "another zone"), a 403
+`rateLimitExceeded` / `userRateLimitExceeded` (the quota page: retry with backoff), and an
+operation that ends with `RESOURCE_OPERATION_RATE_EXCEEDED` (or an internal error), which is
+issued again. A repeated request is safe: instance and firewall inserts carry a `requestId`, and
+Compute Engine answers a repeated one with the first operation; names are ours and unique.
+The SDK's own default retry covers only reads (get, list) on a 503 or a deadline; writes and
+every other answer above have no retry below this one.
 
 Errors come two ways, an HTTP error (google-api-core's exceptions, `errors[].reason`) or an
 operation that ends DONE with `error.errors[].code`; both become a `GcpApiError` carrying every
@@ -19,9 +29,11 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 import re
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 from cloudtrain.errors import (
@@ -60,6 +72,38 @@ CREDENTIAL_CODES = frozenset({
     "IAM_PERMISSION_DENIED", "PERMISSION_DENIED", "UNAUTHENTICATED", "SERVICE_DISABLED",
 })
 NETWORK_CODES = frozenset({"VPC_NOT_FOUND", "NETWORK_NOT_FOUND"})
+# Google's "retry with exponential backoff" answers (Compute Engine: "Handle API errors", rate
+# quotas): rate limits by reason, overload and internal errors by status, and the operation-level
+# code for a resource changed too often. A 5xx naming capacity or quota is an answer, not a hiccup.
+RATE_REASONS = frozenset({"rateLimitExceeded", "userRateLimitExceeded"})
+RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
+RETRY_OPERATION_CODES = frozenset({"RESOURCE_OPERATION_RATE_EXCEEDED", "rateLimitExceeded", "INTERNAL_ERROR",
+                                   "backendError", "internalError"})
+
+
+@dataclass
+class Backoff:
+    """How long to keep trying a retryable answer: exponential delays from `first_s` doubling up to
+    `max_s`, each jittered to 50-100% (many clients hitting one limit must not retry in step), at most
+    `tries` tries and `budget_s` seconds of waiting per call. The defaults cover the quota page's
+    "retry after a minute" with room to spare; `sleep` is replaceable for in-process tests."""
+
+    first_s: float = 1.0
+    max_s: float = 32.0
+    tries: int = 8
+    budget_s: float = 180.0
+    sleep: Callable[[float], None] = field(default=time.sleep, repr=False)
+
+    def delays(self) -> Iterator[float]:
+        """The waits before each further try; ends when tries or the time budget run out."""
+        waited, delay = 0.0, self.first_s
+        for _ in range(self.tries - 1):
+            pause = delay * random.uniform(0.5, 1.0)
+            if waited + pause > self.budget_s:
+                return
+            waited += pause
+            yield pause
+            delay = min(delay * 2, self.max_s)
 
 
 class GcpApiError(ProviderError):
@@ -83,6 +127,15 @@ class GcpApiError(ProviderError):
     @property
     def not_found(self) -> bool:
         return self.status == 404 or "notFound" in self.codes
+
+    @property
+    def retryable(self) -> bool:
+        """Google says: try the same request again later (see RETRY_STATUSES)."""
+        codes = set(self.codes)
+        if codes & (RATE_REASONS | RETRY_OPERATION_CODES):
+            return True
+        answer = ZONE_CAPACITY_CODES | QUOTA_CODES | CREDENTIAL_CODES | NETWORK_CODES
+        return self.status in RETRY_STATUSES and not codes & answer
 
 
 def failover_error(exc: GcpApiError, where: str) -> CloudtrainError:
@@ -120,6 +173,7 @@ class ComputeApi:
         self.endpoint = api_endpoint
         self._credentials: tuple[Any, str | None] | None = None
         self._clients: dict[str, Any] = {}
+        self.backoff = Backoff()
 
     # credentials and project --------------------------------------------------------------------
 
@@ -182,8 +236,26 @@ class ComputeApi:
         return self._clients[kind]
 
     def call(self, what: str, fn: Callable[..., Any], /, **kwargs: Any) -> Any:
-        """One API call (or a pager read to the end by `fn`), errors turned into ours."""
+        """One API call (or a pager read to the end by `fn`), errors turned into ours; a retryable
+        answer is retried with backoff (the same request: a create's requestId makes that safe)."""
         kwargs.setdefault("timeout", CALL_TIMEOUT_S)
+        delays = self.backoff.delays()
+        tries = 1
+        while True:
+            try:
+                return self._call_once(what, fn, kwargs)
+            except GcpApiError as exc:
+                delay = next(delays, None) if exc.retryable else None
+                if delay is None:
+                    if exc.retryable and tries > 1:
+                        exc.message += f" (after {tries} tries)"
+                        exc.args = (exc.message,)
+                    raise
+                log.info("gcp: %s: %s (HTTP %s); trying again in %.1f s", what, exc.code or "error", exc.status, delay)
+                self.backoff.sleep(delay)
+                tries += 1
+
+    def _call_once(self, what: str, fn: Callable[..., Any], kwargs: dict[str, Any]) -> Any:
         try:
             return fn(**kwargs)
         except self._api_errors.GoogleAPICallError as exc:
@@ -211,8 +283,24 @@ class ComputeApi:
 
         return self.call(what, read)
 
-    def wait(self, what: str, operation: Any, zone: str | None = None) -> Any:
-        """Wait for a zonal (or global, zone None) operation to be DONE; its errors raised as ours."""
+    def wait(self, what: str, operation: Any, zone: str | None = None,
+             again: Callable[[], Any] | None = None) -> Any:
+        """Wait for a zonal (or global, zone None) operation to be DONE; its errors raised as ours.
+        `again`: issues the request anew (a fresh requestId), for an operation that ended with a
+        retryable code (RESOURCE_OPERATION_RATE_EXCEEDED): tried with backoff, as `call` does."""
+        delays = self.backoff.delays()
+        while True:
+            try:
+                return self._wait_once(what, operation, zone)
+            except GcpApiError as exc:
+                delay = next(delays, None) if exc.retryable and again is not None else None
+                if delay is None or again is None:
+                    raise
+                log.info("gcp: %s: %s; issuing it again in %.1f s", what, exc.code, delay)
+                self.backoff.sleep(delay)
+                operation = again()
+
+    def _wait_once(self, what: str, operation: Any, zone: str | None) -> Any:
         done = self.v1.Operation.Status.DONE
         deadline = time.monotonic() + OPERATION_DEADLINE_S
         while operation.status != done:

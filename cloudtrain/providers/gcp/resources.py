@@ -15,6 +15,7 @@ instance uses (`users` empty); only those are listed and deleted.
 from __future__ import annotations
 
 import dataclasses
+import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -37,9 +38,11 @@ class Firewalls:
         for name, body in build.firewall_bodies(cluster, owner, cidr, nodes).items():
             existing = self._get(name)
             if existing is None:
+                # requestId: a retried insert (a 503 after GCP acted) gets the first operation back.
                 pending.append((name, self.api.call(f"creating firewall rule {name}", client.insert_unary,
-                                                    project=self.api.project,
-                                                    firewall_resource=self.api.v1.Firewall(body))))
+                                                    request={"project": self.api.project,
+                                                             "request_id": str(uuid.uuid4()),
+                                                             "firewall_resource": self.api.v1.Firewall(body)})))
                 continue
             if build.parse_firewall_description(existing.description) != (cluster, owner):
                 raise ProviderError(f"firewall rule {name} exists and is not cloudtrain's for cluster {cluster}",
