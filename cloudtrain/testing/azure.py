@@ -244,6 +244,8 @@ class FakeArm:
         # (event, vm) with event "boot" (created and running), "power_on", "power_off" (deallocated,
         # stopped, deleted, evicted): what a hypervisor would do with the machine behind the VM.
         self.machine_hooks: list[Callable[[str, dict[str, Any]], None]] = []
+        # Called after every write: what may have changed who can reach which VM.
+        self.network_hooks: list[Callable[[], None]] = []
         self.lock = threading.RLock()
         self._base = ""
 
@@ -258,6 +260,10 @@ class FakeArm:
             status, body, headers, gate = self._handle(request)
         except ArmError as exc:
             status, body, headers, gate = exc.status, exc.body(), {}, None
+        if request.method != "GET":
+            with self.lock:
+                for hook in list(self.network_hooks):
+                    hook()
         if gate is not None:
             gate.park()
         text = body if isinstance(body, str) else (json.dumps(body) if body is not None else "")
@@ -916,6 +922,27 @@ class FakeArm:
                     return pip["properties"].get("ipAddress")
         return None
 
+    def ingress_rules(self, vm: dict[str, Any]) -> list[list[dict[str, Any]]]:
+        """The inbound NSG rules in front of the VM's primary NIC, one layer per NSG (the subnet's,
+        then the NIC's; traffic must pass both), each ending with Azure's default rules
+        (AllowVnetInBound, AllowAzureLoadBalancerInBound, DenyAllInBound), in the route map's rule
+        format (cloudtrain.testing.route). No NSG at all: no layer, everything admitted, as in Azure."""
+        layers = []
+        for ref in vm["properties"]["networkProfile"]["networkInterfaces"][:1]:
+            nic = self.resources.get(ref["id"].lower()) or {}
+            nsg_refs = []
+            for config in nic.get("properties", {}).get("ipConfigurations", []):
+                subnet_id = ((config.get("properties") or {}).get("subnet") or {}).get("id", "")
+                vnet = self.resources.get(subnet_id.rsplit("/subnets/", 1)[0].lower()) if subnet_id else None
+                subnet = self._child(vnet, "subnets", subnet_id.rsplit("/", 1)[-1].lower()) if vnet else None
+                nsg_refs.append(((subnet or {}).get("properties") or {}).get("networkSecurityGroup"))
+            nsg_refs.append(nic.get("properties", {}).get("networkSecurityGroup"))
+            for nsg_ref in nsg_refs:
+                nsg = self.resources.get((nsg_ref or {}).get("id", "").lower()) if nsg_ref else None
+                if nsg is not None:
+                    layers.append([*_nsg_rules(nsg), *NSG_DEFAULT_INBOUND])
+        return layers
+
     def _vm_deleted(self, vm: dict[str, Any]) -> None:
         props = vm["properties"]
         disk = props["storageProfile"]["osDisk"]
@@ -1224,6 +1251,36 @@ FAULT_KINDS = {  # AzureCloud.fail(kind): (code, action)
 }
 
 
+# Azure's default inbound rules of every NSG (docs: "Network security groups", default security
+# rules), in the route map's format: the virtual network and the load balancer, then deny all.
+_VNET_SOURCES = ["10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16"]
+NSG_DEFAULT_INBOUND = (
+    {"name": "AllowVnetInBound", "priority": 65000, "action": "allow", "sources": _VNET_SOURCES, "ports": []},
+    {"name": "AllowAzureLoadBalancerInBound", "priority": 65001, "action": "allow",
+     "sources": ["168.63.129.16/32"], "ports": []},
+    {"name": "DenyAllInBound", "priority": 65500, "action": "deny", "sources": ["0.0.0.0/0"], "ports": []},
+)
+_SERVICE_TAGS = {"*": ["0.0.0.0/0"], "internet": ["0.0.0.0/0"], "any": ["0.0.0.0/0"],
+                 "virtualnetwork": _VNET_SOURCES, "azureloadbalancer": ["168.63.129.16/32"]}
+
+
+def _nsg_rules(nsg: dict[str, Any]) -> list[dict[str, Any]]:
+    """An NSG's own inbound TCP rules, as the route map's rules."""
+    found = []
+    for rule in nsg["properties"].get("securityRules", []):
+        props = rule.get("properties") or {}
+        if str(props.get("direction", "")).lower() != "inbound" or str(props.get("protocol")).lower() not in (
+                "tcp", "*"):
+            continue
+        prefixes = props.get("sourceAddressPrefixes") or [props.get("sourceAddressPrefix")]
+        sources = [c for p in prefixes if p for c in _SERVICE_TAGS.get(str(p).lower(), [str(p)])]
+        ports = props.get("destinationPortRanges") or [props.get("destinationPortRange")]
+        found.append({"name": rule.get("name", ""), "priority": int(props["priority"]),
+                      "action": "allow" if str(props["access"]).lower() == "allow" else "deny", "sources": sources,
+                      "ports": [] if "*" in ports else [str(p) for p in ports if p]})
+    return found
+
+
 class AzureCloud(FakeCloud):
     """`cloud: azure` against the fake ARM, for one test (see the `azure_cloud` fixture).
 
@@ -1260,7 +1317,27 @@ class AzureCloud(FakeCloud):
         super().__init__(root, monkeypatch, env=server.env(), hint=hint,
                          config={"ssh": {"proxy_command": machines.proxy_command, "allowed_cidr": self.allowed_cidr},
                                  "azure": server.config(self.region)})
+        self.move_caller(self.allowed_cidr.split("/")[0], reconfigure=False)
         server.machine_hooks.append(self._observe)
+        server.network_hooks.append(self._follow_rules)
+
+    def move_caller(self, address: str, *, reconfigure: bool = True) -> None:
+        """The test's connections now come from `address` (the NSG sees this source); with
+        `reconfigure`, cloudtrain's config says so too (`ssh.allowed_cidr`)."""
+        self.machines.factory.set_source(address)
+        if reconfigure:
+            self.allowed_cidr = f"{address}/32"
+            self.configure(ssh={"allowed_cidr": self.allowed_cidr})
+
+    def _follow_rules(self) -> None:
+        """Every VM's public address gets the NSG layers in front of it, evaluated for every SSH
+        connection the kit routes there (cloudtrain.testing.route)."""
+        with self.server.lock:  # no _tick here: this runs from inside the fake's own requests and hooks
+            found = [(self.server.public_ip_of(vm), self.server.ingress_rules(vm))
+                     for vm in self.server._all("microsoft.compute/virtualmachines")]
+        for address, layers in found:
+            if address:
+                self.machines.factory.set_ingress(address, layers)
 
     def recipe_resources(self, num_nodes: int = 1, **overrides: Any) -> dict[str, Any]:
         """`{cloud: azure, instance_type: Standard_D2s_v5, image: <the kit's gallery image>}`: no
@@ -1305,6 +1382,8 @@ class AzureCloud(FakeCloud):
     def close(self) -> None:
         if self._observe in self.server.machine_hooks:
             self.server.machine_hooks.remove(self._observe)
+        if self._follow_rules in self.server.network_hooks:
+            self.server.network_hooks.remove(self._follow_rules)
         with self.server.lock:
             for group in self.groups():
                 self.server._delete_tree(group["id"].lower())
@@ -1320,6 +1399,8 @@ class AzureCloud(FakeCloud):
 
     def _observe(self, event: str, vm: dict[str, Any]) -> None:
         vm_id = vm["id"].lower()
+        if event in ("boot", "power_on"):
+            self._follow_rules()  # the address's rules first: no moment without them
         if event == "boot":
             keys = [k["keyData"] for k in vm["properties"]["osProfile"]["linuxConfiguration"]["ssh"]["publicKeys"]]
             self.machines.boot(vm_id, keys)

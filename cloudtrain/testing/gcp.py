@@ -38,7 +38,7 @@ boot disk smaller than its image, GPUs attached to anything but N1 or without
 restart automatically nor migrate; instanceTerminationAction STOP/DELETE), `maxRunDuration`
 (30 s to 120 days, needs an instanceTerminationAction), firewall protocols, ports and CIDRs.
 An ingress rule with no source is open to 0.0.0.0/0, as in GCP: `firewall_ranges_seen` records
-every source range any rule ever had, so a test can say "never 0.0.0.0/0".
+every source range any allow rule ever had, so a test can say "never 0.0.0.0/0".
 
 Time: operations end on the next request (`op_seconds=0`), instances are RUNNING when their insert
 operation is DONE (`boot_seconds` to stay STAGING longer); `advance(seconds)` moves the fake's
@@ -186,6 +186,20 @@ FAULT_DEFAULTS = {  # code -> (delivery "http" | "operation", HTTP status, messa
     "backendError": ("http", 503, "Internal error. Please try again or contact Google Support."),
 }
 GLOBAL_GPU_QUOTA_MESSAGE = "Quota 'GPUS_ALL_REGIONS' exceeded.  Limit: 0.0 globally."
+# The rules GCP creates with a project's `default` network (VPC docs, "Prepopulated rules in the
+# default network"): SSH, RDP and ICMP open to the internet, everything within 10.128.0.0/9. All at
+# priority 65534, above only the implied rules (deny all ingress, allow all egress, 65535).
+DEFAULT_NETWORK_RULES = tuple({
+    "name": f"default-allow-{what}", "description": description, "network": "global/networks/default",
+    "direction": "INGRESS", "priority": 65534, "sourceRanges": [source], "allowed": allowed,
+} for what, description, source, allowed in (
+    ("internal", "Allow internal traffic on the default network", "10.128.0.0/9",
+     [{"IPProtocol": "tcp", "ports": ["0-65535"]}, {"IPProtocol": "udp", "ports": ["0-65535"]}, {"IPProtocol": "icmp"}]),
+    ("ssh", "Allow SSH from anywhere", "0.0.0.0/0", [{"IPProtocol": "tcp", "ports": ["22"]}]),
+    ("rdp", "Allow RDP from anywhere", "0.0.0.0/0", [{"IPProtocol": "tcp", "ports": ["3389"]}]),
+    ("icmp", "Allow ICMP from anywhere", "0.0.0.0/0", [{"IPProtocol": "icmp"}]),
+))
+DEFAULT_RULE_NAMES = frozenset(r["name"] for r in DEFAULT_NETWORK_RULES)
 
 
 class GceError(Exception):
@@ -334,6 +348,8 @@ class FakeGce:
         self.disks: dict[tuple[str, str], dict[str, Any]] = {}
         self.firewalls: dict[str, dict[str, Any]] = {}
         self.networks: dict[str, dict[str, Any]] = {"default": self._network("default")}
+        # Called (under the lock) after every request that may change who can reach what.
+        self.network_hooks: list[Callable[[], None]] = []
         self.ops: dict[str, _Op] = {}
         self.request_ids: dict[str, str] = {}
         self.firewall_ranges_seen: set[str] = set()
@@ -349,6 +365,8 @@ class FakeGce:
         self._next_internal = 2
         for (project, name), (family, size) in PUBLIC_IMAGES.items():
             self.create_image(name, family=family, disk_gb=size, project=project)
+        for body in DEFAULT_NETWORK_RULES:
+            self.firewalls[body["name"]] = self._check_firewall(body, None)
 
     # clock --------------------------------------------------------------------------------------
 
@@ -416,8 +434,12 @@ class FakeGce:
                     self.request_ids[request_id] = out.name
             if fault is not None and fault.how[0] == "reply":
                 raise self._fault_error(fault, gce_request)  # done, but the caller hears an error
+            if request.method != "GET" or action.endswith(".wait"):
+                self._network_changed()
         if action.endswith(".wait") and isinstance(out, _Op):
             out = self._wait(out)
+            with self.lock:
+                self._network_changed()
         if isinstance(out, _Op):
             out = self._op_json(out)
         return status, out, gate
@@ -1043,7 +1065,8 @@ class FakeGce:
                                    f"The resource 'projects/{project}/global/firewalls/{rule['name']}' already exists")
                 path = f"projects/{project}/global/firewalls/{rule['name']}"
                 self.firewalls[rule["name"]] = rule
-                self.firewall_ranges_seen.update(rule.get("sourceRanges", []))
+                if rule.get("allowed"):  # what was ever let in (a deny from 0.0.0.0/0 opens nothing)
+                    self.firewall_ranges_seen.update(rule.get("sourceRanges", []))
                 return 200, self._op(project, None, "insert", path, fault=fault, request=request)
             return 200, self._list(project, "compute#firewallList", list(self.firewalls.values()), args)
         if name not in self.firewalls:
@@ -1060,7 +1083,8 @@ class FakeGce:
                 merged.pop("sourceTags", None)
             rule = self._check_firewall(merged, self.firewalls[name])
             self.firewalls[name] = rule
-            self.firewall_ranges_seen.update(rule.get("sourceRanges", []))
+            if rule.get("allowed"):
+                self.firewall_ranges_seen.update(rule.get("sourceRanges", []))
             return 200, self._op(project, None, "patch", path, fault=fault, request=request)
         raise GceError(404, "notFound", f"no route for {method} {request.path}")
 
@@ -1109,6 +1133,46 @@ class FakeGce:
                     creationTimestamp=(existing or {}).get("creationTimestamp") or _rfc3339(self.now()),
                     selfLink=f"{API}projects/{self.project}/global/firewalls/{name}")
         return rule
+
+    # who can reach an instance ---------------------------------------------------------------------
+
+    @property
+    def added_firewalls(self) -> dict[str, dict[str, Any]]:
+        """The firewall rules someone created (the default network's own left out)."""
+        with self.lock:
+            return {n: r for n, r in self.firewalls.items() if n not in DEFAULT_RULE_NAMES}
+
+    def ingress_rules(self, zone: str, name: str) -> list[dict[str, Any]]:
+        """The enabled INGRESS rules of the instance's network that apply to it (no target, or a
+        target tag it carries) and admit traffic from outside by address, in the route map's rule
+        format (cloudtrain.testing.route); every other source falls to the implied deny. Rules that
+        name sources by tag or service account concern the network's own instances only."""
+        with self.lock:
+            inst = self.instances.get((zone, name))
+            if inst is None:
+                return []
+            network = _last(inst["networkInterfaces"][0]["network"])
+            tags = set((inst.get("tags") or {}).get("items", []))
+            found = []
+            for rule in self.firewalls.values():
+                if (rule["direction"] != "INGRESS" or rule.get("disabled") or _last(rule["network"]) != network
+                        or (rule.get("targetTags") and not tags & set(rule["targetTags"]))
+                        or not rule.get("sourceRanges")):
+                    continue
+                entries, action = (rule["allowed"], "allow") if rule.get("allowed") else (rule["denied"], "deny")
+                for entry in entries:
+                    protocol = str(entry.get("IPProtocol", "")).lower()
+                    if protocol in ("tcp", "all"):  # SSH is TCP
+                        found.append({"name": rule["name"], "priority": rule["priority"], "action": action,
+                                      "sources": list(rule["sourceRanges"]), "ports": list(entry.get("ports", []))})
+            return found
+
+    def _network_changed(self) -> None:
+        for hook in list(self.network_hooks):
+            try:
+                hook()
+            except Exception as exc:  # noqa: BLE001 - reported to the test, never to the client
+                self.hook_errors.append(f"network: {type(exc).__name__}: {exc}")
 
     # helpers for tests --------------------------------------------------------------------------
 
@@ -1464,7 +1528,26 @@ class GcpCloud(FakeCloud):
         super().__init__(root, monkeypatch, env=server.env(), hint=hint,
                          config={"ssh": {"proxy_command": machines.proxy_command, "allowed_cidr": self.allowed_cidr},
                                  "gcp": server.config(self.region)})
+        self.move_caller(self.allowed_cidr.split("/")[0], reconfigure=False)
         server.machine_hooks.append(self._observe)
+        server.network_hooks.append(self._follow_rules)
+
+    def move_caller(self, address: str, *, reconfigure: bool = True) -> None:
+        """The test's connections now come from `address` (the firewall sees this source); with
+        `reconfigure`, cloudtrain's config says so too (`ssh.allowed_cidr`), as a laptop moving
+        from home to the office finds its new address."""
+        self.machines.factory.set_source(address)
+        if reconfigure:
+            self.allowed_cidr = f"{address}/32"
+            self.configure(ssh={"allowed_cidr": self.allowed_cidr})
+
+    def _follow_rules(self) -> None:
+        """Every instance's external address gets the rules that apply to it, evaluated for every
+        SSH connection the kit routes there (cloudtrain.testing.route)."""
+        for (zone, name), inst in list(self.server.instances.items()):
+            for config in inst["networkInterfaces"][0].get("accessConfigs", []):
+                if config.get("natIP"):
+                    self.machines.factory.set_ingress(config["natIP"], self.server.ingress_rules(zone, name))
 
     def recipe_resources(self, num_nodes: int = 1, **overrides: Any) -> dict[str, Any]:
         """`{cloud: gcp, instance_type: e2-standard-2, image: <the kit's image>}`: no region, so the
@@ -1491,6 +1574,7 @@ class GcpCloud(FakeCloud):
         return [(z, i) for z, i in self.server.find_instances() if i["labels"].get("cloudtrain-cluster") in names]
 
     def firewall_rules(self, cluster: str | None = None) -> list[dict[str, Any]]:
+        """cloudtrain's rules of this test's clusters (or of `cluster`)."""
         names = {cluster} if cluster else set(self.clusters)
         with self.server.lock:
             return [r for r in self.server.firewalls.values()
@@ -1523,6 +1607,8 @@ class GcpCloud(FakeCloud):
     def close(self) -> None:
         if self._observe in self.server.machine_hooks:
             self.server.machine_hooks.remove(self._observe)
+        if self._follow_rules in self.server.network_hooks:
+            self.server.network_hooks.remove(self._follow_rules)
         with self.server.lock:
             for zone, inst in self.instances():
                 self.server._delete_machine((zone, inst["name"]))
@@ -1539,6 +1625,8 @@ class GcpCloud(FakeCloud):
     def _observe(self, event: str, inst: dict[str, Any]) -> None:
         address = next((c.get("natIP") for c in inst["networkInterfaces"][0].get("accessConfigs", [])
                         if c.get("natIP")), None)
+        if event in ("boot", "power_on"):
+            self._follow_rules()  # the new address's rules first: no moment without them
         if event == "boot":
             self.machines.boot(inst["id"], self.server.authorized_keys(inst))
             self.machines.address(inst["id"], address)

@@ -9,6 +9,15 @@ An address in `routes` ("host:port" first, then "host") wins; an unknown address
 VM from `pool` that no address holds yet and keeps it (recorded in `assigned`), so a fake cloud's
 random public IPs find VMs without the test knowing them in advance.
 
+Network rules: a fake cloud may put `"ingress": {"54.1.2.3": [rule, ...]}` and `"source": ADDRESS`
+(the test's "caller address") in the map; a connection to an address with rules is then admitted
+only if the rules admit SOURCE on that port, evaluated as clouds do: lowest priority number first,
+deny before allow at one priority, first match wins, nothing matching is denied (GCP's implied
+deny, Azure's DenyAllInBound). A rule: {"name", "priority", "action": "allow"|"deny", "sources":
+[CIDR, ...], "ports": ["22", "1000-2000"] (empty: every port)}; or a list of such lists, layers that
+must each admit (Azure: the subnet's NSG and the NIC's). A refused connection fails as a
+dropped packet does, after saying which address was refused (no rule admitted it).
+
 Only ever connects to 127.0.0.1: the fake address itself never receives a packet.
 """
 
@@ -16,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import fcntl
+import ipaddress
 import json
 import os
 import socket
@@ -26,10 +36,39 @@ from pathlib import Path
 ENV_ROUTES = "CLOUDTRAIN_TEST_ROUTES"
 
 
+class Refused(LookupError):
+    """The address's network rules do not admit the source."""
+
+
+def admits(rules: list[dict], source: str, port: int) -> dict | None:
+    """The rule that admits `source` on `port`, or None (denied, or nothing matched)."""
+    address = ipaddress.ip_address(source)
+
+    def covers(rule: dict) -> bool:
+        if not any(address in ipaddress.ip_network(c, strict=False) for c in rule.get("sources", [])):
+            return False
+        ports = rule.get("ports") or []
+        for spec in ports:
+            low, _, high = str(spec).partition("-")
+            if int(low) <= port <= int(high or low):
+                return True
+        return not ports
+
+    ordered = sorted(rules, key=lambda r: (int(r.get("priority", 1000)), r.get("action") != "deny"))
+    first = next((r for r in ordered if covers(r)), None)
+    return first if first is not None and first.get("action") == "allow" else None
+
+
 def resolve(host: str, port: int, routes_file: Path) -> int:
     with open(routes_file, "r+") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
         data = json.load(handle)
+        rules = data.get("ingress", {}).get(host)
+        # A list of rules, or of layers (Azure: the subnet's NSG, then the NIC's) that must all admit.
+        layers = rules if rules and isinstance(rules[0], list) else [rules] if rules is not None else []
+        if any(admits(layer, data.get("source", "127.0.0.1"), port) is None for layer in layers):
+            raise Refused(f"Connection timed out (the network rules of {host} do not admit "
+                          f"{data.get('source')} on port {port})")
         routes = data.get("routes", {})
         for key in (f"{host}:{port}", host):
             if key in routes:

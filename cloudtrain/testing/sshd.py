@@ -26,6 +26,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -337,6 +338,7 @@ class SshdFactory:
         key_path = base / "client_ed25519"
         self.client_key = ClientKey(key_path, _keys().generate_ed25519(key_path, "cloudtrain-test-client"))
         self.routes_file = base / "routes.json"
+        self._routes_lock = threading.Lock()
         self._save_routes({"routes": {}, "pool": [], "assigned": {}})
 
     @property
@@ -393,9 +395,29 @@ class SshdFactory:
 
     def route(self, address: str, vm: SshdVM) -> None:
         """Send connections for `address` (any string a ProxyCommand gets as %h) to `vm`."""
-        data = self._load_routes()
-        data["routes"][address] = vm.port
-        self._save_routes(data)
+        with self._routes_lock:  # fake clouds route from their request threads
+            data = self._load_routes()
+            data["routes"][address] = vm.port
+            self._save_routes(data)
+
+    def set_ingress(self, address: str, rules: list[dict] | None) -> None:
+        """The network rules a fake cloud evaluates for connections to `address` (None: no rules,
+        every connection admitted); the rule format is cloudtrain.testing.route's."""
+        with self._routes_lock:
+            data = self._load_routes()
+            ingress = data.setdefault("ingress", {})
+            if rules is None:
+                ingress.pop(address, None)
+            else:
+                ingress[address] = rules
+            self._save_routes(data)
+
+    def set_source(self, address: str) -> None:
+        """The address connections come from, as the fake clouds' network rules see it."""
+        with self._routes_lock:
+            data = self._load_routes()
+            data["source"] = address
+            self._save_routes(data)
 
     def close(self) -> None:
         for vm in self.vms:

@@ -108,6 +108,21 @@ def test_up_run_stop_start_down(azure_cloud: AzureCloud) -> None:
     assert cloud.down().ok  # again: nothing to do, still fine
 
 
+def test_the_vm_answers_its_callers_address_only(azure_cloud: AzureCloud) -> None:
+    cloud = azure_cloud
+    name = cloud.new_cluster()
+    up = cloud.up(cloud.recipe(run="echo hi"), cluster=name)
+    assert up.ok, up.output
+    assert cloud.cli("exec", name, "--", "true").ok
+    cloud.move_caller("198.51.100.66", reconfigure=False)  # anyone else: DenyAllInBound
+    cloud.configure(ssh={"connect_retries_s": 1})
+    assert not cloud.cli("exec", name, "--", "true").ok
+    cloud.move_caller(cloud.allowed_cidr.split("/")[0], reconfigure=False)
+    assert cloud.cli("exec", name, "--", "true").ok
+    assert cloud.down(name).ok
+    assert_nothing_left(cloud, name)
+
+
 def test_allocation_failed_in_the_first_region_lands_in_the_next(azure_cloud: AzureCloud) -> None:
     cloud, name = azure_cloud, azure_cloud.cluster
     cloud.fail("capacity", regions={"eastus"})

@@ -58,7 +58,8 @@ def test_up_run_stop_start_down(gcp_cloud: GcpCloud) -> None:
     assert inst["labels"][TAG_CLUSTER] == name and TAG_OWNER in inst["labels"]
     ((_, disk),) = [(z, d) for (z, _), d in cloud.server.disks.items()]
     assert disk["labels"][TAG_CLUSTER] == name
-    (rule,) = cloud.firewall_rules()
+    rule, deny = (next(r for r in cloud.firewall_rules() if r["name"].endswith(suffix)) for suffix in ("-ssh", "-deny"))
+    assert deny["denied"] == [{"IPProtocol": "all"}] and deny["priority"] < 65534  # outranks default-allow-ssh
     assert rule["sourceRanges"] == [cloud.allowed_cidr] and rule["allowed"] == [{"IPProtocol": "tcp", "ports": ["22"]}]
     assert rule["targetTags"] == inst["tags"]["items"] == [f"cloudtrain-{name}"]
 
@@ -91,6 +92,21 @@ def test_up_run_stop_start_down(gcp_cloud: GcpCloud) -> None:
     assert down.ok, down.output
     assert_nothing_left(cloud)
     assert cloud.down().ok  # again: nothing to do, still fine
+
+
+def test_the_vm_answers_its_callers_address_only(gcp_cloud: GcpCloud) -> None:
+    cloud, name = gcp_cloud, gcp_cloud.cluster
+    up = cloud.up(cloud.recipe(run="echo hi"))
+    assert up.ok, up.output
+    assert cloud.cli("exec", name, "--", "true").ok
+    cloud.move_caller("198.51.100.66", reconfigure=False)  # someone else, anywhere on the internet
+    cloud.configure(ssh={"connect_retries_s": 1})
+    stranger = cloud.cli("exec", name, "--", "true")
+    assert not stranger.ok and "198.51.100.66" not in str(cloud.firewall_rules())
+    cloud.move_caller(cloud.allowed_cidr.split("/")[0], reconfigure=False)
+    assert cloud.cli("exec", name, "--", "true").ok
+    assert cloud.down().ok
+    assert_nothing_left(cloud)
 
 
 def test_a_stockout_in_the_first_zone_lands_in_the_next(gcp_cloud: GcpCloud) -> None:

@@ -148,7 +148,7 @@ def test_a_t4_launch_sends_what_the_api_expects(gce_server: GceServer, provider:
     assert body["networkInterfaces"] == [{"network": "global/networks/default",
                                           "accessConfigs": [{"name": "External NAT", "type": "ONE_TO_ONE_NAT"}]}]
     # One firewall rule: SSH from the caller only, to the cluster's tag; no internal rule for one node.
-    (rule,) = gce_server.firewalls.values()
+    rule = gce_server.added_firewalls["cloudtrain-box-ssh"]
     assert rule["name"] == "cloudtrain-box-ssh" and rule["sourceRanges"] == [CIDR]
     assert rule["allowed"] == [{"IPProtocol": "tcp", "ports": ["22"]}] and rule["targetTags"] == ["cloudtrain-box"]
     assert rule["description"].startswith(f"cloudtrain-cluster=box cloudtrain-owner={owner_id()}:")
@@ -276,11 +276,44 @@ def test_several_nodes_share_their_firewall_rules(gce_server: GceServer, provide
     nodes = provider.launch(spec("pair"), 2)
     assert [n.id.split(":")[1].rsplit("-", 1)[0] for n in nodes] == ["pair-0", "pair-1"]
     assert len({n.zone for n in nodes}) == 1
-    rules = {r["name"]: r for r in gce_server.firewalls.values()}
-    assert set(rules) == {"cloudtrain-pair-ssh", "cloudtrain-pair-internal"}
+    rules = gce_server.added_firewalls
+    assert set(rules) == {"cloudtrain-pair-ssh", "cloudtrain-pair-internal", "cloudtrain-pair-deny"}
     internal = rules["cloudtrain-pair-internal"]
     assert internal["sourceTags"] == internal["targetTags"] == ["cloudtrain-pair"] and "sourceRanges" not in internal
     assert gce_server.firewall_ranges_seen == {CIDR}
+
+
+STRANGER = "198.51.100.66"
+REACH = [  # (who connects, port, admitted): the default network's rules open 22 and 3389 to all
+    (CIDR.split("/")[0], 22, True),
+    (STRANGER, 22, False),
+    ("10.128.0.9", 22, False),  # another instance of the project: default-allow-internal does not reach ours
+    (CIDR.split("/")[0], 3389, False),
+    (STRANGER, 3389, False),
+]
+
+
+@pytest.mark.parametrize("source,port,admitted", REACH)
+def test_a_cloudtrain_vm_is_reachable_from_the_callers_address_only(
+    gce_server: GceServer, provider: GcpProvider, source: str, port: int, admitted: bool
+) -> None:
+    from cloudtrain.testing.route import admits
+
+    (inst,) = provider.launch(spec(), 1)
+    zone, name = inst.id.split(":")
+    assert (admits(gce_server.ingress_rules(zone, name), source, port) is not None) == admitted
+    # The same project's other VMs keep the default network's rules (SSH from anywhere): the fake
+    # has them, and cloudtrain does not change what is not its own.
+    other = gce_server.client("instances")
+    from google.cloud import compute_v1
+
+    body = {"name": "theirs", "machine_type": f"zones/{zone}/machineTypes/e2-standard-2",
+            "disks": [{"boot": True, "auto_delete": True, "initialize_params": {
+                "source_image": "projects/ubuntu-os-cloud/global/images/family/ubuntu-2204-lts"}}],
+            "network_interfaces": [{"network": "global/networks/default",
+                                    "access_configs": [{"name": "External NAT"}]}]}
+    other.insert_unary(project=gce_server.project, zone=zone, instance_resource=compute_v1.Instance(body))
+    assert admits(gce_server.ingress_rules(zone, "theirs"), STRANGER, 22)["name"] == "default-allow-ssh"
 
 
 def test_ssh_open_to_everyone_only_when_asked_and_with_a_warning(
@@ -302,7 +335,7 @@ def test_an_existing_rule_follows_the_callers_new_address_and_a_strangers_is_ref
 ) -> None:
     (first,) = provider.launch(spec("moved"), 1)
     provider.terminate([first.id])
-    assert gce_server.firewalls == {}
+    assert gce_server.added_firewalls == {}
     provider.launch(spec("moved"), 1)
     rule = provider.firewalls  # the same rule, kept while an instance uses it: relaunch with a new address
     rule.ensure("moved", owner_id(), "198.51.100.9/32", 1)
@@ -343,7 +376,7 @@ def test_every_zone_out_is_a_zone_capacity_error_that_leaves_nothing(
         provider.launch(spec(instance_type="n1-standard-4+t4x1"), 1)
     assert caught.value.scope == "zone" and "us-central1-f" in caught.value.message
     assert gce_server.faults.count("instances.insert") == 4  # a, b, c, f
-    assert instances(gce_server) == [] and gce_server.firewalls == {} and gce_server.disks == {}
+    assert instances(gce_server) == [] and gce_server.added_firewalls == {} and gce_server.disks == {}
 
 
 @pytest.mark.parametrize("code,message,scope", [
@@ -359,7 +392,7 @@ def test_quota_ends_the_region_or_all_of_gcp(gce_server: GceServer, provider: Gc
     assert caught.value.scope == scope
     assert ("GPUS_ALL_REGIONS" in caught.value.message) == (scope == "cloud")
     assert gce_server.faults.count("instances.insert") == 1  # no other zone tried
-    assert instances(gce_server) == [] and gce_server.firewalls == {}
+    assert instances(gce_server) == [] and gce_server.added_firewalls == {}
 
 
 def test_permission_denied_stops_at_once_and_leaves_nothing(gce_server: GceServer, provider: GcpProvider) -> None:
@@ -368,12 +401,12 @@ def test_permission_denied_stops_at_once_and_leaves_nothing(gce_server: GceServe
         provider.launch(spec(), 1)
     assert "compute.instances.create" in caught.value.message and "roles/compute" in (caught.value.hint or "")
     assert gce_server.faults.count("instances.insert") == 1
-    assert instances(gce_server) == [] and gce_server.firewalls == {}
+    assert instances(gce_server) == [] and gce_server.added_firewalls == {}
     gce_server.faults.clear()
     gce_server.faults.add("IAM_PERMISSION_DENIED")  # the same, as a DONE operation
     with pytest.raises(CredentialsError):
         provider.launch(spec(), 1)
-    assert instances(gce_server) == [] and gce_server.firewalls == {}
+    assert instances(gce_server) == [] and gce_server.added_firewalls == {}
 
 
 def test_a_missing_vpc_network_stops_with_a_hint(gce_server: GceServer, provider: GcpProvider) -> None:
@@ -387,7 +420,7 @@ def test_a_missing_vpc_network_stops_with_a_hint(gce_server: GceServer, provider
         provider.launch(spec(), 1)
     assert not isinstance(caught.value, CapacityError) and "network" in (caught.value.hint or "")
     assert gce_server.faults.count("instances.insert") == 1
-    assert instances(gce_server) == [] and gce_server.firewalls == {}
+    assert instances(gce_server) == [] and gce_server.added_firewalls == {}
 
 
 def test_a_node_that_fails_takes_the_launched_ones_with_it(gce_server: GceServer, provider: GcpProvider) -> None:
@@ -396,7 +429,7 @@ def test_a_node_that_fails_takes_the_launched_ones_with_it(gce_server: GceServer
         provider.launch(spec("trio"), 3)
     tries = provider.api.backoff.tries  # a 503 is retried, to the bound, before it counts as a failure
     assert gce_server.faults.count("instances.insert") == 2 + tries and gce_server.faults.count("instances.delete") >= 2
-    assert instances(gce_server) == [] and gce_server.firewalls == {} and gce_server.disks == {}
+    assert instances(gce_server) == [] and gce_server.added_firewalls == {} and gce_server.disks == {}
 
 
 def test_bad_input_is_refused_before_anything_exists(gce_server: GceServer, provider: GcpProvider) -> None:
@@ -439,7 +472,7 @@ def test_a_retryable_answer_is_retried_with_backoff_and_the_launch_succeeds(
     (inst,) = provider.launch(spec(), 1)
     assert fault.hits == 2 and len(waits) == 2 and waits[1] > waits[0] * 0.9 / 2  # backed off
     assert [f"{zone}:{raw['name']}" for zone, raw in instances(gce_server)] == [inst.id]  # one, not two
-    assert set(gce_server.firewalls) == {"cloudtrain-box-ssh"} and len(gce_server.disks) == 1
+    assert set(gce_server.added_firewalls) == {"cloudtrain-box-ssh", "cloudtrain-box-deny"} and len(gce_server.disks) == 1
     assert inst.state in (InstanceState.RUNNING, InstanceState.PENDING)
 
 
@@ -449,7 +482,7 @@ def test_the_delete_at_the_end_of_a_run_survives_a_503(gce_server: GceServer, pr
     (inst,) = provider.launch(spec(), 1)
     gce_server.faults.add("backendError", action=action, delivery="reply", times=1)
     provider.terminate([inst.id])
-    assert instances(gce_server) == [] and gce_server.firewalls == {} and gce_server.disks == {}
+    assert instances(gce_server) == [] and gce_server.added_firewalls == {} and gce_server.disks == {}
 
 
 def test_retries_are_bounded_then_the_answer_counts(gce_server: GceServer, provider: GcpProvider,
@@ -459,7 +492,7 @@ def test_retries_are_bounded_then_the_answer_counts(gce_server: GceServer, provi
     with pytest.raises(ProviderError, match="rateLimitExceeded.*after 3 tries"):
         provider.launch(spec(), 1)
     assert gce_server.faults.count("instances.insert") == 3 and len(waits) == 2
-    assert instances(gce_server) == [] and gce_server.firewalls == {}
+    assert instances(gce_server) == [] and gce_server.added_firewalls == {}
     # An operation rate limit that persists is the zone's answer: retried, then the next zone.
     gce_server.faults.clear()
     waits.clear()
@@ -504,9 +537,9 @@ def test_stop_start_terminate_and_the_firewall_goes_with_the_last_instance(
     assert {i.state for i in started} == {InstanceState.RUNNING}
     assert {i.public_ip for i in started}.isdisjoint({n.public_ip for n in nodes})  # ephemeral IPs
     provider.terminate(ids[:1])
-    assert len(instances(gce_server, "life")) == 1 and len(gce_server.firewalls) == 2  # still in use
+    assert len(instances(gce_server, "life")) == 1 and len(gce_server.added_firewalls) == 3  # still in use
     provider.terminate(ids)
-    assert instances(gce_server, "life") == [] and gce_server.firewalls == {} and gce_server.disks == {}
+    assert instances(gce_server, "life") == [] and gce_server.added_firewalls == {} and gce_server.disks == {}
     provider.terminate(ids)  # gone is success
     assert [i.state for i in provider.describe(ids)] == [InstanceState.TERMINATED] * 2
     with pytest.raises(ProviderError, match="no such instance"):
@@ -517,9 +550,9 @@ def test_terminating_gone_instances_still_removes_their_clusters_rules(gce_serve
                                                                          provider: GcpProvider) -> None:
     (inst,) = provider.launch(spec("reclaimed", spot=True, shutdown_behavior="terminate"), 1)
     gce_server.preempt(inst.zone, inst.id.split(":")[1])  # DELETE action: the instance is gone
-    assert gce_server.firewalls
+    assert gce_server.added_firewalls
     provider.terminate([inst.id])
-    assert gce_server.firewalls == {}
+    assert gce_server.added_firewalls == {}
 
 
 def test_no_capacity_to_start_again_stays_in_the_zone(gce_server: GceServer, provider: GcpProvider) -> None:
@@ -540,9 +573,10 @@ def test_list_tagged_and_resources_by_label_and_owner(gce_server: GceServer, pro
     everyone = GcpProvider(**gce_server.config(), all_owners=True)
     assert {i.cluster for i in everyone.list_tagged()} == {"mine", "theirs"}
     assert [(r.cluster, r.kind, r.id) for r in provider.list_resources()] == [
-        ("mine", "firewall", "cloudtrain-mine-ssh")]
+        ("mine", "firewall", "cloudtrain-mine-deny"), ("mine", "firewall", "cloudtrain-mine-ssh")]
     kept = provider.release_resources("mine")
-    assert [(r.id, r.note) for r in kept] == [("cloudtrain-mine-ssh", "in use by 1 instance(s)")]
+    assert [(r.id, r.note) for r in kept] == [("cloudtrain-mine-deny", "in use by 1 instance(s)"),
+                                              ("cloudtrain-mine-ssh", "in use by 1 instance(s)")]
     provider.terminate([mine[0].id])
     assert provider.list_resources("mine") == [] and provider.release_resources("mine") == []
 

@@ -9,10 +9,12 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from cloudtrain.config import Config
 from cloudtrain.remote import jobs
 from cloudtrain.remote.ssh import open_transport
-from cloudtrain.testing.route import resolve
+from cloudtrain.testing.route import Refused, admits, resolve
 from cloudtrain.testing.sshd import SshdFactory, SshdVM
 from cloudtrain.testing.tcpproxy import TcpProxy
 
@@ -136,3 +138,40 @@ def test_tcp_proxy_relays_and_cuts() -> None:
     finally:
         proxy.close()
         server.close()
+
+
+RULES = [  # GCP's default network plus cloudtrain's rules for its tag, in the route map's format
+    {"name": "default-allow-ssh", "priority": 65534, "action": "allow", "sources": ["0.0.0.0/0"], "ports": ["22"]},
+    {"name": "ours-ssh", "priority": 1000, "action": "allow", "sources": ["203.0.113.7/32"], "ports": ["22"]},
+    {"name": "ours-deny", "priority": 1100, "action": "deny", "sources": ["0.0.0.0/0"], "ports": []},
+]
+ADMITS = [  # (rules, source, port, the rule that admits or None)
+    (RULES, "203.0.113.7", 22, "ours-ssh"),
+    (RULES, "198.51.100.1", 22, None),
+    (RULES[:1], "198.51.100.1", 22, "default-allow-ssh"),  # without the deny: open to all
+    (RULES, "203.0.113.7", 2222, None),
+    ([], "203.0.113.7", 22, None),  # nothing matches: the implied deny / DenyAllInBound
+    ([{"name": "same", "priority": 100, "action": "allow", "sources": ["0.0.0.0/0"], "ports": ["20-30"]},
+      {"name": "deny-wins", "priority": 100, "action": "deny", "sources": ["0.0.0.0/0"], "ports": ["22"]}],
+     "203.0.113.7", 22, None),  # one priority: deny first
+]
+
+
+@pytest.mark.parametrize("rules,source,port,rule", ADMITS)
+def test_network_rules_are_evaluated_as_clouds_do(rules: list, source: str, port: int, rule: str | None) -> None:
+    found = admits(rules, source, port)
+    assert (found or {}).get("name") == rule
+
+
+def test_a_route_with_rules_refuses_a_source_they_do_not_admit(tmp_path: Path) -> None:
+    routes = tmp_path / "routes.json"
+    routes.write_text(json.dumps({"routes": {"34.1.2.3": 40001}, "pool": [], "assigned": {},
+                                  "ingress": {"34.1.2.3": RULES}, "source": "198.51.100.1"}))
+    with pytest.raises(Refused, match="do not admit 198.51.100.1 on port 22"):
+        resolve("34.1.2.3", 22, routes)
+    routes.write_text(json.dumps({**json.loads(routes.read_text()), "source": "203.0.113.7"}))
+    assert resolve("34.1.2.3", 22, routes) == 40001
+    layered = {**json.loads(routes.read_text()), "ingress": {"34.1.2.3": [RULES, RULES[2:]]}}
+    routes.write_text(json.dumps(layered))  # two NSGs: the second denies all
+    with pytest.raises(Refused):
+        resolve("34.1.2.3", 22, routes)

@@ -163,7 +163,7 @@ def network_tag(cluster: str) -> str:
 
 
 def firewall_name(cluster: str, kind: str) -> str:
-    """`cloudtrain-<cluster>-ssh` (SSH from one CIDR) or `cloudtrain-<cluster>-internal` (nodes)."""
+    """`cloudtrain-<cluster>-ssh` (SSH from one CIDR), `-internal` (nodes) or `-deny` (the rest)."""
     return resource_name(f"cloudtrain-{cluster}", kind)
 
 
@@ -313,22 +313,37 @@ def can_delete_itself(raw: Any) -> bool:
     return any(set(account.scopes) & DELETE_SCOPES for account in raw.service_accounts)
 
 
+# Our allow rules, and below them a deny for everything else. The `default` network comes with
+# `default-allow-ssh` (tcp:22 from 0.0.0.0/0), `-rdp`, `-icmp` at priority 65534: rules add up, so an
+# allow of our own restricts nothing. A deny at a lower number than theirs, aimed at our tag, does
+# (lower number wins; the project's other instances are untouched).
+ALLOW_PRIORITY = 1000
+DENY_PRIORITY = 1100
+
+
 def firewall_bodies(cluster: str, owner: str, cidr: str, nodes: int) -> dict[str, dict[str, Any]]:
     """The cluster's firewall rules by name: SSH (tcp:22) from one CIDR to the cluster's network
-    tag; with several nodes also everything between the nodes (training talks on any port)."""
+    tag; with several nodes also everything between the nodes (training talks on any port); and a
+    deny of all other ingress to the tag that outranks the default network's open rules."""
     tag = network_tag(cluster)
     bodies = {firewall_name(cluster, "ssh"): {
         "name": firewall_name(cluster, "ssh"),
         "description": firewall_description(cluster, owner, "SSH from one address"),
-        "network": NETWORK, "direction": "INGRESS", "priority": 1000,
+        "network": NETWORK, "direction": "INGRESS", "priority": ALLOW_PRIORITY,
         "allowed": [{"I_p_protocol": "tcp", "ports": ["22"]}],
         "source_ranges": [cidr], "target_tags": [tag],
+    }, firewall_name(cluster, "deny"): {
+        "name": firewall_name(cluster, "deny"),
+        "description": firewall_description(cluster, owner, "no other ingress: outranks default-allow-ssh"),
+        "network": NETWORK, "direction": "INGRESS", "priority": DENY_PRIORITY,
+        "denied": [{"I_p_protocol": "all"}],
+        "source_ranges": ["0.0.0.0/0"], "target_tags": [tag],
     }}
     if nodes > 1:
         bodies[firewall_name(cluster, "internal")] = {
             "name": firewall_name(cluster, "internal"),
             "description": firewall_description(cluster, owner, "the cluster's nodes to each other"),
-            "network": NETWORK, "direction": "INGRESS", "priority": 1000,
+            "network": NETWORK, "direction": "INGRESS", "priority": ALLOW_PRIORITY,
             "allowed": [{"I_p_protocol": "all"}],
             "source_tags": [tag], "target_tags": [tag],
         }
