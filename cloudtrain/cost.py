@@ -21,6 +21,16 @@ _STORAGE = Path(__file__).resolve().parent / "catalog_data" / "storage" / "disks
 _FLAT = Path(__file__).resolve().parent / "catalog_data" / "storage" / "flat.csv"
 HOURS_PER_MONTH = 730.0
 
+# The least compute a cloud bills per start, in seconds (Linux, per-second billing): AWS "60
+# seconds minimum" (EC2 On-Demand pricing page), GCP "1-minute minimum" (Compute Engine pricing,
+# per-second billing), Azure 300 s for VMs stopped within 5 minutes of starting, since 1 June 2025
+# (Microsoft's notice, as answered on Microsoft Q&A). Machines nobody bills: 0.
+BILLING_MINIMUM_S = {"aws": 60.0, "gcp": 60.0, "azure": 300.0}
+
+
+def billing_minimum_s(cloud: str) -> float:
+    return BILLING_MINIMUM_S.get(cloud, 0.0)
+
 
 def cost_usd(hourly_price: float, seconds: float) -> float:
     """Cost of something billed at `hourly_price` for `seconds`."""
@@ -68,13 +78,14 @@ class Spend:
 
 
 def spend(intervals: Iterable[BillingRecord], since: float = 0.0, until: float | None = None) -> Spend:
-    """Sum of price x billed time of `intervals`, clipped to [since, until)."""
+    """Sum of price x billed time of `intervals` from `since` (each start billed at least its
+    cloud's minimum). `billed_s` counts compute node-seconds only; disks are in `usd`."""
     end = time.time() if until is None else until
     usd = seconds = 0.0
     running = False
     for item in intervals:
         usd += item.cost(end, since)
-        stop = min(item.ended_at if item.ended_at is not None else end, end)
-        seconds += max(0.0, stop - max(item.started_at, since))
+        if item.kind == "running":
+            seconds += item.billed_seconds(end, since)
         running = running or item.ended_at is None
     return Spend(usd, seconds, running)

@@ -19,9 +19,10 @@ def home_path() -> Path:
 
 
 def home() -> Path:
-    """`home_path()`, created on first use."""
+    """`home_path()`, created on first use, owner-only (it holds keys, state and config)."""
     path = home_path()
-    path.mkdir(parents=True, exist_ok=True)
+    if not path.is_dir():
+        path.mkdir(parents=True, exist_ok=True, mode=0o700)
     return path
 
 

@@ -8,54 +8,104 @@ import sys
 
 import pytest
 
-from cloudtrain.cost import HOURS_PER_MONTH, disk_hourly, disk_price, flat_hourly, spend
-from cloudtrain.state import StateStore
+from cloudtrain.cluster.reconcile import Observation, Pricing, Source, reconcile
+from cloudtrain.cost import HOURS_PER_MONTH, billing_minimum_s, disk_hourly, disk_price, flat_hourly, spend
+from cloudtrain.providers.base import Instance
+from cloudtrain.providers.base import InstanceState as S
+from cloudtrain.state import ClusterStatus, StateStore
 from tests.conftest import cli_env
 
 T0 = 1_700_000_000.0  # a fixed clock (2023): every interval below starts here
 
 
+def _cluster(store: StateStore, name: str, hourly_per_node: float, nodes: int = 1, cloud: str = "aws"):  # noqa: ANN202
+    store.upsert_cluster(name=name, provider=cloud, status=ClusterStatus.PROVISIONING, num_nodes=nodes,
+                         hourly_price=hourly_per_node * nodes, owner="me", created_at=T0)
+    return store.get_cluster(name)
+
+
+def _observe(store: StateStore, name: str, states: dict[str, S], at: float, cloud: str = "aws") -> None:
+    """What a verb or a describe would feed the ledger: observations at `at`, reconciled and applied."""
+    record = store.get_cluster(name)
+    pricing = Pricing(running=record.hourly_price / record.num_nodes, disk=disk_hourly(cloud),
+                      min_s=billing_minimum_s(cloud))
+    observations = [Observation(Instance(i, name, s), at, Source.VERB) for i, s in states.items()]
+    t = reconcile(record, store.get_nodes(name), store.open_billing(record.uid), observations, pricing,
+                  complete=True, launch_done=True, at=at)
+    store.apply(name, t, record.uid, cloud)
+
+
 def test_running_then_stopped_then_running_then_down(cloudtrain_home) -> None:  # noqa: ANN001
     store = StateStore()
-    nodes = ["i-1", "i-2"]
-    store.bill("c", "aws", nodes, "running", 0.526, at=T0)
-    store.bill("c", "aws", nodes, "stopped", disk_hourly("aws"), at=T0 + 3600)  # 1 h running
-    store.bill("c", "aws", nodes, "running", 0.526, at=T0 + 3 * 3600)  # 2 h stopped
-    store.end_billing("c", at=T0 + 3.5 * 3600)  # 0.5 h running, then down
-    expected = 2 * (1.0 * 0.526 + 2.0 * disk_hourly("aws") + 0.5 * 0.526)
+    _cluster(store, "c", 0.526, nodes=2)
+    _observe(store, "c", {"i-1": S.RUNNING, "i-2": S.RUNNING}, T0)
+    _observe(store, "c", {"i-1": S.STOPPED, "i-2": S.STOPPED}, T0 + 3600)  # 1 h running
+    _observe(store, "c", {"i-1": S.RUNNING, "i-2": S.RUNNING}, T0 + 3 * 3600)  # 2 h stopped
+    _observe(store, "c", {"i-1": S.TERMINATED, "i-2": S.TERMINATED}, T0 + 3.5 * 3600)  # 0.5 h running, then down
+    # Compute while running; the disks for the whole 3.5 h they existed.
+    expected = 2 * (1.5 * 0.526 + 3.5 * disk_hourly("aws"))
     got = spend(store.billing("c"), until=T0 + 10 * 3600)
-    assert got.usd == pytest.approx(expected, rel=0.01)
-    assert got.billed_s == pytest.approx(2 * 3.5 * 3600)
+    assert got.usd == pytest.approx(expected, rel=0.001)
+    assert got.billed_s == pytest.approx(2 * 1.5 * 3600)
     assert not got.running
     # Clipped to a window: only what was billed inside it.
     window = spend(store.billing("c", since=T0 + 3 * 3600), since=T0 + 3 * 3600, until=T0 + 10 * 3600)
-    assert window.usd == pytest.approx(2 * 0.5 * 0.526, rel=0.01)
+    assert window.usd == pytest.approx(2 * 0.5 * (0.526 + disk_hourly("aws")), rel=0.001)
 
 
 def test_open_interval_bills_until_now(cloudtrain_home) -> None:  # noqa: ANN001
     store = StateStore()
-    store.bill("s", "aws", ["i-9"], "running", 0.2104, at=T0)
+    _cluster(store, "s", 0.2104)
+    _observe(store, "s", {"i-9": S.RUNNING}, T0)
     got = spend(store.billing("s"), until=T0 + 1800)
-    assert got.usd == pytest.approx(0.1052, rel=0.01) and got.running
+    assert got.usd == pytest.approx(0.1052 + disk_hourly("aws") / 2, rel=0.001) and got.running
 
 
-def test_a_failed_launch_costs_its_seconds_only(cloudtrain_home) -> None:  # noqa: ANN001
+@pytest.mark.parametrize(("cloud", "minimum_s"), [("aws", 60), ("gcp", 60), ("azure", 300), ("local", 0)])
+def test_a_short_start_is_billed_the_clouds_minimum(cloudtrain_home, cloud: str, minimum_s: float) -> None:  # noqa: ANN001
+    """Issue 22.10: a 10 s VM costs 60 s on AWS and GCP, 300 s on Azure; every start counts again."""
     store = StateStore()
-    store.bill("f", "aws", ["i-x"], "running", 3.6, at=T0)
-    store.end_billing("f", at=T0 + 10)
-    assert spend(store.billing("f"), until=T0 + 86400).usd == pytest.approx(0.01)
+    _cluster(store, "f", 3.6, cloud=cloud)
+    for start in (T0, T0 + 1000):
+        _observe(store, "f", {"i-x": S.RUNNING}, start, cloud)
+        _observe(store, "f", {"i-x": S.STOPPED}, start + 10, cloud)
+    compute = [b for b in store.billing("f") if b.kind == "running"]
+    assert spend(compute, until=T0 + 86400).usd == pytest.approx(2 * 3.6 * max(10, minimum_s) / 3600)
+    # An open start is already worth its minimum.
+    _observe(store, "f", {"i-x": S.RUNNING}, T0 + 2000, cloud)
+    opened = [b for b in store.billing("f") if b.kind == "running" and b.ended_at is None]
+    assert spend(opened, until=T0 + 2001).billed_s == pytest.approx(max(1, minimum_s))
+
+
+def test_a_reused_name_starts_a_clean_history(cloudtrain_home) -> None:  # noqa: ANN001
+    """Issue 22.2: billing is keyed by incarnation; a new cluster of the same name owes nothing old."""
+    from cloudtrain.run.watchdog import running_seconds
+
+    store = StateStore()
+    first = _cluster(store, "same", 1.0)
+    _observe(store, "same", {"i-old": S.RUNNING}, T0)
+    _observe(store, "same", {"i-old": S.TERMINATED}, T0 + 170)
+    store.delete_cluster("same")
+    second = _cluster(store, "same", 1.0)
+    assert second.uid != first.uid
+    _observe(store, "same", {"i-new": S.RUNNING}, T0 + 200)
+    assert running_seconds(store, "same", now=T0 + 210) == pytest.approx(10)
+    assert {b.incarnation for b in store.billing("same")} == {first.uid, second.uid}
 
 
 def test_cost_command_reports_per_cluster_and_total(cloudtrain_home) -> None:  # noqa: ANN001
     store = StateStore()
-    store.bill("a", "aws", ["i-1"], "running", 1.0, at=T0)
-    store.end_billing("a", at=T0 + 1800)
+    _cluster(store, "a", 1.0)
+    _observe(store, "a", {"i-1": S.RUNNING}, T0)
+    _observe(store, "a", {"i-1": S.TERMINATED}, T0 + 1800)
+    store.delete_cluster("a")
     proc = subprocess.run([sys.executable, "-m", "cloudtrain", "cost", "--json"], capture_output=True, text=True,
                           env=cli_env(), timeout=60)
     assert proc.returncode == 0, proc.stderr
     data = json.loads(proc.stdout)
-    assert data["total_usd"] == pytest.approx(0.5, rel=0.01)
+    assert data["total_usd"] == pytest.approx(0.5 + disk_hourly("aws") / 2, rel=0.001)
     assert data["clusters"][0]["cluster"] == "a" and data["clusters"][0]["status"] == "down"
+    assert data["incarnations"][0]["from_iso"].startswith("2023-11-14T22:13:20")
     bad = subprocess.run([sys.executable, "-m", "cloudtrain", "cost", "--since", "last tuesday"],
                          capture_output=True, text=True, env=cli_env(), timeout=60)
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "--since" in bad.stderr

@@ -28,40 +28,57 @@ def _since(value: str | None) -> float:
 @click.command()
 @click.option("--since", "since_text", metavar="WHEN", help="Only spend after this: 7d, 12h, 30m or 2026-11-01.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def cost(since_text: str | None, as_json: bool) -> None:
-    """Spend per cluster (billed intervals: running at the compute price, stopped at the disk price) and per run."""
-    from cloudtrain.cost import spend
+@click.option("--no-refresh", is_flag=True,
+              help="Do not ask the clouds first (report the ledger as last observed; no network).")
+def cost(since_text: str | None, as_json: bool, no_refresh: bool) -> None:
+    """Spend per cluster and per run: compute while running (each start billed at least the cloud's
+    minimum) and disks while they exist, from the ledger. Clusters still billing are first checked
+    with their cloud, so a stop by the watchdog or the console is counted from when it happened."""
+    from cloudtrain.cluster.spend import by_incarnation, iso, observe_billing
+    from cloudtrain.config import load_config
     from cloudtrain.state import StateStore
 
     since = _since(since_text)
     store = StateStore()
+    problems = [] if no_refresh else observe_billing(store, load_config())
+    for problem in problems:
+        output.warn(problem)
     now = time.time()
-    by_cluster: dict[str, list] = {}
-    for item in store.billing(since=since):
-        by_cluster.setdefault(item.cluster, []).append(item)
-    live = {c.name: c for c in store.list_clusters()}
-    clusters = []
-    for name, items in sorted(by_cluster.items()):
-        total = spend(items, since=since, until=now)
-        clusters.append({
-            "cluster": name, "cloud": items[0].cloud,
-            "status": live[name].status if name in live else "down",
-            "usd": round(total.usd, 6), "node_hours": round(total.billed_s / 3600, 4), "billing_now": total.running,
-        })
-    runs = [r for r in store.list_runs(limit=1000) if r.started_at >= since and r.cost_usd > 0]
+    spends = by_incarnation(store, since, now)
+    names: dict[str, dict] = {}
+    for item in spends:
+        entry = names.setdefault(item.cluster, {"cluster": item.cluster, "cloud": item.cloud, "status": "down",
+                                                "usd": 0.0, "node_hours": 0.0, "billing_now": False,
+                                                "incarnations": 0})
+        entry["usd"] += item.usd
+        entry["node_hours"] += item.node_hours
+        entry["billing_now"] = entry["billing_now"] or item.billing_now
+        entry["incarnations"] += 1
+        if item.status != "down":
+            entry["status"] = item.status
+    clusters = [{**c, "usd": round(c["usd"], 6), "node_hours": round(c["node_hours"], 4)} for c in names.values()]
+    runs = [r for r in store.list_runs(limit=1000) if r.started_at >= since]
+    total = sum(s.usd for s in spends)
     if as_json:
-        output.print_json({"since": since or None, "clusters": clusters,
-                           "runs": [{"run": r.id, "cluster": r.cluster, "usd": round(r.cost_usd, 6)} for r in runs],
-                           "total_usd": round(sum(c["usd"] for c in clusters), 6)})
+        output.print_json({
+            "since": since or None, "since_iso": iso(since) if since else None, "at": now, "at_iso": iso(now),
+            "clusters": clusters, "incarnations": [s.as_json() for s in spends],
+            "runs": [{"run": r.id, "cluster": r.cluster, "incarnation": r.incarnation, "status": r.status,
+                      "usd": round(r.cost_usd, 6), "started": r.started_at, "started_iso": iso(r.started_at),
+                      "ended": r.ended_at, "ended_iso": iso(r.ended_at)} for r in runs],
+            "total_usd": round(total, 6), "not_checked": problems})
         return
-    if not clusters:
+    if not spends and not runs:
         output.info("nothing billed" + (f" since {since_text}" if since_text else ""))
         return
-    output.table(["CLUSTER", "CLOUD", "STATUS", "NODE-HOURS", "SPENT", "BILLING NOW"],
-                 [(c["cluster"], c["cloud"], c["status"], f"{c['node_hours']:.2f}", output.money(c["usd"]),
-                   "yes" if c["billing_now"] else "no") for c in clusters])
+    if spends:
+        output.table(["CLUSTER", "CLOUD", "STATUS", "NODE-HOURS", "SPENT", "BILLING NOW"],
+                     [(c["cluster"] + (f" ({c['incarnations']}x)" if c["incarnations"] > 1 else ""), c["cloud"],
+                       c["status"], f"{c['node_hours']:.2f}", output.money(c["usd"]),
+                       "yes" if c["billing_now"] else "no") for c in clusters])
     if runs:
         output.echo()
-        output.table(["RUN", "CLUSTER", "COST"], [(r.id, r.cluster, output.money(r.cost_usd)) for r in runs])
+        output.table(["RUN", "CLUSTER", "STATUS", "COST"],
+                     [(r.id, r.cluster, r.status, output.money(r.cost_usd)) for r in runs])
     output.echo()
-    output.info(f"total: {output.money(sum(c['usd'] for c in clusters))}")
+    output.info(f"total: {output.money(total)}" + ("" if not problems else " (some clusters could not be checked)"))

@@ -20,7 +20,7 @@ from cloudtrain.providers.base import HostSpec, Instance, InstanceSpec, Instance
 from cloudtrain.recipe import Recipe
 from cloudtrain.state import ClusterRecord, ClusterStatus, NodeRecord, RunStatus, StateStore
 from cloudtrain.cluster.hosts import end_work_on_hosts
-from cloudtrain.cluster.nodes import node_record
+from cloudtrain.cluster.reconcile import Observation, Pricing, observe, reconcile
 
 # Clouds whose providers exist but whose recipe features land in later work. Refused, never ignored.
 _LIVE_STATES = {InstanceState.PENDING, InstanceState.RUNNING, InstanceState.STOPPING, InstanceState.STOPPED}
@@ -31,14 +31,6 @@ class Cluster:
     record: ClusterRecord
     nodes: tuple[NodeRecord, ...]
     provider: Provider
-
-
-def _merged(old: NodeRecord, inst: Instance) -> NodeRecord:
-    """The one way provider facts enter state: a node record updated with what the provider says
-    now; what it does not say (an existing host has no API to ask) is kept."""
-    return replace(old, state=inst.state.value, public_ip=inst.public_ip or old.public_ip,
-                   private_ip=inst.private_ip or old.private_ip, ssh_user=old.ssh_user or inst.ssh_user,
-                   started_at=old.started_at or inst.launched_at)
 
 
 def refuse_unavailable(recipe: Recipe) -> None:
@@ -204,37 +196,41 @@ class Lifecycle:
         spec = self._spec(recipe, name, first)
         tried: dict[str, Provider] = {}
         launched: list[Instance] = []
+        heartbeat = _Heartbeat(self.store.path, name)
         try:
-            launched, provider, hourly_per_node = self._launch(recipe, spec, candidates, providers, tried,
-                                                               recipe_path, digest)
-            launch_time = time.time()
-            ids = [i.id for i in launched]
-            # Billed from now: a launch that fails from here on still cost its seconds.
-            self.store.bill(name, provider.name, ids, "running", hourly_per_node, at=launch_time)
-            self._record_nodes(name, launched, spec.hosts)
-            running = {i.id: i for i in self._wait_running(provider, ids)}
-            nodes = [_merged(n, running[n.instance_id]) for n in self.store.get_nodes(name)]
-            self.store.put_nodes(name, nodes)
-            head = running[launched[0].id]
-            self.store.upsert_cluster(
-                name=name, status=ClusterStatus.UP, region=head.region or launched[0].region,
-                zone=head.zone or launched[0].zone,
-                instance_type=head.instance_type or launched[0].instance_type,
-                # One price source: the plan's placement, per node.
-                hourly_price=hourly_per_node * len(launched),
-            )
+            launched, provider, answered = self._launch(recipe, spec, candidates, providers, tried, recipe_path,
+                                                        digest, heartbeat)
+            record = self.store.get_cluster(name)
+            assert record is not None
+            # The create call's answer is the first observation: billed from the moment it was
+            # answered, so a launch that fails from here on still costs its seconds (and minimum).
+            self._apply(record, provider, [observe(i, answered, verb_at=answered) for i in launched],
+                        complete=False)
+            self._record_hosts(name, spec.hosts)
+            self._wait_running(provider, [i.id for i in launched])
+            cluster = self._observe_all(name, provider, launch_done=True)
+            head = next((n for n in cluster.nodes if n.instance_id == launched[0].id), None)
+            self.store.upsert_cluster(name=name, region=launched[0].region or record.region,
+                                      zone=launched[0].zone or record.zone,
+                                      instance_type=launched[0].instance_type or record.instance_type,
+                                      driver=None)
+            assert head is not None
         except BaseException as exc:
+            heartbeat.stop()
             self._cleanup_failed_launch(name, list(tried.values()), launched, exc)
             raise
+        heartbeat.stop()
         return Cluster(self.store.get_cluster(name), tuple(self.store.get_nodes(name)), provider)  # type: ignore[arg-type]
 
     def _launch(self, recipe: Recipe, spec: InstanceSpec, candidates: list, providers: dict[str, Provider],
-                tried: dict[str, Provider], recipe_path: str | None,
-                digest: str | None) -> tuple[list[Instance], Provider, float]:
+                tried: dict[str, Provider], recipe_path: str | None, digest: str | None,
+                heartbeat: _Heartbeat) -> tuple[list[Instance], Provider, float]:
         """Launch at the cheapest placement; on a capacity error fail over to the next one that the
         error does not rule out (a zone's, a region's, or the whole cloud's), across clouds for
-        `cloud: any`. The state row names each attempt's cloud before its create call. Returns the
-        instances, their provider and the placement's hourly price per node."""
+        `cloud: any`. The state row (the launch intent: a new incarnation, this process as its
+        driver, the placement's price) names each attempt's cloud before its create call, so an
+        instance whose answer is lost is found by tag and billed at the right price. Returns the
+        instances, their provider and when the create call was answered."""
         from cloudtrain.errors import CapacityError
 
         failures: list[str] = []
@@ -249,12 +245,17 @@ class Lifecycle:
                 spot=placement.spot, max_run_s=_max_run_s(recipe, placement.hourly_price))
             # State first: if we die between the create call and the next line, `status --refresh`
             # and `down` still know where to look for instances tagged with this cluster.
+            from cloudtrain import procid
+
             self.store.upsert_cluster(
                 name=spec.cluster, provider=cloud, status=ClusterStatus.PROVISIONING, region=attempt.region,
                 zone=attempt.zone, instance_type=attempt.instance_type, num_nodes=recipe.num_nodes,
                 recipe_path=recipe_path, recipe_digest=digest, owner=spec.owner, last_error=None,
-                spot=int(attempt.spot),
+                spot=int(attempt.spot), driver=procid.identity(), heartbeat_at=time.time(),
+                # One price source: the plan's placement, per node, known before anything exists.
+                hourly_price=(placement.hourly_price if placement is not None else 0.0) * recipe.num_nodes,
             )
+            heartbeat.start()
             self.store.add_event(spec.cluster, "launch", f"{cloud}: launching {recipe.num_nodes} node(s)")
             tried[cloud] = provider
             try:
@@ -271,7 +272,7 @@ class Lifecycle:
                 self.reporter.warn(f"no capacity: {placement.describe()}"
                                    + ("; trying the next placement" if left else "; no other placement fits"))
                 continue
-            return instances, provider, (placement.hourly_price if placement is not None else 0.0)
+            return instances, provider, time.time()
         raise CapacityError(
             f"no capacity for {spec.cluster} in any of {len(failures)} placement(s): " + "; ".join(failures),
             hint="try another region, instance type or later",
@@ -281,13 +282,15 @@ class Lifecycle:
                                exc: BaseException) -> None:
         """Whatever the providers created, by our records or by their tags, goes away now.
 
-        If a provider cannot even be asked, the state row stays (status launch-failed) so that
-        `down` or `gc` can finish the job later: forgetting it could hide a running instance.
+        The row stays (status launch-failed) until every instance is observed gone and every side
+        resource (an Azure static IP, a security group) is released: `down` or `gc` finish the
+        job later, and forgetting the row could hide a billed resource.
         """
         from cloudtrain.errors import CloudtrainError
 
         self.store.add_event(name, "launch-failed", f"{type(exc).__name__}: {exc}")
         launched_ids = {i.id for i in launched}
+        left: list[str] = []
         for provider in providers:
             try:
                 ids = {i.id for i in provider.list_tagged(name) if i.state in _LIVE_STATES}
@@ -296,47 +299,111 @@ class Lifecycle:
                 if ids:
                     self.reporter.warn(f"launch failed; terminating {len(ids)} instance(s) it created on {provider.name}")
                     provider.terminate(sorted(ids))
+                answered = time.time()
+                if provider is providers[-1]:
+                    cluster = self._observe_all(name, provider, verb_at=answered, verb_ids=ids)
+                    left += [f"{n.instance_id} ({n.state})" for n in cluster.nodes
+                             if n.state != InstanceState.TERMINATED.value]
+                left += [f"{k.kind} {k.id} ({k.note})" for k in provider.release_resources(name)]
             except CloudtrainError as cleanup_error:
-                self.store.upsert_cluster(name=name, provider=provider.name)
-                self.store.set_cluster_status(name, ClusterStatus.LAUNCH_FAILED, error=cleanup_error.one_line())
-                self.store.end_billing(name)
-                self.reporter.warn(
-                    f"could not check for instances left by the failed launch ({cleanup_error.one_line()}); "
-                    f"run `cloudtrain down {name}` once the cloud is reachable"
-                )
-                return
-        self.store.end_billing(name)
+                left.append(f"{provider.name}: {cleanup_error.one_line()}")
+        if left:
+            detail = "; ".join(left)
+            self.store.set_cluster_status(name, ClusterStatus.LAUNCH_FAILED, error=detail)
+            self.store.upsert_cluster(name=name, driver=None)
+            self.reporter.warn(f"the failed launch left {detail}; run `cloudtrain down {name}` to finish the cleanup")
+            return
         self.store.delete_cluster(name)
 
-    def _record_nodes(self, name: str, instances: Sequence[Instance], hosts: Sequence[HostSpec]) -> None:
-        records = [
-            node_record(name, rank, inst, hosts[rank] if rank < len(hosts) else None)
-            for rank, inst in enumerate(instances)
-        ]
-        self.store.put_nodes(name, records)
+    def _record_hosts(self, name: str, hosts: Sequence[HostSpec]) -> None:
+        """Existing machines (the `ssh` provider): how to log in comes from the recipe's hosts."""
+        if not hosts:
+            return
+        nodes = [replace(n, ssh_user=hosts[n.rank].user or n.ssh_user, ssh_port=hosts[n.rank].port or n.ssh_port,
+                         ssh_key=hosts[n.rank].key, proxy_command=hosts[n.rank].proxy_command)
+                 if n.rank < len(hosts) else n for n in self.store.get_nodes(name)]
+        self.store.put_nodes(name, nodes)
 
-    def _wait_running(self, provider: Provider, ids: list[str]) -> list[Instance]:
-        """Poll describe with backoff until every instance runs; the only wait on instance state."""
+    def _wait_for(self, provider: Provider, ids: list[str], want: InstanceState, doing: str) -> list[Instance]:
+        """Poll describe with backoff until every instance is in `want`; the only wait on instance state."""
         deadline = time.monotonic() + self.wait_timeout_s
         delay = 0.2
+        said = time.monotonic()
         while True:
             instances = provider.describe(ids)
             states = {i.id: i.state for i in instances}
-            if all(s is InstanceState.RUNNING for s in states.values()):
+            if len(states) == len(set(ids)) and all(s is want for s in states.values()):
                 return instances
-            bad = {k: v for k, v in states.items() if v in (InstanceState.TERMINATED, InstanceState.STOPPED)}
+            if want is InstanceState.RUNNING:
+                bad = {k: v for k, v in states.items() if v in (InstanceState.TERMINATED, InstanceState.STOPPED)}
+            else:
+                bad = {k: v for k, v in states.items() if v in (InstanceState.TERMINATED, InstanceState.RUNNING)}
             if bad:
                 raise ProviderError(
-                    "instances stopped or terminated while starting: "
-                    + ", ".join(f"{k} ({v.value})" for k, v in bad.items())
+                    f"instances {', '.join(f'{k} ({v.value})' for k, v in bad.items())} while {doing}"
                 )
             if time.monotonic() > deadline:
                 raise ProviderError(
-                    f"instances not running after {self.wait_timeout_s:.0f}s: "
+                    f"instances not {want.value} after {self.wait_timeout_s:.0f}s: "
                     + ", ".join(f"{k} ({v.value})" for k, v in states.items())
                 )
+            if time.monotonic() - said > 10:
+                said = time.monotonic()
+                self.reporter.info(f"waiting for {len(ids)} instance(s) to be {want.value} ("
+                                   + ", ".join(f"{k}: {v.value}" for k, v in states.items()) + ")")
             time.sleep(delay)
             delay = min(delay * 2, 5.0)
+
+    def _wait_running(self, provider: Provider, ids: list[str]) -> list[Instance]:
+        return self._wait_for(provider, ids, InstanceState.RUNNING, "starting")
+
+    # observations ----------------------------------------------------------------------------------
+
+    def _pricing(self, record: ClusterRecord, provider: Provider) -> Pricing:
+        from cloudtrain.cost import HOURS_PER_MONTH, billing_minimum_s, disk_hourly, disk_price
+
+        cloud = provider.name
+        return Pricing(running=record.hourly_price / max(1, record.num_nodes), disk=disk_hourly(cloud),
+                       min_s=billing_minimum_s(cloud), priced=provider.capabilities.priced,
+                       disk_per_gb=(disk_price(cloud) or 0.0) / HOURS_PER_MONTH)
+
+    def _apply(self, record: ClusterRecord, provider: Provider, observations: Sequence[Observation], *,
+               complete: bool, launch_done: bool = False) -> Cluster:
+        """The one way observations enter state: reconcile, then write the transition at once."""
+        assert record.uid is not None
+        transition = reconcile(record, self.store.get_nodes(record.name), self.store.open_billing(record.uid),
+                               observations, self._pricing(record, provider), complete=complete,
+                               launch_done=launch_done, at=time.time())
+        self.store.apply(record.name, transition, record.uid, provider.name)
+        updated = self.store.get_cluster(record.name)
+        return Cluster(updated or record, tuple(self.store.get_nodes(record.name)), provider)
+
+    def _observe_all(self, name: str, provider: Provider, *, verb_at: float | None = None,
+                     verb_ids: Sequence[str] | set[str] = (), launch_done: bool = False) -> Cluster:
+        """Ask the provider about every machine of the cluster (its rows, and whatever carries its
+        tag) and reconcile. `verb_at`: when our own call that changed `verb_ids` was answered."""
+        record = self.store.get_cluster(name)
+        assert record is not None
+        nodes = self.store.get_nodes(name)
+        ids = [n.instance_id for n in nodes]
+        described = {i.id: i for i in provider.describe(ids)} if ids else {}
+        for inst in provider.list_tagged(name):
+            described.setdefault(inst.id, inst)
+        looked = time.time()
+        # Known nodes first, in rank order: found ones take the ranks after them.
+        order = ids + [i for i in described if i not in ids]
+        observations = [observe(described[i], looked, verb_at if i in verb_ids else None)
+                        for i in order if i in described]
+        return self._apply(record, provider, observations, complete=True, launch_done=launch_done)
+
+    def _machines(self, name: str, provider: Provider, nodes: Sequence[NodeRecord]) -> list[str]:
+        """What a verb acts on: the rows' machines and whatever else carries this cluster's tag (a
+        create whose answer was lost, a second terminal's instance), never only the rows."""
+        ids = [n.instance_id for n in nodes if n.state != InstanceState.TERMINATED.value]
+        if provider.capabilities.owns_machines:
+            ids += [i.id for i in provider.list_tagged(name)
+                    if i.state in _LIVE_STATES and i.id not in ids]
+        return ids
 
     # stop / start / refresh ----------------------------------------------------------------------
 
@@ -344,71 +411,45 @@ class Lifecycle:
         cluster = self.get(name)
         check_stop_possible(cluster.provider, bool(cluster.record.spot), name)
         with cluster_lock(name):
-            ids = [n.instance_id for n in cluster.nodes]
+            ids = self._machines(name, cluster.provider, cluster.nodes)
             cluster.provider.stop(ids)
-            if cluster.provider.capabilities.priced:
-                # Compute stops billing; the disks do not.
-                from cloudtrain.cost import disk_hourly
-
-                self.store.bill(name, cluster.provider.name, ids, "stopped", disk_hourly(cluster.provider.name))
-            self.store.set_cluster_status(name, ClusterStatus.STOPPED)
-            self.store.add_event(name, "stop", "stopped all nodes")
+            answered = time.time()
+            self.store.add_event(name, "stop", f"stop asked for {len(ids)} instance(s)")
             # A stopped machine runs nothing: its jobs ended with it.
             from cloudtrain.run.jobstate import end_open_jobs
 
             end_open_jobs(self.store, name)
-            return self._refresh_locked(name, cluster.provider)
+            if ids and cluster.provider.capabilities.owns_machines:
+                # "stopped" is said only once the cloud says so.
+                self._wait_for(cluster.provider, ids, InstanceState.STOPPED, "stopping")
+            return self._observe_all(name, cluster.provider, verb_at=answered, verb_ids=set(ids))
 
     def start(self, name: str) -> Cluster:
         cluster = self.get(name)
         with cluster_lock(name):
-            self._start_locked(cluster.record, cluster.provider, list(cluster.nodes))
-            return self._refresh_locked(name, cluster.provider)
+            return self._start_locked(cluster.record, cluster.provider, list(cluster.nodes))
 
-    def _start_locked(self, record: ClusterRecord, provider: Provider, nodes: Sequence[NodeRecord]) -> None:
+    def _start_locked(self, record: ClusterRecord, provider: Provider, nodes: Sequence[NodeRecord]) -> Cluster:
         if not provider.capabilities.supports_stop:
-            return
-        ids = [n.instance_id for n in nodes]
+            return self._observe_all(record.name, provider)
+        ids = self._machines(record.name, provider, nodes)
         provider.start(ids)
-        if provider.capabilities.priced:
-            self.store.bill(record.name, provider.name, ids, "running", record.hourly_price / max(1, len(ids)))
-        # A restarted cloud VM usually has a new public IP; the refresh that follows records it.
+        answered = time.time()
+        # A restarted cloud VM usually has a new public IP; the observation that follows records it.
         self._wait_running(provider, ids)
+        cluster = self._observe_all(record.name, provider, verb_at=answered, verb_ids=set(ids), launch_done=True)
         # It boots again: connecting gets the patience of a fresh launch.
-        self.store.put_nodes(record.name, [replace(n, started_at=time.time()) for n in self.store.get_nodes(record.name)])
-        self.store.set_cluster_status(record.name, ClusterStatus.UP)
-        self.store.add_event(record.name, "start", "started all nodes")
+        self.store.put_nodes(record.name, [replace(n, started_at=answered) for n in cluster.nodes])
+        self.store.add_event(record.name, "start", f"started {len(ids)} instance(s)")
+        return replace(cluster, nodes=tuple(self.store.get_nodes(record.name)))
 
     def refresh(self, name: str) -> Cluster:
         cluster = self.get(name)
         with cluster_lock(name):
-            return self._refresh_locked(name, cluster.provider)
+            return self._observe_all(name, cluster.provider)
 
     def _refresh_locked(self, name: str, provider: Provider) -> Cluster:
-        """Reconcile state with the provider: node states, IPs, and instances found only by tag."""
-        record = self.store.get_cluster(name)
-        assert record is not None
-        nodes = {n.instance_id: n for n in self.store.get_nodes(name)}
-        described = {i.id: i for i in provider.describe(list(nodes))} if nodes else {}
-        for inst in provider.list_tagged(name):
-            described.setdefault(inst.id, inst)
-        # Known nodes keep their rank; instances found only by tag are appended after them.
-        known = sorted((i for i in described if i in nodes), key=lambda i: nodes[i].rank)
-        found = sorted(i for i in described if i not in nodes)
-        updated = [_merged(nodes[i], described[i]) for i in known]
-        updated += [node_record(name, len(updated) + k, described[i]) for k, i in enumerate(found)]
-        live = [n for n in updated if n.state != InstanceState.TERMINATED.value]
-        self.store.put_nodes(name, updated)
-        status = record.status
-        if not live and record.status in (ClusterStatus.UP, ClusterStatus.STOPPED, ClusterStatus.PROVISIONING):
-            status = ClusterStatus.TERMINATED
-        elif live and all(n.state == InstanceState.STOPPED.value for n in live):
-            status = ClusterStatus.STOPPED
-        elif live and all(n.state == InstanceState.RUNNING.value for n in live) and record.status != ClusterStatus.PROVISIONING:
-            status = ClusterStatus.UP
-        if status != record.status:
-            self.store.set_cluster_status(name, status)
-        return Cluster(self.store.get_cluster(name), tuple(self.store.get_nodes(name)), provider)  # type: ignore[arg-type]
+        return self._observe_all(name, provider)
 
     # down ----------------------------------------------------------------------------------------
 
@@ -417,13 +458,22 @@ class Lifecycle:
 
         On machines that outlive the cluster (local, ssh) every job is ended and our files removed
         first; if a node cannot be reached the state row stays (status down-failed) so that a
-        later `down` finishes the job, unless `forget` says to drop it anyway.
+        later `down` finishes the job, unless `forget` says to drop it anyway. The row goes only
+        once every machine is observed gone; its billed intervals stay, closed, as history.
         """
         record = self.store.get_cluster(name)
         if record is None:
             return False
         provider = self.provider(record.provider)
         with cluster_lock(name):
+            record = self.store.get_cluster(name)
+            if record is None:
+                return False
+            if record.launch_in_flight(time.time()) and record.driver and not _is_me(record.driver):
+                raise ClusterBusyError(
+                    f"cluster {name!r} is being launched by another cloudtrain process ({record.driver.split(':')[1]})",
+                    hint="wait for that launch to finish (or fail), then `cloudtrain down` it",
+                )
             nodes = self.store.get_nodes(name)
             if not provider.capabilities.owns_machines:
                 failures = end_work_on_hosts(provider, nodes, self.config)
@@ -448,6 +498,15 @@ class Lifecycle:
                 # Azure static IP, a security group): terminate would have released them.
                 for kept in provider.release_resources(name):
                     self.reporter.warn(f"kept for now: {kept.kind} {kept.id} ({kept.note})")
+            answered = time.time()
+            if provider.capabilities.owns_machines:
+                cluster = self._observe_all(name, provider, verb_at=answered, verb_ids=ids)
+                left = [n for n in cluster.nodes if n.state != InstanceState.TERMINATED.value]
+                if left and not forget:
+                    detail = ", ".join(f"{n.instance_id} ({n.state})" for n in left)
+                    self.store.set_cluster_status(name, ClusterStatus.DOWN_FAILED, error=f"still there: {detail}")
+                    raise ProviderError(f"{provider.name} still reports {detail} after terminating them",
+                                        hint=f"`cloudtrain down {name}` again; `cloudtrain status {name} --refresh` shows them")
             if provider.capabilities.remote:
                 from cloudtrain.remote import keys
 
@@ -455,12 +514,62 @@ class Lifecycle:
                     keys.KnownHosts().forget(instance_id)
                 keys.delete_cluster_key(name)
                 keys.remove_ssh_config(name)
-            self.store.end_billing(name)
+            if record.uid is not None:
+                # Machines nobody bills, or forgotten: nothing more will be observed of them.
+                self.store.end_billing(record.uid, answered)
             self.store.add_event(name, "down", f"terminated {len(ids)} instance(s)")
             # A new cluster of the same name starts with no jobs of this one.
             self.store.delete_jobs(name)
             self.store.delete_cluster(name)
         return True
+
+
+class _Heartbeat:
+    """While a launch is in flight its row's heartbeat is fresh (other terminals and `gc` leave it
+    alone). Its own connection: SQLite connections are not shared across threads mid-transaction."""
+
+    def __init__(self, path: object, name: str, every_s: float = 10.0) -> None:
+        import threading
+
+        self._path, self._name, self._every = path, name, every_s
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        import threading
+
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._beat, name="launch-heartbeat", daemon=True)
+            self._thread.start()
+
+    def _beat(self) -> None:
+        import logging
+        import sqlite3
+
+        store = StateStore(self._path)  # type: ignore[arg-type]
+        try:
+            while not self._stop.wait(self._every):
+                record = store.get_cluster(self._name)
+                if record is None or record.uid is None or record.status != ClusterStatus.PROVISIONING:
+                    return
+                try:
+                    store.heartbeat(self._name, record.uid)
+                except sqlite3.Error as exc:  # a busy database: the next beat tries again
+                    logging.getLogger(__name__).debug("heartbeat of %s: %s", self._name, exc)
+        finally:
+            store.close()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+
+def _is_me(driver: str) -> bool:
+    from cloudtrain import procid
+
+    return driver == procid.identity()
+
 
 def _max_run_s(recipe: Recipe, hourly_per_node: float) -> float | None:
     """The budget as running seconds at this placement's price: a cloud-side backstop for the

@@ -125,6 +125,14 @@ class Instance:
     # (what a stopped instance still costs; None: not known).
     spot: bool | None = None
     disk_gb: float | None = None
+    # When the instance entered `state`, by the cloud's own clock, where the provider reports it
+    # (EC2's state-transition reason and launch time, GCE's last start/stop timestamps, Azure's
+    # power-state time): what the ledger bills from. None: not reported.
+    state_since: float | None = None
+    # Whether the cloud bills compute in this state where the state alone does not say (EC2 bills
+    # nothing while "stopping"; an Azure VM stopped from inside stays allocated and billed).
+    # None: compute bills while PENDING, RUNNING or STOPPING.
+    compute_billed: bool | None = None
 
 
 @dataclass(frozen=True)

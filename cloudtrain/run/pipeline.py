@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from cloudtrain import procid
 from cloudtrain.cost import spend
 from cloudtrain.run import approval
 from cloudtrain.run.approval import Approver
@@ -177,7 +178,7 @@ class Executor:
             id=run_id, cluster=cluster_name, recipe_path=str(loaded.path.resolve()), recipe_digest=loaded.digest,
             run_dir=str(run_dir), status=RunStatus.RUNNING, exit_code=None, provider=recipe.resources.cloud,
             instance_type=None, hourly_price=0.0, cost_usd=0.0, started_at=r.started, ended_at=None,
-            pid=os.getpid(), result_paths=json.dumps(recipe.result_paths()),
+            pid=os.getpid(), result_paths=json.dumps(recipe.result_paths()), driver=procid.identity(),
         ))
         usage_error: UsageError | None = None
         try:
@@ -261,7 +262,8 @@ class Executor:
         close_all(r.nodes)
         ended = time.time()
         # The run's share of its cluster's billed intervals (a reused cluster bills before and after).
-        cost = (self._spent(r.cluster.record.name, r.started, ended) or 0.0) if r.cluster else 0.0
+        cost = ((self._spent(r.cluster.record.name, r.started, ended, r.cluster.record.uid) or 0.0)
+                if r.cluster else 0.0)
         record = RunJson(
             run_id=r.run_id, status=r.status, exit_code=r.exit_code, error=r.error,
             recipe={"name": recipe.name, "path": str(r.loaded.path.resolve()), "digest": r.loaded.digest},
@@ -283,8 +285,15 @@ class Executor:
         return RunResult(r.run_id, r.run_dir, r.status, r.exit_code, cost, dict(r.clock.timings), r.error,
                          teardown_done, collected.refused)
 
-    def _spent(self, cluster: str, since: float, until: float | None = None) -> float | None:
-        intervals = self.store.billing(cluster, since=since)
+    def _spent(self, cluster: str, since: float, until: float | None = None,
+               incarnation: str | None = None) -> float | None:
+        """What this run's cluster incarnation billed while the run went on (never a predecessor's
+        of the same name)."""
+        if incarnation is None:
+            record = self.store.get_cluster(cluster)
+            incarnation = record.uid if record is not None else None
+        intervals = [i for i in self.store.billing(cluster, since=since)
+                     if incarnation is None or i.incarnation == incarnation]
         return spend(intervals, since=since, until=until).usd if intervals else None
 
     def _teardown(self, r: _Run, policy: str, results_at_risk: bool) -> str:

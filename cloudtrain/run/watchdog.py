@@ -166,18 +166,20 @@ def autostop_settings(idle_minutes: float, down: bool, wait_for: str) -> dict[st
 
 
 def running_seconds(store: StateStore, cluster: str, now: float | None = None) -> float:
-    """How long the cluster's compute has been billed, per node (the longest node): what the
-    budget has used so far."""
+    """How long this incarnation of the cluster has billed compute, per node (the longest node):
+    what the budget has used so far. A predecessor of the same name counts for nothing."""
     end = time.time() if now is None else now
+    record = store.get_cluster(cluster)
+    if record is None:
+        return 0.0
     per_node: dict[str, float] = {}
-    for item in store.billing(cluster):
+    for item in store.billing(cluster, incarnation=record.uid):
         if item.kind == "running":
             stop = item.ended_at if item.ended_at is not None else end
             per_node[item.instance_id] = per_node.get(item.instance_id, 0.0) + max(0.0, stop - item.started_at)
     if per_node:
         return max(per_node.values())
-    record = store.get_cluster(cluster)
-    return max(0.0, end - record.created_at) if record is not None else 0.0
+    return max(0.0, end - record.created_at)
 
 
 def settings_from_recipe(recipe: Recipe, store: StateStore, cluster: str, cluster_hourly: float) -> Settings:

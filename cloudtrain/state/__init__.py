@@ -7,8 +7,10 @@ failing. The schema is versioned with `PRAGMA user_version` and migrated forward
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import time
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import fields
@@ -18,6 +20,7 @@ from typing import Any, TypeVar
 from cloudtrain import paths
 from cloudtrain.state.records import (  # noqa: F401 - the package's public names
     BillingRecord,
+    BillKind,
     ClusterRecord,
     ClusterStatus,
     EventRecord,
@@ -45,7 +48,12 @@ class StateStore:
 
     def __init__(self, path: Path | None = None) -> None:
         self.path = path or paths.state_db()
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        # Owner-only before SQLite opens it (SQLite gives its -wal and -shm files the same mode):
+        # the file names every cluster, address and key path of the user.
+        os.close(os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600))
+        if self.path.stat().st_mode & 0o077:
+            os.chmod(self.path, 0o600)
         self._db = sqlite3.connect(self.path, timeout=30.0, isolation_level=None, check_same_thread=False)
         self._db.row_factory = sqlite3.Row
         self._db.execute("PRAGMA busy_timeout = 30000")
@@ -123,6 +131,8 @@ class StateStore:
                 db.execute(f"UPDATE clusters SET {sets} WHERE name = :name", values)
             else:
                 values.setdefault("created_at", now)
+                # A new incarnation: everything billed or run from here on is keyed by this uid.
+                values.setdefault("uid", uuid.uuid4().hex)
                 cols = ", ".join(values)
                 db.execute(f"INSERT INTO clusters ({cols}) VALUES ({', '.join(':' + k for k in values)})", values)
 
@@ -215,36 +225,63 @@ class StateStore:
 
     # billing --------------------------------------------------------------------------------------
 
-    def bill(self, cluster: str, cloud: str, instance_ids: list[str], kind: str, hourly_price: float,
-             at: float | None = None) -> None:
-        """Close the nodes' open intervals and open new ones in `kind` at `hourly_price` (per node)."""
-        now = time.time() if at is None else at
+    def apply(self, name: str, transition: Any, incarnation: str, cloud: str) -> None:
+        """Write a reconcile.Transition in one transaction: node rows, status, billed intervals, events.
+        A closing op closes the node's open interval of that kind in this incarnation only."""
+        now = time.time()
         with self._write() as db:
-            for instance_id in instance_ids:
-                db.execute("UPDATE billing SET ended_at = ? WHERE instance_id = ? AND cluster = ? AND ended_at IS NULL",
-                           (now, instance_id, cluster))
+            db.execute("DELETE FROM nodes WHERE cluster = ?", (name,))
+            for node in transition.nodes:
                 db.execute(
-                    "INSERT INTO billing (cluster, cloud, instance_id, kind, hourly_price, started_at) "
-                    "VALUES (?, ?, ?, ?, ?, ?)", (cluster, cloud, instance_id, kind, hourly_price, now))
+                    "INSERT INTO nodes VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (node.cluster, node.rank, node.instance_id, node.state, node.public_ip, node.private_ip,
+                     node.ssh_user, node.ssh_port, node.ssh_key, node.proxy_command, node.started_at),
+                )
+            db.execute("UPDATE clusters SET status = ?, updated_at = ? WHERE name = ? AND uid = ?",
+                       (str(transition.status), now, name, incarnation))
+            for op in transition.billing:
+                if op.open:
+                    db.execute(
+                        "INSERT INTO billing (cluster, cloud, instance_id, kind, hourly_price, started_at, incarnation, "
+                        "min_s, source) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                        (name, cloud, op.instance_id, str(op.kind), op.hourly_price, op.at, incarnation, op.min_s,
+                         str(op.source)))
+                else:
+                    db.execute("UPDATE billing SET ended_at = MAX(started_at, ?) WHERE incarnation = ? AND instance_id = ? "
+                               "AND kind = ? AND ended_at IS NULL", (op.at, incarnation, op.instance_id, str(op.kind)))
+            for kind, message in transition.events:
+                db.execute("INSERT INTO events (ts, cluster, kind, message) VALUES (?, ?, ?, ?)",
+                           (now, name, kind, message))
 
-    def end_billing(self, cluster: str, instance_ids: list[str] | None = None, at: float | None = None) -> None:
-        """Close open intervals (the nodes are gone): of the listed nodes, or of the whole cluster."""
-        now = time.time() if at is None else at
+    def open_billing(self, incarnation: str) -> list[BillingRecord]:
+        cur = self._db.execute("SELECT * FROM billing WHERE incarnation = ? AND ended_at IS NULL ORDER BY id",
+                               (incarnation,))
+        return _rows(cur, BillingRecord)
+
+    def end_billing(self, incarnation: str, at: float) -> None:
+        """Close every open interval of an incarnation at `at`: only for a row that is being
+        forgotten (`down --forget`), when nothing more will ever be observed of it."""
         with self._write() as db:
-            if instance_ids is None:
-                db.execute("UPDATE billing SET ended_at = ? WHERE cluster = ? AND ended_at IS NULL", (now, cluster))
-            else:
-                for instance_id in instance_ids:
-                    db.execute("UPDATE billing SET ended_at = ? WHERE cluster = ? AND instance_id = ? AND ended_at IS NULL",
-                               (now, cluster, instance_id))
+            db.execute("UPDATE billing SET ended_at = MAX(started_at, ?) WHERE incarnation = ? AND ended_at IS NULL",
+                       (at, incarnation))
 
-    def billing(self, cluster: str | None = None, since: float = 0.0) -> list[BillingRecord]:
-        """Intervals that overlap [since, now), oldest first."""
-        query = "SELECT * FROM billing WHERE (ended_at IS NULL OR ended_at > ?)"
+    def heartbeat(self, name: str, incarnation: str) -> None:
+        with self._write() as db:
+            db.execute("UPDATE clusters SET heartbeat_at = ? WHERE name = ? AND uid = ?", (time.time(), name, incarnation))
+
+    def billing(self, cluster: str | None = None, since: float = 0.0,
+                incarnation: str | None = None) -> list[BillingRecord]:
+        """Intervals that may bill in [since, now), oldest first: of a cluster name (every
+        incarnation it had), or of one incarnation."""
+        # An interval ended before `since` may still bill its minimum after it.
+        query = "SELECT * FROM billing WHERE (ended_at IS NULL OR MAX(ended_at, started_at + min_s) > ?)"
         args: list[Any] = [since]
         if cluster is not None:
             query += " AND cluster = ?"
             args.append(cluster)
+        if incarnation is not None:
+            query += " AND incarnation = ?"
+            args.append(incarnation)
         return _rows(self._db.execute(query + " ORDER BY started_at, id", args), BillingRecord)
 
     def add_event(self, cluster: str | None, kind: str, message: str) -> None:

@@ -23,6 +23,14 @@ class RunStatus(StrEnum):
     ABANDONED = "abandoned"  # the `cloudtrain run` process died without finishing the row
 
 
+class BillKind(StrEnum):
+    """What a billed interval pays for. Compute bills while the machine runs (per start, with the
+    cloud's minimum); its disks bill from creation to deletion, running or stopped."""
+
+    RUNNING = "running"  # compute, at the placement's price
+    DISK = "disk"  # the node's disks, at the storage price, for as long as they exist
+    STOPPED = "stopped"  # before v5: disks while stopped only (kept for old rows)
+
 
 @dataclass(frozen=True)
 class ClusterRecord:
@@ -41,6 +49,22 @@ class ClusterRecord:
     updated_at: float
     last_error: str | None
     spot: int = 0
+    # The incarnation: a new cluster of a reused name gets a new uid and a clean history.
+    uid: str | None = None
+    # While provisioning: the process launching it (procid.identity) and its last heartbeat.
+    driver: str | None = None
+    heartbeat_at: float | None = None
+
+    def launch_in_flight(self, now: float, stale_s: float = 120.0) -> bool:
+        """Whether a live process is creating this cluster right now (another terminal's `up`):
+        `gc` and `down` of other terminals must not take it for a leak."""
+        if self.status != ClusterStatus.PROVISIONING or not self.driver:
+            return False
+        from cloudtrain import procid
+
+        if procid.alive(self.driver):
+            return True
+        return self.heartbeat_at is not None and now - self.heartbeat_at < stale_s and not _same_machine(self.driver)
 
 
 @dataclass(frozen=True)
@@ -76,20 +100,15 @@ class RunRecord:
     pid: int | None = None
     result_paths: str | None = None  # JSON list, relative to the workdir
     error: str | None = None  # why the run failed (job, collect, teardown), one line
+    incarnation: str | None = None
+    driver: str | None = None  # procid.identity() of the `cloudtrain run` process
 
     def driver_alive(self) -> bool:
-        """Whether the cloudtrain process that drives this run is still running on this machine."""
-        if self.pid is None:
-            return False
-        import os
+        """Whether the cloudtrain process that drives this run is still running on this machine:
+        the same boot, pid and start time (a reused pid after a reboot is somebody else)."""
+        from cloudtrain import procid
 
-        try:
-            os.kill(self.pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return True
+        return procid.alive(self.driver, self.pid)
 
 
 @dataclass(frozen=True)
@@ -104,6 +123,7 @@ class JobRecord:
     started_at: float | None
     ended_at: float | None
     exit_code: int | None
+    incarnation: str | None = None
 
 
 @dataclass(frozen=True)
@@ -112,16 +132,25 @@ class BillingRecord:
     cluster: str
     cloud: str
     instance_id: str
-    kind: str  # "running" | "stopped"
+    kind: str  # BillKind
     hourly_price: float  # USD per hour for this node in this state
     started_at: float
     ended_at: float | None  # None: still billing
+    incarnation: str | None = None
+    min_s: float = 0.0  # the cloud bills at least this long per start (AWS/GCP 60 s, Azure 300 s)
+    source: str | None = None  # where started_at came from (reconcile.Source)
+
+    def billed_seconds(self, until: float, since: float = 0.0) -> float:
+        """Seconds billed between `since` and `until`. A start is billed at least `min_s` as soon
+        as it happens (the cloud will charge it even if the machine goes in a second), so the
+        minimum is not cut by `until`; `since` clips as for any interval."""
+        end = self.ended_at if self.ended_at is not None else until
+        end = max(min(end, until), self.started_at + self.min_s)
+        return max(0.0, end - max(self.started_at, since))
 
     def cost(self, until: float, since: float = 0.0) -> float:
-        """USD billed between `since` and `until` (clipped to this interval)."""
-        start = max(self.started_at, since)
-        end = min(self.ended_at if self.ended_at is not None else until, until)
-        return max(0.0, end - start) * self.hourly_price / 3600.0
+        """USD billed between `since` and `until`."""
+        return self.billed_seconds(until, since) * self.hourly_price / 3600.0
 
 
 @dataclass(frozen=True)
@@ -199,3 +228,10 @@ class SweepVmRow:
     attempt: int | None
     runs: int
     error: str | None
+
+
+def _same_machine(driver: str) -> bool:
+    from cloudtrain import procid
+
+    parsed = procid.parse(driver)
+    return parsed is not None and bool(parsed[0]) and parsed[0] == procid.boot_id()

@@ -157,5 +157,32 @@ _MIGRATIONS: list[str] = [
         PRIMARY KEY (sweep, id)
     );
     """,
+    # version 5: cluster incarnations. A cluster's uid is written with its first row, before any
+    # create call; billing, runs and jobs carry it, so a new cluster of a reused name starts with
+    # a clean history (no inherited budget or spend). Billing rows say where their times came from
+    # and the cloud's minimum billed seconds per start. A launch in flight is an intent: the
+    # process driving it (boot id:pid:start time) and a heartbeat, so `gc` and other terminals
+    # leave it alone. Rows written before v5 get an incarnation of their own ("legacy-<id>")
+    # unless they fall inside the current cluster's lifetime.
+    """
+    ALTER TABLE clusters ADD COLUMN uid TEXT;
+    ALTER TABLE clusters ADD COLUMN driver TEXT;
+    ALTER TABLE clusters ADD COLUMN heartbeat_at REAL;
+    ALTER TABLE billing ADD COLUMN incarnation TEXT;
+    ALTER TABLE billing ADD COLUMN min_s REAL NOT NULL DEFAULT 0;
+    ALTER TABLE billing ADD COLUMN source TEXT;
+    ALTER TABLE runs ADD COLUMN incarnation TEXT;
+    ALTER TABLE runs ADD COLUMN driver TEXT;
+    ALTER TABLE jobs ADD COLUMN incarnation TEXT;
+    UPDATE clusters SET uid = lower(hex(randomblob(16))) WHERE uid IS NULL;
+    UPDATE billing SET incarnation = (SELECT c.uid FROM clusters c WHERE c.name = billing.cluster
+                                      AND billing.started_at >= c.created_at - 1)
+        WHERE incarnation IS NULL;
+    UPDATE billing SET incarnation = 'legacy-' || id WHERE incarnation IS NULL;
+    UPDATE runs SET incarnation = (SELECT c.uid FROM clusters c WHERE c.name = runs.cluster
+                                   AND runs.started_at >= c.created_at - 1) WHERE incarnation IS NULL;
+    UPDATE jobs SET incarnation = (SELECT c.uid FROM clusters c WHERE c.name = jobs.cluster) WHERE incarnation IS NULL;
+    CREATE INDEX billing_by_incarnation ON billing(incarnation, started_at)
+    """,
 ]
 SCHEMA_VERSION = len(_MIGRATIONS)

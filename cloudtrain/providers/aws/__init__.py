@@ -26,7 +26,9 @@ boto3 is imported in the constructor only: the CLI imports it when a command use
 from __future__ import annotations
 
 import ipaddress
+import re
 import uuid
+from datetime import datetime, timezone
 from collections.abc import Sequence
 from typing import Any
 
@@ -583,6 +585,7 @@ class AwsProvider:
         instance_type = raw.get("InstanceType")
         zone = raw.get("Placement", {}).get("AvailabilityZone")
         launched = raw.get("LaunchTime")
+        name = raw.get("State", {}).get("Name", "")
         return Instance(
             id=raw["InstanceId"],
             cluster=tags.get(TAG_CLUSTER, ""),
@@ -596,10 +599,28 @@ class AwsProvider:
             launched_at=launched.timestamp() if launched is not None else None,
             spot=raw.get("InstanceLifecycle") == "spot",
             disk_gb=disk_gb,
+            state_since=_state_since(name, raw, launched),
+            # EC2 bills no compute while an instance is stopping (hibernation aside).
+            compute_billed=False if name == "stopping" else None,
         )
 
 
 # helpers -------------------------------------------------------------------------------------
+
+_REASON_TIME = re.compile(r"\((\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}) (?:GMT|UTC)\)")
+
+
+def _state_since(state: str, raw: dict[str, Any], launched: Any) -> float | None:
+    """When the instance entered its state, by EC2's clock: the launch time for a running one (EC2
+    sets LaunchTime again at every start), the time in StateTransitionReason ("User initiated
+    (2026-11-25 12:00:00 GMT)") for a stop or termination, whoever asked for it."""
+    if state in ("pending", "running"):
+        return launched.timestamp() if launched is not None else None
+    found = _REASON_TIME.search(raw.get("StateTransitionReason") or "")
+    if found is None:
+        return None
+    return datetime.strptime(found.group(1), "%Y-%m-%d %H:%M:%S").replace(tzinfo=timezone.utc).timestamp()
+
 
 
 def _log_leftovers(cluster: str, left: Sequence[ClusterResource]) -> None:

@@ -1,0 +1,213 @@
+"""Reconcile: the one step that turns what was observed about a cluster's machines into state.
+
+Every path that learns something about machines (a create call's answer, describe or a listing by
+tag, a stop/start/terminate that returned, a run finding its cluster stopped by the watchdog, gc)
+builds `Observation`s and calls `reconcile`, a pure function: the cluster's record, its node rows
+and its open billed intervals before, plus the observations, give the `Transition` (node rows,
+status, billing opens/closes with their times, events). `StateStore.apply` writes a Transition in
+one transaction. Nothing else writes node states or billed intervals.
+
+Billing follows observations, never a verb's intent: a node bills compute while it is pending,
+running or stopping (an Azure VM stopped from inside stays allocated and billed: the provider says
+STOPPING for it) and its disks while it exists. Each interval carries the time the state began, from
+the best source there is: the cloud's own transition time, a verb's answer, else the time we
+looked (an upper bound, marked as such).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from enum import StrEnum
+
+from cloudtrain.providers.base import Instance, InstanceState
+from cloudtrain.state.records import BillingRecord, BillKind, ClusterRecord, ClusterStatus, NodeRecord
+
+# Billed compute: the machine holds its hardware.
+COMPUTE_STATES = frozenset({InstanceState.PENDING, InstanceState.RUNNING, InstanceState.STOPPING})
+_VERB_OWNED = frozenset({ClusterStatus.LAUNCH_FAILED, ClusterStatus.DOWN_FAILED})
+
+
+class Source(StrEnum):
+    """Where an observation's time comes from, best first."""
+
+    CLOUD = "cloud"  # the cloud's own transition timestamp (EC2 reason/launch time, GCE last*Timestamp, ...)
+    VERB = "verb"  # our call that made the change returned (create, stop, start, terminate)
+    WATCHDOG = "watchdog"  # the node's watchdog logged the action itself
+    LOOKED = "looked"  # only when we looked: the change happened at or before this time
+
+
+@dataclass(frozen=True)
+class Observation:
+    instance: Instance
+    at: float  # when the instance entered instance.state (see source)
+    source: Source
+
+
+@dataclass(frozen=True)
+class Pricing:
+    """What one node costs, per hour, in each billed kind; the cloud's minimum per start."""
+
+    running: float
+    disk: float  # one node's disks of the default size
+    min_s: float
+    priced: bool = True  # False: machines nobody bills (this computer, the user's own hosts)
+    disk_per_gb: float = 0.0  # per GB-hour, for nodes whose disk size the provider reports
+
+    def disk_hourly(self, disk_gb: float | None) -> float:
+        return self.disk_per_gb * disk_gb if disk_gb and self.disk_per_gb else self.disk
+
+
+@dataclass(frozen=True)
+class BillingOp:
+    open: bool  # True: open an interval at `at`; False: close the open one at `at`
+    instance_id: str
+    kind: BillKind
+    at: float
+    hourly_price: float = 0.0
+    min_s: float = 0.0
+    source: Source = Source.LOOKED
+
+
+@dataclass(frozen=True)
+class Transition:
+    nodes: tuple[NodeRecord, ...]
+    status: ClusterStatus
+    billing: tuple[BillingOp, ...]
+    events: tuple[tuple[str, str], ...]  # (kind, message)
+
+    @property
+    def live(self) -> tuple[NodeRecord, ...]:
+        return tuple(n for n in self.nodes if n.state != InstanceState.TERMINATED.value)
+
+
+def observe(instance: Instance, looked_at: float, verb_at: float | None = None) -> Observation:
+    """An observation with its best time. When a call of ours made the change (`verb_at`: when it
+    was answered), that time: clouds report transition times to the second, our clock brackets
+    the change more closely. Otherwise the cloud's transition time where the provider reports one
+    for this state, else when we looked (an upper bound)."""
+    if verb_at is not None:
+        return Observation(instance, verb_at, Source.VERB)
+    if instance.state_since is not None:
+        return Observation(instance, min(instance.state_since, looked_at), Source.CLOUD)
+    return Observation(instance, looked_at, Source.LOOKED)
+
+
+def _merged(old: NodeRecord, inst: Instance) -> NodeRecord:
+    """A node row updated with what the provider says now; what it does not say (an existing host
+    has no API to ask) is kept."""
+    return replace(old, state=inst.state.value, public_ip=inst.public_ip or old.public_ip,
+                   private_ip=inst.private_ip or old.private_ip, ssh_user=old.ssh_user or inst.ssh_user,
+                   started_at=old.started_at or inst.launched_at)
+
+
+def _new_node(cluster: str, rank: int, inst: Instance) -> NodeRecord:
+    return NodeRecord(cluster=cluster, rank=rank, instance_id=inst.id, state=inst.state.value,
+                      public_ip=inst.public_ip, private_ip=inst.private_ip, ssh_user=inst.ssh_user,
+                      ssh_port=inst.ssh_port, ssh_key=None, proxy_command=None, started_at=inst.launched_at)
+
+
+def _wanted(instance: Instance) -> set[BillKind] | None:
+    """The billed kinds a node in its state has open; None: not known (leave the ledger as it is)."""
+    state = instance.state
+    if instance.compute_billed is not None and state not in (InstanceState.TERMINATED, InstanceState.UNKNOWN):
+        return {BillKind.RUNNING, BillKind.DISK} if instance.compute_billed else {BillKind.DISK}
+    if state in COMPUTE_STATES:
+        return {BillKind.RUNNING, BillKind.DISK}
+    if state is InstanceState.STOPPED:
+        return {BillKind.DISK}
+    if state is InstanceState.TERMINATED:
+        return set()
+    return None
+
+
+def _billing_ops(obs: Observation, open_now: Mapping[BillKind, BillingRecord], pricing: Pricing,
+                 launched_at: float | None) -> list[BillingOp]:
+    wanted = _wanted(obs.instance)
+    if wanted is None or not pricing.priced:
+        return []
+    ops: list[BillingOp] = []
+    inst_id = obs.instance.id
+    for kind, interval in open_now.items():
+        # A legacy "stopped" interval is the v4 disk: it closes when the disks stop being "stopped".
+        still = kind in wanted or (kind is BillKind.STOPPED and obs.instance.state is InstanceState.STOPPED)
+        if not still:
+            ops.append(BillingOp(False, inst_id, kind, max(obs.at, interval.started_at), source=obs.source))
+    has_disk = BillKind.DISK in open_now or (BillKind.STOPPED in open_now
+                                             and obs.instance.state is InstanceState.STOPPED)
+    for kind in sorted(wanted - set(open_now)):
+        if kind is BillKind.DISK and has_disk:
+            continue
+        at = obs.at
+        if kind is BillKind.DISK and launched_at is not None and not open_now:
+            # Found running with nothing open (adopted after a crash): its disks exist since launch.
+            at = min(at, launched_at)
+        price = pricing.running if kind is BillKind.RUNNING else pricing.disk_hourly(obs.instance.disk_gb)
+        ops.append(BillingOp(True, inst_id, kind, at, price, pricing.min_s if kind is BillKind.RUNNING else 0.0,
+                             obs.source))
+    return ops
+
+
+def _status(record: ClusterRecord, live: Sequence[NodeRecord], launch_done: bool) -> ClusterStatus:
+    current = ClusterStatus(record.status)
+    if current in _VERB_OWNED and live:
+        return current  # `down` (or gc) has to finish what a failed verb left; the nodes say nothing of that
+    if not live:
+        if current is ClusterStatus.PROVISIONING and not launch_done:
+            return current  # the create may still be in flight: nothing to see yet
+        return ClusterStatus.TERMINATED
+    states = {InstanceState(n.state) for n in live}
+    if states == {InstanceState.STOPPED}:
+        return ClusterStatus.STOPPED
+    if states == {InstanceState.RUNNING} and (launch_done or current is not ClusterStatus.PROVISIONING):
+        return ClusterStatus.UP
+    return current
+
+
+def reconcile(record: ClusterRecord, nodes: Sequence[NodeRecord], open_billing: Sequence[BillingRecord],
+              observations: Sequence[Observation], pricing: Pricing, *, complete: bool,
+              launch_done: bool = False, at: float) -> Transition:
+    """The transition that `observations` make of the cluster's state.
+
+    complete     the observations cover every machine of the cluster (describe + listing by tag):
+                 a node row that none of them mentions is gone (terminated at `at`, an upper bound).
+                 False: only the observed nodes change (a verb that acted on some).
+    launch_done  the creating process saw its create answered and its nodes running: PROVISIONING may end.
+    """
+    by_id = {o.instance.id: o for o in observations}
+    if complete:
+        for node in nodes:
+            if node.instance_id not in by_id and node.state != InstanceState.TERMINATED.value:
+                gone = Instance(id=node.instance_id, cluster=record.name, state=InstanceState.TERMINATED)
+                by_id[node.instance_id] = Observation(gone, at, Source.LOOKED)
+    open_by_node: dict[str, dict[BillKind, BillingRecord]] = {}
+    for interval in open_billing:
+        if interval.ended_at is None:
+            open_by_node.setdefault(interval.instance_id, {})[BillKind(interval.kind)] = interval
+    if complete:
+        # Open intervals of machines no row or observation knows (a row lost to a crash) end too.
+        for instance_id in open_by_node:
+            if instance_id not in by_id:
+                gone = Instance(id=instance_id, cluster=record.name, state=InstanceState.TERMINATED)
+                by_id[instance_id] = Observation(gone, at, Source.LOOKED)
+
+    known = {n.instance_id: n for n in nodes}
+    updated = [_merged(n, by_id[n.instance_id].instance) if n.instance_id in by_id else n for n in nodes]
+    events: list[tuple[str, str]] = []
+    # New nodes take ranks in the order observed (a create call answers in launch order).
+    found = [i for i, o in by_id.items() if i not in known and o.instance.state is not InstanceState.TERMINATED]
+    for offset, instance_id in enumerate(found):
+        updated.append(_new_node(record.name, len(nodes) + offset, by_id[instance_id].instance))
+        events.append(("adopt", f"found {instance_id} ({by_id[instance_id].instance.state.value}) by its tags"))
+
+    ops: list[BillingOp] = []
+    for instance_id, obs in sorted(by_id.items()):
+        before = known.get(instance_id)
+        if before is not None and before.state != obs.instance.state.value:
+            events.append(("observed", f"{instance_id}: {before.state} -> {obs.instance.state.value} "
+                                       f"({obs.source.value} time)"))
+        ops += _billing_ops(obs, open_by_node.get(instance_id, {}), pricing, obs.instance.launched_at)
+
+    live = [n for n in updated if n.state != InstanceState.TERMINATED.value]
+    # Terminated rows stay (they keep their rank, so rank 0 stays the head); they bill nothing.
+    return Transition(tuple(updated), _status(record, live, launch_done), tuple(ops), tuple(events))

@@ -1,0 +1,76 @@
+"""What was spent: the ledger's report, per cluster incarnation, per cluster name and per run.
+
+Before it reports, `observe_billing` asks each cloud about every cluster still billing in state, so
+that what the watchdog, the cloud or another terminal did since the last command is in the ledger
+(through lifecycle's reconcile, like every other observation) and the report is the bill, not
+what the last verb believed.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+
+from cloudtrain.config import Config
+from cloudtrain.cost import spend
+from cloudtrain.errors import CloudtrainError
+from cloudtrain.state import BillingRecord, StateStore
+
+
+def iso(epoch: float | None) -> str | None:
+    return None if epoch is None else datetime.fromtimestamp(epoch, timezone.utc).isoformat(timespec="seconds")
+
+
+def observe_billing(store: StateStore, config: Config) -> list[str]:
+    """Reconcile every cluster that has an open billed interval with what its cloud reports now.
+    Returns one line per cluster that could not be asked (its spend is then as last observed)."""
+    from cloudtrain.cluster.lifecycle import Lifecycle
+
+    billing_now = {b.incarnation for b in store.billing(since=time.time())}
+    lc = Lifecycle(store, config)
+    problems = []
+    for record in store.list_clusters():
+        if record.uid not in billing_now or record.launch_in_flight(time.time()):
+            continue
+        try:
+            lc.refresh(record.name)
+        except CloudtrainError as exc:
+            problems.append(f"{record.name} ({record.provider}): could not ask the cloud: {exc.one_line()}")
+    return problems
+
+
+@dataclass(frozen=True)
+class IncarnationSpend:
+    cluster: str
+    incarnation: str
+    cloud: str
+    status: str  # the cluster's status, or "down" for an incarnation that no longer exists
+    usd: float
+    node_hours: float
+    billing_now: bool
+    first: float
+    last: float | None  # None: still billing
+
+    def as_json(self) -> dict:
+        return {"cluster": self.cluster, "incarnation": self.incarnation, "cloud": self.cloud, "status": self.status,
+                "usd": round(self.usd, 6), "node_hours": round(self.node_hours, 4), "billing_now": self.billing_now,
+                "from": self.first, "from_iso": iso(self.first), "until": self.last, "until_iso": iso(self.last)}
+
+
+def by_incarnation(store: StateStore, since: float, now: float) -> list[IncarnationSpend]:
+    groups: dict[str, list[BillingRecord]] = {}
+    for item in store.billing(since=since):
+        groups.setdefault(item.incarnation or f"legacy-{item.id}", []).append(item)
+    live = {c.uid: c for c in store.list_clusters()}
+    found = []
+    for incarnation, items in groups.items():
+        total = spend(items, since=since, until=now)
+        record = live.get(incarnation)
+        ends = [i.ended_at for i in items]
+        found.append(IncarnationSpend(
+            cluster=items[0].cluster, incarnation=incarnation, cloud=items[0].cloud,
+            status=str(record.status) if record is not None else "down", usd=total.usd,
+            node_hours=total.billed_s / 3600, billing_now=total.running, first=min(i.started_at for i in items),
+            last=None if None in ends else max(e for e in ends if e is not None)))
+    return sorted(found, key=lambda s: (s.cluster, s.first))

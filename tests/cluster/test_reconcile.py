@@ -1,0 +1,124 @@
+"""reconcile: (record, nodes, open intervals, observations) -> transition, as a table (issue 22)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from cloudtrain.cluster.reconcile import Observation, Pricing, Source, observe, reconcile
+from cloudtrain.providers.base import Instance, InstanceState as S
+from cloudtrain.state import BillingRecord, ClusterRecord, ClusterStatus, NodeRecord
+
+T0 = 1_700_000_000.0
+PRICE = Pricing(running=1.0, disk=0.01, min_s=60.0)
+REC = ClusterRecord(name="c", provider="aws", status=ClusterStatus.UP, region="r", zone=None, instance_type="t",
+                    hourly_price=1.0, num_nodes=1, recipe_path=None, recipe_digest=None, owner="o",
+                    created_at=T0, updated_at=T0, last_error=None, uid="u1")
+
+
+def node(iid: str, state: S, rank: int = 0) -> NodeRecord:
+    return NodeRecord("c", rank, iid, state.value, None, None, None, None, None, None, T0)
+
+
+def interval(iid: str, kind: str, at: float = T0) -> BillingRecord:
+    return BillingRecord(0, "c", "aws", iid, kind, 1.0 if kind == "running" else 0.01, at, None, "u1", 0.0, "verb")
+
+
+def obs(iid: str, state: S, at: float, source: Source = Source.CLOUD, billed: bool | None = None) -> Observation:
+    return Observation(Instance(iid, "c", state, launched_at=T0, compute_billed=billed), at, source)
+
+
+# (name, status before, nodes before, open intervals, observations, complete,
+#  expected status, expected ops as (open?, id, kind, at))
+CASES = [
+    ("create answered: compute and disk open at the answer",
+     ClusterStatus.PROVISIONING, [], [], [obs("i-1", S.PENDING, T0 + 1, Source.VERB)], False,
+     ClusterStatus.PROVISIONING, [(True, "i-1", "disk", T0), (True, "i-1", "running", T0 + 1)]),
+    ("watchdog stopped it an hour ago: compute closes at the cloud's time, not now",
+     ClusterStatus.UP, [node("i-1", S.RUNNING)], [interval("i-1", "running"), interval("i-1", "disk")],
+     [obs("i-1", S.STOPPED, T0 + 3600)], True,
+     ClusterStatus.STOPPED, [(False, "i-1", "running", T0 + 3600)]),
+    ("started again: compute reopens, the disk stays open",
+     ClusterStatus.STOPPED, [node("i-1", S.STOPPED)], [interval("i-1", "disk")],
+     [obs("i-1", S.RUNNING, T0 + 7200, Source.VERB)], True,
+     ClusterStatus.UP, [(True, "i-1", "running", T0 + 7200)]),
+    ("adopted after a crash: billed from its launch, at the row's price",
+     ClusterStatus.PROVISIONING, [], [], [obs("i-9", S.RUNNING, T0 + 30)], True,
+     ClusterStatus.PROVISIONING, [(True, "i-9", "disk", T0), (True, "i-9", "running", T0 + 30)]),
+    ("gone without a trace: closed when we looked (an upper bound)",
+     ClusterStatus.UP, [node("i-1", S.RUNNING)], [interval("i-1", "running"), interval("i-1", "disk")], [], True,
+     ClusterStatus.TERMINATED, [(False, "i-1", "disk", T0 + 500), (False, "i-1", "running", T0 + 500)]),
+    ("EC2 stopping bills no compute",
+     ClusterStatus.UP, [node("i-1", S.RUNNING)], [interval("i-1", "running"), interval("i-1", "disk")],
+     [obs("i-1", S.STOPPING, T0 + 90, billed=False)], True,
+     ClusterStatus.UP, [(False, "i-1", "running", T0 + 90)]),
+    ("Azure stopped from inside (allocated) still bills compute",
+     ClusterStatus.UP, [node("i-1", S.RUNNING)], [interval("i-1", "running"), interval("i-1", "disk")],
+     [obs("i-1", S.STOPPING, T0 + 90)], True, ClusterStatus.UP, []),
+    ("a partial observation leaves other nodes alone",
+     ClusterStatus.UP, [node("i-1", S.RUNNING), node("i-2", S.RUNNING, 1)],
+     [interval("i-1", "running"), interval("i-2", "running")], [obs("i-1", S.TERMINATED, T0 + 100)], False,
+     ClusterStatus.UP, [(False, "i-1", "running", T0 + 100)]),
+    ("an unknown state changes nothing",
+     ClusterStatus.UP, [node("i-1", S.RUNNING)], [interval("i-1", "running")], [obs("i-1", S.UNKNOWN, T0 + 5)], True,
+     ClusterStatus.UP, []),
+    ("an open interval of a machine nobody knows any more ends",
+     ClusterStatus.UP, [], [interval("i-lost", "running")], [], True,
+     ClusterStatus.TERMINATED, [(False, "i-lost", "running", T0 + 500)]),
+    ("a close never goes before its open",
+     ClusterStatus.UP, [node("i-1", S.RUNNING)], [interval("i-1", "running", T0 + 50)],
+     [obs("i-1", S.TERMINATED, T0 + 10)], True,
+     ClusterStatus.TERMINATED, [(False, "i-1", "running", T0 + 50)]),
+    ("a pre-v5 'stopped' interval ends when the node runs again; a disk opens",
+     ClusterStatus.STOPPED, [node("i-1", S.STOPPED)], [interval("i-1", "stopped")],
+     [obs("i-1", S.RUNNING, T0 + 60, Source.VERB)], True,
+     ClusterStatus.UP, [(False, "i-1", "stopped", T0 + 60), (True, "i-1", "disk", T0 + 60),
+                        (True, "i-1", "running", T0 + 60)]),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_reconcile_table(case) -> None:  # noqa: ANN001
+    _, status, nodes, open_, observations, complete, want_status, want_ops = case
+    t = reconcile(replace(REC, status=status), nodes, open_, observations, PRICE, complete=complete, at=T0 + 500)
+    assert t.status == want_status
+    got = sorted((op.open, op.instance_id, str(op.kind), op.at) for op in t.billing)
+    assert got == sorted(want_ops)
+    for op in t.billing:
+        if op.open and str(op.kind) == "running":
+            assert (op.hourly_price, op.min_s) == (1.0, 60.0)
+
+
+def test_unpriced_machines_bill_nothing() -> None:
+    t = reconcile(REC, [], [], [obs("n-0", S.RUNNING, T0)], replace(PRICE, priced=False), complete=True, at=T0)
+    assert t.billing == () and [n.instance_id for n in t.nodes] == ["n-0"]
+
+
+def test_launch_done_ends_provisioning_and_found_nodes_keep_observed_order() -> None:
+    observations = [obs("i-b", S.RUNNING, T0), obs("i-a", S.RUNNING, T0)]
+    t = reconcile(replace(REC, status=ClusterStatus.PROVISIONING), [], [], observations, PRICE, complete=True,
+                  launch_done=True, at=T0)
+    assert t.status == ClusterStatus.UP and [(n.rank, n.instance_id) for n in t.nodes] == [(0, "i-b"), (1, "i-a")]
+
+
+@pytest.mark.parametrize(("state_since", "verb_at", "source", "at"), [
+    (T0 + 3, None, Source.CLOUD, T0 + 3),
+    (None, T0 + 2, Source.VERB, T0 + 2),
+    (T0 + 3, T0 + 2, Source.VERB, T0 + 2),  # our own call brackets the change more closely than 1 s
+    (None, None, Source.LOOKED, T0 + 9),
+    (T0 + 20, None, Source.CLOUD, T0 + 9),  # a cloud clock ahead of ours never puts a change in the future
+])
+def test_observation_time_comes_from_the_best_source(state_since, verb_at, source, at) -> None:  # noqa: ANN001
+    o = observe(Instance("i", "c", S.STOPPED, state_since=state_since), T0 + 9, verb_at)
+    assert (o.source, o.at) == (source, at)
+
+
+def test_reconcile_is_idempotent() -> None:
+    """Applying the same observations to the state they produced changes nothing more."""
+    first = reconcile(REC, [node("i-1", S.RUNNING)], [interval("i-1", "running"), interval("i-1", "disk")],
+                      [obs("i-1", S.STOPPED, T0 + 100)], PRICE, complete=True, at=T0 + 200)
+    still_open = [interval("i-1", "disk")]
+    again = reconcile(replace(REC, status=first.status), first.nodes, still_open, [obs("i-1", S.STOPPED, T0 + 100)],
+                      PRICE, complete=True, at=T0 + 300)
+    assert again.billing == () and again.status == first.status and again.nodes == first.nodes
