@@ -54,6 +54,14 @@ def plan(recipe_path: str, as_json: bool, alternatives: int) -> None:
     for cloud, why in usable.skipped:
         output.warn(f"skipping {cloud}: {why} (see `cloudtrain check {cloud}`)")
     _render(p, alternatives)
+    # What a VM could do with its own credentials, where the provider says (its watchdog deletes it
+    # under autostop.down or a sweep's lease; only then does it need an identity).
+    recipe = loaded.recipe
+    deletes = bool(recipe.autostop is not None and recipe.autostop.down) or recipe.sweep is not None
+    for cloud in dict.fromkeys(c.cloud for c in p.candidates):
+        describe = getattr(usable.providers.get(cloud), "vm_identity", None)
+        if describe is not None:
+            output.info(f"{cloud} VMs run as: {describe(deletes)}")
 
 
 def _render(p: Plan, alternatives: int) -> None:

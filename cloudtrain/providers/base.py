@@ -98,6 +98,10 @@ class InstanceSpec:
     # A cloud-side backstop for the budget: seconds the instance may run before the cloud itself
     # stops it (or deletes it, per shutdown_behavior), where the cloud offers one. None: no limit.
     max_run_s: float | None = None
+    # The on-node watchdog may have to delete this machine (autostop.down, a sweep's lease): a cloud
+    # whose VMs delete themselves with an identity of their own (GCP's service account) attaches
+    # one only then. shutdown_behavior "terminate" implies it.
+    watchdog_deletes: bool = False
     hosts: tuple[HostSpec, ...] = ()
     tags: Mapping[str, str] = field(default_factory=dict)
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+from typing import Any
 
 import pytest
 
@@ -107,6 +108,19 @@ def test_the_vm_answers_its_callers_address_only(gcp_cloud: GcpCloud) -> None:
     assert cloud.cli("exec", name, "--", "true").ok
     assert cloud.down().ok
     assert_nothing_left(cloud)
+
+
+@pytest.mark.parametrize("autostop,said", [
+    (None, "gcp VMs run as: no service account (no feature needs one)"),
+    ({"idle_minutes": 10, "down": True}, "gcp VMs run as: the project's default compute service account with the "
+                                         "compute scope"),
+])
+def test_plan_says_what_the_vm_can_do_with_its_own_credentials(gcp_cloud: GcpCloud, autostop: Any,
+                                                               said: str) -> None:
+    fields = {"autostop": autostop} if autostop else {}
+    plan = gcp_cloud.cli("plan", str(gcp_cloud.recipe(run="echo hi", **fields)))
+    assert plan.ok, plan.output
+    assert said in plan.output
 
 
 def test_a_stockout_in_the_first_zone_lands_in_the_next(gcp_cloud: GcpCloud) -> None:

@@ -223,9 +223,10 @@ def test_max_run_s_becomes_max_run_duration_and_gcp_enforces_it(gce_server: GceS
 def test_a_watchdog_stops_its_vm_by_shutting_it_down_and_deletes_it_with_its_service_account(
     gce_server: GceServer, provider: GcpProvider
 ) -> None:
-    (inst,) = provider.launch(spec(), 1)
+    (inst,) = provider.launch(spec(watchdog_deletes=True), 1)
     zone, name = inst.id.split(":")
-    # Every VM runs as the project's default compute service account, with the compute scope only.
+    # A VM that may have to delete itself runs as the project's default compute service account,
+    # with the compute scope only.
     (body,) = inserted(gce_server)
     assert body["serviceAccounts"] == [{"email": "default", "scopes": ["https://www.googleapis.com/auth/compute"]}]
     assert gce_server.instance(zone, name)["serviceAccounts"] == [
@@ -248,12 +249,12 @@ def test_a_watchdog_stops_its_vm_by_shutting_it_down_and_deletes_it_with_its_ser
 def test_the_vms_service_account_comes_from_the_config(gce_server: GceServer) -> None:
     config = {"gcp": {**gce_server.config(region="us-central1"), "service_account": SERVICE_ACCOUNT}}
     chosen = make_provider(Config.model_validate(config))
-    (inst,) = chosen.launch(spec("chosen"), 1)
+    (inst,) = chosen.launch(spec("chosen", shutdown_behavior="terminate"), 1)
     assert gce_server.instance(*inst.id.split(":"))["serviceAccounts"][0]["email"] == SERVICE_ACCOUNT
     assert chosen.watchdog_action(inst, down=True)["effect"] == "delete"
     # `none`: no credentials on the VM; it still stops itself, but cannot delete itself (one line).
     bare = make_provider(Config.model_validate({"gcp": {**config["gcp"], "service_account": "none"}}))
-    (plain,) = bare.launch(spec("bare"), 1)
+    (plain,) = bare.launch(spec("bare", watchdog_deletes=True), 1)
     assert "serviceAccounts" not in inserted(gce_server)[-1]
     assert "serviceAccounts" not in gce_server.instance(*plain.id.split(":"))
     assert bare.watchdog_action(plain, down=False) == {"kind": "shutdown", "effect": "stop"}
@@ -264,12 +265,39 @@ def test_the_vms_service_account_comes_from_the_config(gce_server: GceServer) ->
     stranger = make_provider(Config.model_validate(
         {"gcp": {**config["gcp"], "service_account": "nobody@elsewhere.iam.gserviceaccount.com"}}))
     with pytest.raises(ProviderError, match="does not have access to service account"):
-        stranger.launch(spec("stranger"), 1)
+        stranger.launch(spec("stranger", watchdog_deletes=True), 1)
     assert instances(gce_server, "stranger") == []
     with pytest.raises(ValueError, match="service_account"):
         Config.model_validate({"gcp": {"service_account": "not an email"}})
     chosen.terminate([inst.id])
     bare.terminate([plain.id])
+
+
+IDENTITY = [  # (gcp.service_account, shutdown_behavior, watchdog_deletes) -> the VM's account, or None
+    ("default", "stop", False, None),  # autostop stops by an OS shutdown, a budget too: no credentials
+    ("default", "terminate", False, DEFAULT_SERVICE_ACCOUNT),  # autostop.down
+    ("default", "stop", True, DEFAULT_SERVICE_ACCOUNT),  # a sweep's lease
+    (SERVICE_ACCOUNT, "stop", False, None),
+    (SERVICE_ACCOUNT, "stop", True, SERVICE_ACCOUNT),
+    ("none", "terminate", True, None),
+]
+
+
+@pytest.mark.parametrize("configured,shutdown,deletes,account", IDENTITY)
+def test_a_vm_gets_a_service_account_only_when_its_watchdog_may_delete_it(
+    gce_server: GceServer, configured: str, shutdown: str, deletes: bool, account: str | None
+) -> None:
+    config = Config.model_validate({"gcp": {**gce_server.config(region="us-central1"), "service_account": configured}})
+    chosen = make_provider(config)
+    (inst,) = chosen.launch(spec(shutdown_behavior=shutdown, watchdog_deletes=deletes), 1)
+    accounts = gce_server.instance(*inst.id.split(":")).get("serviceAccounts") or []
+    assert [a["email"] for a in accounts] == ([account] if account else [])
+    said = chosen.vm_identity(deletes or shutdown == "terminate")
+    assert said.startswith("no service account") == (account is None), said
+    if account is None:
+        with pytest.raises(NotAvailableError, match="cannot delete itself"):
+            chosen.watchdog_action(inst, down=True)
+    chosen.terminate([inst.id])
 
 
 def test_several_nodes_share_their_firewall_rules(gce_server: GceServer, provider: GcpProvider) -> None:

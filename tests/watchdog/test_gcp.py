@@ -78,8 +78,11 @@ def up(cloud: GcpCloud, **fields: Any) -> tuple[str, dict[str, Any]]:
     assert result.ok, result.output
     assert "watchdog started detached (setsid), none (persist: none)" in result.stderr + result.stdout
     zone, inst = the_instance(cloud)
-    # Every VM runs as the project's default compute service account, with the compute scope only.
-    assert inst["serviceAccounts"] == [{"email": DEFAULT_SERVICE_ACCOUNT, "scopes": [COMPUTE_SCOPE]}]
+    # A VM runs as the project's default compute service account, with the compute scope only, when
+    # its watchdog may delete it (autostop.down); otherwise as none: a stop needs no credentials.
+    autostop = fields.get("autostop") or {}
+    expected = [{"email": DEFAULT_SERVICE_ACCOUNT, "scopes": [COMPUTE_SCOPE]}] if autostop.get("down") else None
+    assert inst.get("serviceAccounts") == expected
     return zone, inst
 
 

@@ -7,11 +7,14 @@ What one `launch` creates, in the project's `default` VPC network:
 - one instance per node (`instances.insert`, see below), labelled `cloudtrain-cluster` and
   `cloudtrain-owner` (the boot disk too, deleted with it: a labelled disk no instance uses is a
   leftover, which `list_resources` lists and `release_resources` deletes, see resources.py), our
-  public key in its `ssh-keys` metadata, running as the service account `gcp.service_account` (the
-  project's default compute one unless configured) with the `compute` scope only: the on-node
-  watchdog deletes its own VM with that account's token from the metadata server (autostop.down).
-  `gcp.service_account: none` attaches none (then no credentials on the VM, and autostop.down is
-  refused at `up`).
+  public key in its `ssh-keys` metadata. Only when its watchdog may have to delete it
+  (autostop.down, a sweep's lease) does it run as a service account, `gcp.service_account` (the
+  project's default compute one unless configured), with the `compute` scope only: the watchdog
+  deletes its VM with that account's token from the metadata server. Otherwise, or with
+  `gcp.service_account: none`, no account: no Google credentials on the VM (a stop is an OS
+  shutdown, which needs none).
+- firewall rule `cloudtrain-<cluster>-deny`: every other ingress to the tag, outranking the default
+  network's rules that open SSH to the internet (see build.firewall_bodies).
 
 Why one `insert` per node and not `bulkInsert`: clusters are a handful of nodes, each insert is one
 operation whose errors we read directly (bulkInsert reports per-zone outcomes in operation
@@ -177,7 +180,7 @@ class GcpProvider:
                 name=name, zone=zone, machine=machine, image=image, disk_gb=disk_gb, ssh_user=user,
                 public_key=spec.ssh_public_key or "", tags=tags, cluster=spec.cluster, spot=spec.spot,
                 shutdown=spec.shutdown_behavior, max_run_s=getattr(spec, "max_run_s", None),
-                service_account=self.service_account)
+                service_account=self.account_for(spec))
 
             def insert() -> Any:
                 # One requestId per issue: `call` repeats it verbatim (Compute Engine answers a repeat
@@ -241,6 +244,26 @@ class GcpProvider:
             raise
         user = dict(found.labels or {}).get(build.LABEL_SSH_USER, build.SSH_USER)
         return build.ImageChoice(f"projects/{project}/global/images/{found.name}", user, int(found.disk_size_gb or 0))
+
+    # the VM's own identity ----------------------------------------------------------------------
+
+    def account_for(self, spec: InstanceSpec) -> str:
+        """The service account a VM runs as: one only when its watchdog may have to delete it
+        (autostop.down, a sweep's lease), since any process on the VM can use its token. A stop
+        needs none: Compute Engine turns an OS shutdown into a stop."""
+        deletes = spec.watchdog_deletes or spec.shutdown_behavior == "terminate"
+        return self.service_account if deletes else build.NO_SERVICE_ACCOUNT
+
+    def vm_identity(self, watchdog_deletes: bool) -> str:
+        """What code on a VM of this config could do with the VM's own credentials (for `plan`)."""
+        account = self.account_for(InstanceSpec("", "", watchdog_deletes=watchdog_deletes))
+        if account == build.NO_SERVICE_ACCOUNT:
+            why = "gcp.service_account is none" if watchdog_deletes else "no feature needs one"
+            return (f"no service account ({why}): code on the VM gets no Google credentials; "
+                    "autostop stops it by an OS shutdown")
+        who = "the project's default compute service account" if account == "default" else account
+        return (f"{who} with the compute scope, so its watchdog can delete it: code on the VM can use the "
+                "Compute Engine API with that account's roles (Editor for the default account)")
 
     # describe, list, stop, start, terminate --------------------------------------------------
 
