@@ -21,15 +21,19 @@ _STORAGE = Path(__file__).resolve().parent / "catalog_data" / "storage" / "disks
 _FLAT = Path(__file__).resolve().parent / "catalog_data" / "storage" / "flat.csv"
 HOURS_PER_MONTH = 730.0
 
-# The least compute a cloud bills per start, in seconds (Linux, per-second billing): AWS "60
-# seconds minimum" (EC2 On-Demand pricing page), GCP "1-minute minimum" (Compute Engine pricing,
-# per-second billing), Azure 300 s for VMs stopped within 5 minutes of starting, since 1 June 2025
-# (Microsoft's notice, as answered on Microsoft Q&A). Machines nobody bills: 0.
-BILLING_MINIMUM_S = {"aws": 60.0, "gcp": 60.0, "azure": 300.0}
+_MINIMUMS = Path(__file__).resolve().parent / "catalog_data" / "storage" / "minimums.csv"
+
+
+@functools.cache
+def _minimums() -> dict[str, float]:
+    with _MINIMUMS.open(newline="") as handle:
+        return {row["cloud"]: float(row["min_billed_s"]) for row in csv.DictReader(handle)}
 
 
 def billing_minimum_s(cloud: str) -> float:
-    return BILLING_MINIMUM_S.get(cloud, 0.0)
+    """The least compute `cloud` bills per start, in seconds (minimums.csv, each row naming its
+    source); 0 for machines nobody bills."""
+    return _minimums().get(cloud, 0.0)
 
 
 def cost_usd(hourly_price: float, seconds: float) -> float:

@@ -20,11 +20,14 @@ _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 def sigterm_as_interrupt() -> None:
-    # `kill PID` should clean up exactly like Ctrl-C does.
+    # `kill PID` and a closed terminal (SIGHUP) clean up exactly like Ctrl-C does: a VM must not be
+    # left running because its terminal window went away.
     def handler(signum: int, frame: object) -> None:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, handler)
+    if hasattr(signal, "SIGHUP"):
+        signal.signal(signal.SIGHUP, handler)
 
 
 def parse_env(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> dict[str, str]:
@@ -88,7 +91,10 @@ def run(recipe_path: str, cluster: str | None, env: dict[str, str], down_: bool,
     if result.status != RunStatus.SUCCEEDED and result.exit_code not in (None, 0):
         _log_tail(result)  # the job or setup failed: its log says why (other failures: the summary's error)
     _summary(result)
+    # Last line, in every case: where the run's logs and results are.
     output.echo(str(result.run_dir))
+    if result.status == RunStatus.INTERRUPTED:
+        raise SystemExit(130)
     if result.status != RunStatus.SUCCEEDED:
         raise SystemExit(result.exit_code if result.exit_code not in (None, 0) else 1)
 

@@ -16,6 +16,7 @@ would make a leak look cheaper than it is.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -130,8 +131,13 @@ def _instance_leaks(cloud: str, provider: Provider, store: StateStore, tracked: 
         if inst.state is not InstanceState.TERMINATED:
             by_cluster.setdefault(inst.cluster, []).append(inst)
     leaks = []
+    now = time.time()
     for cluster, instances in sorted(by_cluster.items()):
         record = tracked.get(cluster)
+        if record is not None and record.provider == cloud and record.launch_in_flight(now):
+            # Another terminal is creating it right now: its instances are not yet in its rows.
+            log.info("gc: %s is being launched by a live process (%s); not a leak", cluster, record.driver)
+            continue
         if record is None:
             reason = "cluster not in state"
         elif record.provider != cloud:

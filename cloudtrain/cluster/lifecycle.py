@@ -217,7 +217,11 @@ class Lifecycle:
             assert head is not None
         except BaseException as exc:
             heartbeat.stop()
-            self._cleanup_failed_launch(name, list(tried.values()), launched, exc)
+            # Ctrl-C, `kill` or a closed terminal here must not cut the cleanup short.
+            from cloudtrain.shield import no_interrupts
+
+            with no_interrupts():
+                self._cleanup_failed_launch(name, list(tried.values()), launched, exc)
             raise
         heartbeat.stop()
         return Cluster(self.store.get_cluster(name), tuple(self.store.get_nodes(name)), provider)  # type: ignore[arg-type]

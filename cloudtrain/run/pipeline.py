@@ -21,10 +21,12 @@ from typing import Literal
 
 from cloudtrain import procid
 from cloudtrain.cost import spend
+from cloudtrain.shield import no_interrupts as _no_interrupts
+from cloudtrain.shield import signal_name as _signal_name
 from cloudtrain.run import approval
 from cloudtrain.run.approval import Approver
 from cloudtrain.run.collect import Collected, collect
-from cloudtrain.errors import CloudtrainError, Interrupted, JobFailedError, RemoteError, UsageError
+from cloudtrain.errors import CloudtrainError, JobFailedError, RemoteError, UsageError
 from cloudtrain.events import Reporter
 from cloudtrain.run.jobstate import OPEN_STATES, refresh_jobs
 from cloudtrain.cluster.lifecycle import Cluster, Lifecycle
@@ -217,22 +219,42 @@ class Executor:
             end_jobs(self.store, self.reporter, r.nodes, r.jobs_started)
             raise
         finally:
-            with _no_interrupts():
-                result = self._finish(r, teardown)
+            result = self._finish(r, teardown)
         if usage_error is not None:
             raise usage_error
-        if r.status == RunStatus.INTERRUPTED:
-            raise Interrupted(f"run {run_id} interrupted; logs and partial results are in {run_dir}")
+        # Interrupted (INT, TERM or HUP, in any phase): the caller prints the run directory last
+        # and exits 130.
         return result
 
     def _finish(self, r: _Run, teardown: Teardown) -> RunResult:
         recipe = r.loaded.recipe
         collected = Collected()
         if r.nodes:
+            collected = self._collect(r)
+        with _no_interrupts() as signals:
+            result = self._teardown_and_record(r, teardown, collected, signals)
+        return result
+
+    def _collect(self, r: _Run) -> Collected:
+        """Bring results home. Whatever goes wrong here (a signal, the laptop's disk full, the run
+        directory deleted) is recorded and never skips teardown; results not home keep the node."""
+        try:
             with r.clock.phase("collect") as outcome:
-                collected = collect(r.nodes, r.run_id, recipe.result_paths(), r.run_dir,
+                collected = collect(r.nodes, r.run_id, r.loaded.recipe.result_paths(), r.run_dir,
                                     window_s=self.config.ssh.connect_retries_s, warn=self.reporter.warn)
                 outcome.ok = collected.complete
+            return collected
+        except KeyboardInterrupt:
+            r.status, r.error = RunStatus.INTERRUPTED, "interrupted while collecting results"
+            self.reporter.warn("interrupted while collecting: results stay on the node; tearing down safely")
+            return Collected(error="interrupted")
+        except Exception as exc:  # noqa: BLE001 - recorded, reported, and teardown still runs
+            detail = exc.one_line() if isinstance(exc, CloudtrainError) else f"{type(exc).__name__}: {exc}"
+            return Collected(error=detail)
+
+    def _teardown_and_record(self, r: _Run, teardown: Teardown, collected: Collected, signals: list[int]) -> RunResult:
+        recipe = r.loaded.recipe
+        if r.nodes:
             for refused in collected.refused:
                 self.reporter.warn(f"refused result {refused.member!r}: {refused.reason}")
             if not collected.complete:
@@ -260,6 +282,10 @@ class Executor:
                 teardown_done = "failed"
                 self.reporter.warn(f"teardown failed: {detail} - run `cloudtrain down {r.cluster.record.name}`")
         close_all(r.nodes)
+        if signals and r.status != RunStatus.INTERRUPTED:
+            # A signal during cleanup was not obeyed (teardown had to finish), but it is the answer.
+            r.status = RunStatus.INTERRUPTED
+            r.error = r.error or f"interrupted during cleanup ({_signal_name(signals[0])})"
         ended = time.time()
         # The run's share of its cluster's billed intervals (a reused cluster bills before and after).
         cost = ((self._spent(r.cluster.record.name, r.started, ended, r.cluster.record.uid) or 0.0)
@@ -277,7 +303,12 @@ class Executor:
             refused=tuple((x.member, x.reason) for x in collected.refused),
             collect_error=collected.error, collect_attempts=collected.attempts,
         )
-        record.write(r.run_dir)
+        try:
+            record.write(r.run_dir)
+        except OSError as exc:
+            # The laptop's disk is full or the run directory went away: say so; the row below keeps it.
+            r.fail(f"could not write run.json: {exc}")
+            self.reporter.warn(f"could not write {r.run_dir}/run.json: {exc}")
         self.store.update_run(
             r.run_id, status=r.status, exit_code=r.exit_code, ended_at=ended, cost_usd=cost,
             instance_type=record.instance_type, hourly_price=hourly, error=r.error,
@@ -428,25 +459,4 @@ class Executor:
             raise
         return nodes
 
-
-@contextmanager
-def _no_interrupts() -> Iterator[None]:
-    """Cleanup must finish: a second Ctrl-C during teardown is reported, not obeyed."""
-    import signal
-    import threading
-
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    hits: list[int] = []
-
-    def note(signum: int, frame: object) -> None:
-        hits.append(signum)
-        sys.stderr.write("cloudtrain: cleaning up, please wait (teardown must finish)\n")
-
-    previous = signal.signal(signal.SIGINT, note)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
 
