@@ -98,15 +98,23 @@ class InstanceSpec:
     # A cloud-side backstop for the budget: seconds the instance may run before the cloud itself
     # stops it (or deletes it, per shutdown_behavior), where the cloud offers one. None: no limit.
     max_run_s: float | None = None
-    # The on-node watchdog may have to delete this machine (autostop.down, a sweep's lease): a cloud
-    # whose VMs delete themselves with an identity of their own (GCP's service account) attaches
-    # one only then. shutdown_behavior "terminate" implies it.
-    watchdog_deletes: bool = False
+    # What the on-node watchdog may have to do to this machine: "stop" (autostop, budget), "delete"
+    # (autostop.down, a sweep's lease), None (no watchdog). A cloud whose VMs act on themselves
+    # with an identity of their own attaches one only when needed (GCP: a delete), and checks the
+    # launching credentials may grant it before creating anything (Azure). A max_run_s or a
+    # shutdown_behavior "terminate" implies at least "stop" / "delete" (see watchdog_needs).
+    watchdog: Literal["stop", "delete"] | None = None
     hosts: tuple[HostSpec, ...] = ()
     tags: Mapping[str, str] = field(default_factory=dict)
 
     def all_tags(self) -> dict[str, str]:
         return {**self.tags, TAG_CLUSTER: self.cluster, TAG_OWNER: self.owner}
+
+    def watchdog_needs(self) -> Literal["stop", "delete"] | None:
+        """`watchdog`, or what the other fields imply (autostop.down, a budget) when it is not set."""
+        if self.watchdog == "delete" or self.shutdown_behavior == "terminate":
+            return "delete"
+        return self.watchdog or ("stop" if self.max_run_s is not None else None)
 
 
 @dataclass(frozen=True)

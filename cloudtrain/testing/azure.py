@@ -230,6 +230,9 @@ class FakeArm:
         self.subscription = SUBSCRIPTION
         self.subscription_state = "Enabled"
         self.principals = {CLIENT_ID: CLIENT_SECRET}
+        # The launching service principal's built-in role on the subscription: "Contributor" may
+        # do everything but grant access (roleAssignments/write), as in Azure.
+        self.principal_role = "Owner"
         self.tokens: dict[str, str] = {}
         # Bearer tokens of the VMs' managed identities, as their IMDS hands them out (see
         # accept_identity_token): such a call may do what a role assignment gives a VM identity.
@@ -300,6 +303,8 @@ class FakeArm:
                 principal, denied = self._authorize_identity(arm_request)
                 arm_request = dataclasses.replace(arm_request, caller=principal or "")
         fault, gate = self.faults.record_and_match(arm_request)
+        if client is not None and not _role_allows(self.principal_role, _rbac_action(arm_request)):
+            denied = self._fault_error(Fault("AuthorizationFailed"), arm_request, body)
         if denied is not None:
             raise denied
         if gate is not None and not gate.after:
@@ -547,6 +552,9 @@ class FakeArm:
                 raise ArmError("MethodNotAllowed", f"{method} on a collection", 405)
             if ltype == "microsoft.authorization/roleassignments":
                 return 200, {"value": [r for r in self._all(ltype) if r["properties"]["scope"].lower() == rg_key]}, {}
+            if ltype == "microsoft.authorization/permissions":
+                # The caller's effective permissions at this scope (Permissions - List For Resource Group).
+                return 200, {"value": [ROLE_PERMISSIONS[self.principal_role]]}, {}
             return 200, {"value": [r for r in self._all(ltype) if r["id"].lower().startswith(rg_key + "/")]}, {}
         key = "/".join([rg_key, *low[4:8]])
         existing = self.resources.get(key)
@@ -1041,6 +1049,18 @@ def _rbac_action(request: ArmRequest) -> str:
     if action:
         return f"{base}/{action}/action"
     return f"{base}/" + {"PUT": "write", "PATCH": "write", "DELETE": "delete"}.get(request.method, "read")
+
+
+# What `permissions` lists for the built-in roles (their role definitions' permissions, abridged).
+ROLE_PERMISSIONS = {
+    "Owner": {"actions": ["*"], "notActions": []},
+    "Contributor": {"actions": ["*"], "notActions": [
+        "Microsoft.Authorization/*/Delete", "Microsoft.Authorization/*/Write",
+        "Microsoft.Authorization/elevateAccess/Action", "Microsoft.Blueprint/blueprintAssignments/write",
+        "Microsoft.Blueprint/blueprintAssignments/delete", "Microsoft.Compute/galleries/share/action"]},
+    "Virtual Machine Contributor": {"actions": ["Microsoft.Compute/virtualMachines/*", "*/read"], "notActions": []},
+    "Reader": {"actions": ["*/read"], "notActions": []},
+}
 
 
 def _role_allows(role: str, action: str) -> bool:

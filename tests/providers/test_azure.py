@@ -151,6 +151,32 @@ def test_several_nodes_share_one_network(arm_server: ArmServer, provider: AzureP
     assert len({i.public_ip for i in launched}) == 3 and len(arm_server.find("Microsoft.Network/virtualNetworks")) == 1
 
 
+GRANT = [  # (the launching principal's role, what the watchdog must do) -> refused before anything exists
+    ("Owner", "stop", False),
+    ("Contributor", None, False),  # no watchdog: no role to grant, nothing to check
+    ("Contributor", "stop", True),
+    ("Contributor", "delete", True),
+]
+
+
+@pytest.mark.parametrize("role,watchdog,refused", GRANT)
+def test_credentials_that_cannot_grant_the_vms_role_are_refused_before_anything_is_created(
+    arm_server: ArmServer, provider: AzureProvider, role: str, watchdog: str | None, refused: bool
+) -> None:
+    arm_server.principal_role = role
+    if not refused:
+        (inst,) = provider.launch(spec(watchdog=watchdog), 1)
+        assert inst.state is InstanceState.RUNNING
+        return
+    with pytest.raises(CredentialsError) as caught:
+        provider.launch(spec(watchdog=watchdog), 1)
+    assert "roleAssignments/write" in caught.value.message
+    assert "Owner or User Access Administrator" in (caught.value.hint or "") and "Contributor lacks it" in (
+        caught.value.hint or "")
+    assert arm_server.faults.count("nsg.create") == arm_server.faults.count("vm.create") == 0
+    assert arm_server.faults.count("ip.create") == 0 and groups(arm_server) == []
+
+
 def test_a_refused_role_assignment_is_a_warning_not_a_failed_launch(
     arm_server: ArmServer, provider: AzureProvider, caplog: pytest.LogCaptureFixture
 ) -> None:

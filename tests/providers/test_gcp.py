@@ -223,7 +223,7 @@ def test_max_run_s_becomes_max_run_duration_and_gcp_enforces_it(gce_server: GceS
 def test_a_watchdog_stops_its_vm_by_shutting_it_down_and_deletes_it_with_its_service_account(
     gce_server: GceServer, provider: GcpProvider
 ) -> None:
-    (inst,) = provider.launch(spec(watchdog_deletes=True), 1)
+    (inst,) = provider.launch(spec(watchdog="delete"), 1)
     zone, name = inst.id.split(":")
     # A VM that may have to delete itself runs as the project's default compute service account,
     # with the compute scope only.
@@ -254,7 +254,7 @@ def test_the_vms_service_account_comes_from_the_config(gce_server: GceServer) ->
     assert chosen.watchdog_action(inst, down=True)["effect"] == "delete"
     # `none`: no credentials on the VM; it still stops itself, but cannot delete itself (one line).
     bare = make_provider(Config.model_validate({"gcp": {**config["gcp"], "service_account": "none"}}))
-    (plain,) = bare.launch(spec("bare", watchdog_deletes=True), 1)
+    (plain,) = bare.launch(spec("bare", watchdog="delete"), 1)
     assert "serviceAccounts" not in inserted(gce_server)[-1]
     assert "serviceAccounts" not in gce_server.instance(*plain.id.split(":"))
     assert bare.watchdog_action(plain, down=False) == {"kind": "shutdown", "effect": "stop"}
@@ -265,7 +265,7 @@ def test_the_vms_service_account_comes_from_the_config(gce_server: GceServer) ->
     stranger = make_provider(Config.model_validate(
         {"gcp": {**config["gcp"], "service_account": "nobody@elsewhere.iam.gserviceaccount.com"}}))
     with pytest.raises(ProviderError, match="does not have access to service account"):
-        stranger.launch(spec("stranger", watchdog_deletes=True), 1)
+        stranger.launch(spec("stranger", watchdog="delete"), 1)
     assert instances(gce_server, "stranger") == []
     with pytest.raises(ValueError, match="service_account"):
         Config.model_validate({"gcp": {"service_account": "not an email"}})
@@ -273,26 +273,27 @@ def test_the_vms_service_account_comes_from_the_config(gce_server: GceServer) ->
     bare.terminate([plain.id])
 
 
-IDENTITY = [  # (gcp.service_account, shutdown_behavior, watchdog_deletes) -> the VM's account, or None
-    ("default", "stop", False, None),  # autostop stops by an OS shutdown, a budget too: no credentials
-    ("default", "terminate", False, DEFAULT_SERVICE_ACCOUNT),  # autostop.down
-    ("default", "stop", True, DEFAULT_SERVICE_ACCOUNT),  # a sweep's lease
-    (SERVICE_ACCOUNT, "stop", False, None),
-    (SERVICE_ACCOUNT, "stop", True, SERVICE_ACCOUNT),
-    ("none", "terminate", True, None),
+IDENTITY = [  # (gcp.service_account, shutdown_behavior, watchdog) -> the VM's account, or None
+    ("default", "stop", None, None),
+    ("default", "stop", "stop", None),  # autostop stops by an OS shutdown, a budget too: no credentials
+    ("default", "terminate", None, DEFAULT_SERVICE_ACCOUNT),  # autostop.down
+    ("default", "stop", "delete", DEFAULT_SERVICE_ACCOUNT),  # a sweep's lease
+    (SERVICE_ACCOUNT, "stop", "stop", None),
+    (SERVICE_ACCOUNT, "stop", "delete", SERVICE_ACCOUNT),
+    ("none", "terminate", "delete", None),
 ]
 
 
-@pytest.mark.parametrize("configured,shutdown,deletes,account", IDENTITY)
+@pytest.mark.parametrize("configured,shutdown,watchdog,account", IDENTITY)
 def test_a_vm_gets_a_service_account_only_when_its_watchdog_may_delete_it(
-    gce_server: GceServer, configured: str, shutdown: str, deletes: bool, account: str | None
+    gce_server: GceServer, configured: str, shutdown: str, watchdog: str | None, account: str | None
 ) -> None:
     config = Config.model_validate({"gcp": {**gce_server.config(region="us-central1"), "service_account": configured}})
     chosen = make_provider(config)
-    (inst,) = chosen.launch(spec(shutdown_behavior=shutdown, watchdog_deletes=deletes), 1)
+    (inst,) = chosen.launch(spec(shutdown_behavior=shutdown, watchdog=watchdog), 1)
     accounts = gce_server.instance(*inst.id.split(":")).get("serviceAccounts") or []
     assert [a["email"] for a in accounts] == ([account] if account else [])
-    said = chosen.vm_identity(deletes or shutdown == "terminate")
+    said = chosen.vm_identity(watchdog == "delete" or shutdown == "terminate")
     assert said.startswith("no service account") == (account is None), said
     if account is None:
         with pytest.raises(NotAvailableError, match="cannot delete itself"):

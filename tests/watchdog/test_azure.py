@@ -221,6 +221,15 @@ def test_a_node_of_several_deletes_only_itself(cloud: AzureCloud, shutdown_marke
     finish(cloud, shutdown_marker)
 
 
+def test_contributor_credentials_are_refused_before_anything_is_created(cloud: AzureCloud) -> None:
+    cloud.server.principal_role = "Contributor"  # may create everything, may not grant a role
+    result = cloud.up(cloud.recipe(run="echo hi", autostop={"idle_minutes": 1, "down": True}))
+    assert result.returncode == 2, result.output
+    assert "roleAssignments/write" in result.stderr and "Owner or User Access Administrator" in result.stderr
+    assert cloud.faults.count("vm.create") == cloud.faults.count("nsg.create") == cloud.faults.count("ip.create") == 0
+    assert cloud.leftovers() == []
+
+
 def test_without_a_role_for_the_vms_identity_autostop_is_refused_and_nothing_is_left(cloud: AzureCloud) -> None:
     cloud.fail("AuthorizationFailed", action="role.create")  # credentials that may not grant roles
     result = cloud.up(cloud.recipe(run="echo hi", autostop={"idle_minutes": 1}))

@@ -38,7 +38,7 @@ from cloudtrain.errors import (
     ProviderError,
     UsageError,
 )
-from cloudtrain.providers.azure import build
+from cloudtrain.providers.azure import access, build
 from cloudtrain.providers.azure.api import ArmApi, AzureApiError, log
 from cloudtrain.providers.azure.records import (
     PLACEMENT_CAPACITY_CODES,
@@ -121,6 +121,8 @@ class AzureProvider:
         try:
             group_id = self._call("creating resource group", self.api.resource.resource_groups.create_or_update,
                                   group, build.resource_group(region, tags)).id
+            if spec.watchdog_needs() is not None:
+                self._require_grant(group)  # in the empty group: nothing billed exists yet
             vms = self._create(spec, region, group, names, image, cidr, tags)
         except BaseException as exc:
             self._delete_half_created(group, spec.cluster, names, exc)
@@ -166,6 +168,15 @@ class AzureProvider:
         if failure is not None:
             raise failure
         return vms
+
+    def _require_grant(self, group: str) -> None:
+        """CredentialsError (one line, the role it takes) unless these credentials may grant the VMs'
+        identities their role in `group`: asked of ARM before any billed resource exists."""
+        permissions = self._list("reading the permissions of these credentials",
+                                 self.api.authorization.permissions.list_for_resource_group, group)
+        if not access.allows(permissions, access.GRANT_ACTION):
+            raise CredentialsError(f"autostop and budget need the VMs' identities to get a role, and these credentials "
+                                   f"may not grant one ({access.GRANT_ACTION})", hint=access.GRANT_HINT)
 
     def _vm_call(self, spec: InstanceSpec, region: str, fn: Any, *args: Any) -> Any:
         try:

@@ -251,12 +251,11 @@ class GcpProvider:
         """The service account a VM runs as: one only when its watchdog may have to delete it
         (autostop.down, a sweep's lease), since any process on the VM can use its token. A stop
         needs none: Compute Engine turns an OS shutdown into a stop."""
-        deletes = spec.watchdog_deletes or spec.shutdown_behavior == "terminate"
-        return self.service_account if deletes else build.NO_SERVICE_ACCOUNT
+        return self.service_account if spec.watchdog_needs() == "delete" else build.NO_SERVICE_ACCOUNT
 
     def vm_identity(self, watchdog_deletes: bool) -> str:
         """What code on a VM of this config could do with the VM's own credentials (for `plan`)."""
-        account = self.account_for(InstanceSpec("", "", watchdog_deletes=watchdog_deletes))
+        account = self.account_for(InstanceSpec("", "", watchdog="delete" if watchdog_deletes else None))
         if account == build.NO_SERVICE_ACCOUNT:
             why = "gcp.service_account is none" if watchdog_deletes else "no feature needs one"
             return (f"no service account ({why}): code on the VM gets no Google credentials; "
