@@ -52,8 +52,20 @@ class AzureConfig(StrictModel):
     authority: str | None = Field(default=None, description="Entra ID authority host, e.g. https://login.microsoftonline.com")
 
 
+# Every cloud takes this as a tag/label value (GCP labels are the strictest: lowercase, <= 63).
+OWNER_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,62}$"
+# Not a valid `owner` (the pattern refuses it): set in code only, by `gc --all-owners`.
+ALL_OWNERS = "*"
+
+
 class Config(StrictModel):
     runs_dir: str = "./runs"
+    owner: Annotated[str | None, Field(pattern=OWNER_PATTERN)] = Field(
+        default=None,
+        description="who launched what, as the `cloudtrain-owner` tag: `gc` lists only this owner's leftovers. Set "
+                    "the same value on every machine that launches for you (laptop, CI) to see all of them; "
+                    "default: $CLOUDTRAIN_OWNER, else your login name",
+    )
     confirm: bool = Field(
         default=True,
         description="ask before run/up/sweep start billing on a priced cloud; false: never ask (CI, the test kit)",

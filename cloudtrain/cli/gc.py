@@ -14,7 +14,9 @@ from cloudtrain.cli import output
 @click.option("--cloud", "clouds", multiple=True, metavar="CLOUD", help="Only these clouds (default: every cloud whose machines cloudtrain creates).")
 @click.option("--yes", "-y", is_flag=True, help="Terminate and delete what is found (default: only list it).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output (one JSON document).")
-def gc(clouds: tuple[str, ...], yes: bool, as_json: bool) -> None:
+@click.option("--all-owners", is_flag=True,
+              help="Everything cloudtrain-tagged, whoever launched it (default: your owner tag only).")
+def gc(clouds: tuple[str, ...], yes: bool, as_json: bool, all_owners: bool) -> None:
     """Find what cloudtrain created but no longer tracks (by tag, even if local state is lost),
     with its estimated hourly cost. Exits 1 when something leaked and --yes was not given."""
     from cloudtrain.cluster.gc import collect, find_leaks, gc_clouds, total
@@ -29,6 +31,10 @@ def gc(clouds: tuple[str, ...], yes: bool, as_json: bool) -> None:
 
             raise UsageError(f"--cloud {cloud!r}: gc knows {', '.join(known)}", hint=did_you_mean(cloud, known))
     config = load_config()
+    if all_owners:
+        from cloudtrain.config import ALL_OWNERS
+
+        config = config.model_copy(update={"owner": ALL_OWNERS})  # providers then list every owner's
     leaks, skipped = find_leaks(StateStore(), config, clouds or known)
     cost = total(leaks)
     if as_json:

@@ -6,8 +6,8 @@ Providers never open SSH and never sleep: polling and waiting live in `lifecycle
 from __future__ import annotations
 
 import getpass
+import os
 import re
-import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
@@ -212,11 +212,37 @@ class Provider(Protocol):
         ...
 
 
-def owner_id() -> str:
-    """Who launched a resource, in a form every cloud accepts as a tag/label value."""
+def owner_id(config: Any = None) -> str:
+    """Who launched a resource, in a form every cloud accepts as a tag/label value: the config's
+    `owner` (the given config, else the user's), else $CLOUDTRAIN_OWNER, else the login name. Never
+    the hostname: that made each machine (a laptop, every CI runner) a different owner, so `gc` on
+    one was blind to what another leaked. `gc --all-owners` lists every owner's."""
+    if config is None:
+        from cloudtrain.config import load_config
+
+        config = load_config()
+    configured = getattr(config, "owner", None)
+    from cloudtrain.config import ALL_OWNERS
+
+    if configured and configured != ALL_OWNERS:
+        return str(configured)
+    if os.environ.get("CLOUDTRAIN_OWNER"):
+        return sanitize_owner(os.environ["CLOUDTRAIN_OWNER"])
     try:
         user = getpass.getuser()
     except (KeyError, OSError):
         user = "unknown"
-    raw = f"{user}-{socket.gethostname()}".lower()
-    return re.sub(r"[^a-z0-9_-]", "-", raw)[:63]
+    return sanitize_owner(user)
+
+
+def sanitize_owner(raw: str) -> str:
+    text = re.sub(r"[^a-z0-9_-]", "-", raw.lower()).strip("-_")[:63]
+    return text or "unknown"
+
+
+def listing_owner(config: Any) -> str | None:
+    """The owner a provider lists and cleans up for: this user's, or None for every owner
+    (`gc --all-owners`, which sets config.owner to config.ALL_OWNERS in memory)."""
+    from cloudtrain.config import ALL_OWNERS
+
+    return None if getattr(config, "owner", None) == ALL_OWNERS else owner_id(config)

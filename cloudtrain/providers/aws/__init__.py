@@ -69,6 +69,7 @@ from cloudtrain.providers.base import (
     Instance,
     InstanceSpec,
     InstanceState,
+    listing_owner,
     owner_id,
 )
 
@@ -653,6 +654,7 @@ def _ingress_cidr(cidr: str | None) -> str:
 
 def make_provider(config: Config) -> AwsProvider:
     try:
-        return AwsProvider(region=config.aws.region, profile=config.aws.profile)
+        return AwsProvider(region=config.aws.region, profile=config.aws.profile,
+                           all_owners=listing_owner(config) is None)  # gc --all-owners
     except ImportError:
         raise NotAvailableError("cloud aws needs boto3", hint="pip install 'cloudtrain[aws]'") from None

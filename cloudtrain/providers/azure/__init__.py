@@ -58,6 +58,7 @@ from cloudtrain.providers.base import (
     Instance,
     InstanceSpec,
     InstanceState,
+    listing_owner,
     owner_id,
 )
 
@@ -82,6 +83,7 @@ class AzureProvider:
         authority: str | None = None,
         *,
         all_owners: bool = False,
+        owner: str | None = None,
         catalog: Catalog | None = None,
         polling_interval: float | None = None,
         credential: Any = None,
@@ -90,7 +92,7 @@ class AzureProvider:
         `all_owners`. `polling_interval`: seconds between LRO polls when ARM sends no Retry-After."""
         self.api = ArmApi(subscription_id, arm_endpoint, authority, polling_interval, credential)
         self._region = region
-        self.owner: str | None = None if all_owners else owner_id()
+        self.owner: str | None = None if all_owners else (owner or owner_id())
         self.catalog = catalog or default_catalog()
 
     @property
@@ -492,6 +494,7 @@ def _public_ip_hourly(ip: Any) -> float | None:
 def make_provider(config: Config) -> AzureProvider:
     try:
         return AzureProvider(subscription_id=config.azure.subscription_id, region=config.azure.region,
-                             arm_endpoint=config.azure.arm_endpoint, authority=config.azure.authority)
+                             arm_endpoint=config.azure.arm_endpoint, authority=config.azure.authority,
+                             owner=listing_owner(config), all_owners=listing_owner(config) is None)
     except ImportError:
         raise NotAvailableError("cloud azure needs the Azure SDKs", hint="pip install 'cloudtrain[azure]'") from None

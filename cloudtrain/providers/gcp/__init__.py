@@ -59,6 +59,7 @@ from cloudtrain.providers.base import (
     Instance,
     InstanceSpec,
     InstanceState,
+    listing_owner,
     owner_id,
 )
 from cloudtrain.providers.gcp import build
@@ -88,12 +89,12 @@ class GcpProvider:
 
     def __init__(self, project: str | None = None, region: str | None = None, api_endpoint: str | None = None, *,
                  service_account: str = build.DEFAULT_SERVICE_ACCOUNT, all_owners: bool = False,
-                 catalog: Catalog | None = None) -> None:
+                 owner: str | None = None, catalog: Catalog | None = None) -> None:
         """Listing shows only this user's (`owner_id()`) instances and firewalls unless `all_owners`.
         `service_account`: what every launched VM runs as (`default`, an email, or `none`)."""
         self.api = ComputeApi(project, region, api_endpoint)
         self.service_account = service_account
-        self.owner: str | None = None if all_owners else owner_id()
+        self.owner: str | None = None if all_owners else (owner or owner_id())
         self.catalog = catalog or default_catalog()
         self.firewalls = Firewalls(self.api, self.owner)
         self.disks = Disks(self.api, self.owner)
@@ -429,6 +430,7 @@ class GcpProvider:
 def make_provider(config: Config) -> GcpProvider:
     try:
         return GcpProvider(project=config.gcp.project, region=config.gcp.region, api_endpoint=config.gcp.api_endpoint,
-                           service_account=config.gcp.service_account)
+                           service_account=config.gcp.service_account, owner=listing_owner(config),
+                           all_owners=listing_owner(config) is None)
     except ImportError:
         raise NotAvailableError("cloud gcp needs google-cloud-compute", hint="pip install 'cloudtrain[gcp]'") from None
