@@ -43,9 +43,11 @@ price of the monotonic rule is the config's transit time (well inside the CLI's 
 
 The action (`action` in the config) is what the cloud's provider said the machine must do to stop
 or delete itself with no user credentials on it (Provider.watchdog_action):
-  {"kind": "shutdown", "effect": "stop"|"delete"}
+  {"kind": "shutdown", "effect": "stop"|"delete", "identity": {...}}
         power off from inside (`shutdown_command`, default: shutdown -h now, through sudo -n when
-        not root); the cloud turns an OS shutdown into a stop or a delete
+        not root); the cloud turns an OS shutdown into a stop or a delete. The real power-off
+        happens only after the instance metadata server confirms this machine is the instance
+        (`identity`, see is_the_node); a test kit replaces it with `shutdown_command`
   {"kind": "http", "effect": ..., "method": "POST", "url": "...", "headers": {...}, "body": ...,
    "token": {"url": "...", "headers": {...}, "field": "access_token"}, "ok": [200, 202], "gone_ok": true}
         one API call with a bearer token from the instance metadata server (`metadata_url`
@@ -304,11 +306,47 @@ def http_action(action: dict, cfg: dict) -> tuple[bool, str]:
     return True, f"{method} {action['url']}: HTTP {status}"
 
 
+def is_the_node(identity, cfg: dict) -> tuple[bool, str]:
+    """Whether this machine is the instance the action was made for, asked of the cloud's instance
+    metadata server (`identity`: {"url", "headers", "expect", "token": {"url", "method", "headers",
+    "header"}} from the provider; `metadata_url` rebases it, for tests). No identity, no metadata
+    server, or another answer: not the node."""
+    import urllib.error
+    import urllib.request
+
+    if not identity:
+        return False, "the action names no identity to check"
+    direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # link-local: never a proxy
+    headers = dict(identity.get("headers") or {})
+    try:
+        token = identity.get("token")
+        if token:  # EC2's IMDSv2: a session token first
+            request = urllib.request.Request(rebase(token["url"], cfg.get("metadata_url")), data=b"",
+                                             headers=dict(token.get("headers") or {}),
+                                             method=token.get("method", "PUT"))
+            with direct.open(request, timeout=5) as answer:
+                headers[token["header"]] = answer.read(4096).decode("utf-8", "replace").strip()
+        request = urllib.request.Request(rebase(identity["url"], cfg.get("metadata_url")), headers=headers)
+        with direct.open(request, timeout=5) as answer:
+            seen = answer.read(4096).decode("utf-8", "replace").strip()
+    except (OSError, ValueError, KeyError) as exc:
+        return False, f"no instance metadata: {type(exc).__name__}: {exc}"
+    if seen != str(identity.get("expect", "")):
+        return False, f"the metadata server says {seen[:80]!r}, not {identity.get('expect')!r}"
+    return True, seen
+
+
 def perform(action: dict, cfg: dict) -> tuple[bool, str]:
     kind = action.get("kind")
     env = {"CLOUDTRAIN_CLUSTER": str(cfg.get("cluster", "")), "CLOUDTRAIN_INSTANCE_ID": str(cfg.get("instance_id", "")),
            "CLOUDTRAIN_WATCHDOG_EFFECT": str(action.get("effect", ""))}
     if kind == "shutdown":
+        if not cfg.get("shutdown_command"):
+            # The real power-off: only on the machine this watchdog was started for (a test kit's
+            # "VMs" run on the test machine itself, which must never be powered off).
+            mine, why = is_the_node(action.get("identity"), cfg)
+            if not mine:
+                return False, f"refusing to power off: this machine is not the node ({why})"
         command = cfg.get("shutdown_command") or default_shutdown_command()
         ok, detail = run_command(command, env)
         if not ok and not cfg.get("shutdown_command"):

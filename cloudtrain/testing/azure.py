@@ -1334,7 +1334,8 @@ class AzureCloud(FakeCloud):
                                          region=self.region)
         for name in _AZURE_VARS_TO_CLEAR:
             monkeypatch.delenv(name, raising=False)
-        super().__init__(root, monkeypatch, env=server.env(), hint=hint,
+        # Every watchdog action goes to the fake (the VMs are sshd processes on the test machine).
+        super().__init__(root, monkeypatch, env={**server.env(), **self.watchdog_env()}, hint=hint,
                          config={"ssh": {"proxy_command": machines.proxy_command, "allowed_cidr": self.allowed_cidr},
                                  "azure": server.config(self.region)})
         self.move_caller(self.allowed_cidr.split("/")[0], reconfigure=False)

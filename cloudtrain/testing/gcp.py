@@ -1525,7 +1525,8 @@ class GcpCloud(FakeCloud):
         server.accept_metadata_token(self.metadata.token_for("gce"))
         self.image = server.create_image(f"kit-vm-{uuid.uuid4().hex[:6]}", family="cloudtrain-kit",
                                          labels={"cloudtrain-ssh-user": machines.user})
-        super().__init__(root, monkeypatch, env=server.env(), hint=hint,
+        # Every watchdog action goes to the fake (the VMs are sshd processes on the test machine).
+        super().__init__(root, monkeypatch, env={**server.env(), **self.watchdog_env()}, hint=hint,
                          config={"ssh": {"proxy_command": machines.proxy_command, "allowed_cidr": self.allowed_cidr},
                                  "gcp": server.config(self.region)})
         self.move_caller(self.allowed_cidr.split("/")[0], reconfigure=False)

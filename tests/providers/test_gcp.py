@@ -232,7 +232,9 @@ def test_a_watchdog_stops_its_vm_by_shutting_it_down_and_deletes_it_with_its_ser
     assert gce_server.instance(zone, name)["serviceAccounts"] == [
         {"email": DEFAULT_SERVICE_ACCOUNT, "scopes": ["https://www.googleapis.com/auth/compute"]}]
     writes = gce_server.faults.count("write")
-    assert provider.watchdog_action(inst, down=False) == {"kind": "shutdown", "effect": "stop"}
+    assert provider.watchdog_action(inst, down=False) == {"kind": "shutdown", "effect": "stop", "identity": {
+        "url": "http://metadata.google.internal/computeMetadata/v1/instance/name",
+        "headers": {"Metadata-Flavor": "Google"}, "expect": name}}
     assert provider.watchdog_action(inst, down=True) == {
         "kind": "http", "effect": "delete", "method": "DELETE",
         "url": f"{gce_server.url}/compute/v1/projects/{gce_server.project}/zones/{zone}/instances/{name}",
@@ -257,7 +259,7 @@ def test_the_vms_service_account_comes_from_the_config(gce_server: GceServer) ->
     (plain,) = bare.launch(spec("bare", watchdog="delete"), 1)
     assert "serviceAccounts" not in inserted(gce_server)[-1]
     assert "serviceAccounts" not in gce_server.instance(*plain.id.split(":"))
-    assert bare.watchdog_action(plain, down=False) == {"kind": "shutdown", "effect": "stop"}
+    assert bare.watchdog_action(plain, down=False)["kind"] == "shutdown"
     with pytest.raises(NotAvailableError, match="cannot delete itself: it runs as no service account") as refused:
         bare.watchdog_action(plain, down=True)
     assert "gcp.service_account" in (refused.value.hint or "")

@@ -264,3 +264,21 @@ def _sleepers(arg: str) -> list[int]:
             if exc.errno not in (errno.ENOENT, errno.ESRCH, errno.EACCES):
                 raise
     return found
+
+
+WATCHDOG_ROUTES = [  # (fixture, the variable that sends its watchdog's action to the fake, what it names)
+    ("aws", "CLOUDTRAIN_WATCHDOG_SHUTDOWN", "ec2-shutdown"),  # was unset: `shutdown -h now` on the test machine
+    ("gcp", "CLOUDTRAIN_WATCHDOG_SHUTDOWN", "gce-shutdown"),
+    ("gcp", "CLOUDTRAIN_WATCHDOG_METADATA_URL", "http://127.0.0.1:"),
+    ("azure", "CLOUDTRAIN_WATCHDOG_METADATA_URL", "http://127.0.0.1:"),
+]
+
+
+@pytest.mark.parametrize("name,variable,names", WATCHDOG_ROUTES)
+def test_every_fixture_routes_every_watchdog_action_to_its_fake(fake_cloud, name: str, variable: str,  # noqa: ANN001
+                                                                names: str) -> None:
+    if name != "aws":
+        pytest.importorskip({"gcp": "google.cloud.compute_v1", "azure": "azure.mgmt.compute"}[name])
+    cloud = fake_cloud(name)
+    assert names in cloud.env.get(variable, ""), cloud.env
+    assert os.environ.get(variable) == cloud.env[variable]  # the CLI the test runs sees it

@@ -8,9 +8,12 @@ test) and checks what it did or did not do.
 from __future__ import annotations
 
 import json
+import os
 import socket
 import time
 from pathlib import Path
+
+import pytest
 
 from cloudtrain.testing.metadata import GCE_TOKEN_PATH, IMDS_TOKEN_PATH, MetadataServer
 from tests.watchdog.conftest import (
@@ -312,3 +315,89 @@ def test_an_extended_lease_keeps_the_node_and_a_kept_lease_forces_the_delete(nod
     # A node holding no delete action yet asks for one (the CLI then asks the provider with down=True).
     node_dir.write(**{**written, "action": {"kind": "shutdown", "effect": "stop"}, "action_key": "i-test:stop"})
     assert node_dir.watchdog("ensure", dict(change)) == {"status": "need-action", "down": True}
+
+
+class _Metadata:
+    """An instance metadata server that says this machine is `name` (EC2's IMDSv2 token too)."""
+
+    def __init__(self, name: str) -> None:
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def _send(self, body: bytes) -> None:
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_PUT(self) -> None:  # IMDSv2's session token
+                self._send(b"session-token")
+
+            def do_GET(self) -> None:
+                if "token" in self.path.lower() or (self.headers.get("X-aws-ec2-metadata-token") is None
+                                                    and "/latest/" in self.path):
+                    self.send_error(401)
+                    return
+                self._send(name.encode())
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.server.server_port}"
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+GCE_IDENTITY = {"url": "http://metadata.google.internal/computeMetadata/v1/instance/name",
+                "headers": {"Metadata-Flavor": "Google"}, "expect": "box-0-ab12"}
+EC2_IDENTITY = {"token": {"url": "http://169.254.169.254/latest/api/token", "method": "PUT",
+                          "headers": {"X-aws-ec2-metadata-token-ttl-seconds": "60"},
+                          "header": "X-aws-ec2-metadata-token"},
+                "url": "http://169.254.169.254/latest/meta-data/instance-id", "expect": "i-0abc"}
+POWER_OFF = [  # (identity in the action, what the metadata server says, None: no server) -> powered off
+    (GCE_IDENTITY, "box-0-ab12", True),
+    (EC2_IDENTITY, "i-0abc", True),
+    (GCE_IDENTITY, "someone-else", False),
+    (EC2_IDENTITY, "i-0other", False),
+    (GCE_IDENTITY, None, False),  # a laptop or CI runner: no metadata server at all
+    (None, "box-0-ab12", False),  # an action that names no identity
+]
+
+
+@pytest.mark.parametrize("identity,answer,powered_off", POWER_OFF)
+def test_the_watchdog_powers_off_only_the_machine_the_metadata_server_says_it_is(
+    node_dir: NodeDir, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, identity: dict | None, answer: str | None,
+    powered_off: bool
+) -> None:
+    # The real power-off commands, stood in for by scripts that leave a trace.
+    bin_dir, marker = tmp_path / "bin", tmp_path / "powered-off"
+    bin_dir.mkdir()
+    for name in ("sudo", "shutdown", "systemctl", "poweroff"):
+        script = bin_dir / name
+        script.write_text(f"#!/bin/sh\necho {name} \"$@\" >> {marker}\n")
+        script.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    server = _Metadata(answer) if answer is not None else None
+    # No server: a closed loopback port stands for the missing link-local address (nothing leaves).
+    url = server.url if server is not None else "http://127.0.0.1:9"
+    try:
+        action = {"kind": "shutdown", "effect": "stop", **({"identity": identity} if identity else {})}
+        node_dir.write(autostop={"idle_s": IDLE_S, "down": False, "wait_for": "none"}, action=action,
+                       metadata_url=url)
+        node_dir.run()
+        if powered_off:
+            wait_until(lambda: marker.exists(), what="the power-off")
+            assert "shutdown -h now" in marker.read_text()
+        else:
+            wait_until(lambda: [d for d in decisions(node_dir.log) if d[0] == "error"], what="a refusal")
+            refusal = next(detail for d, detail in decisions(node_dir.log) if d == "error")
+            assert "refusing to power off: this machine is not the node" in refusal, refusal
+            assert not marker.exists()
+    finally:
+        if server is not None:
+            server.close()

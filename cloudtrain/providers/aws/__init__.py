@@ -540,7 +540,8 @@ class AwsProvider:
             # The Attribute/Value form: EC2 and moto both take it.
             self.api.ec2(region, "modify_instance_attribute", InstanceId=instance.id, Attribute=attribute,
                          Value=wanted)
-        action: dict[str, Any] = {"kind": "shutdown", "effect": "delete" if wanted == "terminate" else "stop"}
+        action: dict[str, Any] = {"kind": "shutdown", "effect": "delete" if wanted == "terminate" else "stop",
+                                  "identity": _imds_identity(instance.id)}
         if spot and not down:
             action["note"] = "spot instance: a shutdown terminates it (one-time spot requests cannot stop)"
         return action
@@ -650,6 +651,14 @@ def _ingress_cidr(cidr: str | None) -> str:
     if network.prefixlen == 0:
         log.warning("aws: SSH is open to the whole internet (allowed_cidr %s); prefer your address/32", cidr)
     return str(network)
+
+
+def _imds_identity(instance_id: str) -> dict[str, Any]:
+    """How the on-node watchdog asks this is `instance_id` before an OS power-off (templates/
+    watchdog.py is_the_node): IMDSv2, a session token then the instance id, reachable only on the VM."""
+    return {"token": {"url": "http://169.254.169.254/latest/api/token", "method": "PUT",
+                      "headers": {"X-aws-ec2-metadata-token-ttl-seconds": "60"}, "header": "X-aws-ec2-metadata-token"},
+            "url": "http://169.254.169.254/latest/meta-data/instance-id", "expect": instance_id}
 
 
 def make_provider(config: Config) -> AwsProvider:

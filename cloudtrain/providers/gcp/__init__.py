@@ -358,7 +358,8 @@ class GcpProvider:
             raise ProviderError(f"no instance {instance.id} in project {self.api.project}",
                                 hint="`cloudtrain status --refresh` shows what exists")
         if not down:
-            return {"kind": "shutdown", "effect": "stop"}
+            # The watchdog powers off only after GCE's metadata server confirms this is the instance.
+            return {"kind": "shutdown", "effect": "stop", "identity": build.metadata_identity(parsed[1])}
         if not build.can_delete_itself(raw):
             raise NotAvailableError(
                 f"instance {parsed[1]} cannot delete itself: it runs as no service account with the compute scope",

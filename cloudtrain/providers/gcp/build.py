@@ -313,6 +313,13 @@ def can_delete_itself(raw: Any) -> bool:
     return any(set(account.scopes) & DELETE_SCOPES for account in raw.service_accounts)
 
 
+def metadata_identity(name: str) -> dict[str, Any]:
+    """How the on-node watchdog asks this is instance `name` before an OS power-off: GCE's metadata
+    server (reached only from the VM itself) says the instance's name."""
+    return {"url": "http://metadata.google.internal/computeMetadata/v1/instance/name",
+            "headers": {"Metadata-Flavor": "Google"}, "expect": name}
+
+
 # Our allow rules, and below them a deny for everything else. The `default` network comes with
 # `default-allow-ssh` (tcp:22 from 0.0.0.0/0), `-rdp`, `-icmp` at priority 65534: rules add up, so an
 # allow of our own restricts nothing. A deny at a lower number than theirs, aimed at our tag, does
