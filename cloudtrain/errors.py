@@ -84,6 +84,15 @@ class RemoteCommandError(RemoteError):
         self.stderr = stderr
 
 
+class BootstrapError(RemoteError):
+    """A node could not be made ready (templates/bootstrap.sh failed). The message ends with the
+    failing step's last lines; `log` is the node's whole bootstrap log, for the run directory."""
+
+    def __init__(self, message: str, *, hint: str | None = None, log: str = "") -> None:
+        super().__init__(message, hint=hint)
+        self.log = log
+
+
 class UnsafeArchiveError(RemoteError):
     """An archive from a node tried to write outside its destination."""
 

@@ -156,6 +156,17 @@ _supervise)
     trap on_deadline USR1
     (
         [ -f env.sh ] && . ./env.sh
+        # Setup and run inside the node's venv (bootstrap.sh made it and marked it): `pip install`
+        # works on images whose Python refuses it (PEP 668), `python` is the one cloudtrain chose,
+        # and preinstalled frameworks stay visible. A venv without the marker (local runs use the
+        # CLI's own interpreter) is left alone.
+        venv=${CLOUDTRAIN_PYTHON:-}
+        venv=${venv%/bin/python}
+        if [ -n "$venv" ] && [ -f "$venv/.cloudtrain" ]; then
+            VIRTUAL_ENV=$venv
+            PATH=$venv/bin:$PATH
+            export VIRTUAL_ENV PATH
+        fi
         cd "${CLOUDTRAIN_WORKDIR:-.}" || exit 1
         exec sh "$jobdir/cmd.sh"
     ) >> log 2>&1 &

@@ -172,3 +172,67 @@ def test_installer_failures_are_exit_codes_not_silence(vm: Vm) -> None:
 def test_unknown_option_is_a_usage_error(vm: Vm) -> None:
     result = vm.run("--ensure-tensorflow")
     assert result.returncode == 2 and "unknown option" in result.stderr
+
+
+def _wheel(directory: Path, name: str = "ctprobe") -> Path:
+    """A minimal pure-Python wheel, built by hand: `pip install --no-index` needs no network for it."""
+    import zipfile
+
+    path = directory / f"{name}-1.0-py3-none-any.whl"
+    files = {f"{name}.py": "VALUE = 42\n",
+             f"{name}-1.0.dist-info/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n",
+             f"{name}-1.0.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: hand\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
+    record = "".join(f"{n},,\n" for n in files) + f"{name}-1.0.dist-info/RECORD,,\n"
+    with zipfile.ZipFile(path, "w") as archive:
+        for member, text in {**files, f"{name}-1.0.dist-info/RECORD": record}.items():
+            archive.writestr(member, text)
+    path.chmod(0o644)
+    return path
+
+
+def test_the_venv_takes_pip_install_on_a_python_that_refuses_it(vm: Vm) -> None:
+    """Debian 12 / Ubuntu 24.04 refuse `pip install` (PEP 668); setup runs in the node's venv, where it works."""
+    first = vm.run("--venv", "--pip")
+    assert first.returncode == 0, first.stderr
+    got = report(first)
+    venv = vm.home / ".cloudtrain" / "venv"
+    assert got["venv"] == str(venv) and got["python"] == str(venv / "bin" / "python") and got["pip"] is True
+    assert (venv / ".cloudtrain").exists()  # runner.sh activates this venv for setup and run
+    wheel = _wheel(vm.root)
+    # What a recipe's `setup: pip install ...` does, with the venv activated as runner.sh does.
+    env = {"HOME": str(vm.home), "PATH": f"{venv}/bin:/usr/bin:/bin", "VIRTUAL_ENV": str(venv)}
+    argv = ["sh", "-c", f"pip install --no-index --quiet {wheel} && python -c 'import ctprobe; print(ctprobe.VALUE)'"]
+    if os.geteuid() == 0:
+        argv = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "--", *argv]
+    installed = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
+    assert installed.returncode == 0 and installed.stdout.strip() == "42", installed.stdout + installed.stderr
+    if Path("/usr/lib/python3/dist-packages").is_dir():
+        # The system's packages stay visible (--system-site-packages), the system itself untouched.
+        assert not list(Path("/usr/lib/python3/dist-packages").glob("ctprobe*"))
+    again = vm.run("--venv", "--pip")
+    assert again.returncode == 0 and report(again)["venv"] == str(venv)
+
+
+FAILURES = [  # (installer, what the user must see: the installer's own reason)
+    ("echo 'ERROR: Could not find a version that satisfies the requirement tensorflow-cpu' >&2; exit 1",
+     "Could not find a version that satisfies the requirement tensorflow-cpu"),
+    ("echo 'WARNING: Retrying after connection broken by NewConnectionError' >&2; "
+     "echo 'ERROR: No matching distribution found for tensorflow-cpu' >&2; exit 1",
+     "NewConnectionError"),
+    ("echo 'SSL: CERTIFICATE_VERIFY_FAILED' >&2; exit 1", "CERTIFICATE_VERIFY_FAILED"),
+]
+
+
+@pytest.mark.parametrize("installer,reason", FAILURES)
+def test_a_failed_install_shows_the_installers_reason_and_keeps_the_whole_log(vm: Vm, installer: str,
+                                                                           reason: str) -> None:
+    script = vm.bin / "failing-pip"
+    script.write_text(f"#!/bin/sh\nfor i in 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20; do echo noise $i; done\n"
+                      f"{installer}\n")
+    script.chmod(0o755)
+    log = vm.home / "bootstrap.log"
+    failed = vm.run("--ensure-tf", "--log", str(log), extra_env={"CLOUDTRAIN_PIP_INSTALL": str(script)})
+    assert failed.returncode == 4
+    assert reason in failed.stderr and "failed (exit 1); its last lines" in failed.stderr, failed.stderr
+    assert "noise 1\n" not in failed.stderr  # the last lines, not everything
+    assert "noise 1\n" in log.read_text() and reason in log.read_text()  # everything, on the node

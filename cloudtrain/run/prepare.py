@@ -17,7 +17,7 @@ from cloudtrain import paths
 from cloudtrain.cluster.lifecycle import Cluster
 from cloudtrain.cluster.nodes import Node
 from cloudtrain.config import Config
-from cloudtrain.errors import RemoteError
+from cloudtrain.errors import BootstrapError, RemoteError
 from cloudtrain.events import Reporter
 from cloudtrain.recipe import LoadedRecipe, Recipe
 from cloudtrain.remote.local import LocalTransport
@@ -47,9 +47,11 @@ def prepare(node: Node, recipe: Recipe, reporter: Reporter) -> Node:
         return node
     report = _last_json_line(have_report)
     ensure_tf = recipe.job is not None
-    if report is not None and report.get("python") and (report.get("tensorflow") or not ensure_tf):
+    want_pip = bool(recipe.setup)  # a setup installs packages: a `pip` that installs into the venv
+    if (report is not None and report.get("python") and report.get("venv")
+            and (report.get("tensorflow") or not ensure_tf) and (report.get("pip") or not want_pip)):
         return replace(node, python=str(report["python"]))
-    return replace(node, python=_bootstrap(node, ensure_tf=ensure_tf, reporter=reporter))
+    return replace(node, python=_bootstrap(node, ensure_tf=ensure_tf, want_pip=want_pip, reporter=reporter))
 
 
 def _runtime_files(node: Node, recipe: Recipe) -> list[tuple[bytes, str, int]]:
@@ -116,8 +118,14 @@ def write_ssh_config(cluster: Cluster, config: Config, reporter: Reporter) -> No
                       "(set ssh.add_include: false in the config to keep your ~/.ssh/config untouched)")
 
 
-def _bootstrap(node: Node, ensure_tf: bool, reporter: Reporter) -> str:
-    """Probe the VM and, for the bundled job, make TensorFlow importable; return the python to use."""
+BOOTSTRAP_TAIL_LINES = 15  # of the failing step's output, in the error; the whole log stays on the node
+
+
+def _bootstrap(node: Node, ensure_tf: bool, want_pip: bool, reporter: Reporter) -> str:
+    """Probe the VM, make the venv that setup and run use (with pip when `want_pip`) and, for the
+    bundled job, make TensorFlow importable; return the python to use. A failure says why: the
+    failing step's last lines, and where the whole log is (kept on the node, and on the error as
+    `log` for the run directory)."""
     from cloudtrain.remote.facts import probe_host
 
     t = node.transport
@@ -128,12 +136,18 @@ def _bootstrap(node: Node, ensure_tf: bool, reporter: Reporter) -> str:
         reporter.info(f"node: {facts.summary()}")
     script = f"{node.layout.runtime}/bootstrap.sh"
     t.put_file((paths.templates_dir() / "bootstrap.sh").read_bytes(), script, mode=0o755)
-    args = ["sh", script] + (["--ensure-tf"] if ensure_tf else [])
+    log = f"{node.layout.root}/bootstrap.log"
+    args = ["sh", script, "--venv", "--log", log] + (["--pip"] if want_pip else []) + (
+        ["--ensure-tf"] if ensure_tf else [])
     result = t.run(args, timeout=3600, check=False, what="bootstrapping the node")
     report = _last_json_line(result.text)
     if result.exit_code != 0 or report is None:
-        tail = result.stderr.decode(errors="replace").strip().splitlines()[-1:] or ["no output"]
-        raise RemoteError(f"{t.label}: bootstrap failed (exit {result.exit_code}): {tail[0]}")
+        said = result.stderr.decode(errors="replace").strip().splitlines() or ["no output"]
+        whole = t.run(["cat", log], check=False, what="reading the bootstrap log")
+        raise BootstrapError(
+            f"{t.label}: bootstrap failed (exit {result.exit_code}):\n"
+            + "\n".join(said[-(BOOTSTRAP_TAIL_LINES + 2):]),
+            hint=f"the whole log: {log} on node {node.rank}", log=whole.text if whole.exit_code == 0 else "")
     if report.get("installed"):
         reporter.info(f"node {node.rank}: installed {report['installed']}")
     t.put_file(json.dumps(report).encode(), f"{node.layout.root}/bootstrap.json")
