@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -121,6 +122,17 @@ def test_plan_says_what_the_vm_can_do_with_its_own_credentials(gcp_cloud: GcpClo
     plan = gcp_cloud.cli("plan", str(gcp_cloud.recipe(run="echo hi", **fields)))
     assert plan.ok, plan.output
     assert said in plan.output
+
+
+def test_setup_pip_installs_into_the_nodes_venv_and_run_uses_it(gcp_cloud: GcpCloud, tmp_path: Path) -> None:
+    from tests.test_bootstrap import _wheel
+
+    wheel = _wheel(tmp_path)  # the kit's VMs share this filesystem: no index, no network
+    recipe = gcp_cloud.recipe(setup=f"pip install --no-index --quiet {wheel}",
+                              run="python -c 'import ctprobe, sys; print(ctprobe.VALUE, sys.prefix)'")
+    result = gcp_cloud.run(recipe)
+    assert result.ok, result.output
+    assert "42 " in result.stdout and "/.cloudtrain/venv" in result.stdout, result.output
 
 
 def test_a_stockout_in_the_first_zone_lands_in_the_next(gcp_cloud: GcpCloud) -> None:
