@@ -17,6 +17,7 @@ from cloudtrain.events import NullReporter, Reporter
 from cloudtrain.state.locks import cluster_lock
 from cloudtrain.providers import get_provider
 from cloudtrain.providers.base import HostSpec, Instance, InstanceSpec, InstanceState, Provider, owner_id
+from cloudtrain.providers.base import launched_ids as launched_by
 from cloudtrain.recipe import Recipe
 from cloudtrain.state import ClusterRecord, ClusterStatus, NodeRecord, RunStatus, StateStore
 from cloudtrain.cluster.hosts import end_work_on_hosts
@@ -293,7 +294,8 @@ class Lifecycle:
         from cloudtrain.errors import CloudtrainError
 
         self.store.add_event(name, "launch-failed", f"{type(exc).__name__}: {exc}")
-        launched_ids = {i.id for i in launched}
+        # Instances the provider ended itself when the launch was cut short are observed too.
+        launched_ids = {i.id for i in launched} | set(launched_by(exc))
         left: list[str] = []
         for provider in providers:
             try:
@@ -305,7 +307,7 @@ class Lifecycle:
                     provider.terminate(sorted(ids))
                 answered = time.time()
                 if provider is providers[-1]:
-                    cluster = self._observe_all(name, provider, verb_at=answered, verb_ids=ids)
+                    cluster = self._observe_all(name, provider, verb_at=answered, verb_ids=ids | launched_ids)
                     left += [f"{n.instance_id} ({n.state})" for n in cluster.nodes
                              if n.state != InstanceState.TERMINATED.value]
                 left += [f"{k.kind} {k.id} ({k.note})" for k in provider.release_resources(name)]
@@ -389,10 +391,16 @@ class Lifecycle:
         record = self.store.get_cluster(name)
         assert record is not None
         nodes = self.store.get_nodes(name)
-        ids = [n.instance_id for n in nodes]
+        # What our own call just acted on is asked about too: a machine it terminated is no longer
+        # listed by tag, and its life must still reach the ledger.
+        ids = [n.instance_id for n in nodes] + sorted(set(verb_ids) - {n.instance_id for n in nodes})
         described = {i.id: i for i in provider.describe(ids)} if ids else {}
         for inst in provider.list_tagged(name):
-            described.setdefault(inst.id, inst)
+            known = described.get(inst.id)
+            if known is None:
+                described[inst.id] = inst
+            elif known.disk_gb is None and inst.disk_gb is not None:
+                described[inst.id] = replace(known, disk_gb=inst.disk_gb)  # the listing sizes the disks
         looked = time.time()
         # Known nodes first, in rank order: found ones take the ranks after them.
         order = ids + [i for i in described if i not in ids]

@@ -60,13 +60,17 @@ class Pricing:
 
 @dataclass(frozen=True)
 class BillingOp:
-    open: bool  # True: open an interval at `at`; False: close the open one at `at`
+    """Open an interval at `at`, close the open one at `at`, or (amend) correct the open one's
+    price from a better observation (the disks' real size, known only once the cloud lists it)."""
+
+    open: bool  # True: open (or, with amend, correct) an interval; False: close the open one at `at`
     instance_id: str
     kind: BillKind
     at: float
     hourly_price: float = 0.0
     min_s: float = 0.0
     source: Source = Source.LOOKED
+    amend: bool = False
 
 
 @dataclass(frozen=True)
@@ -122,17 +126,32 @@ def _wanted(instance: Instance) -> set[BillKind] | None:
 
 
 def _billing_ops(obs: Observation, open_now: Mapping[BillKind, BillingRecord], pricing: Pricing,
-                 launched_at: float | None) -> list[BillingOp]:
+                 launched_at: float | None, first_sighting: bool = False) -> list[BillingOp]:
     wanted = _wanted(obs.instance)
     if wanted is None or not pricing.priced:
         return []
     ops: list[BillingOp] = []
     inst_id = obs.instance.id
+    if first_sighting and launched_at is not None and launched_at < obs.at and BillKind.RUNNING not in wanted:
+        # Seen for the first time already stopped or deleted (a create whose answer was lost, then
+        # stopped, or terminated by the failed launch's cleanup): it ran from its launch until its
+        # stop. Closed intervals, so the bill has them (each start costs the cloud's minimum).
+        history = [BillKind.RUNNING] + ([BillKind.DISK] if BillKind.DISK not in wanted else [])
+        for kind in history:
+            price = pricing.running if kind is BillKind.RUNNING else pricing.disk_hourly(obs.instance.disk_gb)
+            ops.append(BillingOp(True, inst_id, kind, launched_at, price,
+                                 pricing.min_s if kind is BillKind.RUNNING else 0.0, Source.CLOUD))
+            ops.append(BillingOp(False, inst_id, kind, obs.at, source=obs.source))
     for kind, interval in open_now.items():
         # A legacy "stopped" interval is the v4 disk: it closes when the disks stop being "stopped".
         still = kind in wanted or (kind is BillKind.STOPPED and obs.instance.state is InstanceState.STOPPED)
         if not still:
             ops.append(BillingOp(False, inst_id, kind, max(obs.at, interval.started_at), source=obs.source))
+    disk = open_now.get(BillKind.DISK)
+    if disk is not None and BillKind.DISK in wanted and obs.instance.disk_gb:
+        real = pricing.disk_hourly(obs.instance.disk_gb)
+        if abs(real - disk.hourly_price) > 1e-12:
+            ops.append(BillingOp(True, inst_id, BillKind.DISK, disk.started_at, real, 0.0, obs.source, amend=True))
     has_disk = BillKind.DISK in open_now or (BillKind.STOPPED in open_now
                                              and obs.instance.state is InstanceState.STOPPED)
     for kind in sorted(wanted - set(open_now)):
@@ -206,7 +225,8 @@ def reconcile(record: ClusterRecord, nodes: Sequence[NodeRecord], open_billing: 
         if before is not None and before.state != obs.instance.state.value:
             events.append(("observed", f"{instance_id}: {before.state} -> {obs.instance.state.value} "
                                        f"({obs.source.value} time)"))
-        ops += _billing_ops(obs, open_by_node.get(instance_id, {}), pricing, obs.instance.launched_at)
+        ops += _billing_ops(obs, open_by_node.get(instance_id, {}), pricing, obs.instance.launched_at,
+                            first_sighting=before is None and instance_id not in open_by_node)
 
     live = [n for n in updated if n.state != InstanceState.TERMINATED.value]
     # Terminated rows stay (they keep their rank, so rank 0 stays the head); they bill nothing.

@@ -212,6 +212,21 @@ class Provider(Protocol):
         ...
 
 
+_LAUNCHED_ATTR = "cloudtrain_launched_ids"
+
+
+def note_launched(exc: BaseException, ids: Sequence[str]) -> None:
+    """A launch cut short (Ctrl-C, a timeout) whose instances the provider found and ended itself:
+    name them on the exception on its way out, so the caller's cleanup observes them and the
+    ledger bills their seconds. (The exception stays what it was: a KeyboardInterrupt must stay one.)"""
+    if ids:
+        setattr(exc, _LAUNCHED_ATTR, tuple(getattr(exc, _LAUNCHED_ATTR, ())) + tuple(ids))
+
+
+def launched_ids(exc: BaseException) -> tuple[str, ...]:
+    return tuple(getattr(exc, _LAUNCHED_ATTR, ()))
+
+
 def owner_id(config: Any = None) -> str:
     """Who launched a resource, in a form every cloud accepts as a tag/label value: the config's
     `owner` (the given config, else the user's), else $CLOUDTRAIN_OWNER, else the login name. Never

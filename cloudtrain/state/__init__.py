@@ -240,7 +240,11 @@ class StateStore:
             db.execute("UPDATE clusters SET status = ?, updated_at = ? WHERE name = ? AND uid = ?",
                        (str(transition.status), now, name, incarnation))
             for op in transition.billing:
-                if op.open:
+                if op.amend:
+                    db.execute("UPDATE billing SET hourly_price = ? WHERE incarnation = ? AND instance_id = ? "
+                               "AND kind = ? AND ended_at IS NULL", (op.hourly_price, incarnation, op.instance_id,
+                                                                     str(op.kind)))
+                elif op.open:
                     db.execute(
                         "INSERT INTO billing (cluster, cloud, instance_id, kind, hourly_price, started_at, incarnation, "
                         "min_s, source) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",

@@ -61,6 +61,7 @@ from xml.sax.saxutils import escape
 
 import pytest
 
+from cloudtrain.testing.bill import FakeBill
 from cloudtrain.testing.cloud import CloudMachines, FakeCloud, cluster_hint
 from cloudtrain.testing.faults import Gate, RequestBook
 from cloudtrain.testing.sshd import SshdFactory
@@ -597,6 +598,8 @@ class AwsCloud(FakeCloud):
         self._keys: dict[tuple[str, str], str] = {}  # (region, key name) -> public key, imported
         self._groups: set[tuple[str, str]] = set()  # (region, group id), created
         self._clients: dict[str, Any] = {}
+        # What EC2 would bill, from moto's own state changes (cloudtrain/testing/bill.py).
+        self.bill = FakeBill("aws")
         super().__init__(
             root, monkeypatch, env={**server.env(self.region), **self.watchdog_env(server)}, hint=hint,
             config={"ssh": {"proxy_command": machines.proxy_command, "allowed_cidr": self.allowed_cidr},
@@ -733,6 +736,7 @@ class AwsCloud(FakeCloud):
             for raw in _parse_ec2(action, status, body).get("Instances", []):
                 with self._lock:
                     self._launched[raw["InstanceId"]] = region
+                self._bill_created(region, raw)
                 self.machines.boot(raw["InstanceId"], [key] if key else [])
                 self.machines.address(raw["InstanceId"], raw.get("PublicIpAddress"))
         elif action == "DescribeInstances":
@@ -744,12 +748,32 @@ class AwsCloud(FakeCloud):
             out_key = {"StopInstances": "StoppingInstances", "TerminateInstances": "TerminatingInstances",
                        "StartInstances": "StartingInstances"}[action]
             for change in _parse_ec2(action, status, body).get(out_key, []):
+                {"StopInstances": self.bill.stopped, "TerminateInstances": self.bill.deleted,
+                 "StartInstances": self.bill.started}[action](change["InstanceId"])
                 if change["InstanceId"] not in self.machines:
                     continue
                 if action == "StartInstances":
                     self.machines.power_on(change["InstanceId"])
                 else:
                     self.machines.power_off(change["InstanceId"])
+
+    def _bill_created(self, region: str, raw: dict[str, Any]) -> None:
+        """EC2's bill from the launch on: the catalog's price of the type in its zone and market,
+        its EBS volumes at the storage price per GB."""
+        from cloudtrain.catalog import default_catalog
+        from cloudtrain.cost import HOURS_PER_MONTH, disk_price
+
+        zone = raw.get("Placement", {}).get("AvailabilityZone")
+        spot = raw.get("InstanceLifecycle") == "spot"
+        hourly = default_catalog().price("aws", region, raw.get("InstanceType", ""), spot=spot, zone=zone)
+        attached = [{"Name": "attachment.instance-id", "Values": [raw["InstanceId"]]}]
+        size = sum(v.get("Size", 0) for v in self._ec2(region).describe_volumes(Filters=attached)["Volumes"])
+        tags = {t["Key"]: t["Value"] for t in raw.get("Tags", [])}
+        if not tags:
+            described = self._ec2(region).describe_instances(InstanceIds=[raw["InstanceId"]])["Reservations"]
+            tags = {t["Key"]: t["Value"] for r in described for i in r["Instances"] for t in i.get("Tags", [])}
+        self.bill.created(raw["InstanceId"], tags.get("cloudtrain-cluster", ""), hourly or 0.0,
+                          (disk_price("aws") or 0.0) * size / HOURS_PER_MONTH)
 
     def _public_key(self, region: str, name: str | None) -> str | None:
         if not name:

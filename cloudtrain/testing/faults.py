@@ -129,3 +129,31 @@ def kill_cli_at(gate: Gate, args: Sequence[str], env: Mapping[str, str], *, with
         proc.communicate()
     if proc.returncode != -signal.SIGKILL:
         raise AssertionError(f"`cloudtrain {' '.join(args)}` ended by itself ({proc.returncode}) before the kill")
+
+
+def signal_cli_at(gate: Gate, args: Sequence[str], env: Mapping[str, str], signum: int, *,
+                  within_s: float = 120.0, timeout_s: float = 300.0) -> subprocess.CompletedProcess:
+    """Run `cloudtrain ARGS...`, send it `signum` (SIGINT, SIGTERM, SIGHUP: a user's Ctrl-C, a
+    `kill`, a closed terminal) once a request of its is parked at `gate`, release the gate, and
+    let it clean up and exit by itself. Returns what it printed and its exit code."""
+    proc = subprocess.Popen([sys.executable, "-m", "cloudtrain", *args], env=dict(env), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, preexec_fn=_default_signals)
+    try:
+        if not gate.wait_held(within_s):
+            raise AssertionError(f"`cloudtrain {' '.join(args)}` never reached {gate.action}")
+        os.kill(proc.pid, signum)
+    finally:
+        gate.release()
+    try:
+        out, err = proc.communicate(timeout=timeout_s)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def _default_signals() -> None:
+    # Started from a test run in the background, SIGINT may be inherited ignored: a user's is not.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)

@@ -46,6 +46,14 @@ CASES = [
     ("adopted after a crash: billed from its launch, at the row's price",
      ClusterStatus.PROVISIONING, [], [], [obs("i-9", S.RUNNING, T0 + 30)], True,
      ClusterStatus.PROVISIONING, [(True, "i-9", "disk", T0), (True, "i-9", "running", T0 + 30)]),
+    ("first seen already stopped (answer lost, then stopped): it ran from its launch to the stop",
+     ClusterStatus.PROVISIONING, [], [], [obs("i-9", S.STOPPED, T0 + 40, Source.VERB)], True,
+     ClusterStatus.STOPPED, [(True, "i-9", "running", T0), (False, "i-9", "running", T0 + 40),
+                             (True, "i-9", "disk", T0)]),
+    ("first seen deleted (a failed launch's cleanup terminated it): its whole life is billed",
+     ClusterStatus.PROVISIONING, [], [], [obs("i-8", S.TERMINATED, T0 + 2, Source.VERB)], True,
+     ClusterStatus.PROVISIONING, [(True, "i-8", "running", T0), (False, "i-8", "running", T0 + 2),
+                                (True, "i-8", "disk", T0), (False, "i-8", "disk", T0 + 2)]),
     ("gone without a trace: closed when we looked (an upper bound)",
      ClusterStatus.UP, [node("i-1", S.RUNNING)], [interval("i-1", "running"), interval("i-1", "disk")], [], True,
      ClusterStatus.TERMINATED, [(False, "i-1", "disk", T0 + 500), (False, "i-1", "running", T0 + 500)]),
@@ -122,3 +130,12 @@ def test_reconcile_is_idempotent() -> None:
     again = reconcile(replace(REC, status=first.status), first.nodes, still_open, [obs("i-1", S.STOPPED, T0 + 100)],
                       PRICE, complete=True, at=T0 + 300)
     assert again.billing == () and again.status == first.status and again.nodes == first.nodes
+
+
+def test_the_disks_real_size_corrects_the_open_interval() -> None:
+    """The create answer does not size the disks; the first listing that does amends the price."""
+    priced = Pricing(running=1.0, disk=0.01, min_s=60.0, disk_per_gb=0.001)
+    seen = Observation(Instance("i-1", "c", S.RUNNING, disk_gb=8), T0 + 5, Source.CLOUD)
+    t = reconcile(REC, [node("i-1", S.RUNNING)], [interval("i-1", "running"), interval("i-1", "disk")], [seen],
+                  priced, complete=True, at=T0 + 5)
+    assert [(op.amend, str(op.kind), op.hourly_price, op.at) for op in t.billing] == [(True, "disk", 0.008, T0)]

@@ -61,6 +61,7 @@ from cloudtrain.providers.aws.api import (
     tags_of,
 )
 from cloudtrain.providers.base import (
+    note_launched,
     TAG_CLUSTER,
     TAG_OWNER,
     Capabilities,
@@ -176,10 +177,11 @@ class AwsProvider:
                 if exc.code in REGION_QUOTA_CODES:
                     break
                 continue
-            except BaseException:
+            except BaseException as exc:
                 # Interrupted or timed out mid-call: the launch may have happened without us
-                # seeing its answer. The ClientToken identifies it; end it before re-raising.
-                self._terminate_token_quietly(region, spec.cluster, token)
+                # seeing its answer. The ClientToken identifies it; end it before re-raising, and
+                # name it on the way out so that the ledger bills its seconds.
+                note_launched(exc, self._terminate_token_quietly(region, spec.cluster, token))
                 raise
             return [self._instance(raw, region) for raw in response["Instances"]]
         raise AwsCapacityError(region, spec.instance_type, count, attempts, why="no zone to try")
@@ -391,15 +393,20 @@ class AwsProvider:
             return
         _log_leftovers(cluster, left)
 
-    def _terminate_token_quietly(self, region: str, cluster: str, token: str) -> None:
+    def _terminate_token_quietly(self, region: str, cluster: str, token: str) -> list[str]:
+        """Terminate what the launch with `token` made; returns those instances' ids."""
         try:
             live = {"Name": "instance-state-name", "Values": LIVE_STATES}
             raws = self.api.instances(region, [{"Name": f"tag:{TAG_CLUSTER}", "Values": [cluster]}, live])
             ids = [r["InstanceId"] for r in raws if r.get("ClientToken") == token]
             if ids:
                 self.api.ec2(region, "terminate_instances", InstanceIds=ids)
+                for instance_id in ids:
+                    self._where[instance_id] = region
+            return ids
         except (ProviderError, CredentialsError) as exc:
             log.warning("aws: could not check for instances of interrupted launch %s: %s", token, exc.one_line())
+            return []
 
     def _is_gpu(self, spec: InstanceSpec) -> bool:
         """GPU types get the Deep Learning AMI (driver installed); the catalog knows, else the name."""

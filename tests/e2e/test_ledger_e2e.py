@@ -1,0 +1,155 @@
+"""The ledger against the fake's own bill (issue 22): after each scenario, `cloudtrain cost --json`
+equals what the cloud would charge within 1%, where "what the cloud would charge" is the fake's own
+record of every instance's life (cloudtrain/testing/bill.py: compute per start with the cloud's
+minimum, disks from creation to deletion), never cloudtrain's.
+
+Each scenario is a way the picture used to drift: a VM shorter than the billing minimum, a stop
+that cloudtrain did not make (the watchdog, the console), a reused name, a CLI killed between the
+create call and its answer, `gc` during another terminal's launch, a closed terminal during `up`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+
+import pytest
+
+from cloudtrain.testing import sshd
+from cloudtrain.testing.aws import AwsCloud
+from cloudtrain.testing.faults import signal_cli_at
+
+if not sshd.sshd_available() and not os.environ.get("CI"):
+    pytest.skip("OpenSSH sshd is not installed (apt-get install openssh-server)", allow_module_level=True)
+
+MINIMUM_S = 60  # EC2's minimum billed compute per start
+
+
+def recipe(cloud: AwsCloud, **fields: object):  # noqa: ANN201
+    return cloud.recipe(run="echo ledger", **fields)
+
+
+def cost(cloud: AwsCloud) -> dict:
+    result = cloud.cli("cost", "--json")
+    assert result.returncode == 0, result.output
+    return json.loads(result.stdout)
+
+
+def assert_ledger_is_the_bill(cloud: AwsCloud, cluster: str) -> dict:
+    """cost --json (per cluster name, every incarnation) against the fake's bill at the same moment."""
+    data = cost(cloud)
+    reported = sum(i["usd"] for i in data["incarnations"] if i["cluster"] == cluster)
+    billed = cloud.bill.usd(cluster, until=data["at"])
+    assert billed > 0, f"the fake billed nothing for {cluster}"
+    assert reported == pytest.approx(billed, rel=0.01), (data, cloud.bill.instances(cluster))
+    assert data["total_usd"] == pytest.approx(sum(i["usd"] for i in data["incarnations"]), rel=1e-6)
+    return data
+
+
+def wait_until(condition: Callable[[], bool], timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.2)
+
+
+def test_a_vm_shorter_than_the_minimum_is_billed_the_minimum(aws_cloud: AwsCloud) -> None:
+    """Item 10: a 15 s VM costs EC2's 60 s; reported before, 4x under."""
+    result = aws_cloud.run(recipe(aws_cloud), "--down")
+    assert result.ok, result.output
+    assert aws_cloud.bill.running() == []
+    data = assert_ledger_is_the_bill(aws_cloud, aws_cloud.cluster)
+    (incarnation,) = [i for i in data["incarnations"] if i["cluster"] == aws_cloud.cluster]
+    assert incarnation["node_hours"] * 3600 == pytest.approx(MINIMUM_S, rel=0.01)
+    (run,) = [r for r in data["runs"] if r["cluster"] == aws_cloud.cluster]
+    assert run["usd"] == pytest.approx(incarnation["usd"], rel=0.01)  # the run paid for the whole VM
+
+
+def test_a_stop_cloudtrain_did_not_make_is_billed_from_when_it_happened(aws_cloud: AwsCloud) -> None:
+    """Item 1: the watchdog (or the console) stops the VM; cost stops counting compute then, not
+    when cloudtrain next runs, and a later start bills only from the start."""
+    up = aws_cloud.up(recipe(aws_cloud))
+    assert up.ok, up.output
+    (instance,) = aws_cloud.instances(aws_cloud.cluster)
+    launched = time.time()
+    aws_cloud.ec2().stop_instances(InstanceIds=[instance["InstanceId"]])
+    # Long enough stopped that counting it as running would show past the 60 s minimum.
+    wait_until(lambda: time.time() > launched + MINIMUM_S + 15, MINIMUM_S + 30, "the stopped VM to age")
+    data = assert_ledger_is_the_bill(aws_cloud, aws_cloud.cluster)
+    status = json.loads(aws_cloud.cli("status", aws_cloud.cluster, "--json").stdout)["clusters"][0]
+    assert status["status"] == "stopped"
+    assert not [i for i in data["incarnations"] if i["cluster"] == aws_cloud.cluster][0]["node_hours"] > 0.0175
+
+    started = aws_cloud.cli("start", aws_cloud.cluster)
+    assert started.ok, started.output
+    assert_ledger_is_the_bill(aws_cloud, aws_cloud.cluster)
+    assert aws_cloud.down().ok
+    assert aws_cloud.bill.running() == []
+    assert_ledger_is_the_bill(aws_cloud, aws_cloud.cluster)
+
+
+def test_a_reused_name_is_a_new_incarnation_with_its_own_spend(aws_cloud: AwsCloud) -> None:
+    """Item 2: billing rows survive `down` but belong to their incarnation."""
+    path = recipe(aws_cloud)
+    for _ in range(2):
+        assert aws_cloud.up(path).ok
+        assert aws_cloud.down().ok
+    data = assert_ledger_is_the_bill(aws_cloud, aws_cloud.cluster)
+    mine = [i for i in data["incarnations"] if i["cluster"] == aws_cloud.cluster]
+    assert len(mine) == 2 and len({i["incarnation"] for i in mine}) == 2
+    assert all(not i["billing_now"] and i["status"] == "down" for i in mine)
+
+
+def test_a_cli_killed_before_the_create_answer_leaves_a_vm_that_stop_really_stops(aws_cloud: AwsCloud) -> None:
+    """Items 3 and 4: the instance exists, state has no node for it; `stop` acts on what carries the
+    cluster's tag, says stopped only once EC2 does, and the VM is billed from its launch at the
+    plan's price (not $0)."""
+    gate = aws_cloud.faults.hold("RunInstances", after=True)
+    aws_cloud.kill_cli_at(gate, "up", recipe(aws_cloud), "--cluster", aws_cloud.cluster)
+    assert aws_cloud.bill.running(aws_cloud.cluster)  # EC2 made it; cloudtrain never heard
+
+    stopped = aws_cloud.cli("stop", aws_cloud.cluster)
+    assert stopped.ok, stopped.output
+    assert aws_cloud.bill.running(aws_cloud.cluster) == []
+    assert [i["State"]["Name"] for i in aws_cloud.instances(aws_cloud.cluster)] == ["stopped"]
+    assert_ledger_is_the_bill(aws_cloud, aws_cloud.cluster)
+    assert aws_cloud.down().ok
+    assert_ledger_is_the_bill(aws_cloud, aws_cloud.cluster)
+
+
+def test_gc_leaves_another_terminals_launch_alone(aws_cloud: AwsCloud) -> None:
+    """Item 5: while `up` waits for its create answer, its instance has no node row; gc must see
+    the launch in flight, not a leak."""
+    gate = aws_cloud.faults.hold("RunInstances", after=True)
+    env = {**os.environ, **aws_cloud.env}
+    up = subprocess.Popen([sys.executable, "-m", "cloudtrain", "up", str(recipe(aws_cloud)), "--cluster",
+                           aws_cloud.cluster], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        assert gate.wait_held(120), "up never reached RunInstances"
+        gc = aws_cloud.cli("gc", "--cloud", "aws", "--yes")
+        assert aws_cloud.cluster not in gc.stdout, gc.output
+    finally:
+        gate.release()
+        out, _ = up.communicate(timeout=300)
+    assert up.returncode == 0, out
+    assert aws_cloud.bill.running(aws_cloud.cluster)  # gc did not terminate it
+    assert aws_cloud.down().ok
+    assert_ledger_is_the_bill(aws_cloud, aws_cloud.cluster)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGHUP, signal.SIGTERM, signal.SIGINT])
+def test_a_signal_during_up_leaves_nothing_running_and_the_ledger_is_the_bill(aws_cloud: AwsCloud,
+                                                                              signum: int) -> None:
+    """Item 9: a closed terminal (HUP) used to kill `up` at once with the VM left running."""
+    gate = aws_cloud.faults.hold("RunInstances", after=True)
+    done = signal_cli_at(gate, ["up", str(recipe(aws_cloud)), "--cluster", aws_cloud.cluster],
+                         {**os.environ, **aws_cloud.env}, signum)
+    assert done.returncode == 130, done.stdout + done.stderr
+    assert aws_cloud.bill.instances(aws_cloud.cluster) and aws_cloud.bill.running(aws_cloud.cluster) == []
+    assert aws_cloud.cluster not in aws_cloud.cli("status").stdout  # cleaned up and forgotten
+    assert_ledger_is_the_bill(aws_cloud, aws_cloud.cluster)
