@@ -20,6 +20,10 @@ so it can add patterns or re-include (`!`) what git ignores. Built-in defaults c
 directory's files, so a user file may re-include them: `.git/`, `__pycache__/` and `.venv/`
 anywhere, and `runs/` at the top (where cloudtrain writes results).
 
+Matching is git's wildmatch algorithm (remote/wildmatch.py), never a backtracking regex: an ignore
+file comes with every cloned repository, so it is untrusted input. A pattern that would need more
+than wildmatch.MAX_STEPS steps against one path is refused (UsageError naming file:line), not guessed.
+
 An ignore file that exists but cannot be read is an error: syncing without its rules could send
 what was meant to stay home.
 """
@@ -27,48 +31,32 @@ what was meant to stay home.
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from cloudtrain.errors import UsageError
+from cloudtrain.remote.wildmatch import GLOB_SPECIAL, TooCostly, wildmatch
 
 DEFAULT_PATTERNS = (".git/", "__pycache__/", ".venv/", "/runs/")
 IGNORE_FILES = (".gitignore", ".cloudtrainignore")
 
-_GLOB_SPECIAL = frozenset(b"*?[\\")
-_NEVER = re.compile(b"(?!)")
-
-# git's own ctype tables (git-compat-util.h / ctype.c), ASCII only: nothing above 127 is in a class.
-_CLASSES: dict[bytes, frozenset[int]] = {
-    b"alnum": frozenset(b"0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"),
-    b"alpha": frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"),
-    b"blank": frozenset(b" \t"),
-    b"cntrl": frozenset([*range(32), 127]),
-    b"digit": frozenset(b"0123456789"),
-    b"graph": frozenset(range(33, 127)),
-    b"lower": frozenset(b"abcdefghijklmnopqrstuvwxyz"),
-    b"print": frozenset(range(32, 127)),
-    b"punct": frozenset(b"!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~"),
-    b"space": frozenset(b" \t\n\r"),  # git's isspace: not \v or \f
-    b"upper": frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZ"),
-    b"xdigit": frozenset(b"0123456789ABCDEFabcdef"),
-}
-
 
 @dataclass(frozen=True)
 class Pattern:
-    """One compiled ignore line."""
+    """One parsed ignore line; matching is git's: a literal head compared as is, the rest wildmatched."""
 
     source: str  # the pattern as written (after trimming), for debugging
     negate: bool
     dir_only: bool
     basename: bool  # no inner '/': matched against the last path component only
-    regex: re.Pattern[bytes]  # full-matched against the basename or the path below the file's directory
+    head: bytes  # git's "prefix": the part before any wildcard, compared byte for byte
+    tail: bytes | None  # the rest, for wildmatch; None when the pattern is all literal
+    test: Callable[[bytes], bool] = field(repr=False, compare=False)  # basename, or path below the file's dir
+    origin: str = ""  # file:line it came from, for errors
 
 
-def parse_pattern(line: str | bytes) -> Pattern | None:
+def parse_pattern(line: str | bytes, origin: str = "") -> Pattern | None:
     """One ignore-file line -> Pattern, or None for lines that can match nothing (blank, comment)."""
     raw = os.fsencode(line) if isinstance(line, str) else line
     raw = raw.split(b"\0", 1)[0]  # git reads each line as a C string
@@ -85,25 +73,38 @@ def parse_pattern(line: str | bytes) -> Pattern | None:
     if not body:
         return None
     basename = b"/" not in body
-    if basename:
-        regex = _wildmatch_regex(body)
+    literal_len = _simple_length(body)
+    if not basename and body.startswith(b"/"):
+        body, literal_len = body[1:], literal_len - 1
+    if literal_len == len(body):
+        head, tail = body, None
+    elif basename:
+        head, tail = b"", body  # git wildmatches a basename pattern whole (match_basename)
     else:
         # git compares the wildcard-free head literally and wildmatches only the rest, as a pattern of
         # its own; that matters for `**`, which is special at the start of that rest (`ab**/c`).
-        literal_len = _simple_length(body)
-        if body.startswith(b"/"):
-            body, literal_len = body[1:], literal_len - 1
-        rest = _wildmatch_regex(body[literal_len:])
-        regex = None if rest is None else re.escape(body[:literal_len]) + rest
-    compiled = _NEVER if regex is None else re.compile(regex, re.DOTALL)
-    return Pattern(os.fsdecode(text), negate, dir_only, basename, compiled)
+        head, tail = body[:literal_len], body[literal_len:]
+    return Pattern(os.fsdecode(text), negate, dir_only, basename, head, tail, _tester(head, tail), origin)
 
 
-def parse_lines(data: bytes) -> list[Pattern]:
-    """The patterns of one ignore file's content, in file order."""
+def _tester(head: bytes, tail: bytes | None) -> Callable[[bytes], bool]:
+    if tail is None:
+        return head.__eq__
+    if not head and tail.startswith(b"*") and _simple_length(tail[1:]) == len(tail) - 1:
+        # git's PATTERN_FLAG_ENDSWITH (`*.log`): the commonest pattern, one C call
+        suffix = tail[1:]
+        return lambda name: name.endswith(suffix) and b"/" not in name
+    if not head:
+        return lambda name: wildmatch(tail, name)
+    return lambda path: path.startswith(head) and wildmatch(tail, path[len(head) :])
+
+
+def parse_lines(data: bytes, origin: str = "") -> list[Pattern]:
+    """The patterns of one ignore file's content (origin: its path, for errors), in file order."""
     if data.startswith(b"\xef\xbb\xbf"):
         data = data[3:]
-    return [p for line in data.split(b"\n") if (p := parse_pattern(line)) is not None]
+    lines = data.split(b"\n")
+    return [p for n, line in enumerate(lines, 1) if (p := parse_pattern(line, f"{origin}:{n}")) is not None]
 
 
 def _trim_trailing_spaces(line: bytes) -> bytes:
@@ -126,160 +127,60 @@ def _trim_trailing_spaces(line: bytes) -> bytes:
 
 
 def _simple_length(pattern: bytes) -> int:
-    return next((i for i, c in enumerate(pattern) if c in _GLOB_SPECIAL), len(pattern))
-
-
-def _wildmatch_regex(pattern: bytes) -> bytes | None:
-    """git's wildmatch(pattern, WM_PATHNAME) as a regex body, or None if it can never match."""
-    out: list[bytes] = []
-    i, n = 0, len(pattern)
-    while i < n:
-        c = pattern[i]
-        if c == 0x5C:  # backslash: the next byte literally
-            if i + 1 == n:
-                return None  # git compares it with the string's end: never equal
-            out.append(re.escape(pattern[i + 1 : i + 2]))
-            i += 2
-        elif c == 0x3F:  # ?
-            out.append(b"[^/]")
-            i += 1
-        elif c == 0x2A:  # *
-            j = i
-            while j < n and pattern[j] == 0x2A:
-                j += 1
-            whole_component = j - i >= 2 and (i == 0 or pattern[i - 1] == 0x2F)
-            if whole_component and j == n:
-                out.append(b".*")  # trailing `**`: everything below
-                i = j
-            elif whole_component and pattern[j] == 0x2F:
-                out.append(b"(?:.*/)?")  # `**/`: zero or more directories
-                i = j + 1
-            elif whole_component and pattern[j : j + 2] == b"\\/":
-                out.append(b".*")  # git crosses '/' here but, unlike `**/`, needs at least one
-                i = j
-            else:
-                out.append(b"[^/]*")
-                i = j
-        elif c == 0x5B:  # [
-            bracket, i = _bracket_regex(pattern, i)
-            if bracket is None:
-                return None
-            out.append(bracket)
-        else:
-            out.append(re.escape(pattern[i : i + 1]))
-            i += 1
-    return b"".join(out)
-
-
-def _bracket_regex(pattern: bytes, start: int) -> tuple[bytes | None, int]:
-    """The `[...]` at start -> (regex class or None if git aborts on it, index after the `]`)."""
-    n = len(pattern)
-    j = start + 1
-    negated = j < n and pattern[j] in b"!^"
-    if negated:
-        j += 1
-    members: set[int] = set()
-    prev: int | None = None  # git's prev_ch: a range may start here
-    first = True
-    while True:
-        if j >= n:
-            return None, n  # no closing `]`
-        c = pattern[j]
-        if c == 0x5D and not first:  # `]` closes, except as the first member (`[]]`)
-            break
-        first = False
-        if c == 0x5C:
-            j += 1
-            if j >= n:
-                return None, n
-            prev = pattern[j]
-            members.add(prev)
-        elif c == 0x2D and prev is not None and j + 1 < n and pattern[j + 1] != 0x5D:  # a-z
-            j += 1
-            high = pattern[j]
-            if high == 0x5C:
-                j += 1
-                if j >= n:
-                    return None, n
-                high = pattern[j]
-            members.update(range(prev, high + 1))  # empty when reversed, as in git
-            prev = None
-        elif c == 0x5B and j + 1 < n and pattern[j + 1] == 0x3A:  # [:class:]
-            end = pattern.find(b"]", j + 2)
-            if end == -1:
-                return None, n
-            if end - (j + 2) < 1 or pattern[end - 1] != 0x3A:
-                members.add(c)  # no `:]` before the `]`: the `[` is an ordinary member
-                prev = c
-            else:
-                cls = _CLASSES.get(pattern[j + 2 : end - 1])
-                if cls is None:
-                    return None, n  # unknown class name: git gives up on the whole pattern
-                members.update(cls)
-                prev = None
-                j = end
-        else:
-            members.add(c)
-            prev = c
-        j += 1
-    members.discard(0x2F)  # with WM_PATHNAME a bracket never matches '/'
-    if negated:
-        members.add(0x2F)
-    elif not members:
-        return b"(?!)", j + 1
-    ranges = _ranges(sorted(members))
-    body = b"".join(b"\\x%02x" % lo if lo == hi else b"\\x%02x-\\x%02x" % (lo, hi) for lo, hi in ranges)
-    return (b"[^" if negated else b"[") + body + b"]", j + 1
-
-
-def _ranges(values: list[int]) -> Iterable[tuple[int, int]]:
-    lo = hi = values[0]
-    for v in values[1:]:
-        if v == hi + 1:
-            hi = v
-            continue
-        yield lo, hi
-        lo = hi = v
-    yield lo, hi
+    return next((i for i, c in enumerate(pattern) if c in GLOB_SPECIAL), len(pattern))
 
 
 class _PatternList:
     """The patterns of one directory's ignore files; `base` is that directory ("" or "a/b/"), as bytes.
 
-    Patterns are joined into a few regexes (basename or path patterns, for directories or files),
-    last pattern first, each in its own group: the first alternative that matches is the last
-    matching pattern of its kind, found in one C-level scan instead of a Python loop per pattern.
+    As in git, the last matching pattern wins, so patterns are tried last first and the first match
+    decides. Literal basename patterns (`build/`, `.env`) are one dict lookup whatever their number.
     """
 
     def __init__(self, base: bytes, patterns: Iterable[Pattern]) -> None:
         self.base = base
         self.patterns = tuple(patterns)
-        indexed = [(i, p) for i, p in enumerate(self.patterns) if p.regex is not _NEVER]
-        self._dirs = (_combine([(i, p) for i, p in indexed if p.basename]),
-                      _combine([(i, p) for i, p in indexed if not p.basename]))
-        files = [(i, p) for i, p in indexed if not p.dir_only]
-        self._files = (_combine([(i, p) for i, p in files if p.basename]),
-                       _combine([(i, p) for i, p in files if not p.basename]))
+        self._dirs = _Rules(self.patterns, lambda p: True)
+        self._files = _Rules(self.patterns, lambda p: not p.dir_only)
 
     def decide(self, path: bytes, name: bytes, is_dir: bool) -> bool | None:
         """True/False from the last pattern matching path (below base; name is its last part), else None."""
-        (by_name, name_index), (by_path, path_index) = self._dirs if is_dir else self._files
-        # Each alternative is one group, so a match always has lastindex: the group that matched.
-        winner = -1
-        if by_name is not None and (match := by_name.fullmatch(name)) and match.lastindex:
-            winner = name_index[match.lastindex - 1]
-        if by_path is not None and (match := by_path.fullmatch(path, len(self.base))) and match.lastindex:
-            winner = max(winner, path_index[match.lastindex - 1])
+        winner = (self._dirs if is_dir else self._files).last_match(path[len(self.base) :], name)
         return None if winner < 0 else not self.patterns[winner].negate
 
 
-def _combine(patterns: list[tuple[int, Pattern]]) -> tuple[re.Pattern[bytes] | None, list[int]]:
-    """One regex for (index, pattern) pairs, the last pattern first; group k -> that pattern's index."""
-    if not patterns:
-        return None, []
-    ordered = patterns[::-1]
-    regex = re.compile(b"|".join(b"(" + p.regex.pattern + b")" for _, p in ordered), re.DOTALL)
-    return regex, [i for i, _ in ordered]
+class _Rules:
+    """The patterns of one list that apply to one kind of entry (directories, or files)."""
+
+    def __init__(self, patterns: tuple[Pattern, ...], applies: Callable[[Pattern], bool]) -> None:
+        self.by_name: dict[bytes, int] = {}  # literal basename pattern -> its last index
+        self.others: list[tuple[int, Pattern]] = []  # the rest, last first
+        for i, p in enumerate(patterns):
+            if not applies(p):
+                continue
+            if p.basename and p.tail is None:
+                self.by_name[p.head] = i
+            else:
+                self.others.append((i, p))
+        self.others.reverse()
+
+    def last_match(self, rel: bytes, name: bytes) -> int:
+        best = self.by_name.get(name, -1)
+        for i, p in self.others:
+            if i < best:
+                break
+            try:
+                if p.test(name if p.basename else rel):
+                    return i
+            except TooCostly:
+                # only a hostile pattern gets here (git itself would take minutes or years): refuse
+                # it rather than guess, since a wrong guess could sync what was meant to stay home
+                raise UsageError(
+                    f"{p.origin or 'ignore pattern'}: pattern {p.source!r} is too costly to match"
+                    f" against {os.fsdecode(rel if not p.basename else name)!r}",
+                    hint="simplify the pattern (a run of `**/` is the usual cause)",
+                ) from None
+        return best
 
 
 class IgnoreMatcher:
@@ -305,7 +206,13 @@ class IgnoreMatcher:
     def _dir_ignored(self, rel: str) -> bool:
         known = self._dirs.get(rel)
         if known is None:
-            known = self._dirs[rel] = self._decide(rel, True)
+            # Decided top-down, each directory once: a path thousands of levels deep needs no recursion.
+            missing = []
+            while rel and rel not in self._dirs:
+                missing.append(rel)
+                rel = rel.rpartition("/")[0]
+            for directory in reversed(missing):
+                known = self._dirs[directory] = self._decide(directory, True)
         return known
 
     def _decide(self, rel: str, is_dir: bool) -> bool:
@@ -321,14 +228,17 @@ class IgnoreMatcher:
         return False
 
     def _chain(self, directory: str) -> tuple[_PatternList, ...]:
-        chain = self._chains.get(directory)
-        if chain is None:
-            chain = self._chain(directory.rpartition("/")[0])
+        missing = []  # top ("") is always known; the rest is built top-down, without recursion
+        while directory not in self._chains:
+            missing.append(directory)
+            directory = directory.rpartition("/")[0]
+        chain = self._chains[directory]
+        for below in reversed(missing):
             if self.nested:
-                own = [p for name in IGNORE_FILES for p in _read_patterns(self.root / directory / name)]
+                own = [p for name in IGNORE_FILES for p in _read_patterns(self.root / below / name)]
                 if own:
-                    chain = (*chain, _PatternList(os.fsencode(directory + "/"), own))
-            self._chains[directory] = chain
+                    chain = (*chain, _PatternList(os.fsencode(below + "/"), own))
+            self._chains[below] = chain
         return chain
 
 
@@ -342,7 +252,7 @@ def _read_patterns(path: Path) -> list[Pattern]:
             f"{path}: cannot read this ignore file: {exc.strerror or exc}",
             hint="fix or remove it; syncing without its rules could send files meant to stay home",
         ) from None
-    return parse_lines(data)
+    return parse_lines(data, str(path))
 
 
 def load_ignore(root: Path) -> Callable[[str], bool]:

@@ -11,6 +11,7 @@ import pytest
 from cloudtrain.errors import UsageError
 from cloudtrain.remote.ignore import IgnoreMatcher, load_ignore
 from cloudtrain.remote.sync import scan_tree
+from tests.bounded import run_bounded
 
 # (patterns, path, ignored?) - directories end with '/'
 CASES = [
@@ -157,6 +158,9 @@ GIT_CASES: list[tuple[str, dict[str, bytes], list[str]]] = [
     ("nested-double-star", {"sub/.gitignore": b"**/gen\n"}, ["sub/gen", "sub/x/gen", "gen"]),
     ("nested-inside-ignored-dir", {".gitignore": b"vendor/\n", "vendor/.gitignore": b"!*\n"}, ["vendor/x", "vendor/d/"]),
     ("nested-reincludes-dir", {".gitignore": b"logs/\n", "x/.gitignore": b"!logs/\n"}, ["x/logs/", "x/logs/a", "logs/"]),
+    # issue 29: a backtracking regex took 22 s on the first; git (and wildmatch) answer at once
+    ("hostile-stars", {".gitignore": b"*a*a*a*a*a*a*a*a*b\n"}, ["a" * 60, "a" * 59 + "b", "a" * 30 + "/" + "a" * 29 + "b"]),
+    ("hostile-double-stars", {".gitignore": b"**/" * 8 + b"*a*a*a*b\n"}, ["a/" * 10 + "a" * 20, "a/" * 10 + "aaab"]),
     ("nested-deeper-wins", {".gitignore": b"!*.tmp\n", "a/.gitignore": b"*.tmp\n", "a/b/.gitignore": b"!keep.tmp\n"},
      ["a/x.tmp", "a/b/keep.tmp", "a/b/x.tmp", "y.tmp"]),
 ]
@@ -259,8 +263,8 @@ def test_directory_named_like_an_ignore_file_is_no_rules(tmp_path: Path) -> None
     assert ignored("a.log") and not ignored("a.txt")
 
 
-def test_five_thousand_files_compile_rules_once_per_ignore_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    # sync walks the whole workdir: rules are compiled once per ignore file, never per path (the
+def test_five_thousand_files_read_rules_once_per_ignore_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # sync walks the whole workdir: each ignore file is read and parsed once, never per path (the
     # speed itself is measured in benchmarks/sync_speed.py, not asserted here).
     from cloudtrain.remote import ignore as ignore_module
 
@@ -273,10 +277,47 @@ def test_five_thousand_files_compile_rules_once_per_ignore_file(tmp_path: Path, 
         (tmp_path / f"pkg{d}" / ".gitignore").write_text("*.bak\n!important.bak\n")
         for f in range(100):
             (sub / f"file{f}.{'bak' if f % 10 == 0 else 'py'}").write_text("")
-    compiled = []
-    original = ignore_module._combine
-    monkeypatch.setattr(ignore_module, "_combine", lambda patterns: compiled.append(1) or original(patterns))
+    parsed = []
+    original = ignore_module.parse_lines
+    monkeypatch.setattr(ignore_module, "parse_lines", lambda *args: parsed.append(1) or original(*args))
     scan = scan_tree(tmp_path, load_ignore(tmp_path))
     assert len(scan.entries) == 1 + 50 + 50 * 90 and len(scan.ignored) == 50 * 10
-    ignore_files = 1 + 50
-    assert len(compiled) <= 4 * ignore_files  # four combined regexes per file's rules, whatever the paths
+    assert len(parsed) == 1 + 50  # the top .gitignore and one per package
+
+
+# issue 29, case 1: patterns that made the regex engine backtrack for seconds to hours. Each is
+# answered (or, for a pattern even git would take years over, refused) within 1 CPU s and 100 MB.
+HOSTILE = [
+    ("issue-8-stars", "*a*a*a*a*a*a*a*a*b", "a" * 60, False),
+    ("issue-30-stars", "*a" * 30 + "*b", "a" * 200, False),
+    ("stars-matching", "*a" * 30 + "*b", "a" * 200 + "b", True),
+    ("long-name", "*" + "*a" * 1000 + "*b", "a" * 4000, False),
+    ("brackets", "[a-z]*" * 200 + "!", "ab" * 2000, False),
+    ("double-star-run", "**/" * 20 + "*a*a*a*b", "a/" * 40 + "a" * 40, False),
+    ("double-star-run-long", "**/" * 300 + "*a" * 300 + "*b", "a/" * 200 + "a" * 200, False),
+    ("deep-path", "a/**/" * 50 + "b", "a/" * 100 + "b", True),
+]
+
+
+@pytest.mark.parametrize(("pattern", "path", "expected"), [c[1:] for c in HOSTILE], ids=[c[0] for c in HOSTILE])
+def test_hostile_pattern_is_answered_within_limits(pattern: str, path: str, expected: bool, tmp_path: Path) -> None:
+    (tmp_path / ".gitignore").write_text(pattern + "\n")
+    out = run_bounded(
+        f"from cloudtrain.remote.ignore import load_ignore\nignored = load_ignore({str(tmp_path)!r})",
+        f"print('IGNORED', ignored({path!r}))",
+    )
+    assert f"IGNORED {expected}" in out
+
+
+def test_pattern_past_the_step_bound_is_refused_in_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # No pattern found so far needs the bound (wildmatch.MAX_STEPS, about 0.1 s a path); it is
+    # lowered here to show what happens past it: one line naming the file and line, exit 2.
+    from cloudtrain.remote import wildmatch
+
+    monkeypatch.setattr(wildmatch, "MAX_STEPS", 20)
+    (tmp_path / ".gitignore").write_text("*.log\n" + "a/**/" * 5 + "b\n")
+    with pytest.raises(UsageError) as info:
+        load_ignore(tmp_path)("a/" * 10 + "c")
+    line = info.value.one_line()
+    assert info.value.exit_code == 2 and "\n" not in line
+    assert f"{tmp_path / '.gitignore'}:2" in line and "too costly" in line
