@@ -40,13 +40,38 @@ class NullReporter:
         return None
 
 
+# A progress line is a job's output: data to bound, never to trust (issue 29). Real ones are a few
+# hundred bytes; anything longer, nested deeper than json can follow, or with fields the display
+# cannot use is shown as the text it is.
+MAX_PROGRESS_LINE = 64 * 1024
+_MAX_COUNT = 10**12  # epochs, steps: beyond any real job, small enough for the progress bar's sums
+# type -> {field: required?}; these fields must be whole numbers in 0.._MAX_COUNT when present.
+_COUNTS = {
+    "start": {"epochs": False, "steps_per_epoch": False, "initial_epoch": False},
+    "step": {"epoch": True, "step": True},
+}
+
+
 def parse_progress(line: str) -> dict[str, Any] | None:
-    """A bundled job's progress line: one JSON object with "cloudtrain": "progress"."""
+    """A bundled job's progress line: one JSON object with "cloudtrain": "progress", else None (text)."""
     text = line.strip()
-    if not (text.startswith("{") and '"cloudtrain"' in text):
+    if len(text) > MAX_PROGRESS_LINE or not (text.startswith("{") and '"cloudtrain"' in text):
         return None
     try:
         event = json.loads(text)
-    except json.JSONDecodeError:
+    except (ValueError, RecursionError):  # not JSON, or nested past the decoder's depth limit
         return None
-    return event if isinstance(event, dict) and event.get("cloudtrain") == "progress" else None
+    if not (isinstance(event, dict) and event.get("cloudtrain") == "progress"):
+        return None
+    return event if _usable(event) else None
+
+
+def _usable(event: dict[str, Any]) -> bool:
+    for name, required in _COUNTS.get(event.get("type"), {}).items():
+        value = event.get(name)
+        if value is None and not required:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= _MAX_COUNT:
+            return False
+    loss = event.get("loss")
+    return loss is None or (isinstance(loss, (int, float)) and not isinstance(loss, bool))  # nan is a real loss

@@ -15,6 +15,9 @@ from cloudtrain.remote import jobs
 from cloudtrain.remote.jobs import JobState
 
 POLL_S = 0.5
+# A job that prints without newlines must not fill the CLI's memory: a longer "line" is shown in
+# pieces of this size (a node's output is data to bound, never to trust).
+MAX_LINE_BYTES = 1 << 20
 
 
 def follow(node: Node, job_id: str, offset: int, reporter: Reporter, *, others: Sequence[Node] = (),
@@ -39,16 +42,10 @@ def follow(node: Node, job_id: str, offset: int, reporter: Reporter, *, others: 
         status = status_retrying(node, job_id)
         chunk = _read_retrying(node, job_id, offset + len(pending))
         while chunk:
-            pending += chunk
+            lines, pending = split_lines(pending + chunk)
+            with _interrupts_between_lines():
+                offset = _emit_lines(lines, offset, node.rank, reporter, raw, on_offset)
             chunk = _read_retrying(node, job_id, offset + len(pending))
-        *lines, pending = pending.split(b"\n")
-        with _interrupts_between_lines():
-            for line in lines:
-                with _line():
-                    _emit(line.decode("utf-8", errors="replace"), node.rank, reporter, raw)
-                    offset += len(line) + 1
-                    if on_offset:
-                        on_offset(offset)
         if status.finished or not until_finished:
             if pending and status.finished:
                 _emit(pending.decode("utf-8", errors="replace"), node.rank, reporter, raw, progress=False)
@@ -81,14 +78,8 @@ def _follow_streaming(node: Node, job_id: str, offset: int, reporter: Reporter,
     while True:
         try:
             for chunk in jobs.stream_log(node.transport, node.layout, job_id, offset + len(pending)):
-                pending += chunk
-                *lines, pending = pending.split(b"\n")
-                for line in lines:
-                    with _line():
-                        _emit(line.decode("utf-8", errors="replace"), node.rank, reporter, raw)
-                        offset += len(line) + 1
-                        if on_offset:
-                            on_offset(offset)
+                lines, pending = split_lines(pending + chunk)
+                offset = _emit_lines(lines, offset, node.rank, reporter, raw, on_offset)
                 failures, delay = 0, 0.5
             break
         except RemoteError:
@@ -104,6 +95,38 @@ def _follow_streaming(node: Node, job_id: str, offset: int, reporter: Reporter,
         if on_offset:
             on_offset(offset)
     return status
+
+
+def split_lines(data: bytes) -> tuple[list[tuple[bytes, int]], bytes]:
+    """(whole lines, each with the bytes it used), and the unfinished rest.
+
+    A line longer than MAX_LINE_BYTES comes out in pieces of that size, so the rest never grows
+    past it, whatever the job prints.
+    """
+    lines: list[tuple[bytes, int]] = []
+    start = 0
+    while True:
+        end = data.find(b"\n", start, start + MAX_LINE_BYTES + 1)
+        if end >= 0:
+            lines.append((data[start:end], end + 1 - start))
+            start = end + 1
+        elif len(data) - start > MAX_LINE_BYTES:
+            lines.append((data[start : start + MAX_LINE_BYTES], MAX_LINE_BYTES))
+            start += MAX_LINE_BYTES
+        else:
+            return lines, data[start:]
+
+
+def _emit_lines(lines: list[tuple[bytes, int]], offset: int, rank: int, reporter: Reporter,
+                raw: Callable[[str], None] | None, on_offset: Callable[[int], None] | None) -> int:
+    """Emit each line and record the offset past it, one line at a time; the new offset."""
+    for line, used in lines:
+        with _line():
+            _emit(line.decode("utf-8", errors="replace"), rank, reporter, raw)
+            offset += used
+            if on_offset:
+                on_offset(offset)
+    return offset
 
 
 class _LineGuard:
