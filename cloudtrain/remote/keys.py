@@ -32,7 +32,7 @@ from pathlib import Path
 
 from cloudtrain import paths
 from cloudtrain.config import Config
-from cloudtrain.errors import RemoteError, UsageError
+from cloudtrain.errors import ConfigError, RemoteError, UsageError
 from cloudtrain.providers.base import HostSpec, Instance
 
 _SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
@@ -435,6 +435,15 @@ def ensure_ssh_include() -> bool:
     false` turns it off). True when it changed."""
     user_dir = Path.home() / ".ssh"
     user_config = user_dir / "config"
+    if user_config.is_symlink():
+        # A dotfiles setup links ~/.ssh/config to the real file: edit that file, keep the link
+        # (replacing the link with a copy would silently fork the user's config).
+        real = user_config.resolve()
+        if not real.parent.is_dir():
+            raise ConfigError(f"~/.ssh/config is a symlink to {real}, whose directory does not exist: "
+                              "cloudtrain cannot add its Include there",
+                              hint="fix the link, or set ssh.add_include: false in the config")
+        user_config = real
     target = ssh_config_path()
     include = f"Include {_quote_value(str(target))}"
     existing = user_config.read_text() if user_config.exists() else ""

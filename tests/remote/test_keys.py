@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shlex
 import stat
 import subprocess
@@ -10,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from cloudtrain import paths
+from cloudtrain.errors import ConfigError
 from cloudtrain.providers.base import HostSpec, Instance, InstanceState
 from cloudtrain.remote.keys import (
     Endpoint,
@@ -215,3 +217,52 @@ def test_safe_addresses_and_users_are_accepted() -> None:
             endpoint = resolve_endpoint(instance=instance, config=fast_config(proxy_command="nc %h %p"))
             assert (endpoint.address, endpoint.user) == (address, user)
             assert endpoint.expanded_proxy_command() == f"nc {address} 22"
+
+
+SYMLINKED = [  # how ~/.ssh/config points at the user's real file (dotfiles repos do this)
+    "absolute",
+    "relative",
+    "chained",  # a link to a link
+]
+
+
+@pytest.mark.parametrize("how", SYMLINKED)
+def test_the_include_edits_a_symlinked_configs_target_and_keeps_the_link(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, how: str
+) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path / "user"))
+    ssh_dir = tmp_path / "user" / ".ssh"
+    ssh_dir.mkdir(parents=True)
+    dotfiles = tmp_path / "dotfiles"
+    dotfiles.mkdir()
+    real = dotfiles / "ssh_config"
+    real.write_text("Host work\n  User me\n")
+    real.chmod(0o600)
+    link = ssh_dir / "config"
+    if how == "absolute":
+        link.symlink_to(real)
+    elif how == "relative":
+        link.symlink_to(Path("..") / ".." / "dotfiles" / "ssh_config")
+    else:
+        middle = dotfiles / "current"
+        middle.symlink_to(real)
+        link.symlink_to(middle)
+    pointing = os.readlink(link)
+    assert ensure_ssh_include() is True
+    assert link.is_symlink() and os.readlink(link) == pointing  # the same link
+    assert link.resolve() == real.resolve()
+    text = real.read_text()
+    assert text.startswith("# Added by cloudtrain") and text.endswith("Host work\n  User me\n")
+    assert real.stat().st_mode & 0o777 == 0o600
+    assert ensure_ssh_include() is False  # found through the link: idempotent
+
+
+def test_a_dangling_symlinked_config_is_refused_in_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path / "user"))
+    ssh_dir = tmp_path / "user" / ".ssh"
+    ssh_dir.mkdir(parents=True)
+    (ssh_dir / "config").symlink_to(tmp_path / "gone" / "ssh_config")
+    with pytest.raises(ConfigError, match="symlink") as caught:
+        ensure_ssh_include()
+    assert "add_include" in (caught.value.hint or "")
+    assert (ssh_dir / "config").is_symlink() and not (tmp_path / "gone").exists()
