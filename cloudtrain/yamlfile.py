@@ -15,8 +15,41 @@ import yaml
 from cloudtrain.errors import UsageError
 
 
+# Recipes and config travel between people and CI: bounded before any model sees them (issue 29).
+MAX_BYTES = 4 * 1024 * 1024
+MAX_DEPTH = 100  # nesting of lists and mappings; PyYAML's composer recurses once per level
+MAX_NODES = 100_000  # values after aliases are expanded (the "billion laughs" is ten lines)
+
+
+class TooLarge(yaml.YAMLError):
+    """A document past one of the bounds above; line is 1-based."""
+
+    def __init__(self, line: int, message: str) -> None:
+        super().__init__(message)
+        self.line = line
+        self.message = message
+
+
 class _Loader(yaml.SafeLoader):
-    """SafeLoader whose bad dates are YAML errors with a line, not a bare ValueError from datetime."""
+    """SafeLoader whose bad dates are YAML errors with a line, not a bare ValueError from datetime,
+    and which refuses alias expansion past MAX_NODES before constructing anything."""
+
+    def __init__(self, stream: Any) -> None:
+        super().__init__(stream)
+        self.alias_uses: list[tuple[yaml.Mark, str, yaml.Node]] = []  # where each alias is, in file order
+
+    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node:
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()
+            node = super().compose_node(parent, index)
+            self.alias_uses.append((event.start_mark, event.anchor, node))
+            return node
+        return super().compose_node(parent, index)
+
+    def construct_document(self, node: yaml.Node) -> Any:
+        if self.alias_uses:
+            _refuse_expansion(node, self.alias_uses, self)
+        return super().construct_document(node)
 
     def construct_yaml_timestamp(self, node: yaml.ScalarNode) -> Any:
         try:
@@ -76,10 +109,86 @@ def _merge_identity(key: yaml.Node) -> tuple:
 _Loader.add_constructor("tag:yaml.org,2002:timestamp", _Loader.construct_yaml_timestamp)
 
 
+def _refuse_depth(text: str) -> None:
+    """Raise TooLarge past MAX_DEPTH levels of nesting. PyYAML's parser keeps an explicit stack (its
+    events cost no recursion), so this pass is safe where composing would hit RecursionError."""
+    depth = 0
+    for event in yaml.parse(text, Loader=yaml.SafeLoader):
+        if isinstance(event, (yaml.SequenceStartEvent, yaml.MappingStartEvent)):
+            depth += 1
+            if depth > MAX_DEPTH:
+                raise TooLarge(event.start_mark.line + 1, f"nested more than {MAX_DEPTH} levels deep")
+        elif isinstance(event, (yaml.SequenceEndEvent, yaml.MappingEndEvent)):
+            depth -= 1
+
+
+def _refuse_expansion(root: yaml.Node, alias_uses: list[tuple[yaml.Mark, str, yaml.Node]], loader: _Loader) -> None:
+    """Raise TooLarge, at the first alias that takes it there, if the document expands past MAX_NODES.
+
+    Aliases share nodes, so composing stays small; what explodes is everything after (building the
+    data, then validating it), which sees each alias expanded. Sizes are counted per distinct node
+    with saturation at MAX_NODES + 1, so counting is linear in the file however big the expansion.
+    `<<` merges are flattened first (each merged key counts once, as it will load). A node that
+    contains itself counts as too large.
+    """
+    limit = MAX_NODES + 1
+    order: list[yaml.Node] = []  # every distinct node, parents before children (document order)
+    seen: set[int] = set()
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if isinstance(node, yaml.MappingNode):
+            loader.flatten_mapping(node)  # sources come earlier in the file: already flat, no deep recursion
+        order.append(node)
+        stack.extend(reversed(_children(node)))
+    size: dict[int, int] = {}
+    active: set[int] = set()
+    for start in reversed(order):  # children first, mostly; the explicit walk below covers the rest
+        work = [(start, False)]
+        while work:
+            node, expanded = work.pop()
+            if id(node) in size:
+                continue
+            if expanded:
+                active.discard(id(node))
+                total = 1 + sum(size.get(id(c), limit) for c in _children(node))
+                size[id(node)] = min(total, limit)
+                continue
+            if id(node) in active:
+                size[id(node)] = limit  # a node that contains itself would expand forever
+                continue
+            active.add(id(node))
+            work.append((node, True))
+            work.extend((c, False) for c in _children(node) if id(c) not in size)
+    if size[id(root)] < limit:
+        return
+    for mark, anchor, target in alias_uses:
+        if size.get(id(target), limit) >= limit:
+            raise TooLarge(mark.line + 1, f"alias *{anchor} expands the document past {MAX_NODES} values"
+                                          " (or contains itself)")
+    mark, anchor, _ = max(alias_uses, key=lambda use: size.get(id(use[2]), 0))
+    raise TooLarge(mark.line + 1, f"aliases expand the document past {MAX_NODES} values (the largest is *{anchor})")
+
+
+def _children(node: yaml.Node) -> list[yaml.Node]:
+    if isinstance(node, yaml.MappingNode):
+        return [part for pair in node.value for part in pair]
+    if isinstance(node, yaml.SequenceNode):
+        return list(node.value)
+    return []
+
+
 def read_yaml(path: Path, error_cls: type[UsageError]) -> tuple[Any, yaml.Node | None, str]:
     """Return (data, node tree, raw text); raise error_cls with file:line:col on syntax errors."""
     try:
-        text = path.read_text(encoding="utf-8")
+        with path.open("rb") as handle:
+            raw = handle.read(MAX_BYTES + 1)
+        if len(raw) > MAX_BYTES:
+            raise error_cls(f"{path}: larger than {MAX_BYTES // (1024 * 1024)} MiB; not read as YAML")
+        text = raw.decode("utf-8")
     except FileNotFoundError:
         raise error_cls(f"{path}: file not found", hint="check the path") from None
     except IsADirectoryError:
@@ -87,12 +196,16 @@ def read_yaml(path: Path, error_cls: type[UsageError]) -> tuple[Any, yaml.Node |
     except (OSError, UnicodeDecodeError) as exc:
         raise error_cls(f"{path}: cannot read: {exc}") from None
     try:
+        _refuse_depth(text)
         node = yaml.compose(text, Loader=_Loader)
         if node is not None:
             _refuse_duplicate_keys(node, path, error_cls)
         # Loaded from the text again rather than from `node`: constructing flattens `<<` merges into
         # the node tree, and line_of() must see the keys as the user wrote them.
         data = yaml.load(text, Loader=_Loader)  # a SafeLoader: no arbitrary objects
+    except TooLarge as exc:
+        raise error_cls(f"{path}:{exc.line}: refused: {exc.message}",
+                        hint="aliases and nesting are bounded so a hostile file cannot exhaust memory") from None
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark
         where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)

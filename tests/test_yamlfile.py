@@ -72,3 +72,63 @@ def test_a_merge_of_a_scalar_is_one_line_with_where(tmp_path: Path) -> None:
     path.write_text("a: &a 3\nb:\n  <<: *a\n")
     with pytest.raises(RecipeError, match=r"bad\.yaml:\d+:\d+: YAML syntax error: expected a mapping"):
         read_yaml(path, RecipeError)
+
+
+BILLION_LAUGHS = "a: &a [lol, lol, lol, lol, lol, lol, lol, lol, lol, lol]\n" + "".join(
+    f"{c}: &{c} [{', '.join([f'*{p}'] * 10)}]\n" for p, c in zip("abcdefgh", "bcdefghi")
+)
+# (id, file content, line the error names, words it says) - issue 24 item 12 and issue 29 case 5
+HOSTILE_YAML = [
+    ("billion-laughs", BILLION_LAUGHS, 6, "alias *e expands the document past 100000 values"),
+    ("self-reference", "run: {train: x}\nnodes: &n [1, *n]\n", 2, "alias *n expands"),
+    ("deep-flow", "a: " + "[" * 50_000 + "]" * 50_000 + "\n", 1, "nested more than 100 levels deep"),
+    ("deep-block", "".join("  " * i + f"k{i}:\n" for i in range(150)) + "  " * 150 + "v: 1\n", 101,
+     "nested more than 100 levels deep"),
+]
+
+
+@pytest.mark.parametrize(("text", "line", "words"), [c[1:] for c in HOSTILE_YAML], ids=[c[0] for c in HOSTILE_YAML])
+def test_hostile_yaml_is_refused_in_one_line_naming_file_and_line(text: str, line: int, words: str,
+                                                                   tmp_path: Path) -> None:
+    path = tmp_path / "recipe.yaml"
+    path.write_text(text)
+    with pytest.raises(RecipeError) as info:
+        read_yaml(path, RecipeError)
+    message = info.value.one_line()
+    assert "\n" not in message and message.startswith(f"{path}:{line}: refused: ") and words in message
+    assert info.value.exit_code == 2
+
+
+def test_file_past_the_size_bound_is_refused_unread(tmp_path: Path) -> None:
+    from cloudtrain import yamlfile
+
+    path = tmp_path / "big.yaml"
+    path.write_text("a: " + "x" * yamlfile.MAX_BYTES + "\n")
+    with pytest.raises(RecipeError, match=r"big\.yaml: larger than 4 MiB"):
+        read_yaml(path, RecipeError)
+
+
+def test_aliases_within_the_bound_still_load(tmp_path: Path) -> None:
+    # Four levels of ten references: 11,111 values, well inside the bound; the data is what YAML says.
+    path = tmp_path / "ok.yaml"
+    path.write_text(BILLION_LAUGHS.split("e:")[0])
+    data, _, _ = read_yaml(path, RecipeError)
+    assert len(data["d"]) == 10 and data["d"][9][9][9] == ["lol"] * 10
+
+
+def test_billion_laughs_recipe_is_refused_within_limits(tmp_path: Path) -> None:
+    # issue 24 item 12: `cloudtrain validate` ran past 60 s and 1.4 GB; refused within 1 s and 100 MB.
+    from tests.bounded import run_bounded
+
+    path = tmp_path / "recipe.yaml"
+    path.write_text(BILLION_LAUGHS)
+    out = run_bounded(
+        "from pathlib import Path\nfrom cloudtrain.errors import RecipeError\nfrom cloudtrain.recipe import load_recipe",
+        f"""
+        try:
+            load_recipe(Path({str(path)!r}))
+        except RecipeError as exc:
+            print("REFUSED", exc.one_line())
+        """,
+    )
+    assert f"REFUSED {path}:6: refused: alias *e" in out
