@@ -847,6 +847,29 @@ def stamp_lease(lease: dict) -> dict:
     return out
 
 
+def power_off_refusal(cfg: dict) -> str:
+    """Why this node could not power itself off when the watchdog acts, or "" when it can (or the
+    action is no OS shutdown, or a stand-in replaces it). Not root: `shutdown` needs passwordless
+    sudo, which images without it (or an admin's sudoers) do not give."""
+    action = cfg.get("action") or {}
+    enforces = cfg.get("autostop") or cfg.get("budget") or cfg.get("lease")
+    if not enforces or action.get("kind") != "shutdown" or cfg.get("shutdown_command") or os.geteuid() == 0:
+        return ""
+    for probe in (["sudo", "-n", "true"], ["sudo", "-n", "-l", "shutdown"]):
+        try:
+            done = subprocess.run(probe, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.PIPE, timeout=30, check=False)
+        except (OSError, subprocess.SubprocessError) as exc:
+            last = f"{probe[0]}: {type(exc).__name__}: {exc}"
+            continue
+        if done.returncode == 0:
+            return ""
+        last = done.stderr.decode("utf-8", "replace").strip().splitlines()[-1:] or [f"exit {done.returncode}"]
+        last = last[0][:200]
+    return (f"powering this node off needs passwordless sudo for {user_name()} (`sudo -n shutdown`), and "
+            f"`sudo -n` says: {last}")
+
+
 def ensure(config_path: str, new: dict, python: str, program: str) -> dict:
     """Write `new` if it changed and make sure a loop runs. `new` may lack its action (the CLI
     avoids a cloud call when the node already has the action for the same instance and effect):
@@ -875,6 +898,10 @@ def ensure(config_path: str, new: dict, python: str, program: str) -> dict:
             new["action"] = old["action"]
         else:
             return {"status": "need-action", "down": str(new.get("action_key") or "").endswith(":delete")}
+    refused = power_off_refusal(new)
+    if refused:
+        # Checked here, at `up`: otherwise autostop and budgets would silently never fire.
+        return {"status": "refused", "why": refused}
     if new.get("count_ssh") and not new.get("ssh_port"):
         # This very command came in over SSH: $SSH_CONNECTION names the port sshd listens on here.
         fields = os.environ.get("SSH_CONNECTION", "").split()

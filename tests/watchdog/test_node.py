@@ -401,3 +401,56 @@ def test_the_watchdog_powers_off_only_the_machine_the_metadata_server_says_it_is
     finally:
         if server is not None:
             server.close()
+
+
+SUDO = [  # (what `sudo -n` does on the node, refused at up)
+    ("echo 'sudo: a password is required' >&2; exit 1", True),
+    ("echo 'sudo: command not found' >&2; exit 127", True),
+    ("exit 0", False),  # NOPASSWD, as cloud images give their login user
+]
+
+
+@pytest.mark.parametrize("sudo,refused", SUDO)
+def test_ensure_refuses_an_os_shutdown_the_node_could_not_perform(sudo: str, refused: bool) -> None:
+    """Without passwordless sudo a non-root watchdog's `sudo -n shutdown` fails: said at `up`
+    (ensure), not found out when autostop or the budget silently never fires."""
+    import shutil
+    import subprocess
+    import sys
+    import tempfile
+
+    from tests.watchdog.conftest import WATCHDOG
+
+    python = "/usr/bin/python3" if os.geteuid() == 0 else sys.executable
+    if os.geteuid() == 0 and not Path(python).exists():
+        pytest.skip("needs /usr/bin/python3 to run the watchdog as an unprivileged user")
+    root = Path(tempfile.mkdtemp(prefix="ct-wd-sudo-"))
+    try:
+        root.chmod(0o777)
+        (root / "bin").mkdir()
+        fake = root / "bin" / "sudo"
+        fake.write_text(f"#!/bin/sh\n{sudo}\n")
+        fake.chmod(0o755)
+        shutil.copy(WATCHDOG, root / "watchdog.py")
+        node = root / "node"
+        node.mkdir()
+        node.chmod(0o777)
+        config = {"version": 1, "cluster": "wd", "instance_id": "i-test", "rank": 0, "tick_s": 60,
+                  "autostop": {"idle_s": 3600, "down": False, "wait_for": "none"}, "budget": None,
+                  "action": {"kind": "shutdown", "effect": "stop"}, "action_key": "i-test:stop",
+                  "count_ssh": False, "ssh_port": None, "persist": "none"}
+        argv = [python, str(root / "watchdog.py"), "ensure", str(node / "watchdog.json")]
+        if os.geteuid() == 0:  # the check is for a login user that is not root
+            argv = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--", *argv]
+        env = {"PATH": f"{root / 'bin'}:/usr/bin:/bin", "HOME": str(root)}
+        done = subprocess.run(argv, input=json.dumps(config), capture_output=True, text=True, timeout=60, env=env)
+        answer = json.loads(done.stdout.strip().splitlines()[-1])
+        if refused:
+            assert answer["status"] == "refused" and "passwordless sudo" in answer["why"], answer
+            assert not (node / "watchdog.json").exists()  # nothing written, nothing started
+        else:
+            assert answer["status"] == "written" and answer["running"], answer
+            stop = [*argv[:-2], "stop", argv[-1]]
+            subprocess.run(stop, capture_output=True, text=True, timeout=60, env=env, check=True)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
