@@ -72,18 +72,29 @@ def open_transport(
     key_path: Path | None = None,
     known_hosts: KnownHosts | None = None,
 ) -> SSHTransport:
-    """Connect to a node, retrying with backoff for up to config.ssh.connect_retries_s while it may
-    still be booting (launched or started in the last 15 minutes), briefly otherwise: a machine that
-    has been up for an hour and does not answer is down, and `status`/`logs`/`down` say so at once."""
+    """Connect to a node. A machine we created may still be booting (launched or started in the
+    last 15 minutes): retry with backoff for up to config.ssh.connect_retries_s. One that has been
+    up for an hour and does not answer is down: retry briefly. A `host` is the user's own machine,
+    which exists already and never boots because of us: one attempt, so a mistyped address fails
+    in about connect_timeout_s with what went wrong (unreachable, refused, auth, host key)."""
     endpoint = resolve_endpoint(instance=instance, config=config, host=host, key_path=key_path)
+    retries = config.ssh.connect_retries_s
     fresh = instance.launched_at is not None and time.time() - instance.launched_at < BOOT_GRACE_S
+    if host is not None:
+        retry_for, retry_auth = 0.0, False
+    elif fresh:
+        retry_for, retry_auth = retries, True
+    else:
+        retry_for, retry_auth = min(retries, _WARM_RETRY_S), False
     transport = SSHTransport(
         endpoint,
         cluster=cluster,
         known_hosts=known_hosts or KnownHosts(),
         connect_timeout=config.ssh.connect_timeout_s,
-        retry_for=config.ssh.connect_retries_s if fresh else min(config.ssh.connect_retries_s, _WARM_RETRY_S),
-        retry_auth=fresh,
+        retry_for=retry_for,
+        retry_auth=retry_auth,
+        # A link that drops between two commands is a blip on any machine, booting or not.
+        reconnect_for=min(retries, _RECONNECT_BUDGET_S),
     )
     transport.connect()
     return transport
@@ -151,6 +162,7 @@ class SSHTransport:
         connect_timeout: float = 10.0,
         retry_for: float = 0.0,
         retry_auth: bool = False,
+        reconnect_for: float | None = None,
     ) -> None:
         self.endpoint = endpoint
         self.cluster = cluster
@@ -158,6 +170,7 @@ class SSHTransport:
         self.connect_timeout = connect_timeout
         self.retry_for = retry_for
         self.retry_auth = retry_auth
+        self.reconnect_for = min(retry_for, _RECONNECT_BUDGET_S) if reconnect_for is None else reconnect_for
         self.connects = 0  # how many connections were opened (1 + reconnects)
         self._conn: _Connection | None = None
         self._lock = threading.RLock()
@@ -324,11 +337,15 @@ class SSHTransport:
     # ------------------------------------------------------------------ connection management
 
     def connect(self, retry_for: float | None = None) -> None:
-        """Open the connection, retrying with capped exponential backoff for up to retry_for s."""
+        """Open the connection, retrying with capped exponential backoff for up to retry_for s.
+
+        A wait that outlasts _WAIT_NOTICE_S says what it waits for, and again every
+        _WAIT_REPEAT_S with how long it has waited: minutes of silence read as a hang."""
         budget = self.retry_for if retry_for is None else retry_for
         started = time.monotonic()
         delay = 0.25
         attempts = 0
+        notice = _WaitNotice(f"SSH on {self.label} (instance {self.endpoint.instance_id})", budget)
         while True:
             attempts += 1
             try:
@@ -342,6 +359,9 @@ class SSHTransport:
             except SSHConnectError as exc:
                 last = exc.message
                 if time.monotonic() - started >= budget:
+                    if attempts == 1:
+                        raise SSHConnectError(f"cannot reach {self.label} (instance {self.endpoint.instance_id}): "
+                                              f"{exc.message}", hint=exc.hint) from None
                     raise SSHConnectError(
                         f"cannot reach {self.label} (instance {self.endpoint.instance_id}) after {attempts} "
                         f"attempt(s) in {time.monotonic() - started:.0f}s: {exc.message}",
@@ -353,8 +373,10 @@ class SSHTransport:
                         self._conn.close()
                     self._conn = conn
                     self.connects += 1
+                notice.done()
                 return
             log.debug("%s: connect attempt %d failed (%s); retrying in %.2fs", self.label, attempts, last, delay)
+            notice.tick(time.monotonic() - started, last)
             remaining = budget - (time.monotonic() - started)
             time.sleep(max(0.0, min(delay, remaining)))
             delay = min(delay * 2, 5.0)
@@ -392,12 +414,15 @@ class SSHTransport:
                 hint="check the user name and that the public key is in the node's ~/.ssh/authorized_keys",
             ) from None
         except (paramiko.SSHException, EOFError, OSError) as exc:
+            # Whether the other end ever said "SSH-2.0-...": paramiko reports a silent peer as a
+            # banner timeout or, when its own negotiation timer fires first, "No existing session".
+            started = client.get_transport()
+            answered = started is not None and bool(getattr(started, "remote_version", ""))
             said = _abandon(client, sock, proxy, proxy_err)
-            hint = (
-                f"ProxyCommand {ep.expanded_proxy_command()!r} said: {said}" if proxy and said
-                else "is the machine up, sshd running and the port open to you?"
-            )
-            raise SSHConnectError(f"{where}: {describe(exc)}", hint=hint) from None
+            what, hint = handshake_failure(exc, self.connect_timeout, answered)
+            if proxy and said:
+                hint = f"ProxyCommand {ep.expanded_proxy_command()!r} said: {said}"
+            raise SSHConnectError(f"{where}: {what}", hint=hint) from None
         transport = client.get_transport()
         assert transport is not None
         transport.set_keepalive(_KEEPALIVE_S)
@@ -422,10 +447,8 @@ class SSHTransport:
         try:
             sock = socket.create_connection((ep.address, ep.port), timeout=self.connect_timeout)
         except OSError as exc:
-            raise SSHConnectError(
-                f"{ep.address}:{ep.port}: {exc.strerror or describe(exc)}",
-                hint="is the machine up, sshd running and the port open to you?",
-            ) from None
+            what, hint = socket_failure(exc, self.connect_timeout)
+            raise SSHConnectError(f"{ep.address}:{ep.port}: {what}", hint=hint) from None
         _tune_tcp(sock)
         return sock, None, None
 
@@ -452,7 +475,7 @@ class SSHTransport:
                 log.info("%s: connection dropped; reconnecting", self.label)
                 self._conn.close()
                 self._conn = None
-                self.connect(retry_for=min(self.retry_for, _RECONNECT_BUDGET_S))
+                self.connect(retry_for=self.reconnect_for)
             else:
                 self.connect()
             assert self._conn is not None
@@ -487,6 +510,56 @@ class SSHTransport:
 
     def _lost(self, doing: str, exc: BaseException | None) -> ConnectionLostError:
         return lost(self.label, doing, exc)
+
+
+# Waiting for SSH: silent for a few seconds (a VM's sshd coming up), then a line saying what for.
+_WAIT_NOTICE_S = 5.0
+_WAIT_REPEAT_S = 30.0
+_CHECK_HOST = "check the address and port (a typo?), that the machine is on and sshd runs, and that no firewall drops the port"
+
+
+class _WaitNotice:
+    """The lines a long connect wait prints: what it waits for, how long so far, the last error."""
+
+    def __init__(self, what: str, budget: float) -> None:
+        self.what = what
+        self.budget = budget
+        self.next_at = _WAIT_NOTICE_S
+        self.said = False
+
+    def tick(self, waited: float, last: str) -> None:
+        if waited < self.next_at or self.budget - waited < 1:
+            return
+        log.warning("waiting for %s: %.0fs of up to %.0fs (a new machine may still be booting); last: %s",
+                    self.what, waited, self.budget, last)
+        self.said = True
+        self.next_at = waited + _WAIT_REPEAT_S
+
+    def done(self) -> None:
+        if self.said:
+            log.warning("%s answered", self.what)
+
+
+def socket_failure(exc: OSError, timeout: float) -> tuple[str, str]:
+    """(what happened, what to check) for a TCP connect that failed: refused, unreachable, unknown name."""
+    if isinstance(exc, socket.gaierror):
+        return f"unknown host name ({exc.strerror or exc})", "check the address in the recipe's hosts (a typo?)"
+    if isinstance(exc, ConnectionRefusedError):
+        return "connection refused (nothing listens on that port)", _CHECK_HOST
+    if isinstance(exc, (socket.timeout, TimeoutError)):
+        return f"unreachable: no answer within {timeout:g}s", _CHECK_HOST
+    return f"unreachable: {exc.strerror or describe(exc)}", _CHECK_HOST
+
+
+def handshake_failure(exc: BaseException, timeout: float, answered: bool = True) -> tuple[str, str]:
+    """(what happened, what to check) for an SSH handshake that failed after TCP connected."""
+    if isinstance(exc, OSError) and not isinstance(exc, paramiko.SSHException):
+        return socket_failure(exc, timeout)
+    text = describe(exc)
+    if not answered and not isinstance(exc, EOFError) or "banner" in text.lower():
+        return (f"no SSH server answered within {timeout:g}s: the port accepts connections but says nothing",
+                "check that the address and port are the machine's SSH port (a typo?)")
+    return f"SSH handshake failed: {text}", "is the machine up, sshd running and the port open to you?"
 
 
 def _make_transport(sock: socket.socket, **kwargs: object) -> paramiko.Transport:
