@@ -75,20 +75,58 @@ def version_date(version: str | None) -> dt.date | None:
         return None
 
 
+# A provider's CSV is a few MB; the zip holds one member. A catalog is downloaded data: the bounds
+# hold whatever the zip's headers claim (issue 29: 3 MB of zip held 3 GB and ended in MemoryError).
+MAX_CSV_BYTES = 64 * 1024 * 1024
+MAX_ZIP_MEMBERS = 16
+
+
 def csv_from_zip(data: bytes, provider: str) -> str:
-    """The `{provider}.csv` member of a catalog.zip, checked (a truncated or altered zip fails its CRC)."""
+    """The `{provider}.csv` member of a catalog.zip, checked (a truncated or altered zip fails its CRC).
+
+    Refused (FormatError) past MAX_ZIP_MEMBERS members or MAX_CSV_BYTES decompressed.
+    """
     member = f"{provider}.csv"
+    members = _zip_member_count(data)
+    if members is not None and members > MAX_ZIP_MEMBERS:
+        raise FormatError(f"catalog.zip has {members} members (at most {MAX_ZIP_MEMBERS} expected), refused")
     try:
         with zipfile.ZipFile(io.BytesIO(data)) as archive:
             if member not in archive.namelist():
-                raise FormatError(f"catalog.zip has no {member} (it has {', '.join(archive.namelist()) or 'nothing'})")
-            return archive.read(member).decode("utf-8")
-    except (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError, UnicodeDecodeError) as exc:
+                raise FormatError(f"catalog.zip has no {member} (it has {', '.join(archive.namelist()[:5]) or 'nothing'})")
+            info = archive.getinfo(member)
+            if info.file_size > MAX_CSV_BYTES:
+                raise FormatError(f"{member} would be {info.file_size} bytes unpacked (at most {MAX_CSV_BYTES}), refused")
+            # Read at most one byte past the bound: a header that understates the size cannot make us
+            # decompress more (zipfile also stops at the stated size and checks the CRC there).
+            with archive.open(info) as handle:
+                raw = handle.read(MAX_CSV_BYTES + 1)
+            if len(raw) > MAX_CSV_BYTES:
+                raise FormatError(f"{member} unpacks past {MAX_CSV_BYTES} bytes, refused")
+            return raw.decode("utf-8")
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError, UnicodeDecodeError, NotImplementedError) as exc:
         raise FormatError(f"not a readable catalog.zip: {exc}") from None
+
+
+def _zip_member_count(data: bytes) -> int | None:
+    """Members the end-of-central-directory record declares, read before zipfile builds one object per
+    member; None when there is no such record (zipfile then says what is wrong)."""
+    end = data.rfind(b"PK\x05\x06", max(0, len(data) - 65_557))  # 22-byte record + a 64 KiB comment
+    if end < 0 or len(data) < end + 22:
+        return None
+    count = int.from_bytes(data[end + 10 : end + 12], "little")
+    return MAX_ZIP_MEMBERS + 1 if count == 0xFFFF else count  # 0xFFFF: a zip64 count, never a catalog's
 
 
 def convert(cloud: str, text: str, price_date: dt.date | None) -> Converted:
     """gpuhunt CSV text for `cloud` -> Offers dated `price_date`."""
+    try:
+        return _convert(cloud, text, price_date)
+    except csv.Error as exc:  # a field past csv's size limit, a NUL byte: not a catalog we can read
+        raise FormatError(f"not a readable CSV: {exc}") from None
+
+
+def _convert(cloud: str, text: str, price_date: dt.date | None) -> Converted:
     reader = csv.DictReader(io.StringIO(text, newline=""))
     missing = [c for c in REQUIRED if c not in (reader.fieldnames or [])]
     if missing:

@@ -34,6 +34,7 @@ from cloudtrain.errors import CloudtrainError, ConfigError, UsageError
 
 TIMEOUT_S = 60.0
 MAX_DOWNLOAD_BYTES = 256 * 1024 * 1024  # far above any published provider catalog (a few MB)
+# What the zip may unpack to, and how many members it may have: gpuhunt_format.MAX_CSV_BYTES, MAX_ZIP_MEMBERS.
 _SAFE_VERSION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 
 
@@ -115,7 +116,11 @@ def fetch(source: Source, cloud: str, today: dt.date | None = None) -> Fetched:
     if source.is_dir:
         path = Path(source.location) / f"{provider}.csv"
         try:
-            text = path.read_text(encoding="utf-8")
+            with path.open("rb") as handle:
+                raw = handle.read(fmt.MAX_CSV_BYTES + 1)
+            if len(raw) > fmt.MAX_CSV_BYTES:
+                raise RefreshError(f"{cloud}: {path}: larger than {fmt.MAX_CSV_BYTES // (1024 * 1024)} MiB, refused")
+            text = raw.decode("utf-8")
             mtime = dt.datetime.fromtimestamp(path.stat().st_mtime, dt.UTC).date()
         except FileNotFoundError:
             raise RefreshError(f"{cloud}: no {provider}.csv in {source.location}") from None

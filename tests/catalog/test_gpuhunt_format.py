@@ -95,3 +95,62 @@ def test_zip_member_and_integrity() -> None:
 ])
 def test_version_date(version: str | None, expected: dt.date | None) -> None:
     assert version_date(version) == expected
+
+
+def _zip_of(members: dict[str, int | str]) -> bytes:
+    """A zip whose members are text, or that many zero bytes written in 1 MiB pieces (a zip bomb)."""
+    import io
+    import zipfile
+
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
+        for name, content in members.items():
+            if isinstance(content, str):
+                archive.writestr(name, content)
+                continue
+            with archive.open(name, "w", force_zip64=True) as handle:
+                for _ in range(content // (1 << 20)):
+                    handle.write(bytes(1 << 20))
+    return buffer.getvalue()
+
+
+MIB = 1 << 20
+# issue 29, case 2: what a hostile or broken catalog.zip may claim, and the one line it gets
+HOSTILE_ZIPS = [
+    ("unpacks-past-the-bound", {"aws.csv": 65 * MIB}, "would be 68157440 bytes unpacked"),
+    ("many-members", {f"m{i}.csv": "x" for i in range(17)} | {"aws.csv": "x"}, "has 18 members"),
+    ("not-a-zip", None, "not a readable catalog.zip"),
+]
+
+
+@pytest.mark.parametrize(("members", "words"), [c[1:] for c in HOSTILE_ZIPS], ids=[c[0] for c in HOSTILE_ZIPS])
+def test_hostile_catalog_zip_is_refused(members: dict | None, words: str) -> None:
+    data = _zip_of(members) if members is not None else b"PK\x03\x04 not really"
+    with pytest.raises(FormatError, match=words):
+        csv_from_zip(data, "aws")
+
+
+def test_a_field_past_csvs_limit_is_a_format_error_not_a_crash() -> None:
+    text = to_csv(AWS_ROWS) + "g4dn.xlarge,us-east-1," + "9" * 200_000 + ",4,16,1,T4,16,false\n"
+    with pytest.raises(FormatError, match="not a readable CSV"):
+        convert("aws", text, DAY)
+
+
+def test_zip_bomb_is_refused_within_limits() -> None:
+    # 300 MiB of zeros in a 300 KB zip: read whole, it needed 300 MiB (the issue's 3 GB one: MemoryError).
+    from tests.bounded import run_bounded
+
+    out = run_bounded(
+        f"""
+        from cloudtrain.catalog.gpuhunt_format import FormatError, csv_from_zip
+        from tests.catalog.test_gpuhunt_format import _zip_of
+        data = _zip_of({{"aws.csv": 300 * {MIB}}})
+        """,
+        """
+        try:
+            csv_from_zip(data, "aws")
+        except FormatError as exc:
+            print("REFUSED", exc)
+        """,
+    )
+    assert "REFUSED aws.csv would be 314572800 bytes unpacked" in out
