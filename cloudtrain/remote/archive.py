@@ -8,6 +8,12 @@ stray symlink must not cost the user the results of a training run).
 Extraction streams (the archive is never held in memory or seeked) into a staging directory
 inside the destination; only when the whole stream was read are the staged files moved into
 place, so a transfer cut short leaves the destination exactly as it was.
+
+Bounds (issue 29; docs/security.md): the stream must be a plain tar (we ask the node for `tar -cf -`;
+a compressed stream, which could unpack to anything, is unreadable), at most MAX_MEMBERS members,
+and its files may not take the destination's disk past its last DISK_RESERVE_BYTES. Past a bound the
+whole archive is refused (RemoteError, nothing written): the results stay on the node, which
+`collect` then keeps, and the user decides.
 """
 
 from __future__ import annotations
@@ -26,6 +32,8 @@ from typing import IO
 from cloudtrain.errors import RemoteError, UnsafeArchiveError
 
 _STAGING_PREFIX = ".cloudtrain-extract-"
+MAX_MEMBERS = 1_000_000
+DISK_RESERVE_BYTES = 1 << 30
 
 
 @dataclass(frozen=True)
@@ -59,20 +67,40 @@ def list_present(transport, remote_dir: str, paths: Sequence[str]) -> list[str]:
     return [p for p in listing.stdout.decode(errors="surrogateescape").split("\0") if p]
 
 
+# Every regular file under the paths, as "SIZE NAME\0": a name may hold any byte but NUL (a newline
+# too), so records are NUL-terminated and the size comes first. GNU find prints both itself; any other
+# find gets the size from `ls -lnd` (its fifth field, whatever the name holds) and the name from printf.
+_LIST_FILES = r"""
+cd "$1" || exit 3; shift
+if find . -maxdepth 0 -printf "" >/dev/null 2>&1; then
+  for p in "$@"; do [ -e "$p" ] && find "$p" -type f -printf "%s %p\0"; done
+else
+  for p in "$@"; do
+    [ -e "$p" ] || continue
+    find "$p" -type f -exec sh -c 'set -f; for f do set -- $(ls -lnd -- "$f"); printf "%s %s\0" "$5" "$f"; done' sh {} +
+  done
+fi
+exit 0
+"""
+
+
 def list_files(transport, remote_dir: str, paths: Sequence[str]) -> dict[str, int]:  # noqa: ANN001
     """Regular files under `paths` on the node with their sizes: what a complete copy must hold."""
-    script = (
-        'cd "$1" || exit 3; shift; for p in "$@"; do [ -e "$p" ] || continue; '
-        'find "$p" -type f -exec ls -lnd -- {} +; done; exit 0'
-    )
-    listing = transport.run(["env", "LC_ALL=C", "sh", "-c", script, "sh", remote_dir, *paths],
+    listing = transport.run(["env", "LC_ALL=C", "sh", "-c", _LIST_FILES, "sh", remote_dir, *paths],
                             what="listing the results")
+    return parse_file_listing(listing.stdout)
+
+
+def parse_file_listing(data: bytes) -> dict[str, int]:
+    """"SIZE NAME\0" records -> {name: size}; names decoded as tar member names are (surrogateescape).
+
+    A record without its NUL, or not SIZE NAME, is left out (a cut stream): only whole records count.
+    """
     files: dict[str, int] = {}
-    for line in listing.stdout.decode(errors="surrogateescape").splitlines():
-        # mode links uid gid size month day time-or-year name (the name may hold spaces)
-        parts = line.split(None, 8)
-        if len(parts) == 9 and parts[4].isdigit():
-            files[parts[8]] = int(parts[4])
+    for record in data.split(b"\0")[:-1]:  # the last piece has no NUL after it: empty, or cut short
+        size, sep, name = record.partition(b" ")
+        if sep and name and size.isdigit():
+            files[name.decode(errors="surrogateescape")] = int(size)
     return files
 
 
@@ -88,10 +116,15 @@ def safe_extract(fileobj: IO[bytes], dest: Path) -> Extracted:
     names: list[str] = []
     sizes: dict[str, int] = {}
     refused: list[Refused] = []
+    room = shutil.disk_usage(dest).free - DISK_RESERVE_BYTES
+    members = total = 0
     try:
         try:
-            with tarfile.open(fileobj=fileobj, mode="r|*") as archive:
+            with tarfile.open(fileobj=fileobj, mode="r|") as archive:
                 for member in archive:
+                    members += 1
+                    total += member.size if member.isfile() else 0
+                    _within_bounds(members, total, room)
                     try:
                         # Checked against the staging root right before extraction, so a link that an
                         # earlier member created on disk is resolved too (symlink-then-write-through).
@@ -116,6 +149,16 @@ def safe_extract(fileobj: IO[bytes], dest: Path) -> Extracted:
     return Extracted(tuple(names), sizes, tuple(refused))
 
 
+def _within_bounds(members: int, total: int, room: int) -> None:
+    if members > MAX_MEMBERS:
+        raise RemoteError(f"the node's archive has more than {MAX_MEMBERS:,} members; nothing was extracted",
+                          hint="the results are still on the node")
+    if total > room:
+        raise RemoteError(
+            f"the results need more than the free disk space here (keeping {DISK_RESERVE_BYTES >> 30} GiB free);"
+            " nothing was extracted", hint="free some space, then `cloudtrain collect`; the results are still on the node")
+
+
 def _check_member(member: tarfile.TarInfo, root: Path) -> None:
     name = member.name
     if name.startswith("/") or (len(name) > 1 and name[1] == ":"):
@@ -127,6 +170,8 @@ def _check_member(member: tarfile.TarInfo, root: Path) -> None:
         raise UnsafeArchiveError("resolves outside the destination")
     if member.ischr() or member.isblk() or member.isfifo() or member.isdev():
         raise UnsafeArchiveError("device or fifo")
+    if member.issparse():
+        raise UnsafeArchiveError("sparse member (we never ask for one)")
     if not (member.isfile() or member.isdir() or member.issym() or member.islnk()):
         raise UnsafeArchiveError(f"unsupported type {member.type!r}")
     if member.issym():

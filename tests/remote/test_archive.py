@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import os
 import tarfile
+import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
@@ -136,3 +137,95 @@ def test_setuid_bits_and_foreign_owners_are_dropped(tmp_path: Path) -> None:
     st = (tmp_path / "tool").stat()
     assert not st.st_mode & 0o4000
     assert st.st_uid == os.getuid()
+
+
+# issue 29: bounds on what a node's archive may make us write (docs/security.md)
+def _gzipped(data: bytes) -> bytes:
+    import gzip
+
+    return gzip.compress(data)
+
+
+def _sparse_member() -> bytes:
+    info = tarfile.TarInfo("holes.bin")
+    info.type = tarfile.GNUTYPE_SPARSE
+    return _tar(_file("ok.txt"), (info, None))
+
+
+BOUNDS = [
+    # (id, archive, settings to lower, the one line it gets)
+    ("compressed stream", lambda: _gzipped(_tar(_file("ok.txt"))), {}, "unreadable archive from the node"),
+    ("too many members", lambda: _tar(*(_file(f"f{i}") for i in range(4))), {"MAX_MEMBERS": 3},
+     "more than 3 members; nothing was extracted"),
+    ("past the free disk", lambda: _tar(_file("big.bin", b"x" * 5000)), {"room": 4000},
+     "the results need more than the free disk space here"),
+]
+
+
+@pytest.mark.parametrize(("make", "settings", "words"), [c[1:] for c in BOUNDS], ids=[c[0] for c in BOUNDS])
+def test_archive_past_a_bound_is_refused_whole(make: Callable[[], bytes], settings: dict[str, int], words: str,
+                                               tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from cloudtrain.remote import archive
+
+    for name, value in settings.items():
+        if name == "room":
+            free = archive.shutil.disk_usage(tmp_path).free
+            monkeypatch.setattr(archive, "DISK_RESERVE_BYTES", free - value)
+        else:
+            monkeypatch.setattr(archive, name, value)
+    dest = tmp_path / "run"
+    dest.mkdir()
+    (dest / "earlier.txt").write_text("kept")
+    with pytest.raises(RemoteError) as info:
+        safe_extract(_OneWay(make()), dest)
+    assert words in info.value.one_line() and "\n" not in info.value.one_line()
+    assert sorted(p.name for p in dest.iterdir()) == ["earlier.txt"]  # nothing written, nothing lost
+
+
+def test_sparse_member_is_refused_and_the_rest_lands(tmp_path: Path) -> None:
+    got = safe_extract(_OneWay(_sparse_member()), tmp_path)
+    assert got.names == ("ok.txt",) and [r.member for r in got.refused] == ["holes.bin"]
+
+
+# (listing bytes, what it says) - names are bytes: any but NUL, a newline included (issue 29, case 3)
+LISTINGS = [
+    (b"", {}),
+    (b"12 out/a.txt\0", {"out/a.txt": 12}),
+    (b"3 out/a\nb\0" + b"0 out/with space\0", {"out/a\nb": 3, "out/with space": 0}),
+    (b"7 out/\xff\0", {"out/\udcff": 7}),  # not UTF-8: decoded as tar decodes member names
+    (b"5 out/whole\0" + b"9 out/cut", {"out/whole": 5}),  # a record without its NUL is not trusted
+    (b"x out/bad\0 \0", {}),
+]
+
+
+@pytest.mark.parametrize(("data", "expected"), LISTINGS, ids=range(len(LISTINGS)))
+def test_parse_file_listing(data: bytes, expected: dict[str, int]) -> None:
+    from cloudtrain.remote.archive import parse_file_listing
+
+    assert parse_file_listing(data) == expected
+
+
+@pytest.mark.parametrize("gnu_find", [True, False], ids=["gnu-find", "other-find"])
+def test_listing_and_tar_agree_on_a_name_with_a_newline(gnu_find: bool, tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    # A job that writes out/a\nb once made every collect report "did not arrive whole".
+    from cloudtrain.remote.archive import list_files
+    from cloudtrain.remote.local import LocalTransport
+
+    if not gnu_find:  # a find without -printf (busybox, BSD): the portable branch
+        fake = tmp_path / "bin"
+        fake.mkdir()
+        real = subprocess.run(["sh", "-c", "command -v find"], capture_output=True, text=True, check=True).stdout.strip()
+        (fake / "find").write_text(f'#!/bin/sh\nfor a do [ "$a" = -printf ] && exit 1; done\nexec {real} "$@"\n')
+        (fake / "find").chmod(0o755)
+        monkeypatch.setenv("PATH", f"{fake}:{os.environ['PATH']}")
+    node = LocalTransport(tmp_path / "node")
+    out = tmp_path / "node" / "work" / "out"
+    out.mkdir(parents=True)
+    names = {"a\nb": b"12345", "with space": b"", "\\back": b"x", "tab\there": b"yy", "-dash": b"zzz"}
+    for name, data in names.items():
+        (out / name).write_bytes(data)
+    listed = list_files(node, str(tmp_path / "node" / "work"), ["out", "missing"])
+    assert listed == {f"out/{name}": len(data) for name, data in names.items()}
+    got = node.get_tree(str(tmp_path / "node" / "work"), ["out"], tmp_path / "run")
+    assert {n: s for n, s in got.sizes.items()} == listed
