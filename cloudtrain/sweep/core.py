@@ -7,17 +7,21 @@ CLI killed at any point leaves a journal that says at least as much as the world
 rebuilds the scheduler from it, the backend reports what happened meanwhile (`Backend.recover`),
 and nothing is started twice.
 
-Money. Every VM holds a lease: the time by which it is gone, whatever happens. Its worst-case cost
-is price x (lease end - launch), or, once it is being released, price x (release call + release_s -
-launch), or, once gone, what it really cost. The sum over all VMs is what the sweep can cost at
-most; an action that would lengthen a lease (a VM for a new trial, a trial on a warm VM) is taken
-only if that sum stays within the budget. A trial on a VM gets
+Money. Every VM holds a lease: the time by which it is gone, whatever happens (its on-node watchdog
+deletes it then, CLI or not). Until the backend confirms a VM gone, its worst-case cost is price x
+(lease end - launch), at least the cloud's minimum billed time per start (`Costs.min_s`): asking for
+a release frees no money, because a release can fail or go unconfirmed (`ReleaseFailed`: the VM
+stays counted and the release is asked again). Once gone, it counts what it cost (price x (gone -
+launch), at least the minimum), with `gone` the time the cloud says it went. The sum over all VMs
+is what the sweep can cost at most; an action that would lengthen a lease (a VM for a new trial, a
+trial on a warm VM) is taken only if that sum stays within the budget. A trial on a VM gets
     prep_s (sync, setup) + deadline_s (the job, a hard deadline on the node) + post_s (collect)
 and a new VM boot_s before that; release_s covers tearing a VM down. The backend promises that an
-attempt ends by its `deadline_at`, that a VM not ready by its `ready_by` is given up, and that a
-released VM is gone within release_s. Then the spend can never pass the budget: the property test
-(tests/sweep/test_properties.py) checks it against random prices, durations, failures, preemptions
-and CLI crashes. What holds today when the CLI itself dies is in docs/sweeps.md.
+attempt ends by its `deadline_at`, that a VM not ready by its `ready_by` is given up, and that a VM
+is gone by its lease end. Then the spend can never pass the budget: the property test
+(tests/sweep/test_properties.py) checks it against random prices, durations, failures, preemptions,
+CLI crashes and a backend that lies the way clouds do. This account is the budget guard only: what
+a sweep reports as spent comes from the billed intervals in state (cloudtrain/sweep/ledger.py).
 
 Trials. The sampler (Optuna in the CLI) gives each new trial its number and parameters. An attempt
 is one run of a trial on one VM; each (trial, attempt) starts at most once, a trial has at most one
@@ -73,8 +77,9 @@ class VmState(StrEnum):
     BOOTING = "booting"
     IDLE = "idle"
     BUSY = "busy"
-    RELEASING = "releasing"
-    GONE = "gone"
+    RELEASING = "releasing"  # asked to go, not yet confirmed gone
+    RELEASE_FAILED = "release-failed"  # its release failed or was not confirmed: asked again
+    GONE = "gone"  # confirmed gone by the cloud
 
 
 @dataclass(frozen=True)
@@ -88,15 +93,20 @@ class Costs:
     deadline_s: float  # the job's hard deadline on the node
     post_s: float  # reserved per attempt after its job (collecting results)
     release_s: float  # reserved for tearing a VM down
+    min_s: float = 0.0  # the cloud bills each VM start at least this long (AWS/GCP 60 s, Azure 300 s)
 
     @property
     def window_s(self) -> float:
         """What one attempt may take on a ready VM, at most."""
         return self.prep_s + self.deadline_s + self.post_s
 
+    def usd(self, hourly_usd: float, seconds: float) -> float:
+        """What one VM start billed for `seconds` costs: at least the cloud's minimum."""
+        return hourly_usd * max(seconds, self.min_s, 0.0) / 3600.0
+
     def new_vm_usd(self) -> float:
         """The worst-case cost of one trial on a VM booted for it."""
-        return self.hourly_usd * (self.boot_s + self.window_s + self.release_s) / 3600.0
+        return self.usd(self.hourly_usd, self.boot_s + self.window_s + self.release_s)
 
 
 @dataclass(frozen=True)
@@ -175,20 +185,21 @@ class Vm:
     def live(self) -> bool:
         return self.state != VmState.GONE
 
-    def bound_end(self, release_s: float) -> float:
-        """The latest it can still be billed."""
+    def bound_end(self) -> float:
+        """The latest it can still be billed. Until the cloud confirms it gone that is its lease end,
+        also while it is being released: a release may fail, or never be confirmed."""
         if self.state == VmState.GONE:
             return self.gone_at if self.gone_at is not None else self.launched_at
-        if self.state == VmState.RELEASING and self.release_at is not None:
-            return min(self.lease_end, self.release_at + release_s)
         return self.lease_end
 
-    def worst_usd(self, release_s: float) -> float:
-        return self.hourly_usd * max(0.0, self.bound_end(release_s) - self.launched_at) / 3600.0
+    def worst_usd(self, costs: Costs) -> float:
+        """The most it can cost: to its bound, at least the cloud's minimum per start."""
+        return costs.usd(self.hourly_usd, self.bound_end() - self.launched_at)
 
-    def billed_usd(self, now: float) -> float:
+    def billed_usd(self, now: float, costs: Costs) -> float:
+        """What it cost until `now` (or until it went), at least the cloud's minimum per start."""
         end = self.gone_at if self.gone_at is not None else now
-        return self.hourly_usd * max(0.0, end - self.launched_at) / 3600.0
+        return costs.usd(self.hourly_usd, end - self.launched_at)
 
 
 @dataclass(frozen=True)
@@ -238,6 +249,17 @@ class VmGone:
 
 
 @dataclass(frozen=True)
+class ReleaseFailed:
+    """Taking the VM down failed, or the cloud still lists it afterwards. It may bill until its lease
+    end (its watchdog deletes it then): it stays in the committed spend and its release is asked
+    again. One that was still booting counts as a boot failure; an attempt on it ends as preempted."""
+
+    vm: str
+    at: float
+    error: str
+
+
+@dataclass(frozen=True)
 class AttemptEnded:
     trial: int
     attempt: int
@@ -262,7 +284,7 @@ class StopRequested:
     reason: str = "stopped by the user"
 
 
-Event = VmReady | VmFailed | VmGone | AttemptEnded | Progress | StopRequested
+Event = VmReady | VmFailed | VmGone | ReleaseFailed | AttemptEnded | Progress | StopRequested
 
 
 # actions: what the backend must do ------------------------------------------------------------------
@@ -298,6 +320,9 @@ class Cancel:
 
 @dataclass(frozen=True)
 class Release:
+    """Take the VM down; answered by VmGone once the cloud confirms it, else ReleaseFailed. A Release
+    asked again after a ReleaseFailed is a retry: the backend paces retries."""
+
     vm: str
 
 
@@ -393,14 +418,9 @@ class Scheduler:
                         self.counters)
 
     def committed_usd(self) -> float:
-        """The most the sweep can cost given what exists and is promised now."""
-        release_s = self.costs.release_s
-        return self._gone_usd + sum(vm.worst_usd(release_s) for vm in self._live.values())
-
-    def spent_usd(self, now: float | None = None) -> float:
-        """Billed so far (by the scheduler's clock)."""
-        at = self.clock() if now is None else now
-        return self._gone_usd + sum(vm.billed_usd(at) for vm in self._live.values())
+        """The most the sweep can cost given what exists and is promised now: the budget guard.
+        (What was spent is the ledger's to say: cloudtrain/sweep/ledger.py.)"""
+        return self._gone_usd + sum(vm.worst_usd(self.costs) for vm in self._live.values())
 
     def best(self, goal: str) -> Trial | None:
         done = [t for t in self.trials.values() if t.state == TrialState.SUCCEEDED and t.value is not None]
@@ -425,7 +445,7 @@ class Scheduler:
     def _reissue_pending_work(self, actions: list[Action]) -> None:
         """After a restart, what the dead CLI asked for may not have happened: ask again (both idempotent)."""
         for vm in sorted(self._live.values(), key=lambda v: v.slot):
-            if vm.state == VmState.RELEASING:
+            if vm.state in (VmState.RELEASING, VmState.RELEASE_FAILED):
                 actions.append(Release(vm.id))
         for attempt in self._running.values():
             if attempt.stopping is not None:
@@ -452,6 +472,22 @@ class Scheduler:
             if vm is None:
                 return
             self._vm_gone(vm, event.at, None if event.reason == "released" else event.reason, Outcome.PREEMPTED)
+        elif isinstance(event, ReleaseFailed):
+            vm = self._live.get(event.vm)
+            if vm is None:
+                return
+            if vm.state == VmState.BOOTING:
+                # The backend gave its boot up and could not take down what it left.
+                self._set_counters(boot_failures=self.counters.boot_failures + 1)
+            if vm.trial is not None and vm.attempt is not None:
+                self._attempt_ended(vm.trial, vm.attempt, max(event.at, vm.launched_at), Outcome.PREEMPTED, None,
+                                    f"VM {vm.id} is going: {event.error}")
+                vm = self.vms[vm.id]
+            # Still counted to its lease end (bound_end): the money is not free until it is confirmed gone.
+            self._put_vm(replace(vm, state=VmState.RELEASE_FAILED, trial=None, attempt=None,
+                                 release_at=vm.release_at if vm.release_at is not None else event.at,
+                                 error=f"release failed: {event.error}"))
+            actions.append(Release(vm.id))
         elif isinstance(event, AttemptEnded):
             self._attempt_ended(event.trial, event.attempt, event.at, event.outcome, event.value, event.error)
         elif isinstance(event, Progress):
@@ -594,7 +630,7 @@ class Scheduler:
             return False
         c = self.costs
         lease_end = max(vm.lease_end, now + c.window_s + c.release_s)
-        if not self._fits(vm.hourly_usd * (lease_end - vm.lease_end) / 3600.0):
+        if not self._fits(replace(vm, lease_end=lease_end).worst_usd(c) - vm.worst_usd(c)):
             return False
         trial = self._next_trial(now)
         if trial is None:
@@ -655,7 +691,7 @@ class Scheduler:
             self._live.pop(vm.id, None)
             if previous is None or previous.live:
                 # Gone: its cost is final, and it is what it really cost.
-                self._gone_usd += vm.billed_usd(vm.gone_at or vm.launched_at)
+                self._gone_usd += vm.billed_usd(vm.gone_at or vm.launched_at, self.costs)
         self._dirty_vms[vm.id] = vm
 
     def _set_counters(self, **changes: object) -> None:

@@ -8,6 +8,14 @@ believes, and records every broken promise in `violations`: an attempt started t
 of one trial at once, an attempt after the trial ended for good. `simulate` runs a whole sweep with
 CLI crashes (the scheduler thrown away, the world going on, a new scheduler resumed from the
 journal). The property test and benchmarks/sweep_overhead.py use it.
+
+The world can lie the way clouds do (Scenario's `release_fail_p`, `release_stuck_p`,
+`describe_lag`, `preempt_p`, and crashes while VMs boot): a release fails (or, for a stuck VM,
+always fails: the VM then runs to its lease end), a VM vanishes under a trial, the cloud goes on
+listing a VM that is gone for a while. Like the real backend, it tells the scheduler a VM is gone
+only once the cloud says so, with the time the cloud says it went, and keeps a ledger of billed
+intervals (`SimLedger`, a `BillingSource`) from those observations alone: what the sweep reports as
+spent is `cloudtrain.sweep.ledger` over it, the code `sweep status` runs over the state database.
 """
 
 from __future__ import annotations
@@ -17,8 +25,9 @@ import random
 import time
 import zlib
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
+from cloudtrain.state.records import BillingRecord
 from cloudtrain.sweep.core import (
     Action,
     Attempt,
@@ -33,6 +42,7 @@ from cloudtrain.sweep.core import (
     ParamValue,
     Progress,
     Release,
+    ReleaseFailed,
     Scheduler,
     Snapshot,
     Start,
@@ -44,6 +54,9 @@ from cloudtrain.sweep.core import (
     VmReady,
     execute,
 )
+from cloudtrain.sweep.ledger import cluster_name, sweep_spend
+
+SIM_SWEEP = "sim"
 
 
 class SimStuck(AssertionError):
@@ -69,22 +82,34 @@ class Scenario:
     prep: tuple[float, float] = (5.0, 60.0)
     job: tuple[float, float] = (60.0, 600.0)
     post: tuple[float, float] = (2.0, 30.0)  # at most costs.post_s is used
-    release: tuple[float, float] = (5.0, 60.0)  # at most costs.release_s is used
+    release: tuple[float, float] = (5.0, 60.0)  # how long one release call takes until the VM is gone
     fail_p: float = 0.0
-    preempt_p: float = 0.0  # per VM: preempted at a random time in its first two trial windows
+    preempt_p: float = 0.0  # per VM: it vanishes at a random time in its first two trial windows
     kill_s: float = 10.0  # a cancelled job ends within this
     epochs: int = 3  # progress reports per attempt
+    # The lies:
+    release_fail_p: float = 0.0  # one release call fails (the VM stays)
+    release_stuck_p: float = 0.0  # per VM: every release call fails; it goes at its lease end
+    describe_lag: tuple[float, float] = (0.0, 0.0)  # per VM: listed as running this long after it went
+    retry_s: float = 60.0  # the backend's wait before it asks again for a release that failed
 
 
 @dataclass
 class _SimVm:
     id: str
+    slot: int
     price: float
     launched_at: float
     lease_end: float
+    lag: float  # the cloud lists it this long after it went
+    stuck: bool  # every release fails
     ready_at: float | None = None
     gone_at: float | None = None
-    releasing: bool = False
+    gone_why: str = "released"
+    boot_error: str | None = None  # its boot was given up
+    releasing: bool = False  # a release call is in flight
+    release_failures: int = 0
+    confirmed: bool = False  # the backend saw it gone (ledger closed, scheduler told)
     busy: tuple[int, int] | None = None
 
 
@@ -105,6 +130,29 @@ def _default_value(params: Mapping[str, ParamValue]) -> float:
     return (zlib.crc32(repr(sorted(params.items())).encode()) % 10_000) / 10_000
 
 
+class SimLedger:
+    """The billed intervals the backend learnt from the cloud (what lifecycle writes in state): opened
+    at the launch, closed at the time the cloud says the VM went, once the backend has seen it go."""
+
+    def __init__(self) -> None:
+        self.rows: dict[str, BillingRecord] = {}
+
+    def open(self, vm: _SimVm, min_s: float) -> None:
+        self.rows[vm.id] = BillingRecord(id=len(self.rows) + 1, cluster=cluster_name(SIM_SWEEP, vm.slot),
+                                         cloud="sim", instance_id=vm.id, kind="running", hourly_price=vm.price,
+                                         started_at=vm.launched_at, ended_at=None, incarnation=f"{vm.id}-uid",
+                                         min_s=min_s, source="verb")
+
+    def close(self, vm: _SimVm, at: float) -> None:
+        self.rows[vm.id] = replace(self.rows[vm.id], ended_at=at, source="cloud")
+
+    def billing(self, cluster: str | None = None, since: float = 0.0,
+                incarnation: str | None = None) -> list[BillingRecord]:
+        return [r for r in self.rows.values()
+                if (cluster is None or r.cluster == cluster) and (incarnation is None or r.incarnation == incarnation)
+                and (r.ended_at is None or max(r.ended_at, r.started_at + r.min_s) > since)]
+
+
 class SimWorld:
     """A Backend over simulated VMs; see the module docstring."""
 
@@ -120,19 +168,31 @@ class SimWorld:
         self.running_trials: dict[int, tuple[int, int]] = {}
         self.finished_trials: set[int] = set()
         self.violations: list[str] = []
+        self.lies: dict[str, int] = {}  # how often each lie was told (the property test's statistics)
+        self.ledger = SimLedger()
         self.listening = True
         self._heap: list[tuple[float, int, Callable[[], None]]] = []
         self._seq = 0
         self._outbox: list[Event] = []
 
-    # the truth -------------------------------------------------------------------------------------
+    # the truth, and what is reported ----------------------------------------------------------------
 
     def spent_usd(self) -> float:
-        return sum(v.price * ((v.gone_at if v.gone_at is not None else self.clock.now) - v.launched_at) / 3600.0
-                   for v in self.vms.values())
+        """Ground truth: each VM from its launch until it really went, at least the cloud's minimum."""
+        # The cloud's rule, computed here on its own (not by the scheduler's Costs.usd it checks).
+        return sum(v.price * max((v.gone_at if v.gone_at is not None else self.clock.now) - v.launched_at,
+                                 self.costs.min_s) / 3600.0 for v in self.vms.values())
+
+    def reported_usd(self) -> float:
+        """What the sweep reports: the ledger, through the code `sweep status` uses."""
+        vms = [(v.id, v.slot) for v in self.vms.values()]
+        return sweep_spend(self.ledger, SIM_SWEEP, vms, self.clock.now).usd
 
     def alive(self) -> list[str]:
         return [v.id for v in self.vms.values() if v.gone_at is None]
+
+    def unconfirmed(self) -> list[str]:
+        return [v.id for v in self.vms.values() if not v.confirmed]
 
     # Backend ---------------------------------------------------------------------------------------
 
@@ -142,8 +202,10 @@ class SimWorld:
             self.violations.append(f"VM {action.vm} launched twice")
             return
         price = self.costs.hourly_usd * self.rng.uniform(*self.s.price_share)
-        vm = _SimVm(action.vm, price, now, action.lease_end)
+        vm = _SimVm(action.vm, int(action.vm.lstrip("v")), price, now, action.lease_end,
+                    lag=self.rng.uniform(*self.s.describe_lag), stuck=self.rng.random() < self.s.release_stuck_p)
         self.vms[vm.id] = vm
+        self.ledger.open(vm, self.costs.min_s)
         if self.rng.random() < self.s.boot_fail_p:
             at = min(now + self.rng.uniform(0, self.s.boot[1]), action.ready_by)
             self._at(at, lambda: self._boot_failed(vm, "boot failed"))
@@ -154,7 +216,9 @@ class SimWorld:
             else:
                 self._at(ready, lambda: self._ready(vm))
                 if self.rng.random() < self.s.preempt_p:
-                    self._at(ready + self.rng.uniform(0, 2 * self.costs.window_s), lambda: self._preempt(vm))
+                    self._at(ready + self.rng.uniform(0, 2 * self.costs.window_s),
+                             lambda: self._gone(vm, "preempted"))
+        # The lease is in the launch request: the VM goes by then, whatever the CLI does.
         self._at(vm.lease_end, lambda: self._lease_check(vm))
 
     def run(self, action: Start) -> None:
@@ -164,10 +228,16 @@ class SimWorld:
         if key in self.attempts:
             self.violations.append(f"attempt {key} started twice")
             return
-        if vm is None or vm.gone_at is not None or vm.ready_at is None or vm.busy is not None:
-            # The node is not there (or busy): the job cannot start. The scheduler hears of the VM.
-            self._emit(AttemptEnded(action.trial, action.attempt, now, Outcome.NOT_STARTED,
-                                    error="VM not usable"))
+        if vm is not None and vm.gone_at is not None:
+            # Its VM vanished and the cloud may still list it: the attempt cannot start, and the
+            # backend says so when the cloud says the VM is gone (asked when SSH fails), then the VM.
+            not_started = AttemptEnded(action.trial, action.attempt, now, Outcome.NOT_STARTED, error="VM gone")
+            self._at(vm.gone_at + vm.lag, lambda: self._emit(replace(not_started, at=self.clock.now)))
+            self._confirm(vm)
+            return
+        if vm is None or vm.ready_at is None or vm.busy is not None:
+            self.violations.append(f"attempt {key} started on VM {action.vm}, which is not ready or busy")
+            self._emit(AttemptEnded(action.trial, action.attempt, now, Outcome.NOT_STARTED, error="VM not usable"))
             return
         if action.trial in self.running_trials:
             self.violations.append(f"trial {action.trial} attempt {action.attempt} started while attempt "
@@ -214,11 +284,18 @@ class SimWorld:
 
     def release(self, action: Release) -> None:
         vm = self.vms.get(action.vm)
-        if vm is None or vm.gone_at is not None or vm.releasing:
+        if vm is None:
+            self._emit(VmGone(action.vm, self.clock.now, "never launched"))
+            return
+        if vm.releasing:
+            return  # its answer comes
+        if vm.gone_at is not None:
+            self._confirm(vm)
             return
         vm.releasing = True
-        self._at(self.clock.now + min(self.rng.uniform(*self.s.release), self.costs.release_s),
-                 lambda: self._gone(vm, VmGone(vm.id, self.clock.now)))
+        # A retry after a failure waits a while (the backend paces them); the call itself takes time.
+        wait = self.s.retry_s if vm.release_failures else 0.0
+        self._at(self.clock.now + wait + self.rng.uniform(*self.s.release), lambda: self._release_answered(vm))
 
     def events(self, timeout_s: float) -> list[Event]:
         if not self._outbox:
@@ -227,6 +304,8 @@ class SimWorld:
         return out
 
     def recover(self, snapshot: Snapshot) -> list[Event]:
+        """What the real backend does after a restart: the journal's attempts from what ran, the
+        journal's VMs from what the cloud lists now (lagging as it does)."""
         now = self.clock.now
         events: list[Event] = []
         for a in snapshot.attempts:
@@ -243,12 +322,13 @@ class SimWorld:
             truth_vm = self.vms.get(v.id)
             if truth_vm is None:
                 events.append(VmFailed(v.id, v.launched_at, "never launched"))
+            elif truth_vm.gone_at is not None and now >= truth_vm.gone_at + truth_vm.lag:
+                events.append(self._confirmed_event(truth_vm))
             elif truth_vm.gone_at is not None:
-                if truth_vm.ready_at is None:
-                    events.append(VmFailed(v.id, truth_vm.gone_at, "gone while booting"))
-                else:
-                    events.append(VmGone(v.id, truth_vm.gone_at, "released" if truth_vm.releasing else "lease ended"))
-            elif truth_vm.ready_at is not None:
+                self._confirm(truth_vm)  # the cloud still lists it: asked again until it says gone
+            elif truth_vm.boot_error is not None and not truth_vm.releasing:
+                self._take_down(truth_vm)  # a boot given up whose cleanup failed: again
+            elif truth_vm.ready_at is not None and truth_vm.boot_error is None:
                 events.append(VmReady(v.id, truth_vm.ready_at, truth_vm.price))
         return events
 
@@ -256,6 +336,8 @@ class SimWorld:
 
     def crash(self) -> None:
         """The CLI dies: what it has not read is lost; the world goes on without it."""
+        if any(v.ready_at is None and v.gone_at is None for v in self.vms.values()):
+            self._lie("CLI died while a VM booted")
         self.listening = False
         self._outbox = []
 
@@ -285,39 +367,81 @@ class SimWorld:
             _, _, fn = heapq.heappop(self._heap)
             fn()
 
+    def _lie(self, what: str) -> None:
+        self.lies[what] = self.lies.get(what, 0) + 1
+
     def _emit(self, event: Event) -> None:
         if self.listening:
             self._outbox.append(event)
 
+    # VMs -------------------------------------------------------------------------------------------
+
     def _ready(self, vm: _SimVm) -> None:
-        if vm.gone_at is None and not vm.releasing:
-            vm.ready_at = self.clock.now
+        if vm.gone_at is not None or vm.boot_error is not None or vm.ready_at is not None:
+            return
+        vm.ready_at = self.clock.now
+        if not vm.releasing:
             self._emit(VmReady(vm.id, vm.ready_at, vm.price))
-        elif vm.gone_at is None and vm.ready_at is None:
-            vm.ready_at = self.clock.now
 
     def _boot_failed(self, vm: _SimVm, why: str) -> None:
-        if vm.gone_at is None and vm.ready_at is None:
-            self._gone(vm, VmFailed(vm.id, self.clock.now, why))
+        if vm.gone_at is None and vm.ready_at is None and vm.boot_error is None:
+            vm.boot_error = why
+            if not vm.releasing:
+                self._take_down(vm)
 
-    def _preempt(self, vm: _SimVm) -> None:
-        if vm.gone_at is None:
-            self._gone(vm, VmGone(vm.id, self.clock.now, "preempted"))
+    def _take_down(self, vm: _SimVm) -> None:
+        """The backend takes down what a boot it gave up left (as it does for a release)."""
+        vm.releasing = True
+        self._at(self.clock.now + self.rng.uniform(*self.s.release), lambda: self._release_answered(vm))
+
+    def _release_answered(self, vm: _SimVm) -> None:
+        vm.releasing = False
+        if vm.gone_at is not None:
+            self._confirm(vm)
+            return
+        if vm.stuck or self.rng.random() < self.s.release_fail_p:
+            vm.release_failures += 1
+            self._lie("release failed")
+            self._emit(ReleaseFailed(vm.id, self.clock.now, "the cloud refused the delete"))
+            return
+        self._gone(vm, "released")
 
     def _lease_check(self, vm: _SimVm) -> None:
         if vm.gone_at is None and self.clock.now >= vm.lease_end:
-            self._gone(vm, VmGone(vm.id, self.clock.now, "lease ended"))
+            self._gone(vm, "lease ended")
 
-    def _gone(self, vm: _SimVm, event: VmGone | VmFailed) -> None:
+    def _gone(self, vm: _SimVm, why: str) -> None:
+        """The VM really goes now; the backend learns it once the cloud lists it so."""
         if vm.gone_at is not None:
             return
-        vm.gone_at = self.clock.now
+        vm.gone_at, vm.gone_why = self.clock.now, why
+        if why != "released":
+            self._lie(f"VM gone: {why}")
+        if vm.lag > 0:
+            self._lie("describe lagged")
         if vm.busy is not None:
             attempt = self.attempts[vm.busy]
             if attempt.ended_at is None:
                 attempt.outcome, attempt.value = Outcome.PREEMPTED, None
                 self._end(attempt, emit=False)
-        self._emit(event)
+        self._confirm(vm)
+
+    def _confirm(self, vm: _SimVm) -> None:
+        """Ask the cloud until it says the VM is gone (describe lags by vm.lag), then tell the
+        scheduler, with the time the cloud says it went. Nobody asks while the CLI is dead."""
+        assert vm.gone_at is not None
+        self._at(vm.gone_at + vm.lag, lambda: self._emit(self._confirmed_event(vm)) if self.listening else None)
+
+    def _confirmed_event(self, vm: _SimVm) -> Event:
+        assert vm.gone_at is not None
+        if not vm.confirmed:
+            vm.confirmed = True
+            self.ledger.close(vm, vm.gone_at)
+        if vm.ready_at is None or vm.boot_error is not None:
+            return VmFailed(vm.id, vm.gone_at, vm.boot_error or "gone while booting")
+        return VmGone(vm.id, vm.gone_at, vm.gone_why)
+
+    # attempts --------------------------------------------------------------------------------------
 
     def _progress(self, key: tuple[int, int], epoch: int, value: float) -> None:
         attempt = self.attempts[key]

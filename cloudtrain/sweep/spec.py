@@ -71,14 +71,18 @@ def check_sweep(loaded: LoadedRecipe, config: Config) -> SweepSpec:
     _check_params(loaded, sweep)
     recipe = loaded.recipe
     progress_metric = _progress_metric(loaded, sweep)
-    hourly = 0.0
+    hourly = min_s = 0.0
     if plan is not None:
-        # Failover may land on any candidate placement: admission must assume the dearest.
+        from cloudtrain.cost import billing_minimum_s
+
+        # Failover may land on any candidate placement: admission must assume the dearest price and
+        # the longest minimum billed time per start of the clouds it may land on.
         hourly = max(p.hourly_price for p in plan.candidates) * recipe.num_nodes
+        min_s = max(billing_minimum_s(p.cloud) for p in plan.candidates)
     reserve = sweep.reserve
     costs = Costs(budget_usd=sweep.budget_usd, hourly_usd=hourly, boot_s=reserve.boot_minutes * 60,
                   prep_s=reserve.setup_minutes * 60, deadline_s=sweep.trial_deadline_minutes * 60,
-                  post_s=reserve.collect_minutes * 60, release_s=reserve.release_minutes * 60)
+                  post_s=reserve.collect_minutes * 60, release_s=reserve.release_minutes * 60, min_s=min_s)
     grid = sweep.grid_size()
     max_trials = min(x for x in (sweep.max_trials, grid) if x is not None)
     limits = Limits(max_trials=max_trials, max_parallel=sweep.max_parallel, max_retries=sweep.max_retries,
