@@ -104,6 +104,9 @@ def open_transport(record: NodeRecord, provider: Provider, config: Config) -> Tr
 
 def connect(records: Sequence[NodeRecord], provider: Provider, config: Config) -> list[Node]:
     """One open Transport per record; if any node fails, none stays open (raises that failure)."""
+    from cloudtrain.cluster.ingress import follow_caller
+
+    follow_caller(records, provider, config)  # the cluster's SSH rule, brought to where we are now
 
     def one(record: NodeRecord) -> Node:
         transport = open_transport(record, provider, config)

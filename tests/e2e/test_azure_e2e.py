@@ -123,6 +123,23 @@ def test_the_vm_answers_its_callers_address_only(azure_cloud: AzureCloud) -> Non
     assert_nothing_left(cloud, name)
 
 
+def test_a_caller_that_moved_gets_the_nsg_updated_before_connecting(azure_cloud: AzureCloud) -> None:
+    cloud = azure_cloud
+    name = cloud.new_cluster()
+    up = cloud.up(cloud.recipe(run="echo hi"), cluster=name)
+    assert up.ok, up.output
+    cloud.move_caller("198.51.100.23")
+    moved = cloud.cli("exec", name, "--", "echo", "reached")
+    assert moved.ok and "reached" in moved.stdout, moved.output
+    assert "your address changed: SSH to cluster" in moved.stderr
+    (nsg,) = [n for n in cloud.server.find("Microsoft.Network/networkSecurityGroups")
+              if n["name"] == f"{name}-nsg"]
+    (rule,) = nsg["properties"]["securityRules"]
+    assert rule["properties"]["sourceAddressPrefix"] == "198.51.100.23/32"
+    assert cloud.down(name).ok
+    assert_nothing_left(cloud, name)
+
+
 def test_allocation_failed_in_the_first_region_lands_in_the_next(azure_cloud: AzureCloud) -> None:
     cloud, name = azure_cloud, azure_cloud.cluster
     cloud.fail("capacity", regions={"eastus"})

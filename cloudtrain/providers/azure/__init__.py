@@ -249,6 +249,30 @@ class AzureProvider:
                 except (AzureApiError, CredentialsError) as exc:
                     log.info("azure: OS disk %s keeps no tags (%s); it goes with the VM", disk, exc.one_line())
 
+    def follow_caller(self, cluster: str, cidr: str) -> str | None:
+        """Before connecting: the cluster's NSG admits SSH from `cidr`, the caller's address now
+        (its rule was written for the address at launch). The old prefix when changed, else None."""
+        cidr = build.ingress_cidr(cidr)
+        net = self.api.network
+        for group in self._groups(cluster):
+            try:
+                nsg = self._call("reading the network security group", net.network_security_groups.get, group.name,
+                                 f"{cluster}-nsg")
+            except AzureApiError as exc:
+                if exc.status == 404:
+                    continue
+                raise
+            rule = next((r for r in nsg.security_rules or [] if r.name == build.SSH_RULE_NAME), None)
+            if rule is None or rule.source_address_prefix == cidr:
+                continue
+            before = rule.source_address_prefix or ", ".join(rule.source_address_prefixes or [])
+            rule.source_address_prefix, rule.source_address_prefixes = cidr, None
+            self._wait("updating the network security group", self._call(
+                "updating the network security group", net.network_security_groups.begin_create_or_update,
+                group.name, nsg.name, nsg))
+            return before
+        return None
+
     # describe, list, stop, start, terminate --------------------------------------------------
 
     def describe(self, ids: Sequence[str]) -> list[Instance]:

@@ -35,6 +35,7 @@ OS_DISK_TYPE = "StandardSSD_LRS"  # offered for every size, unlike Premium_LRS
 VNET_PREFIX = "10.0.0.0/16"
 SUBNET_PREFIX = "10.0.0.0/24"
 SSH_RULE_PRIORITY = 1000
+SSH_RULE_NAME = "ssh-from-caller"  # the NSG rule follow_caller updates
 # Contributor, at the scope of the cluster's own resource group only: the VM may deallocate or
 # delete itself, or its whole group (which is what `down` does), and touch nothing else.
 CONTRIBUTOR_ROLE = "b24988ac-6180-42a0-ab88-20f7382dd24c"
@@ -145,7 +146,7 @@ def security_group(region: str, cidr: str, tags: dict[str, str]) -> Any:
     from azure.mgmt.network import models as n
 
     ssh = n.SecurityRule(
-        name="ssh-from-caller", description="cloudtrain: SSH from the launching address only",
+        name=SSH_RULE_NAME, description="cloudtrain: SSH from the launching address only",
         protocol="Tcp", access="Allow", direction="Inbound", priority=SSH_RULE_PRIORITY,
         source_address_prefix=cidr, source_port_range="*", destination_address_prefix="*",
         destination_port_range="22",

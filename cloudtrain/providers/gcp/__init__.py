@@ -246,6 +246,14 @@ class GcpProvider:
         user = dict(found.labels or {}).get(build.LABEL_SSH_USER, build.SSH_USER)
         return build.ImageChoice(f"projects/{project}/global/images/{found.name}", user, int(found.disk_size_gb or 0))
 
+    def follow_caller(self, cluster: str, cidr: str) -> str | None:
+        """Before connecting: SSH to the cluster admitted from `cidr`, the caller's address now
+        (the rule was written for the address at launch). The old ranges when changed, else None."""
+        cidr, open_to_all = build.ingress_cidr(cidr)
+        if open_to_all:
+            log.warning("gcp: SSH is open to the whole internet (allowed_cidr %s); prefer your address/32", cidr)
+        return self.firewalls.follow(cluster, cidr)
+
     # the VM's own identity ----------------------------------------------------------------------
 
     def account_for(self, spec: InstanceSpec) -> str:

@@ -55,6 +55,23 @@ class Firewalls:
         for name, operation in pending:
             self.api.wait(f"creating firewall rule {name}", operation)
 
+    def follow(self, cluster: str, cidr: str) -> str | None:
+        """Bring the cluster's SSH rule to `cidr` (the caller moved: home, office, a hotspot);
+        the old source ranges when it changed, else None (already so, or no rule of ours)."""
+        name = build.firewall_name(cluster, "ssh")
+        rule = self._get(name)
+        claimed = build.parse_firewall_description(rule.description) if rule is not None else None
+        if rule is None or claimed is None or claimed[0] != cluster or (self.owner and claimed[1] != self.owner):
+            return None
+        before = list(rule.source_ranges)
+        if before == [cidr]:
+            return None
+        operation = self.api.call(f"updating firewall rule {name}", self.api.client("firewalls").patch_unary,
+                                  project=self.api.project, firewall=name,
+                                  firewall_resource=self.api.v1.Firewall(source_ranges=[cidr]))
+        self.api.wait(f"updating firewall rule {name}", operation)
+        return ", ".join(before)
+
     def list(self, cluster: str | None = None) -> list[ClusterResource]:
         rules = self.api.list_all("listing firewall rules", self.api.client("firewalls").list,
                                   project=self.api.project, filter='name eq "cloudtrain-.*"')
