@@ -242,9 +242,15 @@ class IgnoreMatcher:
         return chain
 
 
+# git itself skips an ignore file past 100 MiB (PATTERN_MAX_FILE_SIZE); skipping would sync what the
+# file keeps home, so past the same size we refuse.
+MAX_IGNORE_FILE_BYTES = 100 * 1024 * 1024
+
+
 def _read_patterns(path: Path) -> list[Pattern]:
     try:
-        data = path.read_bytes()
+        with path.open("rb") as handle:
+            data = handle.read(MAX_IGNORE_FILE_BYTES + 1)
     except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
         return []  # no such file (a directory of that name is not one either, as in git): no rules
     except OSError as exc:
@@ -252,6 +258,9 @@ def _read_patterns(path: Path) -> list[Pattern]:
             f"{path}: cannot read this ignore file: {exc.strerror or exc}",
             hint="fix or remove it; syncing without its rules could send files meant to stay home",
         ) from None
+    if len(data) > MAX_IGNORE_FILE_BYTES:
+        raise UsageError(f"{path}: ignore file larger than {MAX_IGNORE_FILE_BYTES >> 20} MiB",
+                         hint="git skips such a file; cloudtrain will not sync without its rules")
     return parse_lines(data, str(path))
 
 

@@ -125,16 +125,16 @@ def status(transport: Transport, layout: NodeLayout, job_id: str) -> JobStatus:
     result = transport.run(["sh", layout.runner, "status", layout.job_dir(job_id)], what="checking the job's state")
     try:
         data = json.loads(result.text)
-    except json.JSONDecodeError:
-        raise RemoteError(f"{transport.label}: unreadable job status {result.text!r}") from None
-    return JobStatus(
-        state=data["state"],
-        pid=data["pid"],
-        exit_code=data["exit_code"],
-        started_at=data["started_at"],
-        ended_at=data["ended_at"],
-        log_bytes=int(data["log_bytes"]),
-    )
+        return JobStatus(
+            state=data["state"],
+            pid=data["pid"],
+            exit_code=data["exit_code"],
+            started_at=data["started_at"],
+            ended_at=data["ended_at"],
+            log_bytes=int(data["log_bytes"]),
+        )
+    except (ValueError, RecursionError, KeyError, TypeError):  # the node's answer is data, never trusted
+        raise RemoteError(f"{transport.label}: unreadable job status {result.text[:300]!r}") from None
 
 
 # Seconds a job gets between TERM and KILL; the runner waits a little longer for the supervisor.

@@ -158,7 +158,7 @@ def _last_json_line(text: str) -> dict | None:
     for line in reversed(text.strip().splitlines()):
         try:
             value = json.loads(line)
-        except json.JSONDecodeError:
+        except (ValueError, RecursionError):  # not JSON, or nested past json's depth: not the report
             continue
         return value if isinstance(value, dict) else None
     return None

@@ -321,3 +321,13 @@ def test_pattern_past_the_step_bound_is_refused_in_one_line(tmp_path: Path, monk
     line = info.value.one_line()
     assert info.value.exit_code == 2 and "\n" not in line
     assert f"{tmp_path / '.gitignore'}:2" in line and "too costly" in line
+
+
+def test_ignore_file_past_the_size_bound_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # git skips a .gitignore past 100 MiB; skipping would sync what it keeps home, so we refuse.
+    from cloudtrain.remote import ignore as ignore_module
+
+    monkeypatch.setattr(ignore_module, "MAX_IGNORE_FILE_BYTES", 10)
+    (tmp_path / ".gitignore").write_text("*.log\nsecrets/\n")
+    with pytest.raises(UsageError, match=r"\.gitignore: ignore file larger than"):
+        load_ignore(tmp_path)("a.txt")
