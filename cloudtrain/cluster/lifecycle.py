@@ -68,8 +68,12 @@ class Lifecycle:
     # up ------------------------------------------------------------------------------------------
 
     def up(self, recipe: Recipe, name: str, recipe_path: str | None = None, digest: str | None = None,
-           run_id: str | None = None, usable: object = None) -> tuple[Cluster, bool]:
+           run_id: str | None = None, usable: object = None,
+           deadline_at: float | None = None) -> tuple[Cluster, bool]:
         """Bring the cluster up (reuse it if it exists). Returns (cluster, created_now).
+
+        `deadline_at` (epoch seconds; a sweep's lease): a new cluster's machines are deleted by then
+        whatever happens, the deadline going in the launch request itself with the budget's.
 
         With run_id (a `run`), an existing cluster that another live run is using is refused:
         the two would overwrite each other's workdir and the first would tear it down under the other.
@@ -86,7 +90,7 @@ class Lifecycle:
                 # `cloud: any` reuses the cluster wherever the plan put it.
                 provider = self.provider(existing.provider if cloud == ANY else cloud)
                 return self._reuse(existing, provider, recipe), False
-            return self._create(recipe, name, recipe_path, digest, usable), True
+            return self._create(recipe, name, recipe_path, digest, usable, deadline_at), True
 
     def launches_priced(self, recipe: Recipe) -> bool:
         """Whether creating this recipe's cluster launches on a cloud that bills (or `cloud: any`)."""
@@ -161,7 +165,7 @@ class Lifecycle:
                 self.reporter.info(f"SSH ingress limited to {allowed_cidr} (set ssh.allowed_cidr to change)")
         return InstanceSpec(
             cluster=name,
-            owner=owner_id(),
+            owner=owner_id(self.config),
             instance_type=res.instance_type,
             region=res.region,
             zone=res.zone,
@@ -178,7 +182,7 @@ class Lifecycle:
         )
 
     def _create(self, recipe: Recipe, name: str, recipe_path: str | None, digest: str | None,
-                usable: object = None) -> Cluster:
+                usable: object = None, deadline_at: float | None = None) -> Cluster:
         if self.launches_priced(recipe):
             # Credentials first, before anything is written or created: the commonest first-run
             # mistake. `cloud: any` skips (and names) the clouds without them.
@@ -195,12 +199,14 @@ class Lifecycle:
             candidates, providers = [None], {provider.name: provider}
         first = next(iter(providers.values()))
         spec = self._spec(recipe, name, first)
+        if deadline_at is not None:
+            spec = replace(spec, shutdown_behavior="terminate", watchdog="delete")
         tried: dict[str, Provider] = {}
         launched: list[Instance] = []
         heartbeat = _Heartbeat(self.store.path, name)
         try:
             launched, provider, answered = self._launch(recipe, spec, candidates, providers, tried, recipe_path,
-                                                        digest, heartbeat)
+                                                        digest, heartbeat, deadline_at)
             record = self.store.get_cluster(name)
             assert record is not None
             # The create call's answer is the first observation: billed from the moment it was
@@ -229,7 +235,7 @@ class Lifecycle:
 
     def _launch(self, recipe: Recipe, spec: InstanceSpec, candidates: list, providers: dict[str, Provider],
                 tried: dict[str, Provider], recipe_path: str | None, digest: str | None,
-                heartbeat: _Heartbeat) -> tuple[list[Instance], Provider, float]:
+                heartbeat: _Heartbeat, deadline_at: float | None = None) -> tuple[list[Instance], Provider, float]:
         """Launch at the cheapest placement; on a capacity error fail over to the next one that the
         error does not rule out (a zone's, a region's, or the whole cloud's), across clouds for
         `cloud: any`. The state row (the launch intent: a new incarnation, this process as its
@@ -247,7 +253,7 @@ class Lifecycle:
                 continue
             attempt = spec if placement is None else replace(
                 spec, region=placement.region, zone=placement.zone, instance_type=placement.instance_type,
-                spot=placement.spot, max_run_s=_max_run_s(recipe, placement.hourly_price))
+                spot=placement.spot, max_run_s=_max_run_s(recipe, placement.hourly_price, deadline_at))
             # State first: if we die between the create call and the next line, `status --refresh`
             # and `down` still know where to look for instances tagged with this cluster.
             from cloudtrain import procid
@@ -583,13 +589,16 @@ def _is_me(driver: str) -> bool:
     return driver == procid.identity()
 
 
-def _max_run_s(recipe: Recipe, hourly_per_node: float) -> float | None:
-    """The budget as running seconds at this placement's price: a cloud-side backstop for the
-    on-node watchdog where the cloud has one (InstanceSpec.max_run_s)."""
-    from cloudtrain.run.watchdog import budget_limit
+def _max_run_s(recipe: Recipe, hourly_per_node: float, deadline_at: float | None = None) -> float | None:
+    """The budget as running seconds at this placement's price, or less to end by `deadline_at`:
+    the deadline every machine gets in its launch request (InstanceSpec.max_run_s)."""
+    from cloudtrain.budget import budget_limit
 
     limit = budget_limit(recipe.budget, hourly_per_node * recipe.num_nodes)
-    return limit[0] if limit is not None else None
+    limits = [limit[0]] if limit is not None else []
+    if deadline_at is not None:
+        limits.append(max(1.0, deadline_at - time.time()))
+    return min(limits) if limits else None
 
 
 def check_stop_possible(provider: Provider, spot: bool, name: str | None = None) -> None:

@@ -15,7 +15,7 @@ from datetime import datetime, timezone
 from cloudtrain.config import Config
 from cloudtrain.cost import spend
 from cloudtrain.errors import CloudtrainError
-from cloudtrain.state import BillingRecord, StateStore
+from cloudtrain.state import BillingRecord, ClusterStatus, StateStore
 
 
 def iso(epoch: float | None) -> str | None:
@@ -30,8 +30,13 @@ def observe_billing(store: StateStore, config: Config) -> list[str]:
     billing_now = {b.incarnation for b in store.billing(since=time.time())}
     lc = Lifecycle(store, config)
     problems = []
+    # Besides clusters still billing: launches that died before their create was answered (their
+    # machines may exist, unknown to the ledger) and cleanups that did not finish.
+    unsettled = {ClusterStatus.PROVISIONING, ClusterStatus.LAUNCH_FAILED, ClusterStatus.DOWN_FAILED}
     for record in store.list_clusters():
-        if record.uid not in billing_now or record.launch_in_flight(time.time()):
+        if record.launch_in_flight(time.time()):
+            continue
+        if record.uid not in billing_now and record.status not in unsettled:
             continue
         try:
             lc.refresh(record.name)

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from cloudtrain import paths
+from cloudtrain.budget import budget_limit
 from cloudtrain.errors import RemoteError, UsageError
 
 if TYPE_CHECKING:
@@ -129,20 +130,6 @@ class NodeResult:
 
 
 # ---------------------------------------------------------------------------------------- settings
-
-
-def budget_limit(budget: Budget | None, cluster_hourly: float) -> tuple[float, str] | None:
-    """Seconds of running time the budget allows and why: the smaller of max_hours and
-    max_usd / the cluster's hourly price (a free cluster has no money limit)."""
-    if budget is None:
-        return None
-    limits = []
-    if budget.max_hours is not None:
-        limits.append((budget.max_hours * 3600.0, f"max_hours {budget.max_hours:g}"))
-    if budget.max_usd is not None and cluster_hourly > 0:
-        limits.append((budget.max_usd / cluster_hourly * 3600.0,
-                       f"max_usd {budget.max_usd:g} at ${cluster_hourly:.4g}/h"))
-    return min(limits) if limits else None
 
 
 def _env_float(name: str) -> float | None:

@@ -600,6 +600,7 @@ class AwsCloud(FakeCloud):
         self._clients: dict[str, Any] = {}
         # What EC2 would bill, from moto's own state changes (cloudtrain/testing/bill.py).
         self.bill = FakeBill("aws")
+        self._deadlines: list[threading.Timer] = []  # cloud-init's deadline shutdowns (user data)
         super().__init__(
             root, monkeypatch, env={**server.env(self.region), **self.watchdog_env(server)}, hint=hint,
             config={"ssh": {"proxy_command": machines.proxy_command, "allowed_cidr": self.allowed_cidr},
@@ -669,6 +670,9 @@ class AwsCloud(FakeCloud):
 
     def close(self) -> None:
         """Stop watching moto, and terminate what this test launched and left running."""
+        with self._lock:
+            for timer in self._deadlines:
+                timer.cancel()
         with self.faults._lock:
             if self._observe in self.faults.observers:
                 self.faults.observers.remove(self._observe)
@@ -737,6 +741,7 @@ class AwsCloud(FakeCloud):
                 with self._lock:
                     self._launched[raw["InstanceId"]] = region
                 self._bill_created(region, raw)
+                self._honour_deadline(region, raw["InstanceId"], params)
                 self.machines.boot(raw["InstanceId"], [key] if key else [])
                 self.machines.address(raw["InstanceId"], raw.get("PublicIpAddress"))
         elif action == "DescribeInstances":
@@ -756,6 +761,37 @@ class AwsCloud(FakeCloud):
                     self.machines.power_on(change["InstanceId"])
                 else:
                     self.machines.power_off(change["InstanceId"])
+
+    def _honour_deadline(self, region: str, instance_id: str, params: Mapping[str, str]) -> None:
+        """What cloud-init does with the deadline in the user data (templates/deadline.sh): the OS
+        shuts down that many seconds after boot, and EC2 makes it a stop or a termination per the
+        instance's shutdown behaviour. Here: a timer that asks moto for the same."""
+        raw = params.get("UserData")
+        if not raw:
+            return
+        found = re.search(r"CLOUDTRAIN_DEADLINE_S=(\d+)", base64.b64decode(raw).decode("utf-8", "replace"))
+        if found is None:
+            return
+        spot = params.get("InstanceMarketOptions.MarketType") == "spot"
+
+        def shut_down() -> None:
+            ec2 = self.ec2(region)
+            live = ec2.describe_instances(InstanceIds=[instance_id])["Reservations"][0]["Instances"][0]
+            if live["State"]["Name"] not in ("running", "pending"):
+                return
+            # The behaviour the instance has now (a live `autostop --down` may have changed it).
+            behaviour = ec2.describe_instance_attribute(InstanceId=instance_id,
+                                                        Attribute="instanceInitiatedShutdownBehavior")
+            if spot or behaviour["InstanceInitiatedShutdownBehavior"]["Value"] == "terminate":
+                ec2.terminate_instances(InstanceIds=[instance_id])
+            else:
+                ec2.stop_instances(InstanceIds=[instance_id])
+
+        timer = threading.Timer(int(found.group(1)), shut_down)
+        timer.daemon = True
+        with self._lock:
+            self._deadlines.append(timer)
+        timer.start()
 
     def _bill_created(self, region: str, raw: dict[str, Any]) -> None:
         """EC2's bill from the launch on: the catalog's price of the type in its zone and market,

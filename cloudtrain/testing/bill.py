@@ -95,6 +95,13 @@ class FakeBill:
         with self._lock:
             return sorted(i for i, life in self._lives.items() if life.running and cluster in (None, life.cluster))
 
+    def lifetimes(self, cluster: str | None = None) -> dict[str, float]:
+        """Seconds each instance has run compute so far (every start, without the minimum)."""
+        now = time.time()
+        with self._lock:
+            return {i: sum((end if end is not None else now) - start for start, end in life.runs)  # type: ignore[operator]
+                    for i, life in self._lives.items() if cluster in (None, life.cluster)}
+
     def instances(self, cluster: str | None = None) -> list[str]:
         with self._lock:
             return sorted(i for i, life in self._lives.items() if cluster in (None, life.cluster))

@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
@@ -118,8 +119,7 @@ def kill_cli_at(gate: Gate, args: Sequence[str], env: Mapping[str, str], *, with
     proc = subprocess.Popen([sys.executable, "-m", "cloudtrain", *args], env=dict(env),
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
-        if not gate.wait_held(within_s):
-            raise AssertionError(f"`cloudtrain {' '.join(args)}` never reached {gate.action}")
+        _wait_held(gate, proc, args, within_s)
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(timeout=30)
     finally:
@@ -139,8 +139,7 @@ def signal_cli_at(gate: Gate, args: Sequence[str], env: Mapping[str, str], signu
     proc = subprocess.Popen([sys.executable, "-m", "cloudtrain", *args], env=dict(env), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, preexec_fn=_default_signals)
     try:
-        if not gate.wait_held(within_s):
-            raise AssertionError(f"`cloudtrain {' '.join(args)}` never reached {gate.action}")
+        _wait_held(gate, proc, args, within_s)
         os.kill(proc.pid, signum)
     finally:
         gate.release()
@@ -151,6 +150,18 @@ def signal_cli_at(gate: Gate, args: Sequence[str], env: Mapping[str, str], signu
             proc.kill()
             proc.communicate()
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def _wait_held(gate: Gate, proc: subprocess.Popen, args: Sequence[str], within_s: float) -> None:
+    """Until the CLI's request is parked at `gate`; fails at once, with what the CLI said, if the
+    CLI ends before it gets there."""
+    deadline = time.monotonic() + within_s
+    while not gate.wait_held(0.2):
+        if proc.poll() is not None:
+            err = proc.stderr.read() if proc.stderr is not None else ""
+            raise AssertionError(f"`cloudtrain {' '.join(args)}` ended ({proc.returncode}) before {gate.action}: {err}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"`cloudtrain {' '.join(args)}` never reached {gate.action}")
 
 
 def _default_signals() -> None:

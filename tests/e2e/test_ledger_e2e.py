@@ -153,3 +153,22 @@ def test_a_signal_during_up_leaves_nothing_running_and_the_ledger_is_the_bill(aw
     assert aws_cloud.bill.instances(aws_cloud.cluster) and aws_cloud.bill.running(aws_cloud.cluster) == []
     assert aws_cloud.cluster not in aws_cloud.cli("status").stdout  # cleaned up and forgotten
     assert_ledger_is_the_bill(aws_cloud, aws_cloud.cluster)
+
+
+def test_a_vm_whose_cli_died_during_boot_still_ends_at_its_deadline(aws_cloud: AwsCloud) -> None:
+    """No VM without a deadline from its first second: the budget travels in the launch request
+    (user data run by cloud-init), so the VM stops on time although its CLI died before installing
+    the watchdog; the ledger then bills exactly its life."""
+    budget_s = 36
+    gate = aws_cloud.faults.hold("RunInstances", after=True)
+    aws_cloud.kill_cli_at(gate, "up", recipe(aws_cloud, budget={"max_hours": budget_s / 3600}),
+                          "--cluster", aws_cloud.cluster)
+    (instance,) = aws_cloud.instances(aws_cloud.cluster)
+    assert instance["State"]["Name"] in ("pending", "running")
+    wait_until(lambda: not aws_cloud.bill.running(aws_cloud.cluster), budget_s + 90, "the VM's own deadline")
+    (instance,) = aws_cloud.instances(aws_cloud.cluster)
+    assert instance["State"]["Name"] == "stopped"  # a budget stops (autostop.down would delete)
+    lived = aws_cloud.bill.lifetimes(aws_cloud.cluster)[instance["InstanceId"]]
+    assert lived >= budget_s
+    assert_ledger_is_the_bill(aws_cloud, aws_cloud.cluster)
+    assert aws_cloud.down().ok

@@ -89,11 +89,18 @@ def vm_record(group: str, vm: Any, nics: dict[str, Any], ips: dict[str, Any]) ->
         private_ip=private_ip,
         ssh_user=vm.os_profile.admin_username if vm.os_profile else build.SSH_USER,
         launched_at=vm.time_created.timestamp() if getattr(vm, "time_created", None) else None,
+        # When the power state began, by Azure's clock (the ledger bills from it).
+        state_since=_power_since(statuses),
         # For gc's price of a leak: spot is billed at the spot price, a stopped VM for its disks.
         spot=(vm.priority or "").lower() == "spot",
         disk_gb=_os_disk_gb(vm),
     )
     return VmRecord(instance, group, vm.name, power)
+
+
+def _power_since(statuses: Any) -> float | None:
+    found = next((s.time for s in statuses if (s.code or "").startswith("PowerState/") and s.time), None)
+    return found.timestamp() if found is not None else None
 
 
 def _os_disk_gb(vm: Any) -> int | None:

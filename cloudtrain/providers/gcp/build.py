@@ -384,6 +384,10 @@ def instance_record(raw: Any, zone: str) -> Instance:
         # For gc's price of a leak: spot is billed at the spot price, a stopped VM for its disks.
         spot=bool(raw.scheduling and raw.scheduling.provisioning_model == "SPOT"),
         disk_gb=sum(d.disk_size_gb for d in raw.disks if d.disk_size_gb) or None,
+        # When it entered its state, by GCE's clock (the ledger bills from it): the last start for
+        # a running VM, the last stop for a stopped one.
+        state_since=_timestamp(raw.last_start_timestamp) if raw.status == "RUNNING"
+        else _timestamp(raw.last_stop_timestamp) if raw.status in ("TERMINATED", "STOPPING", "SUSPENDED") else None,
     )
 
 
