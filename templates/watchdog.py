@@ -227,6 +227,26 @@ def ssh_sessions(port) -> int | None:
     return sum(1 for a in established if wildcard or a in listening)
 
 
+def session_rule(seen: int, now, absent: int):
+    """What this look's ssh session count means: (busy text or None, ended now, seen, absent).
+
+    seen: the sessions last seen (0: none); now: this look's count (None: unknown); absent: how
+    many looks in a row found none of the `seen` sessions. The kernel hands /proc/net/tcp out a
+    page at a time, so on a busy machine one read can miss a live connection: a session counts as
+    ended only when two looks in a row (a tick apart, each read twice) find none. Until then the
+    node is busy with it, so a user logged in is never taken for idle.
+    """
+    if now is None:
+        return None, False, 0, 0
+    if now > 0:
+        return f"{now} ssh session(s)", False, now, 0
+    if not seen:
+        return None, False, 0, 0
+    if absent < 1:
+        return f"{seen} ssh session(s) (not seen this look; confirming on the next)", False, seen, absent + 1
+    return None, True, 0, 0
+
+
 # ------------------------------------------------------------------------------------ acting
 
 
@@ -436,7 +456,8 @@ class Watchdog:
         self.said_no_ssh = False
         self.over_seen = None  # jobs already over when last looked at
         self.prev_running = set()
-        self.prev_sessions = 0
+        self.sessions_seen = 0  # the last ssh session count above zero, until their end is confirmed
+        self.sessions_absent = 0  # looks in a row that found none of them
         self.wake_in = None  # seconds to the next decision (a tick, or sooner when a limit falls due)
         self.lease_key = None
         self.hook_text = read_text(self.paths.hook)  # how this loop survives reboots (its files may go)
@@ -504,9 +525,14 @@ class Watchdog:
         sessions = None
         if wait_for == "jobs_and_ssh" and cfg.get("count_ssh"):
             sessions = ssh_sessions(cfg.get("ssh_port"))
+            if sessions == 0 and self.sessions_seen:
+                # A vanished session is read again at once: one read of a busy table can miss it.
+                sessions = ssh_sessions(cfg.get("ssh_port"))
             if sessions is None and not self.said_no_ssh:
                 self.said_no_ssh = True
                 self.log("error", "cannot count ssh sessions (no sshd port known or no /proc/net/tcp); jobs only")
+        session_busy, sessions_ended, self.sessions_seen, self.sessions_absent = session_rule(
+            self.sessions_seen, sessions, self.sessions_absent)
         busy = []
         if auto and wait_for in ("jobs", "jobs_and_ssh"):
             if jobs["running"]:
@@ -515,17 +541,16 @@ class Watchdog:
                 busy.append("job(s) starting ({})".format(", ".join(jobs["starting"][:3])))
             if new_jobs:
                 busy.append("new job(s) ({})".format(", ".join(new_jobs[:3])))
-            if sessions:
-                busy.append(f"{sessions} ssh session(s)")
+            if session_busy:
+                busy.append(session_busy)
         if busy:
             self.idle_from, self.idle_since = now_m, "busy"
         elif auto and wait_for in ("jobs", "jobs_and_ssh"):
-            mark, why = self.activity_ended(jobs, sessions, now, now_m)
+            mark, why = self.activity_ended(jobs, sessions_ended, now, now_m)
             if mark > self.idle_from:
                 self.idle_from, self.idle_since = mark, why
         self.over_seen = set(jobs["over"])
         self.prev_running = set(jobs["running"])
-        self.prev_sessions = sessions or 0
         idle_s = now_m - self.idle_from
         budget_text = ""
         if budget:
@@ -592,7 +617,7 @@ class Watchdog:
         self.log("error", f"{effect} failed (try {self.failures}, next in {backoff:.0f}s): {detail}")
         return True
 
-    def activity_ended(self, jobs: dict, sessions, now: float, now_m: float) -> tuple[float, str]:
+    def activity_ended(self, jobs: dict, sessions_ended: bool, now: float, now_m: float) -> tuple[float, str]:
         """When the activity since the last look ended (monotonic), now that none is left, and what
         it was: a job's own end time (runner.sh writes ended_at), else this tick (an SSH session or
         a lost job ended at some unknown moment since the last look: counting from now never stops early)."""
@@ -613,7 +638,7 @@ class Watchdog:
         lost = self.prev_running - set(jobs["running"]) - set(jobs["over"])
         if lost and now_m > mark:
             mark, why = now_m, f"job {min(lost)} was lost"
-        if self.prev_sessions and not sessions and now_m > mark:
+        if sessions_ended and now_m > mark:
             mark, why = now_m, "the last ssh session ended"
         return mark, why
 

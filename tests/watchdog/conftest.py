@@ -13,6 +13,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -57,14 +58,22 @@ def ticks_covering(seconds: float, tick: float) -> int:
     return math.ceil(seconds / tick) + 3
 
 
-def wait_busy_beyond_idle(log: Path, idle_s: float, tick_s: float, reason: str, timeout: float = 120) -> None:
+def wait_busy_beyond_idle(log: Path, idle_s: float, tick_s: float, reason: str, timeout: float = 120,
+                          after_config: bool = False) -> None:
     """Wait until the watchdog logged `busy` (for `reason`) on enough ticks in a row to span more
-    than the idle period: the activity demonstrably held it up."""
+    than the idle period: the activity demonstrably held it up. after_config: only decisions after
+    a settings change count (one made live once the activity had begun)."""
     need = ticks_covering(idle_s, tick_s)
 
     def enough() -> bool:
         run = 0
-        for decision, detail in decisions(log):
+        logged = decisions(log)
+        if after_config:
+            changes = [i for i, (decision, _) in enumerate(logged) if decision == "config"]
+            if not changes:
+                return False
+            logged = logged[changes[-1] + 1:]
+        for decision, detail in logged:
             if decision in ("stop", "delete"):
                 raise AssertionError(f"the watchdog acted while {reason} should have kept the node up:\n"
                                      + log.read_text())
@@ -229,6 +238,31 @@ def cloud_api() -> Iterator[RecordingApi]:
         yield api
     finally:
         api.close()
+
+
+@contextmanager
+def logged_in(machine: Any, key: Path) -> Iterator[None]:
+    """A user's interactive SSH session on an sshd VM (a shell, no job) while the block runs."""
+    import paramiko
+
+    client = paramiko.SSHClient()
+    client.set_missing_host_key_policy(paramiko.AutoAddPolicy())
+    client.connect("127.0.0.1", port=machine.port, username=machine.user, allow_agent=False, look_for_keys=False,
+                   key_filename=str(key))
+    shell = client.invoke_shell()
+    try:
+        yield
+    finally:
+        shell.close()
+        client.close()
+
+
+def idle_period_now(cloud: Any, monkeypatch: pytest.MonkeyPatch, idle_s: float, *flags: str) -> None:
+    """Make the short idle period live (`cloudtrain autostop`), once the activity it must respect is
+    under way: set at `up`, it could run out before a test's session opened on a slow machine."""
+    monkeypatch.setenv("CLOUDTRAIN_WATCHDOG_IDLE_S", str(idle_s))
+    live = autostop_cli(cloud, cloud.cluster, "-i", "1", *flags)
+    assert live.returncode == 0, live.stdout + live.stderr
 
 
 def autostop_cli(cloud: Any, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:

@@ -20,6 +20,8 @@ from cloudtrain.testing.aws import AwsCloud
 from tests.watchdog.conftest import (
     autostop_cli,
     decisions,
+    idle_period_now,
+    logged_in,
     wait_busy_beyond_idle,
     wait_until,
 )
@@ -71,24 +73,16 @@ def finish(cloud: AwsCloud) -> None:
     assert cloud.leftovers() == []
 
 
-def test_idle_instance_stops_itself_once_the_ssh_session_ends(cloud: AwsCloud) -> None:
-    import paramiko
-
+def test_idle_instance_stops_itself_once_the_ssh_session_ends(cloud: AwsCloud, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CLOUDTRAIN_WATCHDOG_IDLE_S", "3600")  # nothing may act before the user logs in
     up(cloud, autostop={"idle_minutes": 1})
     assert shutdown_behavior(cloud) == "stop"  # launched so that an OS shutdown stops it
     vm = cloud.machines.vm(the_instance(cloud)["InstanceId"])
     # A user logged in: an SSH session of its own, no job.
-    client = paramiko.SSHClient()
-    client.set_missing_host_key_policy(paramiko.AutoAddPolicy())
-    client.connect("127.0.0.1", port=vm.port, username=vm.user, allow_agent=False, look_for_keys=False,
-                   key_filename=str(cloud.machines.factory.client_key.private_path))
-    shell = client.invoke_shell()
-    try:
-        wait_busy_beyond_idle(watchdog_log(cloud), IDLE_S, TICK_S, "1 ssh session(s)")
+    with logged_in(vm, cloud.machines.factory.client_key.private_path):
+        idle_period_now(cloud, monkeypatch, IDLE_S)
+        wait_busy_beyond_idle(watchdog_log(cloud), IDLE_S, TICK_S, "1 ssh session(s)", after_config=True)
         assert state(cloud) == "running"
-    finally:
-        shell.close()
-        client.close()
     wait_until(lambda: state(cloud) == "stopped", what="the instance to stop itself")
     log = decisions(watchdog_log(cloud))
     assert any(d == "stop" and detail.startswith("autostop: idle") for d, detail in log)

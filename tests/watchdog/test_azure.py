@@ -23,6 +23,8 @@ from tests.watchdog.conftest import (
     autostop_cli,
     decisions,
     marker_command,
+    idle_period_now,
+    logged_in,
     wait_busy_beyond_idle,
     wait_until,
 )
@@ -102,10 +104,9 @@ def finish(cloud: AzureCloud, shutdown_marker: Path) -> None:
 
 
 def test_idle_vm_deallocates_itself_through_arm_once_the_ssh_session_ends(
-    cloud: AzureCloud, shutdown_marker: Path
+    cloud: AzureCloud, shutdown_marker: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import paramiko
-
+    monkeypatch.setenv("CLOUDTRAIN_WATCHDOG_IDLE_S", "3600")  # nothing may act before the user logs in
     up(cloud, autostop={"idle_minutes": 1})
     (vm,) = vms(cloud)
     action = json.loads(node_file(cloud, vm, "watchdog.json").read_text())["action"]
@@ -116,17 +117,10 @@ def test_idle_vm_deallocates_itself_through_arm_once_the_ssh_session_ends(
     machine = cloud.machines.vm(vm["id"].lower())
     log = node_file(cloud, vm, "watchdog.log")
     # A user logged in: an SSH session of its own, no job (wait_for: jobs_and_ssh, the default).
-    client = paramiko.SSHClient()
-    client.set_missing_host_key_policy(paramiko.AutoAddPolicy())
-    client.connect("127.0.0.1", port=machine.port, username=machine.user, allow_agent=False, look_for_keys=False,
-                   key_filename=str(cloud.machines.factory.client_key.private_path))
-    shell = client.invoke_shell()
-    try:
-        wait_busy_beyond_idle(log, IDLE_S, TICK_S, "1 ssh session(s)")
+    with logged_in(machine, cloud.machines.factory.client_key.private_path):
+        idle_period_now(cloud, monkeypatch, IDLE_S)
+        wait_busy_beyond_idle(log, IDLE_S, TICK_S, "1 ssh session(s)", after_config=True)
         assert power(cloud, vm) == "PowerState/running"
-    finally:
-        shell.close()
-        client.close()
     wait_until(lambda: power(cloud, vm) == "PowerState/deallocated", timeout=ACT_WITHIN_S,
                what="the VM to deallocate itself")
     assert not machine.running
@@ -185,9 +179,9 @@ def test_budget_deadline_deallocates_under_a_running_job(cloud: AzureCloud, shut
     finish(cloud, shutdown_marker)
 
 
-def test_a_node_of_several_deletes_only_itself(cloud: AzureCloud, shutdown_marker: Path) -> None:
-    import paramiko
-
+def test_a_node_of_several_deletes_only_itself(cloud: AzureCloud, shutdown_marker: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CLOUDTRAIN_WATCHDOG_IDLE_S", "3600")  # nothing may act before the user logs in
     up(cloud, num_nodes=2, autostop={"idle_minutes": 1, "down": True})
     first, second = vms(cloud)
     for vm in (first, second):
@@ -197,19 +191,13 @@ def test_a_node_of_several_deletes_only_itself(cloud: AzureCloud, shutdown_marke
                                         "?api-version=")
     # Node 1 has a user logged in; node 0 is idle and deletes itself, and nothing else.
     machine = cloud.machines.vm(second["id"].lower())
-    client = paramiko.SSHClient()
-    client.set_missing_host_key_policy(paramiko.AutoAddPolicy())
-    client.connect("127.0.0.1", port=machine.port, username=machine.user, allow_agent=False, look_for_keys=False,
-                   key_filename=str(cloud.machines.factory.client_key.private_path))
-    shell = client.invoke_shell()
-    try:
+    with logged_in(machine, cloud.machines.factory.client_key.private_path):
+        idle_period_now(cloud, monkeypatch, IDLE_S, "--down")
         wait_until(lambda: [vm["name"] for vm in vms(cloud)] == [second["name"]], timeout=ACT_WITHIN_S,
                    what="node 0 to delete its VM")
         assert power(cloud, second) == "PowerState/running" and machine.running
-        wait_busy_beyond_idle(node_file(cloud, second, "watchdog.log"), IDLE_S, TICK_S, "1 ssh session(s)")
-    finally:
-        shell.close()
-        client.close()
+        wait_busy_beyond_idle(node_file(cloud, second, "watchdog.log"), IDLE_S, TICK_S, "1 ssh session(s)",
+                              after_config=True)
     wait_until(lambda: not vms(cloud), timeout=ACT_WITHIN_S, what="node 1 to delete its VM")
     # The group stays (network, no VM: nothing billed) for `down` / `gc`; no watchdog deleted it.
     assert [g["name"] for g in cloud.groups(cloud.cluster)] == [group_of(cloud)]

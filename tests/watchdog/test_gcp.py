@@ -29,6 +29,8 @@ from cloudtrain.testing.gcp import (
 from tests.watchdog.conftest import (
     autostop_cli,
     decisions,
+    idle_period_now,
+    logged_in,
     wait_busy_beyond_idle,
     wait_until,
 )
@@ -101,26 +103,18 @@ def finish(cloud: GcpCloud) -> None:
     assert cloud.leftovers() == []
 
 
-def test_idle_vm_stops_itself_once_the_ssh_session_ends(cloud: GcpCloud) -> None:
-    import paramiko
-
+def test_idle_vm_stops_itself_once_the_ssh_session_ends(cloud: GcpCloud, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CLOUDTRAIN_WATCHDOG_IDLE_S", "3600")  # nothing may act before the user logs in
     zone, inst = up(cloud, autostop={"idle_minutes": 1})
     action = json.loads(node_file(cloud, zone, inst["name"], "watchdog.json").read_text())["action"]
     assert {k: v for k, v in action.items() if k != "identity"} == {"kind": "shutdown", "effect": "stop"}
     machine = cloud.vm(zone, inst["name"])
     log = node_file(cloud, zone, inst["name"], "watchdog.log")
     # A user logged in: an SSH session of its own, no job (wait_for: jobs_and_ssh, the default).
-    client = paramiko.SSHClient()
-    client.set_missing_host_key_policy(paramiko.AutoAddPolicy())
-    client.connect("127.0.0.1", port=machine.port, username=machine.user, allow_agent=False, look_for_keys=False,
-                   key_filename=str(cloud.machines.factory.client_key.private_path))
-    shell = client.invoke_shell()
-    try:
-        wait_busy_beyond_idle(log, IDLE_S, TICK_S, "1 ssh session(s)")
+    with logged_in(machine, cloud.machines.factory.client_key.private_path):
+        idle_period_now(cloud, monkeypatch, IDLE_S)
+        wait_busy_beyond_idle(log, IDLE_S, TICK_S, "1 ssh session(s)", after_config=True)
         assert status(cloud, zone, inst["name"]) == "RUNNING"
-    finally:
-        shell.close()
-        client.close()
     wait_until(lambda: status(cloud, zone, inst["name"]) == "TERMINATED", timeout=ACT_WITHIN_S,
                what="the instance to stop itself")
     assert not machine.running
