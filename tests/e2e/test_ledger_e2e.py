@@ -151,7 +151,8 @@ def test_a_signal_during_up_leaves_nothing_running_and_the_ledger_is_the_bill(aw
                          {**os.environ, **aws_cloud.env}, signum)
     assert done.returncode == 130, done.stdout + done.stderr
     assert aws_cloud.bill.instances(aws_cloud.cluster) and aws_cloud.bill.running(aws_cloud.cluster) == []
-    assert aws_cloud.cluster not in aws_cloud.cli("status").stdout  # cleaned up and forgotten
+    clusters = json.loads(aws_cloud.cli("status", "--json").stdout)["clusters"]
+    assert aws_cloud.cluster not in [c["name"] for c in clusters]  # cleaned up and forgotten
     assert_ledger_is_the_bill(aws_cloud, aws_cloud.cluster)
 
 

@@ -58,7 +58,8 @@ def _assert_cleaned_up(cloud: AwsCloud, proc: subprocess.Popen, out: str, err: s
     assert record["status"] == "interrupted", record
     assert record["teardown"] == "down", record  # the run made the cluster: it goes
     assert cloud.bill.running(cloud.cluster) == [], "a VM the run made is still billing"
-    assert cloud.cluster not in cloud.cli("status").stdout
+    clusters = json.loads(cloud.cli("status", "--json").stdout)["clusters"]
+    assert cloud.cluster not in [c["name"] for c in clusters]
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP], ids=["INT", "TERM", "HUP"])
