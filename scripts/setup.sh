@@ -22,6 +22,9 @@ if [ "$want_test" = 1 ]; then
     [ -x /usr/sbin/sshd ] || missing+=(openssh-server)
     command -v rsync >/dev/null || missing+=(rsync)
     command -v ssh >/dev/null || missing+=(openssh-client)
+    # Nodes that look like fresh cloud images (cloudtrain/testing/rootfs.py) build a Debian rootfs
+    # with Debian's own tool; they need root, so only root installs it.
+    [ "$(id -u)" = 0 ] && ! command -v mmdebstrap >/dev/null && missing+=(mmdebstrap)
     if [ ${#missing[@]} -gt 0 ]; then
         SUDO=""
         [ "$(id -u)" = 0 ] || SUDO="sudo"

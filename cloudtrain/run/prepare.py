@@ -9,6 +9,7 @@ import hashlib
 import importlib.util
 import json
 import os
+import posixpath
 import shlex
 from dataclasses import replace
 from pathlib import Path
@@ -136,7 +137,9 @@ def _bootstrap(node: Node, ensure_tf: bool, want_pip: bool, reporter: Reporter) 
         reporter.info(f"node: {facts.summary()}")
     script = f"{node.layout.runtime}/bootstrap.sh"
     t.put_file((paths.templates_dir() / "bootstrap.sh").read_bytes(), script, mode=0o755)
-    log = f"{node.layout.root}/bootstrap.log"
+    # Beside the venv it builds, not in the cluster's directory: the node's own history, which
+    # `down` (that removes our files from a machine we do not own) leaves for a look afterwards.
+    log = f"{posixpath.dirname(node.layout.root.rstrip('/'))}/bootstrap.log"
     args = ["sh", script, "--venv", "--log", log] + (["--pip"] if want_pip else []) + (
         ["--ensure-tf"] if ensure_tf else [])
     result = t.run(args, timeout=3600, check=False, what="bootstrapping the node")
