@@ -266,3 +266,28 @@ def test_azure_lists_billed_items_of_groups_without_vms_and_releases_them_with_i
     assert not arm_server.find("Microsoft.Network/publicIPAddresses", group=group)
     assert not arm_server.find("Microsoft.Compute/disks", group=group)
     assert [(r.cluster, r.kind) for r in provider.list_resources()] == [("live", "resource-group")]
+
+
+@pytest.mark.parametrize(("args", "code", "lines"), [
+    (["--cloud", "local"], 0, ["nothing leaked"]),
+    (["--cloud", "aws"], 1, ["nothing was checked", "NOT CHECKED: aws ("]),
+    (["--cloud", "local", "--cloud", "aws"], 1, ["nothing leaked in local", "NOT CHECKED: aws ("]),
+])
+def test_a_cloud_that_could_not_be_checked_is_never_reported_clean(
+    moto_server: MotoServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, args: list[str], code: int,
+    lines: list[str],
+) -> None:
+    config = tmp_path / "config.yaml"
+    config.write_text("aws: {profile: no-such-profile}\n")  # unusable credentials, no network needed
+    monkeypatch.setenv("CLOUDTRAIN_CONFIG", str(config))
+    found = cloudtrain("gc", *args)
+    assert found.returncode == code, found.stdout + found.stderr
+    out = found.stdout.splitlines()
+    assert len(out) == len(lines) and all(line.startswith(want) for line, want in zip(out, lines)), found.stdout
+
+    as_json = cloudtrain("gc", *args, "--json")
+    assert as_json.returncode == code
+    document = json.loads(as_json.stdout)
+    assert document["complete"] is (code == 0)
+    assert [s["cloud"] for s in document["skipped"]] == (["aws"] if code else [])
+    assert document["checked"] == [c for c in args if c not in ("--cloud", "aws")]

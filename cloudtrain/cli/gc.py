@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from cloudtrain.cli import output
+
+if TYPE_CHECKING:
+    from cloudtrain.cluster.gc import Skipped
 
 
 @click.command()
@@ -18,7 +22,8 @@ from cloudtrain.cli import output
               help="Everything cloudtrain-tagged, whoever launched it (default: your owner tag only).")
 def gc(clouds: tuple[str, ...], yes: bool, as_json: bool, all_owners: bool) -> None:
     """Find what cloudtrain created but no longer tracks (by tag, even if local state is lost),
-    with its estimated hourly cost. Exits 1 when something leaked and --yes was not given."""
+    with its estimated hourly cost. Exits 1 when something leaked and --yes was not given, or
+    when a cloud could not be checked (it may have leaked: never reported as clean)."""
     from cloudtrain.cluster.gc import collect, find_leaks, gc_clouds, total
     from cloudtrain.config import load_config
     from cloudtrain.errors import UsageError
@@ -35,7 +40,9 @@ def gc(clouds: tuple[str, ...], yes: bool, as_json: bool, all_owners: bool) -> N
         from cloudtrain.config import ALL_OWNERS
 
         config = config.model_copy(update={"owner": ALL_OWNERS})  # providers then list every owner's
-    leaks, skipped = find_leaks(StateStore(), config, clouds or known)
+    asked = tuple(dict.fromkeys(clouds or known))
+    leaks, skipped = find_leaks(StateStore(), config, asked)
+    checked = [cloud for cloud in asked if cloud not in {skip.cloud for skip in skipped}]
     cost = total(leaks)
     if as_json:
         removed = collect(leaks, config) if yes and leaks else []
@@ -43,29 +50,43 @@ def gc(clouds: tuple[str, ...], yes: bool, as_json: bool, all_owners: bool) -> N
             "leaks": [{**{k: v for k, v in asdict(leak).items() if k != "items"}, "hourly_usd": leak.hourly_usd,
                        "items": [asdict(item) for item in leak.items]} for leak in leaks],
             "skipped": [asdict(skip) for skip in skipped],
+            "checked": checked,
+            "complete": not skipped,
             "hourly_usd": cost.hourly_usd,
             "unknown_price": cost.unknown,
             "removed": removed,
         }
         output.print_json(document)
-        if leaks and not yes:
+        if (leaks and not yes) or skipped:
             raise SystemExit(1)
         return
-    for skip in skipped:
-        output.warn(f"{skip.cloud}: not checked: {skip.reason}")
     if not leaks:
-        output.info("nothing leaked")
-        return
+        if not skipped:
+            output.info("nothing leaked")
+            return
+        # A cloud that could not be asked may hold leaks: say what was and was not checked.
+        output.info(f"nothing leaked in {', '.join(checked)}" if checked else "nothing was checked")
+        _not_checked(skipped)
+        raise SystemExit(1)
     output.table(["CLOUD", "CLUSTER", "KIND", "ID", "REGION", "WHAT", "$/H", "WHY"],
                  [(leak.cloud, leak.cluster, item.kind, item.id, item.region, item.detail or None,
                    _hourly(item.hourly_usd), leak.reason)
                   for leak in leaks for item in leak.items])
     output.info(_total_line(cost.hourly_usd, cost.unknown))
+    _not_checked(skipped)
     if not yes:
         output.info("run `cloudtrain gc --yes` to remove them")
         raise SystemExit(1)
     for line in collect(leaks, config):
         output.info(line)
+    if skipped:
+        raise SystemExit(1)
+
+
+def _not_checked(skipped: Sequence[Skipped]) -> None:
+    for skip in skipped:
+        output.info(f"NOT CHECKED: {skip.cloud} ({skip.reason}); it may have leaks "
+                    f"(`cloudtrain check {skip.cloud}` says why)")
 
 
 def _usd(value: float) -> str:
