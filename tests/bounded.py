@@ -4,13 +4,21 @@ The limits are the kernel's, not a stopwatch's: RLIMIT_CPU counts CPU seconds, s
 makes the case slower in wall time without failing it; RLIMIT_AS caps the address space the case
 may add. Both are set after `setup` (imports, building the input), so only the parser is measured.
 The wall-clock timeout only stops a runaway child; it is far above the CPU limit.
+
+`limits()` is the in-process form for fuzz tests, one input at a time: CPU time by ITIMER_PROF (a
+signal after that much CPU, however loaded the machine) and the address space by lowering the soft
+RLIMIT_AS for the duration (restored after; the hard limit is never touched).
 """
 
 from __future__ import annotations
 
+import resource
+import signal
 import subprocess
 import sys
 import textwrap
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -48,3 +56,35 @@ def run_bounded(setup: str, action: str, *, cpu_s: int = 1, mem_mb: int = 100, w
         f"stdout: {proc.stdout[-2000:]}\nstderr: {proc.stderr[-2000:]}"
     )
     return proc.stdout
+
+
+class OverLimit(AssertionError):
+    """One input took more CPU than its limit allowed."""
+
+
+def _address_space() -> int:
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmSize:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmSize in /proc/self/status")
+
+
+@contextmanager
+def limits(cpu_s: float = 1.0, mem_mb: int = 100) -> Iterator[None]:
+    """Run the body under cpu_s CPU seconds (OverLimit) and mem_mb MiB more address space (MemoryError)."""
+
+    def over(signum: int, frame: object) -> None:
+        raise OverLimit(f"more than {cpu_s} CPU s for one input")
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    ceiling = _address_space() + mem_mb * 1024 * 1024
+    previous = signal.signal(signal.SIGPROF, over)
+    resource.setrlimit(resource.RLIMIT_AS, (ceiling if hard == resource.RLIM_INFINITY else min(ceiling, hard), hard))
+    signal.setitimer(signal.ITIMER_PROF, cpu_s)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_PROF, 0)
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+        signal.signal(signal.SIGPROF, previous)

@@ -90,7 +90,7 @@ def parse_pattern(line: str | bytes, origin: str = "") -> Pattern | None:
 def _tester(head: bytes, tail: bytes | None) -> Callable[[bytes], bool]:
     if tail is None:
         return head.__eq__
-    if not head and tail.startswith(b"*") and _simple_length(tail[1:]) == len(tail) - 1:
+    if not head and tail.startswith(b"*") and _simple_length(tail[1:]) == len(tail) - 1 and b"/" not in tail:
         # git's PATTERN_FLAG_ENDSWITH (`*.log`): the commonest pattern, one C call
         suffix = tail[1:]
         return lambda name: name.endswith(suffix) and b"/" not in name

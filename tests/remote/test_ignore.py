@@ -158,6 +158,9 @@ GIT_CASES: list[tuple[str, dict[str, bytes], list[str]]] = [
     ("nested-double-star", {"sub/.gitignore": b"**/gen\n"}, ["sub/gen", "sub/x/gen", "gen"]),
     ("nested-inside-ignored-dir", {".gitignore": b"vendor/\n", "vendor/.gitignore": b"!*\n"}, ["vendor/x", "vendor/d/"]),
     ("nested-reincludes-dir", {".gitignore": b"logs/\n", "x/.gitignore": b"!logs/\n"}, ["x/logs/", "x/logs/a", "logs/"]),
+    # found by the fuzz test: a `*` then a literal holding '/' is no suffix match (git's ENDSWITH is basename only)
+    ("star-slash-literal", {".gitignore": b"*/!\n"}, ["x/!", "x/y/!", "!"]),
+    ("anchored-star-suffix", {".gitignore": b"/*.log\n"}, ["a.log", "d/a.log"]),
     # issue 29: a backtracking regex took 22 s on the first; git (and wildmatch) answer at once
     ("hostile-stars", {".gitignore": b"*a*a*a*a*a*a*a*a*b\n"}, ["a" * 60, "a" * 59 + "b", "a" * 30 + "/" + "a" * 29 + "b"]),
     ("hostile-double-stars", {".gitignore": b"**/" * 8 + b"*a*a*a*b\n"}, ["a/" * 10 + "a" * 20, "a/" * 10 + "aaab"]),
