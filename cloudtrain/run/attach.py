@@ -18,7 +18,7 @@ from cloudtrain.cluster.lifecycle import Cluster, Lifecycle
 from cloudtrain.cluster.nodes import close_all, connect, on_all
 from cloudtrain.remote import jobs
 from cloudtrain.remote.jobs import JobState
-from cloudtrain.state import ClusterStatus, JobRecord
+from cloudtrain.state import ClusterStatus, JobRecord, RunRecord
 
 if TYPE_CHECKING:
     from cloudtrain.recipe import LoadedRecipe
@@ -106,7 +106,7 @@ def print_logs(lc: Lifecycle, name: str, job_id: str | None, follow: bool, resum
     """
     emit = write or (lambda line: print(line, flush=True))
     if lc.store.get_cluster(name) is None:
-        collected = _collected_log(lc, name)
+        collected = _collected_log(lc, name, job_id)
         if collected is not None:
             # The cluster is down, but its last run brought the log home.
             for line in collected.read_text(errors="replace").splitlines():
@@ -153,18 +153,45 @@ def print_watchdog_log(lc: Lifecycle, name: str, write: Callable[[str], None] | 
     print_watchdog(lc, name, write or (lambda line: print(line, flush=True)))
 
 
-def _collected_log(lc: Lifecycle, name: str) -> Path | None:
-    """The job.log the cluster's last run brought home; a clear error when it did not."""
-    runs = [r for r in lc.store.list_runs(cluster=name, limit=1) if r.run_dir]
+def _collected_log(lc: Lifecycle, name: str, job_id: str | None = None) -> Path | None:
+    """The job.log a run of the (down) cluster brought home: JOB's run, default the last one; a
+    clear error when JOB was none of its runs' jobs, or when that run did not bring its log home."""
+    runs = [r for r in lc.store.list_runs(cluster=name, limit=_DOWN_RUNS_SEARCHED) if r.run_dir]
     if not runs:
         return None
-    log = Path(runs[0].run_dir) / "job.log"  # type: ignore[arg-type]
+    run = runs[0]
+    if job_id is not None:
+        known = [(r, _job_of(r)) for r in runs]
+        run = next((r for r, job in known if job_id in (job, r.id)), None)  # type: ignore[assignment]
+        if run is None:
+            from cloudtrain.yamlfile import did_you_mean
+
+            jobs_known = [job for _, job in known]
+            listed = ", ".join(jobs_known[:5]) + (f" and {len(jobs_known) - 5} more" if len(jobs_known) > 5 else "")
+            raise UsageError(f"cluster {name!r} is down and none of its runs had job {job_id!r}",
+                             hint=did_you_mean(job_id, jobs_known) or f"its runs' jobs, newest first: {listed}")
+    log = Path(run.run_dir) / "job.log"  # type: ignore[arg-type]
     if log.is_file():
         return log
     raise UsageError(
-        f"cluster {name!r} is down and its last run ({runs[0].id}) did not bring its log home",
-        hint=f"the log was on the node and went with it; {runs[0].run_dir}/run.json says why",
+        f"cluster {name!r} is down and its run {run.id} did not bring its log home",
+        hint=f"the log was on the node and went with it; {run.run_dir}/run.json says why",
     )
+
+
+# How far back `logs NAME JOB` looks for JOB among a down cluster's runs.
+_DOWN_RUNS_SEARCHED = 200
+
+
+def _job_of(run: RunRecord) -> str:
+    """The job id a run's run.json names (a run's job is `<run id>-run` where run.json is unreadable)."""
+    import json
+
+    try:
+        recorded = json.loads((Path(run.run_dir) / "run.json").read_text()).get("job_id")  # type: ignore[arg-type]
+    except (OSError, ValueError, AttributeError):
+        recorded = None
+    return recorded if isinstance(recorded, str) and recorded else f"{run.id}-run"
 
 
 def _connect_for_log(lc: Lifecycle, cluster: Cluster, job: JobRecord) -> list:  # noqa: ANN401
