@@ -57,11 +57,11 @@ def wildmatch(pattern: bytes, text: bytes) -> bool:
     # (rest, position) where the loop began: its answer depends on nothing else, hence the memo].
     frames: list[list] = []
     memo: dict[tuple[int, int], int] = {}
-    steps = 0
-    outcome = _linear(pattern, text, 0, 0)
+    spent = [0]  # steps: star-loop turns and pattern bytes compared, _linear's included
+    outcome = _linear(pattern, text, 0, 0, spent)
     while True:
-        steps += 1
-        if steps > MAX_STEPS:
+        spent[0] += 1
+        if spent[0] > MAX_STEPS:
             raise TooCostly(f"more than {MAX_STEPS} steps")
         if isinstance(outcome, tuple):
             rest, pos, match_slash = outcome
@@ -73,7 +73,7 @@ def wildmatch(pattern: bytes, text: bytes) -> bool:
             frames.append([rest, pos, match_slash, zero_dirs, (rest, pos)])
             if zero_dirs:
                 # git: first assume `**/` matches no directory at all (foo/**/bar ~ foo/bar)
-                outcome = _linear(pattern, text, rest + 1, pos)
+                outcome = _linear(pattern, text, rest + 1, pos, spent)
                 continue
         else:
             if not frames:
@@ -87,7 +87,7 @@ def wildmatch(pattern: bytes, text: bytes) -> bool:
         if answer is not None:
             memo[frames.pop()[4]] = outcome = answer
             continue
-        outcome = _linear(pattern, text, frame[0], frame[1])
+        outcome = _linear(pattern, text, frame[0], frame[1], spent)
 
 
 def _deliver(frame: list, outcome: int, text: bytes) -> int | None:
@@ -125,10 +125,13 @@ def _advance(pattern: bytes, text: bytes, frame: list) -> int | None:
     return None
 
 
-def _linear(pattern: bytes, text: bytes, p: int, t: int) -> int | tuple[int, int, bool]:
-    """dowild from (p, t) up to the first star that needs a loop: an answer, or (rest, t, match_slash)."""
+def _linear(pattern: bytes, text: bytes, p: int, t: int, spent: list[int]) -> int | tuple[int, int, bool]:
+    """dowild from (p, t) up to the first star that needs a loop: an answer, or (rest, t, match_slash).
+
+    Adds the pattern bytes it went through to spent[0]."""
     n_p, n_t = len(pattern), len(text)
     while p < n_p:
+        spent[0] += 1
         p_ch = pattern[p]
         t_ch = text[t] if t < n_t else None
         if t_ch is None and p_ch != _STAR:
@@ -141,7 +144,9 @@ def _linear(pattern: bytes, text: bytes, p: int, t: int) -> int | tuple[int, int
             if t_ch == _SLASH:
                 return NOMATCH
         elif p_ch == _BRACKET:
+            start = p
             matched, p = _bracket(pattern, p, t_ch)
+            spent[0] += p - start
             if matched is None:
                 return ABORT_ALL  # malformed: git gives up on the whole pattern
             if not matched or t_ch == _SLASH:
