@@ -17,6 +17,7 @@ from cloudtrain.events import NullReporter, Reporter
 from cloudtrain.state.locks import cluster_lock
 from cloudtrain.providers import get_provider
 from cloudtrain.providers.base import HostSpec, Instance, InstanceSpec, InstanceState, Provider, owner_id
+from cloudtrain.providers.base import TAG_INCARNATION
 from cloudtrain.providers.base import launched_ids as launched_by
 from cloudtrain.recipe import Recipe
 from cloudtrain.state import ClusterRecord, ClusterStatus, NodeRecord, RunStatus, StateStore
@@ -267,6 +268,8 @@ class Lifecycle:
                 hourly_price=(placement.hourly_price if placement is not None else 0.0) * recipe.num_nodes,
             )
             heartbeat.start()
+            uid = self.store.get_cluster(spec.cluster).uid  # type: ignore[union-attr]
+            attempt = replace(attempt, tags={**attempt.tags, TAG_INCARNATION: uid})
             self.store.add_event(spec.cluster, "launch", f"{cloud}: launching {recipe.num_nodes} node(s)")
             tried[cloud] = provider
             try:

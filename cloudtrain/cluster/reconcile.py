@@ -193,7 +193,17 @@ def reconcile(record: ClusterRecord, nodes: Sequence[NodeRecord], open_billing: 
                  False: only the observed nodes change (a verb that acted on some).
     launch_done  the creating process saw its create answered and its nodes running: PROVISIONING may end.
     """
-    by_id = {o.instance.id: o for o in observations}
+    by_id: dict[str, Observation] = {}
+    events: list[tuple[str, str]] = []
+    known_ids = {n.instance_id for n in nodes}
+    for o in observations:
+        if (o.instance.incarnation not in (None, record.uid) and o.instance.id not in known_ids
+                and not any(b.instance_id == o.instance.id for b in open_billing)):
+            # Carries the name but was launched by an earlier incarnation (a `down` that failed):
+            # not this cluster's to adopt or bill; `gc` and `down` deal with it.
+            events.append(("foreign", f"{o.instance.id} belongs to incarnation {o.instance.incarnation}"))
+            continue
+        by_id[o.instance.id] = o
     if complete:
         for node in nodes:
             if node.instance_id not in by_id and node.state != InstanceState.TERMINATED.value:
@@ -212,7 +222,6 @@ def reconcile(record: ClusterRecord, nodes: Sequence[NodeRecord], open_billing: 
 
     known = {n.instance_id: n for n in nodes}
     updated = [_merged(n, by_id[n.instance_id].instance) if n.instance_id in by_id else n for n in nodes]
-    events: list[tuple[str, str]] = []
     # New nodes take ranks in the order observed (a create call answers in launch order).
     found = [i for i, o in by_id.items() if i not in known and o.instance.state is not InstanceState.TERMINATED]
     for offset, instance_id in enumerate(found):

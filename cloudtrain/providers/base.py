@@ -15,6 +15,9 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 TAG_CLUSTER = "cloudtrain-cluster"
 TAG_OWNER = "cloudtrain-owner"
+# The cluster incarnation (state's uid) that launched it: a reused name never adopts an older
+# incarnation's leftover as its own.
+TAG_INCARNATION = "cloudtrain-incarnation"
 
 
 class InstanceState(str, Enum):
@@ -145,6 +148,7 @@ class Instance:
     # nothing while "stopping"; an Azure VM stopped from inside stays allocated and billed).
     # None: compute bills while PENDING, RUNNING or STOPPING.
     compute_billed: bool | None = None
+    incarnation: str | None = None  # TAG_INCARNATION, where the machine carries it
 
 
 @dataclass(frozen=True)

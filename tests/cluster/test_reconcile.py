@@ -139,3 +139,14 @@ def test_the_disks_real_size_corrects_the_open_interval() -> None:
     t = reconcile(REC, [node("i-1", S.RUNNING)], [interval("i-1", "running"), interval("i-1", "disk")], [seen],
                   priced, complete=True, at=T0 + 5)
     assert [(op.amend, str(op.kind), op.hourly_price, op.at) for op in t.billing] == [(True, "disk", 0.008, T0)]
+
+
+def test_an_earlier_incarnations_leftover_is_not_adopted() -> None:
+    """A reused name: an instance the earlier incarnation left (its `down` failed) carries the
+    name's tag but not this incarnation's; it is neither adopted nor billed here."""
+    stray = Observation(Instance("i-old", "c", S.RUNNING, launched_at=T0, incarnation="u0"), T0, Source.CLOUD)
+    mine = Observation(Instance("i-new", "c", S.RUNNING, launched_at=T0, incarnation="u1"), T0, Source.CLOUD)
+    t = reconcile(REC, [], [], [stray, mine], PRICE, complete=True, at=T0)
+    assert [n.instance_id for n in t.nodes] == ["i-new"]
+    assert {op.instance_id for op in t.billing} == {"i-new"}
+    assert ("foreign", "i-old belongs to incarnation u0") in t.events

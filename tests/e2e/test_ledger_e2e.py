@@ -28,6 +28,11 @@ if not sshd.sshd_available() and not os.environ.get("CI"):
     pytest.skip("OpenSSH sshd is not installed (apt-get install openssh-server)", allow_module_level=True)
 
 MINIMUM_S = 60  # EC2's minimum billed compute per start
+# EC2 reports transition times (LaunchTime, StateTransitionReason) in whole seconds: a change that
+# only the cloud saw (no call of ours answered it) is known to a second, so each such transition
+# may put the ledger up to 1 s of compute off the fake's millisecond record. Within 1%, or those
+# two seconds of the instance's price, whichever is larger.
+T3_MEDIUM_HOURLY = 0.0416
 
 
 def recipe(cloud: AwsCloud, **fields: object):  # noqa: ANN201
@@ -46,7 +51,8 @@ def assert_ledger_is_the_bill(cloud: AwsCloud, cluster: str) -> dict:
     reported = sum(i["usd"] for i in data["incarnations"] if i["cluster"] == cluster)
     billed = cloud.bill.usd(cluster, until=data["at"])
     assert billed > 0, f"the fake billed nothing for {cluster}"
-    assert reported == pytest.approx(billed, rel=0.01), (data, cloud.bill.instances(cluster))
+    assert reported == pytest.approx(billed, rel=0.01, abs=2 * T3_MEDIUM_HOURLY / 3600), (
+        data, cloud.bill.instances(cluster))
     assert data["total_usd"] == pytest.approx(sum(i["usd"] for i in data["incarnations"]), rel=1e-6)
     return data
 

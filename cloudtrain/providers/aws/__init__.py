@@ -64,6 +64,7 @@ from cloudtrain.providers.aws.api import (
 from cloudtrain.providers.base import (
     note_launched,
     TAG_CLUSTER,
+    TAG_INCARNATION,
     TAG_OWNER,
     Capabilities,
     ClusterResource,
@@ -604,6 +605,7 @@ class AwsProvider:
         return Instance(
             id=raw["InstanceId"],
             cluster=tags.get(TAG_CLUSTER, ""),
+            incarnation=tags.get(TAG_INCARNATION),
             state=EC2_STATES.get(raw.get("State", {}).get("Name", ""), InstanceState.UNKNOWN),
             instance_type=instance_type,
             region=region,

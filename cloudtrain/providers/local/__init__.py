@@ -23,6 +23,7 @@ from cloudtrain.config import Config
 from cloudtrain.providers.base import (
     ClusterResource,
     TAG_CLUSTER,
+    TAG_INCARNATION,
     Capabilities,
     CredentialStatus,
     Instance,
@@ -143,6 +144,7 @@ class LocalProvider:
         return Instance(
             id=meta["id"],
             cluster=meta["tags"].get(TAG_CLUSTER, ""),
+            incarnation=meta["tags"].get(TAG_INCARNATION),
             state=InstanceState(meta["state"]),
             instance_type="local",
             region="local",
