@@ -112,7 +112,11 @@ def status(sweep_id: str | None, as_json: bool) -> None:
     attempts = [attempt_of(a) for a in store.sweep_attempts(row.id)]
     line = _sweep_line(store, row)
     if as_json:
+        from cloudtrain.sweep.ledger import sweep_spend
+
+        vms = sweep_spend(store, row.id, [(vm.id, vm.slot) for vm in store.sweep_vms(row.id)], time.time())
         output.print_json({**line, "results_dir": row.results_dir, "ended": row.ended_reason, "error": row.error,
+                           "vms": [v.as_json() for v in vms.vms],
                            "trials": [{"trial": t.number, "state": t.state.value, "params": t.param_dict(),
                                        spec.metric: t.value, "attempts": t.attempts, "error": t.error}
                                       for t in trials],
@@ -184,7 +188,7 @@ def _report(outcome: SweepOutcome, stopping: bool = False) -> None:
 
 
 def _sweep_line(store: Any, row: Any) -> dict[str, Any]:
-    from cloudtrain.cost import spend
+    from cloudtrain.sweep.ledger import sweep_spend
     from cloudtrain.sweep.spec import SweepSpec
 
     spec = SweepSpec.from_json(row.spec)
@@ -193,12 +197,13 @@ def _sweep_line(store: Any, row: Any) -> dict[str, Any]:
     best = None
     if done:
         best = (max if spec.goal == "max" else min)(done, key=lambda t: t.value)
-    spent = sum(spend(store.billing(f"sw-{row.id}-{vm.slot}", since=vm.launched_at - 1)).usd
-                for vm in store.sweep_vms(row.id))
+    # The ledger, per cluster incarnation: the numbers `cloudtrain cost` shows for the sweep's VMs.
+    spent = sweep_spend(store, row.id, [(vm.id, vm.slot) for vm in store.sweep_vms(row.id)], time.time())
     final = sum(1 for t in trials if t.state not in ("pending", "running"))
     return {"id": row.id, "name": row.name, "status": row.status, "trials": f"{final}/{spec.limits.max_trials}",
-            "best": "-" if best is None else f"{best.value:.4g} (trial {best.number})", "spent_usd": round(spent, 6),
-            "budget_usd": spec.costs.budget_usd, "created_at": row.created_at}
+            "best": "-" if best is None else f"{best.value:.4g} (trial {best.number})",
+            "spent_usd": round(spent.usd, 6), "billing_now": spent.billing_now, "budget_usd": spec.costs.budget_usd,
+            "created_at": row.created_at}
 
 
 def _short(value: Any) -> str:
@@ -220,6 +225,8 @@ class SweepDisplay:
         self._epochs: dict[tuple[int, int], tuple[int, float]] = {}
         self._sweep_id = ""
         self._last_draw = 0.0
+        self._store: Any = None
+        self._spent = (0.0, 0.0)  # (when read, USD): the ledger is read at most once a second
 
     # Reporter (the lifecycle's) ------------------------------------------------------------------
 
@@ -283,6 +290,22 @@ class SweepDisplay:
         if self._live is not None:
             self._live.stop()
             self._live = None
+        if self._store is not None:
+            self._store.close()
+            self._store = None
+
+    def _spent_usd(self, scheduler: Scheduler) -> float:
+        """What the sweep's VMs were billed so far: the ledger in state, as `sweep status` and `cost` say."""
+        from cloudtrain.state import StateStore
+        from cloudtrain.sweep.ledger import sweep_spend
+
+        now = time.time()
+        if now - self._spent[0] >= 1.0 or scheduler.finished:
+            if self._store is None:
+                self._store = StateStore()
+            vms = [(vm.id, vm.slot) for vm in scheduler.vms.values()]
+            self._spent = (now, sweep_spend(self._store, self._sweep_id, vms, now).usd)
+        return self._spent[1]
 
     # rendering -----------------------------------------------------------------------------------
 
@@ -292,6 +315,7 @@ class SweepDisplay:
             AttemptEnded,
             Launch,
             Release,
+            ReleaseFailed,
             Start,
             StopRequested,
             VmFailed,
@@ -302,7 +326,7 @@ class SweepDisplay:
         spec = self._spec
         assert spec is not None
         lines = []
-        money = f"[{output.money(scheduler.spent_usd())} spent, <= {output.money(scheduler.committed_usd())}]"
+        money = f"[{output.money(self._spent_usd(scheduler))} spent, <= {output.money(scheduler.committed_usd())}]"
         for event in events:
             if isinstance(event, AttemptEnded):
                 trial = scheduler.trials.get(event.trial)
@@ -318,6 +342,9 @@ class SweepDisplay:
             elif isinstance(event, VmGone):
                 reason = "" if event.reason == "released" else f": {event.reason}"
                 lines.append(f"VM {event.vm} ({backend.cluster(event.vm)}) gone{reason} {money}")
+            elif isinstance(event, ReleaseFailed):
+                lines.append(f"VM {event.vm} ({backend.cluster(event.vm)}) not confirmed gone: {event.error}; "
+                             f"counted until its lease end, release asked again {money}")
             elif isinstance(event, StopRequested):
                 lines.append(f"stopping ({event.reason}): ending running trials, releasing VMs")
         for action in actions:
@@ -340,7 +367,7 @@ class SweepDisplay:
         states: dict[str, int] = {}
         for t in scheduler.trials.values():
             states[t.state.value] = states.get(t.state.value, 0) + 1
-        title = (f"sweep {self._sweep_id}: spent {output.money(scheduler.spent_usd())}, at most "
+        title = (f"sweep {self._sweep_id}: spent {output.money(self._spent_usd(scheduler))}, at most "
                  f"{output.money(scheduler.committed_usd())} of {output.money(spec.costs.budget_usd)}; "
                  f"{len(scheduler.live_vms())} VM(s); "
                  + ", ".join(f"{n} {s}" for s, n in sorted(states.items())))

@@ -9,11 +9,20 @@
   env_overrides)` in a thread; the job gets CLOUDTRAIN_DEADLINE_S, which the node enforces
   (templates/runner.sh), and a setup that overruns its reserved time fails the attempt before the
   job starts. Per-epoch progress lines become `Progress` events. A Start that extends the VM's
-  lease writes the new one to its nodes first. An attempt that fails because its VM is gone
-  (preempted, or deleted by its lease) ends as `VmGone`: the scheduler retries it as preempted.
+  lease writes the new one to its nodes first. While the attempt runs, a watcher asks the cloud
+  (lifecycle's refresh: describe and list by tag) every `watch_s` whether the VM is still there,
+  so a VM that vanishes (preempted, deleted by its lease or by someone) is seen within seconds,
+  not after the pipeline's SSH retry window; the attempt's own failure asks too. A VM gone under
+  its attempt ends as `VmGone`: the scheduler retries the attempt as preempted.
 - cancel: the attempt's reporter refuses to go on, and the cluster's open jobs are cancelled
   (again, until the attempt's thread is over: a job may be submitted just after a cancel).
 - release: `cloudtrain down` of the slot's cluster (retried), after its boot thread is done.
+Whenever the backend says a VM is gone (`VmGone`, `VmFailed`) it is because `down` (or the cloud's
+own answer) confirmed it, and the time it gives is when the ledger has its last billed interval
+end: the cloud's time where the cloud reports one (cloudtrain/sweep/ledger.py `gone_at`). A
+`down` that fails, or leaves something the cloud still lists, is `ReleaseFailed`: the scheduler
+keeps counting the VM to its lease end and asks again; retries wait RETRY_S, doubling up to
+RETRY_MAX_S.
 - recover: after a killed CLI, state rows, run rows and the node's job files say what happened:
   a finished run is judged from its run directory, a job still running is followed again and
   its results collected, an attempt whose job never started is reported as such. Every VM state
@@ -41,6 +50,7 @@ from cloudtrain.errors import CloudtrainError
 from cloudtrain.recipe import LoadedRecipe
 from cloudtrain.sweep import checkpoints
 from cloudtrain.sweep.checkpoints import CHECKPOINT_ENV, Puller
+from cloudtrain.sweep import ledger
 from cloudtrain.sweep.core import (
     AttemptEnded,
     Cancel,
@@ -49,6 +59,7 @@ from cloudtrain.sweep.core import (
     Outcome,
     Progress,
     Release,
+    ReleaseFailed,
     Snapshot,
     Start,
     VmFailed,
@@ -56,18 +67,18 @@ from cloudtrain.sweep.core import (
     VmReady,
     VmState,
 )
+from cloudtrain.sweep.ledger import cluster_name
 from cloudtrain.sweep.spec import DEADLINE_ENV, SweepSpec, lease_note, trial_recipe
 
 RELEASE_TRIES = 4
+RETRY_S = 15.0  # the first wait before a release that failed is tried again
+RETRY_MAX_S = 120.0
+WATCH_S = 15.0  # how often the cloud is asked whether a busy VM is still there
 log = logging.getLogger(__name__)
 
 
 class TrialStopped(CloudtrainError):
     """The scheduler ended this attempt (pruned, stopped) or its setup overran its reserved time."""
-
-
-def cluster_name(sweep_id: str, slot: int) -> str:
-    return f"sw-{sweep_id}-{slot}"
 
 
 def attempt_dir(results_dir: Path, trial: int, attempt: int) -> Path:
@@ -83,6 +94,7 @@ class _Handle:
     reason: str | None = None
     phase: str = "starting"
     thread: threading.Thread | None = None
+    done: threading.Event = field(default_factory=threading.Event)  # the attempt's thread is over
     puller: Puller | None = None  # keeps the attempt's newest checkpoint on the laptop
     carry: Path | None = None  # a checkpoint carried over from a preempted attempt: uploaded before the job
 
@@ -165,6 +177,8 @@ class PipelineBackend:
         self.handles: dict[tuple[int, int], _Handle] = {}
         self._threads: list[threading.Thread] = []
         self._leases: dict[str, float] = {}  # VM -> the lease end its nodes hold (as written here)
+        self._release_failures: dict[str, int] = {}  # VM -> releases that failed so far (paces retries)
+        self.watch_s = WATCH_S
         self.lease_note = lease_note(base)  # why this sweep's VMs take no lease, or None
 
     # plumbing --------------------------------------------------------------------------------------
@@ -218,8 +232,7 @@ class PipelineBackend:
                 self.put(VmReady(action.vm, time.time(), cluster.record.hourly_price))
             except Exception as exc:  # noqa: BLE001
                 why = exc.one_line() if isinstance(exc, CloudtrainError) else f"{type(exc).__name__}: {exc}"
-                self._down_quietly(lc, name)
-                self.put(VmFailed(action.vm, time.time(), why))
+                self.put(self._take_down(lc, action.vm, why, booting=True))
             finally:
                 lc.store.close()
 
@@ -259,16 +272,32 @@ class PipelineBackend:
                 gone = None
                 if outcome == Outcome.FAILED:
                     gone = self._vanished(lc, handle.cluster)
+                if gone is not None:
+                    # Its VM went away under it: the scheduler ends the attempt as preempted (and retries it).
+                    self.put(self._take_down(lc, action.vm, gone))
+                else:
+                    self.put(AttemptEnded(action.trial, action.attempt, time.time(), outcome, value, error))
             finally:
                 lc.store.close()
                 handle.phase = "done"
-            if gone is not None:
-                # Its VM went away under it: the scheduler ends the attempt as preempted (and retries it).
-                self.put(VmGone(action.vm, time.time(), gone))
-            else:
-                self.put(AttemptEnded(action.trial, action.attempt, time.time(), outcome, value, error))
+                handle.done.set()
 
         handle.thread = self._spawn(f"trial {action.trial}", attempt)
+        self._spawn(f"watch {handle.cluster}", lambda: self._watch(action.vm, handle))
+
+    def _watch(self, vm: str, handle: _Handle) -> None:
+        """While the attempt runs: ask the cloud every watch_s whether its VM is still there. A VM that
+        vanished is seen at once, not after the SSH retries of the attempt's pipeline (minutes);
+        its attempt ends as preempted, its VM is billed until the cloud says it went."""
+        lc = self._lifecycle()
+        try:
+            while not handle.done.wait(self.watch_s):
+                why = self._vanished(lc, handle.cluster)
+                if why is not None:
+                    self.put(self._take_down(lc, vm, why))
+                    return
+        finally:
+            lc.store.close()
 
     def _checkpoints(self, lc: Any, handle: _Handle, trial: int, attempt: int) -> None:
         """The attempt's checkpoint keeper, and the checkpoint its preempted predecessors kept (if any),
@@ -342,10 +371,10 @@ class PipelineBackend:
             close_all(nodes)
         self._leases[vm] = lease_end
 
-    def _vanished(self, lc: Any, name: str, take_down: bool = True) -> str | None:
+    def _vanished(self, lc: Any, name: str) -> str | None:
         """Why the cluster is gone (preempted, deleted by its lease, stopped by its cloud), or None
-        while it is up or nobody can tell. Asks the cloud once. take_down: remove what is left now
-        (else the caller does, once it has read the cluster's run and job rows)."""
+        while it is up or nobody can tell. Asks the cloud once (which puts what it says in the
+        ledger); the caller takes down what is left (`_take_down`)."""
         from cloudtrain.providers.base import InstanceState
         from cloudtrain.state import ClusterStatus
 
@@ -365,9 +394,6 @@ class PipelineBackend:
             return None
         if status == ClusterStatus.UP:
             status = leaving[0].state
-        if take_down:
-            # Nothing of it may go on billing (a stopped spot VM keeps its disk): take down what is left.
-            self._down_quietly(lc, name)
         return f"cluster {name} is {status} (preempted, or deleted by its lease)"
 
     def cancel(self, action: Cancel) -> None:
@@ -400,30 +426,48 @@ class PipelineBackend:
     def release(self, action: Release) -> None:
         name = self.cluster(action.vm)
         boot = self._boots.get(action.vm)
+        failures = self._release_failures.get(action.vm, 0)
 
         def down() -> None:
             if boot is not None:
                 boot.join()  # an `up` cannot be interrupted; take down what it made
+            if failures:
+                # A retry: give the cloud's trouble (throttling, an outage) time to pass.
+                time.sleep(min(RETRY_MAX_S, RETRY_S * 2 ** (failures - 1)))
             lc = self._lifecycle()
             try:
-                error = None
-                for attempt in range(RELEASE_TRIES):
-                    try:
-                        lc.down(name)
-                        error = None
-                        break
-                    except CloudtrainError as exc:
-                        error = exc.one_line()
-                        time.sleep(min(30.0, 2.0 * 2 ** attempt))
-                if error is not None:
-                    self.warn(f"could not take down {name}: {error}; run `cloudtrain down {name}` (it may be billing)")
-                    self.put(VmGone(action.vm, time.time(), f"down failed: {error}"))
-                else:
-                    self.put(VmGone(action.vm, time.time()))
+                self.put(self._take_down(lc, action.vm, "released"))
             finally:
                 lc.store.close()
 
         self._spawn(f"release {name}", down)
+
+    def _take_down(self, lc: Any, vm: str, why: str, *, booting: bool = False) -> Event:
+        """`down` the VM's cluster (tried RELEASE_TRIES times) and say what came of it: gone (VmGone,
+        or VmFailed for a boot given up), at the time the ledger has it stop billing, or ReleaseFailed
+        while the cloud may still bill it."""
+        name = self.cluster(vm)
+        error = None
+        for attempt in range(RELEASE_TRIES):
+            try:
+                lc.down(name)
+                error = None
+                break
+            except CloudtrainError as exc:
+                error = exc.one_line()
+                if attempt < RELEASE_TRIES - 1:
+                    time.sleep(min(30.0, 2.0 * 2 ** attempt))
+        if error is not None:
+            failures = self._release_failures[vm] = self._release_failures.get(vm, 0) + 1
+            what = f"{why}; " if why != "released" else ""
+            self.warn(f"could not take down {name} ({what}{error}); it is counted until its lease end and taken "
+                      f"down again (try {failures + 1} next); `cloudtrain down {name}` does it by hand")
+            return ReleaseFailed(vm, time.time(), f"{what}down failed: {error}")
+        # Never billed (a machine nobody bills, or a launch that never got an answer): now.
+        at = ledger.gone_at(lc.store, name) or time.time()
+        if booting:
+            return VmFailed(vm, at, why)
+        return VmGone(vm, at, why)
 
     def events(self, timeout_s: float) -> list[Event]:
         out: list[Event] = []
@@ -466,12 +510,12 @@ class PipelineBackend:
             vanished: dict[str, str] = {}
             for vm in snapshot.vms:
                 if vm.live:
-                    why = self._vanished(lc, self.cluster(vm.id), take_down=False)
+                    why = self._vanished(lc, self.cluster(vm.id))
                     if why is not None:
                         vanished[vm.id] = why
             for attempt in snapshot.attempts:
                 if attempt.running:
-                    events += self._recover_attempt(lc, attempt.trial, attempt.attempt, self.cluster(attempt.vm),
+                    events += self._recover_attempt(lc, attempt.trial, attempt.attempt, attempt.vm,
                                                     attempt.stopping, vanished.get(attempt.vm))
             now = time.time()
             for vm in snapshot.vms:
@@ -480,25 +524,22 @@ class PipelineBackend:
                 name = self.cluster(vm.id)
                 record = lc.store.get_cluster(name)
                 if vm.id in vanished or record is None or record.status != ClusterStatus.UP:
-                    if record is not None:
-                        self._down_quietly(lc, name)
-                    # When it stopped billing, from the billed intervals (never billed: never launched).
-                    intervals = lc.store.billing(name)
-                    gone_at = max([vm.launched_at] + [i.ended_at or now for i in intervals])
-                    if vm.state == VmState.BOOTING:
-                        events.append(VmFailed(vm.id, gone_at, f"cluster {name} did not come up"))
-                    else:
-                        events.append(VmGone(vm.id, gone_at, vanished.get(vm.id) or f"cluster {name} is gone"))
+                    # Taken down here, and gone when the ledger says (never billed: never launched).
+                    booting = vm.state == VmState.BOOTING
+                    why = f"cluster {name} did not come up" if booting else (vanished.get(vm.id)
+                                                                          or f"cluster {name} is gone")
+                    events.append(self._take_down(lc, vm.id, why, booting=booting))
                 elif vm.state == VmState.BOOTING:
                     events.append(VmReady(vm.id, now, record.hourly_price))
         finally:
             lc.store.close()
         return events
 
-    def _recover_attempt(self, lc: Any, trial: int, number: int, cluster: str, stopping: str | None,
+    def _recover_attempt(self, lc: Any, trial: int, number: int, vm: str, stopping: str | None,
                          vanished: str | None = None) -> list[Event]:
         from cloudtrain.state import RunStatus
 
+        cluster = self.cluster(vm)
         runs_dir = attempt_dir(self.results_dir, trial, number).resolve()
         run = next((r for r in lc.store.list_runs(cluster=cluster, limit=1000)
                     if r.run_dir and Path(r.run_dir).parent == runs_dir), None)
@@ -528,6 +569,7 @@ class PipelineBackend:
             return [AttemptEnded(trial, number, now, Outcome.NOT_STARTED, error="the CLI died before the job started")]
         self._checkpoints(lc, handle, trial, number)
         handle.thread = self._spawn(f"reattach trial {trial}", lambda: self._reattach(trial, number, run, handle))
+        self._spawn(f"watch {cluster}", lambda: self._watch(vm, handle))
         return []
 
     def _reattach(self, trial: int, number: int, run: Any, handle: _Handle) -> None:
@@ -564,6 +606,7 @@ class PipelineBackend:
             close_all(nodes)
             lc.store.close()
             handle.phase = "done"
+            handle.done.set()
         self.put(AttemptEnded(trial, number, time.time(), outcome, value, error))
 
     def _record(self, lc: Any, run: Any, cluster: Any, status: str, exit_code: int | None, error: str | None,
@@ -596,12 +639,6 @@ class PipelineBackend:
         except CloudtrainError as exc:
             self.warn(f"could not end the jobs of {run.cluster}: {exc.one_line()}")
         lc.store.update_run(run.id, status=RunStatus.ABANDONED, ended_at=time.time(), error=error)
-
-    def _down_quietly(self, lc: Any, name: str) -> None:
-        try:
-            lc.down(name)
-        except CloudtrainError as exc:
-            self.warn(f"could not take down {name}: {exc.one_line()}; run `cloudtrain down {name}`")
 
 
 _EPOCH_LINE = re.compile(r"^epoch (\d+)/(\d+)((?:\s+[a-z_]+ -?[\d.]+(?:e[-+]?\d+)?)*)")

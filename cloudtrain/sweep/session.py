@@ -13,7 +13,7 @@ import secrets
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +35,8 @@ if TYPE_CHECKING:
     from cloudtrain.recipe import LoadedRecipe
     from cloudtrain.state import SweepRecord
     from cloudtrain.sweep.backend import PipelineBackend
+    from cloudtrain.sweep.core import Vm
+    from cloudtrain.sweep.ledger import BillingSource, SweepSpend
     from cloudtrain.sweep.results import Written
     from cloudtrain.sweep.spec import SweepSpec
 
@@ -215,8 +217,11 @@ def _finish(lc: Lifecycle, row: SweepRecord, spec: SweepSpec, scheduler: Schedul
             interrupted: bool) -> SweepOutcome:
     from cloudtrain.sweep.results import write_results
 
+    from cloudtrain.sweep.ledger import cluster_name
+
     ended = scheduler.counters.ended or ""
-    leaked = tuple(f"sw-{row.id}-{v.slot}" for v in scheduler.vms.values() if (v.error or "").startswith("down failed"))
+    # Normally none: the scheduler ends only once the cloud confirmed every VM gone.
+    leaked = tuple(cluster_name(row.id, v.slot) for v in scheduler.live_vms())
     if leaked:
         status = SweepStatus.FAILED
     elif ended.startswith("stopped"):
@@ -226,28 +231,25 @@ def _finish(lc: Lifecycle, row: SweepRecord, spec: SweepSpec, scheduler: Schedul
     else:
         status = SweepStatus.FAILED
     now = time.time()
-    spent = sweep_spent(lc, row.id, scheduler)
+    spent = sweep_spent(lc.store, row.id, scheduler.vms.values(), now)
     summary = summary_of(row, spec, scheduler, status, spent, now)
     written = write_results(results_dir, spec, scheduler.snapshot(), summary, now)
     error = f"could not take down {', '.join(leaked)}" if leaked else None
     lc.store.update_sweep(row.id, status=status, ended_at=now, pid=None, error=error)
     return SweepOutcome(row.id, status, scheduler.counters.ended, results_dir, written, scheduler.best(spec.goal),
-                        spent, interrupted, leaked)
+                        spent.usd, interrupted, leaked)
 
 
-def sweep_spent(lc: Lifecycle, sweep_id: str, scheduler: Scheduler) -> float:
-    """What the sweep's VMs were billed, from the billed intervals in state (the scheduler's own
-    account where state has none, e.g. clusters it never got to record)."""
-    from cloudtrain.cost import spend
+def sweep_spent(store: BillingSource, sweep_id: str, vms: Iterable[Vm], now: float) -> SweepSpend:
+    """What the sweep's VMs were billed: the billed intervals in state, per cluster incarnation, the
+    numbers `cloudtrain cost` shows (a VM the ledger never billed, e.g. a launch that never got an
+    answer and was never seen, counts nothing: there is nothing the cloud billed that we know of)."""
+    from cloudtrain.sweep.ledger import sweep_spend
 
-    billed = 0.0
-    for vm in scheduler.vms.values():
-        intervals = lc.store.billing(f"sw-{sweep_id}-{vm.slot}", since=vm.launched_at - 1)
-        billed += spend(intervals).usd if intervals else vm.billed_usd(time.time())
-    return billed
+    return sweep_spend(store, sweep_id, [(v.id, v.slot) for v in vms], now)
 
 
-def summary_of(row: SweepRecord, spec: SweepSpec, scheduler: Scheduler, status: str, spent: float,
+def summary_of(row: SweepRecord, spec: SweepSpec, scheduler: Scheduler, status: str, spent: SweepSpend,
                now: float) -> dict[str, Any]:
     counts: dict[str, int] = {}
     for t in scheduler.trials.values():
@@ -255,8 +257,9 @@ def summary_of(row: SweepRecord, spec: SweepSpec, scheduler: Scheduler, status: 
     return {
         "id": row.id, "name": row.name, "status": status, "ended": scheduler.counters.ended,
         "recipe": row.recipe_path, "method": spec.method, "metric": spec.metric, "goal": spec.goal,
-        "budget_usd": spec.costs.budget_usd, "spent_usd": round(spent, 6),
+        "budget_usd": spec.costs.budget_usd, "spent_usd": round(spent.usd, 6), "billing_now": spent.billing_now,
         "worst_case_usd": round(scheduler.committed_usd(), 6), "hourly_usd_quote": spec.costs.hourly_usd,
+        "min_billed_s": spec.costs.min_s, "vms": [v.as_json() for v in spent.vms],
         "trial_deadline_s": spec.costs.deadline_s, "max_parallel": spec.limits.max_parallel,
         "max_trials": spec.limits.max_trials, "trials": counts, "vms_booted": len(scheduler.vms),
         "started_at": row.created_at, "ended_at": now,
