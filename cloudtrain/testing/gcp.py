@@ -88,6 +88,7 @@ from typing import Any
 
 import pytest
 
+from cloudtrain.testing.bill import FakeBill
 from cloudtrain.testing.cloud import CloudMachines, FakeCloud, cluster_hint
 from cloudtrain.testing.faults import Gate, RequestBook
 from cloudtrain.testing.metadata import MetadataServer
@@ -1530,6 +1531,8 @@ class GcpCloud(FakeCloud):
                          config={"ssh": {"proxy_command": machines.proxy_command, "allowed_cidr": self.allowed_cidr},
                                  "gcp": server.config(self.region)})
         self.move_caller(self.allowed_cidr.split("/")[0], reconfigure=False)
+        # What Compute Engine would bill, from the fake's own machine events (cloudtrain/testing/bill.py).
+        self.bill = FakeBill("gcp")
         server.machine_hooks.append(self._observe)
         server.network_hooks.append(self._follow_rules)
 
@@ -1623,7 +1626,36 @@ class GcpCloud(FakeCloud):
         if self.server.hook_errors:
             raise RuntimeError("gcp_cloud could not follow the fake: " + "; ".join(self.server.hook_errors))
 
+    def _bill(self, event: str, inst: dict[str, Any]) -> None:
+        """GCE bills a VM while RUNNING (each start at least a minute) and its disks from creation
+        to deletion: priced from the catalog (the machine type and its GPUs, in its zone and
+        market) and the storage table."""
+        from cloudtrain.catalog import default_catalog
+        from cloudtrain.cost import HOURS_PER_MONTH, disk_price
+        from cloudtrain.providers.gcp.build import instance_id, instance_type_name, last_part, region_of
+
+        zone = _last(inst["zone"])
+        key = instance_id(zone, inst["name"])
+        at = self.server.now()
+        if event == "boot":
+            accelerators = [(last_part(a["acceleratorType"]), int(a["acceleratorCount"]))
+                            for a in inst.get("guestAccelerators", [])]
+            kind = instance_type_name(last_part(inst["machineType"]), accelerators)
+            spot = inst["scheduling"].get("provisioningModel") == "SPOT"
+            hourly = default_catalog().price("gcp", region_of(zone), kind, spot=spot, zone=zone) or 0.0
+            size = sum(int(self.server.disks[(zone, _last(d["source"]))]["sizeGb"]) for d in inst.get("disks", [])
+                       if (zone, _last(d["source"])) in self.server.disks)
+            self.bill.created(key, inst.get("labels", {}).get("cloudtrain-cluster", ""), hourly,
+                              (disk_price("gcp") or 0.0) * size / HOURS_PER_MONTH, at=at)
+        elif event == "power_on":
+            self.bill.started(key, at=at)
+        elif (zone, inst["name"]) in self.server.instances:
+            self.bill.stopped(key, at=at)
+        else:
+            self.bill.deleted(key, at=at)
+
     def _observe(self, event: str, inst: dict[str, Any]) -> None:
+        self._bill(event, inst)
         address = next((c.get("natIP") for c in inst["networkInterfaces"][0].get("accessConfigs", [])
                         if c.get("natIP")), None)
         if event in ("boot", "power_on"):

@@ -179,3 +179,29 @@ def test_a_vm_whose_cli_died_during_boot_still_ends_at_its_deadline(aws_cloud: A
     assert lived >= budget_s
     assert_ledger_is_the_bill(aws_cloud, aws_cloud.cluster)
     assert aws_cloud.down().ok
+
+
+# GCP: the same ledger against the fake Compute Engine's own bill ---------------------------------
+
+
+def test_gcp_a_short_run_is_billed_the_minimum_and_matches_the_bill(gcp_cloud) -> None:  # noqa: ANN001
+    result = gcp_cloud.run(gcp_cloud.recipe(run="echo ledger"), "--down")
+    assert result.ok, result.output
+    assert gcp_cloud.bill.running() == []
+    data = assert_ledger_is_the_bill(gcp_cloud, gcp_cloud.cluster)
+    (incarnation,) = [i for i in data["incarnations"] if i["cluster"] == gcp_cloud.cluster]
+    assert incarnation["node_hours"] * 3600 == pytest.approx(60, rel=0.01)  # GCE's one-minute minimum
+
+
+def test_gcp_a_stop_by_compute_engine_itself_is_billed_from_when_it_happened(gcp_cloud) -> None:  # noqa: ANN001
+    """maxRunDuration (the budget in the launch request) stops the VM with no call from cloudtrain;
+    the next `cost` learns it from the cloud and bills compute until then, not until now."""
+    up = gcp_cloud.up(gcp_cloud.recipe(run="echo ledger", budget={"max_hours": 30 / 3600}))
+    assert up.ok, up.output
+    wait_until(lambda: not gcp_cloud.bill.running(gcp_cloud.cluster) and gcp_cloud.server.terminations,
+               240, "Compute Engine's maxRunDuration stop")
+    stopped_at = time.time()
+    wait_until(lambda: time.time() > stopped_at + 20, 30, "the stopped VM to age")
+    assert_ledger_is_the_bill(gcp_cloud, gcp_cloud.cluster)
+    assert gcp_cloud.down().ok
+    assert_ledger_is_the_bill(gcp_cloud, gcp_cloud.cluster)
