@@ -56,6 +56,11 @@ def preflight(loaded: LoadedRecipe, config: Config) -> Plan | None:
         raise NotAvailableError(_located(loaded, field, message), hint=hint)
     if recipe.job is not None:
         _check_job_params(loaded)
+        if cloud != ANY and not _cloud_capabilities(loaded).remote:
+            # The bundled job runs in this very Python here; a node installs TensorFlow itself.
+            from cloudtrain.extras import require
+
+            require("tf", f"the bundled job {recipe.job.name} on cloud {cloud}")
     if not clouds and cloud != ANY:
         return None
     from cloudtrain.catalog import default_catalog

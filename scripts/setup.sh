@@ -34,7 +34,7 @@ if [ "$want_test" = 1 ]; then
     fi
 fi
 
-extras="tf,ssh,aws"
+extras="tf,ssh,aws,sweep"
 [ "$want_test" = 1 ] && extras="$extras,dev"
 stamp=".venv/.cloudtrain-$(sha256sum pyproject.toml | cut -c1-16)-$extras"
 if [ -f "$stamp" ]; then

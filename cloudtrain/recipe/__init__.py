@@ -398,6 +398,11 @@ def load_recipe(path: str | Path, env: dict[str, str] | None = None, *, sweep: b
     A bare name that is not a file (`mnist-local`) is looked up among the bundled recipes, so they
     work from any directory after `pip install` (`cloudtrain recipes` lists them).
     """
+    if sweep:
+        # Before anything is read or run: the search needs Optuna, and `sweep validate` says so too.
+        from cloudtrain.extras import require
+
+        require("sweep", "a sweep")
     path = resolve_recipe(path)
     data, node, text = read_yaml(path, RecipeError)
     if data is None:
