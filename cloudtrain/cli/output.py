@@ -30,6 +30,12 @@ def warn(message: str) -> None:
     click.echo(f"warning: {message}", err=True)
 
 
+def recipe_warnings(warnings: Sequence[str]) -> None:
+    """What loading a recipe noticed (a file `run:` names that will not be on the node)."""
+    for warning in warnings:
+        warn(warning)
+
+
 def print_json(data: Any) -> None:
     click.echo(json.dumps(data, indent=2, default=str))
 

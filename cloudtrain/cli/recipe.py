@@ -19,6 +19,7 @@ def validate(recipe_path: str) -> None:
 
     loaded = load_recipe(recipe_path)
     plan = preflight(loaded, load_config())
+    output.recipe_warnings(loaded.warnings)
     r = loaded.recipe
     entry = f"job {r.job.name}" if r.job else "run command"
     output.info(f"{recipe_path}: ok ({r.name}: cloud {r.resources.cloud}, {r.num_nodes} node(s), {entry})")

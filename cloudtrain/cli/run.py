@@ -81,6 +81,7 @@ def run(recipe_path: str, cluster: str | None, env: dict[str, str], down_: bool,
         raise UsageError(f"--{' and --'.join(chosen)} contradict each other", hint="give at most one of --down, --stop, --keep")
     teardown = chosen[0] if chosen else None
     loaded = load_recipe(recipe_path)
+    output.recipe_warnings(loaded.warnings)
     display = output.RunDisplay(quiet=quiet)
     lc = open_lifecycle(display)
     name = cluster or loaded.recipe.name

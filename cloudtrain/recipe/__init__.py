@@ -347,6 +347,8 @@ class LoadedRecipe(BaseModel):
     data_sources: tuple[Path, ...]
     # The YAML node tree the recipe was read from, for `file:line` in later checks (preflight).
     node: yaml.Node | None = Field(default=None, exclude=True, repr=False)
+    # What the user should know before running it (run: names a file that will not be on the node).
+    warnings: tuple[str, ...] = ()
 
 
 def interpolate(value: Any, where: str, path: Path, env: dict[str, str], node: yaml.Node | None = None,
@@ -421,6 +423,9 @@ def load_recipe(path: str | Path, env: dict[str, str] | None = None, *, sweep: b
         workdir = (base / Path(recipe.workdir).expanduser()).resolve()
         if not workdir.is_dir():
             raise RecipeError(f"{path}: workdir: {workdir} is not a directory", hint="create it or fix the path")
+    from cloudtrain.recipe.workdir import resolve_workdir
+
+    workdir, warnings = resolve_workdir(recipe.run, base, workdir)
     sources = []
     for i, mount in enumerate(recipe.data):
         source = (base / Path(mount.source).expanduser()).resolve()
@@ -429,7 +434,8 @@ def load_recipe(path: str | Path, env: dict[str, str] | None = None, *, sweep: b
         sources.append(source)
     digest = hashlib.sha256(text.encode()).hexdigest()
     return LoadedRecipe(
-        recipe=recipe, path=path, digest=digest, workdir=workdir, data_sources=tuple(sources), node=node
+        recipe=recipe, path=path, digest=digest, workdir=workdir, data_sources=tuple(sources), node=node,
+        warnings=tuple(f"{path}: {w}" for w in warnings),
     )
 
 
