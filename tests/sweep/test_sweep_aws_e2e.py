@@ -95,4 +95,17 @@ def test_four_trials_two_at_a_time_on_ec2_end_with_nothing_running(
     summary = json.loads((results / "sweep.json").read_text())
     assert summary["status"] == "done" and summary["vms_booted"] == 2
     assert 0 < summary["spent_usd"] <= summary["budget_usd"]
+    # One ledger: the sweep reports per cluster incarnation exactly what `cloudtrain cost` does, and
+    # each VM (much shorter than a minute here) is billed at least EC2's 60 s minimum per start.
+    billed = json.loads(cloudtrain("cost", "--json").stdout)["incarnations"]
+    ours = {b["incarnation"]: b["usd"] for b in billed if b["cluster"].startswith(f"sw-{sweep_id}-")}
+    reported = {i["incarnation"]: i["usd"] for vm in summary["vms"] for i in vm["incarnations"]}
+    assert reported.keys() == ours.keys() and len(ours) == 2
+    for incarnation, usd in ours.items():
+        assert abs(reported[incarnation] - usd) < 1e-6, (incarnation, reported[incarnation], usd)
+        assert usd >= 0.0416 * 60 / 3600 - 1e-9  # t3.medium in us-east-1, one 60 s minimum at least
+    assert abs(summary["spent_usd"] - sum(ours.values())) < 1e-5
+    assert summary["billing_now"] is False
+    status = json.loads(sweep_cli("status", sweep_id, "--json").stdout)
+    assert abs(status["spent_usd"] - summary["spent_usd"]) < 1e-5
     assert json.loads(cloudtrain("status", "--json").stdout)["clusters"] == []
