@@ -13,6 +13,7 @@ from typing import Any
 import yaml
 
 from cloudtrain.errors import UsageError
+from cloudtrain.readlimit import read_at_most
 
 
 # Recipes and config travel between people and CI: bounded before any model sees them (issue 29).
@@ -185,7 +186,7 @@ def read_yaml(path: Path, error_cls: type[UsageError]) -> tuple[Any, yaml.Node |
     """Return (data, node tree, raw text); raise error_cls with file:line:col on syntax errors."""
     try:
         with path.open("rb") as handle:
-            raw = handle.read(MAX_BYTES + 1)
+            raw = read_at_most(handle, MAX_BYTES)
         if len(raw) > MAX_BYTES:
             raise error_cls(f"{path}: larger than {MAX_BYTES // (1024 * 1024)} MiB; not read as YAML")
         text = raw.decode("utf-8")

@@ -38,6 +38,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from cloudtrain.catalog import Offer
+from cloudtrain.readlimit import read_at_most
 
 DEFAULT_URL = "https://dstack-gpu-pricing.s3.eu-west-1.amazonaws.com/v3"
 URL_ENV = "GPUHUNT_CATALOG_URL"
@@ -100,7 +101,7 @@ def csv_from_zip(data: bytes, provider: str) -> str:
             # Read at most one byte past the bound: a header that understates the size cannot make us
             # decompress more (zipfile also stops at the stated size and checks the CRC there).
             with archive.open(info) as handle:
-                raw = handle.read(MAX_CSV_BYTES + 1)
+                raw = read_at_most(handle, MAX_CSV_BYTES)
             if len(raw) > MAX_CSV_BYTES:
                 raise FormatError(f"{member} unpacks past {MAX_CSV_BYTES} bytes, refused")
             return raw.decode("utf-8")

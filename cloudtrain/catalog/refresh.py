@@ -31,6 +31,7 @@ from cloudtrain.catalog import (
 )
 from cloudtrain.catalog import gpuhunt_format as fmt
 from cloudtrain.errors import CloudtrainError, ConfigError, UsageError
+from cloudtrain.readlimit import read_at_most
 
 TIMEOUT_S = 60.0
 MAX_DOWNLOAD_BYTES = 256 * 1024 * 1024  # far above any published provider catalog (a few MB)
@@ -117,7 +118,7 @@ def fetch(source: Source, cloud: str, today: dt.date | None = None) -> Fetched:
         path = Path(source.location) / f"{provider}.csv"
         try:
             with path.open("rb") as handle:
-                raw = handle.read(fmt.MAX_CSV_BYTES + 1)
+                raw = read_at_most(handle, fmt.MAX_CSV_BYTES)
             if len(raw) > fmt.MAX_CSV_BYTES:
                 raise RefreshError(f"{cloud}: {path}: larger than {fmt.MAX_CSV_BYTES // (1024 * 1024)} MiB, refused")
             text = raw.decode("utf-8")
@@ -170,7 +171,7 @@ def _get(url: str, limit: int, cloud: str) -> tuple[bytes, dt.date | None]:
     try:
         with urllib.request.urlopen(request, timeout=TIMEOUT_S) as response:
             expected = response.headers.get("Content-Length")
-            data = response.read(limit + 1)
+            data = read_at_most(response, limit)
             modified = response.headers.get("Last-Modified")
     except urllib.error.HTTPError as exc:
         raise RefreshError(f"{cloud}: {url}: HTTP {exc.code} {exc.reason}") from None

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from cloudtrain.errors import UsageError
+from cloudtrain.readlimit import read_at_most
 from cloudtrain.remote.wildmatch import GLOB_SPECIAL, TooCostly, wildmatch
 
 DEFAULT_PATTERNS = (".git/", "__pycache__/", ".venv/", "/runs/")
@@ -250,7 +251,7 @@ MAX_IGNORE_FILE_BYTES = 100 * 1024 * 1024
 def _read_patterns(path: Path) -> list[Pattern]:
     try:
         with path.open("rb") as handle:
-            data = handle.read(MAX_IGNORE_FILE_BYTES + 1)
+            data = read_at_most(handle, MAX_IGNORE_FILE_BYTES)
     except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
         return []  # no such file (a directory of that name is not one either, as in git): no rules
     except OSError as exc:
