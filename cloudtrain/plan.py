@@ -101,9 +101,18 @@ class Plan:
         return self.best.hourly_price * self.num_nodes
 
     @property
+    def worst_hourly_cost(self) -> float:
+        """USD per hour for the whole cluster at the dearest placement failover may move it to."""
+        return max(c.hourly_price for c in self.candidates) * self.num_nodes
+
+    @property
     def estimated_cost(self) -> float | None:
-        """Worst case for the run when the budget bounds its duration."""
-        return self.hourly_cost * self.max_hours if self.max_hours is not None else None
+        """Worst case for the run when the budget bounds its duration: at the dearest placement the
+        run may use (failover walks every candidate), never above budget.max_usd."""
+        if self.max_hours is None:
+            return None
+        worst = self.worst_hourly_cost * self.max_hours
+        return min(worst, self.max_usd) if self.max_usd is not None else worst
 
     @property
     def affordable_hours(self) -> float | None:
@@ -118,6 +127,8 @@ class Plan:
             line = f"{self.num_nodes} x {line} = ${self.hourly_cost:.4g}/h"
         if self.estimated_cost is not None:
             line += f", at most ${self.estimated_cost:.2f} for {self.max_hours:g} h"
+            if self.worst_hourly_cost > self.hourly_cost:
+                line += f" (failover may reach ${self.worst_hourly_cost:.4g}/h)"
         return line
 
 

@@ -182,9 +182,10 @@ def test_summary_states_the_cluster_price_only_for_several_nodes() -> None:
 def test_budget_keeps_only_affordable_candidates() -> None:
     p = plan({"instance_type": "g4dn.xlarge", "spot": True}, budget={"max_usd": 2, "max_hours": 10})
     assert [c.region for c in p.candidates] == ["us-east-2", "us-west-2"]  # 1.58 and 1.84; the rest exceed $2
-    assert p.estimated_cost == pytest.approx(1.578)
+    # The worst case is at the dearest placement failover may use (us-west-2), not the first.
+    assert p.estimated_cost == pytest.approx(1.84, abs=0.01)
     assert p.affordable_hours == pytest.approx(2 / 0.1578)
-    assert "at most $1.58 for 10 h" in p.summary()
+    assert "at most $1.84 for 10 h" in p.summary()
 
 
 def test_money_limit_without_hours_gives_a_runway() -> None:
@@ -237,3 +238,22 @@ def test_bundled_aws_recipes_plan(name: str, best: tuple) -> None:
     p = make_plan(loaded.recipe, default_catalog(), CLOUDS)
     assert (p.best.region, p.best.instance_type, p.best.spot) == best
     assert p.best.accelerators == "T4:1"
+
+
+def _placements(*prices: float) -> tuple[Placement, ...]:
+    return tuple(Placement("aws", f"r{i}", None, "g4dn.xlarge", price, False) for i, price in enumerate(prices))
+
+
+@pytest.mark.parametrize(("prices", "nodes", "max_hours", "max_usd", "worst"), [
+    ((0.1452, 0.55), 1, 3, None, 1.65),      # the case: failover may reach $0.55/h
+    ((0.1452,), 1, 3, None, 0.4356),         # one placement: its price
+    ((0.2, 0.3, 0.25), 2, 1, None, 0.6),     # the dearest, for every node
+    ((0.2, 0.5), 1, 10, 2.0, 2.0),           # never above budget.max_usd, which the node enforces
+    ((0.2, 0.5), 1, None, 2.0, None),        # no hours: a runway, not a worst case
+])
+def test_the_worst_case_is_over_every_placement_failover_may_use(
+    prices: tuple[float, ...], nodes: int, max_hours: float | None, max_usd: float | None, worst: float | None
+) -> None:
+    p = Plan("aws", nodes, False, _placements(*prices), max_usd=max_usd, max_hours=max_hours)
+    assert p.worst_hourly_cost == pytest.approx(max(prices) * nodes)
+    assert p.estimated_cost == (None if worst is None else pytest.approx(worst))

@@ -208,7 +208,9 @@ def test_cheapest_row_of_the_usable_clouds(case: Case) -> None:
     assert p.num_nodes == nodes and p.hourly_cost == pytest.approx(expected[0][3] * nodes)
     assert all(c.spot == case.resources.get("spot", False) for c in p.candidates)
     hours = (case.top.get("budget") or {}).get("max_hours")
-    assert p.estimated_cost == (pytest.approx(expected[0][3] * nodes * hours) if hours else None)
+    usd = (case.top.get("budget") or {}).get("max_usd")
+    worst = None if not hours else max(e[3] for e in expected) * nodes * hours
+    assert p.estimated_cost == (None if worst is None else pytest.approx(min(worst, usd or worst)))
 
 
 def test_cross_cloud_alternatives_interleave_by_price() -> None:
@@ -464,7 +466,10 @@ def test_plan_command_shows_price_alternatives_and_worst_case(
     budget = top.get("budget", {})
     hourly = best[3] * nodes
     if "max_hours" in budget:
-        assert f"worst case: ${hourly * budget['max_hours']:.2f} ({budget['max_hours']:g} h budget" in out
+        # At the dearest placement failover may use, never above max_usd.
+        worst = max(e[3] for e in expected) * nodes * budget["max_hours"]
+        worst = min(worst, budget.get("max_usd", worst))
+        assert f"worst case: ${worst:.2f} (" in out
     elif "max_usd" in budget:
         assert f"budget ${budget['max_usd']:g} lasts {budget['max_usd'] / hourly:.1f} h at ${hourly:.4g}/h" in out
     else:
@@ -483,7 +488,8 @@ def test_plan_json_lists_every_candidate_and_the_skipped_clouds(fakes: Any, tmp_
     assert [(c["cloud"], c["region"], c["instance_type"], c["hourly_price"]) for c in data["candidates"]] == expected
     assert data["best"] == data["candidates"][0]
     assert data["hourly_usd"] == pytest.approx(expected[0][3] * 2)
-    assert data["worst_case_usd"] == pytest.approx(expected[0][3] * 2 * 10)
+    assert data["worst_case_usd"] == pytest.approx(min(max(e[3] for e in expected) * 2 * 10, 40))
+    assert data["worst_hourly_usd"] == pytest.approx(max(e[3] for e in expected) * 2)
     assert [s["cloud"] for s in data["skipped"]] == ["aws"] and data["skipped"][0]["why"]
     assert created(run) == []
 
@@ -527,7 +533,7 @@ def test_plan_without_any_credentials_shows_the_catalogs_answer_and_exits_2(
     assert "catalog only" in run.result.stdout and "nothing here can launch" in run.result.stdout
     expected = oracle({k: v for k, v in resources.items() if k != "cloud"}, {"budget": {"max_hours": 4}}, clouds)
     assert run.rows() == shown(expected[:6])
-    assert f"worst case: ${expected[0][3] * 4:.2f}" in run.result.stdout
+    assert f"worst case: ${max(e[3] for e in expected) * 4:.2f}" in run.result.stdout
     assert run.result.stderr.count("error:") == 1 and "credentials" in run.result.stderr
     assert created(run) == []
 

@@ -47,7 +47,8 @@ def plan(recipe_path: str, as_json: bool, alternatives: int) -> None:
     if as_json:
         output.print_json({
             "best": p.best.__dict__, "candidates": [c.__dict__ for c in p.candidates],
-            "num_nodes": p.num_nodes, "hourly_usd": p.hourly_cost, "worst_case_usd": p.estimated_cost,
+            "num_nodes": p.num_nodes, "hourly_usd": p.hourly_cost, "worst_hourly_usd": p.worst_hourly_cost,
+            "worst_case_usd": p.estimated_cost,
             "affordable_hours": p.affordable_hours, "skipped": [{"cloud": c, "why": w} for c, w in usable.skipped],
         })
         return
@@ -74,8 +75,19 @@ def _render(p: Plan, alternatives: int) -> None:
     if more > 0:
         output.info(f"... and {more} more placement(s)")
     if p.estimated_cost is not None:
-        output.info(f"worst case: ${p.estimated_cost:.2f} ({p.max_hours:g} h budget at ${p.hourly_cost:.4g}/h)")
+        output.info(f"worst case: ${p.estimated_cost:.2f} ({_worst_why(p)})")
     elif p.affordable_hours is not None:
         output.info(f"budget ${p.max_usd:g} lasts {p.affordable_hours:.1f} h at ${p.hourly_cost:.4g}/h")
     else:
         output.info("no budget set: nothing bounds the cost but you (set budget.max_hours or budget.max_usd)")
+
+
+def _worst_why(p: Plan) -> str:
+    """What the worst case is made of: the budget's hours at the dearest placement failover may use."""
+    assert p.max_hours is not None and p.estimated_cost is not None
+    if p.max_usd is not None and p.estimated_cost >= p.max_usd:
+        return f"budget.max_usd ${p.max_usd:g}, enforced on the machine"
+    if len(p.candidates) == 1 or p.worst_hourly_cost == p.hourly_cost:
+        return f"{p.max_hours:g} h budget at ${p.hourly_cost:.4g}/h"
+    return (f"{p.max_hours:g} h budget at up to ${p.worst_hourly_cost:.4g}/h: the dearest of the "
+            f"{len(p.candidates)} placements failover may use; ${p.hourly_cost:.4g}/h at the first")

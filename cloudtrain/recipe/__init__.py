@@ -153,6 +153,18 @@ class Autostop(StrictModel):
         description="what keeps a node up: cloudtrain jobs and SSH sessions, jobs only, or nothing")
 
 
+def _autostop_input(value: Any) -> Any:
+    """`autostop: false` turns it off; a bare number gets the line to write instead of a type error."""
+    if value is False:
+        return None
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        raise ValueError(f"write the idle time as a mapping: `autostop: {{idle_minutes: {value:g}}}` "
+                         "(add `down: true` to delete instead of stop; `autostop: false` for none)")
+    if value is True or isinstance(value, str):
+        raise ValueError("expected a mapping such as `autostop: {idle_minutes: 30}`, or `autostop: false` for none")
+    return value
+
+
 class Budget(StrictModel):
     max_usd: Annotated[float, Field(gt=0)] | None = None
     max_hours: Annotated[float, Field(gt=0)] | None = None
@@ -280,7 +292,8 @@ class Recipe(StrictModel):
     run: str | None = None
     job: BundledJob | None = None
     results: list[str] = Field(default_factory=list)
-    autostop: Autostop | None = None
+    autostop: Annotated[Autostop | None, BeforeValidator(_autostop_input)] = Field(
+        default=None, description="stop (or delete) idle nodes: a mapping such as {idle_minutes: 30}; false: none")
     budget: Budget | None = None
     sweep: Sweep | None = Field(default=None, description="makes this a sweep recipe: `cloudtrain sweep run` runs it")
 
@@ -412,6 +425,7 @@ def load_recipe(path: str | Path, env: dict[str, str] | None = None, *, sweep: b
     if not isinstance(data, dict):
         raise RecipeError(f"{path}: expected a mapping of recipe fields at the top, got {type(data).__name__}")
     data = interpolate(data, "", path, dict(os.environ) if env is None else env, node)
+    _refuse_misplaced_resources(data, path, node)
     try:
         recipe = Recipe.model_validate(data, context={"sweep": sweep})
     except ValidationError as exc:
@@ -437,6 +451,17 @@ def load_recipe(path: str | Path, env: dict[str, str] | None = None, *, sweep: b
         recipe=recipe, path=path, digest=digest, workdir=workdir, data_sources=tuple(sources), node=node,
         warnings=tuple(f"{path}: {w}" for w in warnings),
     )
+
+
+def _refuse_misplaced_resources(data: dict[str, Any], path: Path, node: yaml.Node | None) -> None:
+    """`cloud: aws` at the top of a recipe: the commonest misplacement gets its real place named."""
+    from cloudtrain.yamlfile import line_of
+
+    for key in data:
+        if isinstance(key, str) and key in Resources.model_fields and key not in Recipe.model_fields:
+            line = line_of(node, (key,))
+            raise RecipeError(f"{path}:{line}: {key}: unknown key {key!r} at the top; did you mean resources.{key}?",
+                              hint=f"write it under resources:, e.g. `resources: {{{key}: ...}}`")
 
 
 def json_schema() -> dict[str, Any]:

@@ -66,7 +66,8 @@ def for_launch(cluster: str, recipe: Recipe, usable: object) -> SpendRequest:
     what = plan.best.describe()
     if plan.num_nodes > 1:
         what = f"{plan.num_nodes} x {what} = ${plan.hourly_cost:.4g}/h"
-    return SpendRequest(cluster, "launch", what, plan.hourly_cost, worst_case(recipe, plan.hourly_cost),
+    # The budget's hours are bounded at the dearest placement failover may move the cluster to.
+    return SpendRequest(cluster, "launch", what, plan.hourly_cost, worst_case(recipe, plan.worst_hourly_cost),
                         tuple(usable.skipped))
 
 
