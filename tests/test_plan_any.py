@@ -538,6 +538,18 @@ def test_plan_without_any_credentials_shows_the_catalogs_answer_and_exits_2(
     assert created(run) == []
 
 
+def test_plan_json_without_any_credentials_is_still_one_document(fakes: Any, tmp_path: Path) -> None:
+    run = run_plan(fakes, tmp_path, {"accelerators": "T4:1"}, {"budget": {"max_hours": 4}}, PRICED, args=("--json",))
+    assert run.result.returncode == 2
+    data = json.loads(run.result.stdout)
+    expected = oracle({"accelerators": "T4:1"}, {"budget": {"max_hours": 4}}, PRICED)
+    assert data["catalog_only"] is True and "credentials" in data["error"]
+    assert [(c["cloud"], c["region"], c["instance_type"], c["hourly_price"]) for c in data["candidates"]] == expected
+    assert data["worst_case_usd"] == pytest.approx(max(e[3] for e in expected) * 4)
+    assert run.result.stderr.count("error:") == 1
+    assert created(run) == []
+
+
 def test_plan_without_credentials_and_no_fitting_offer_shows_only_the_recipe_mistake(fakes: Any, tmp_path: Path) -> None:
     run = run_plan(fakes, tmp_path, {"accelerators": "T4:1", "memory": 4096}, {}, PRICED)
     assert run.result.returncode == 2 and "catalog only" not in run.result.stdout

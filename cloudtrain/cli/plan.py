@@ -35,22 +35,22 @@ def plan(recipe_path: str, as_json: bool, alternatives: int) -> None:
         return
     try:
         usable = plan_with_credentials(loaded.recipe, config)
-    except CredentialsError:
+    except CredentialsError as exc:
         # Nothing can launch, but the user asked what it would cost: show the catalog's answer (when
         # there is one) before the refusal, so pricing a recipe does not wait on a cloud login.
-        unlaunchable = None if as_json else catalog_only_plan(loaded.recipe, config)
-        if unlaunchable is not None:
+        unlaunchable = catalog_only_plan(loaded.recipe, config)
+        if unlaunchable is not None and as_json:
+            # One document still (a program reads stdout); the exit code and stderr say it cannot launch.
+            output.print_json({**_document(unlaunchable), "catalog_only": True, "skipped": [],
+                               "error": exc.one_line()})
+        elif unlaunchable is not None:
             output.info("catalog only: no credentials work for these clouds, so nothing here can launch yet")
             _render(unlaunchable, alternatives)
         raise
     p = usable.plan
     if as_json:
-        output.print_json({
-            "best": p.best.__dict__, "candidates": [c.__dict__ for c in p.candidates],
-            "num_nodes": p.num_nodes, "hourly_usd": p.hourly_cost, "worst_hourly_usd": p.worst_hourly_cost,
-            "worst_case_usd": p.estimated_cost,
-            "affordable_hours": p.affordable_hours, "skipped": [{"cloud": c, "why": w} for c, w in usable.skipped],
-        })
+        output.print_json({**_document(p), "catalog_only": False,
+                           "skipped": [{"cloud": c, "why": w} for c, w in usable.skipped]})
         return
     for cloud, why in usable.skipped:
         output.warn(f"skipping {cloud}: {why} (see `cloudtrain check {cloud}`)")
@@ -63,6 +63,12 @@ def plan(recipe_path: str, as_json: bool, alternatives: int) -> None:
         describe = getattr(usable.providers.get(cloud), "vm_identity", None)
         if describe is not None:
             output.info(f"{cloud} VMs run as: {describe(deletes)}")
+
+
+def _document(p: Plan) -> dict:
+    return {"best": p.best.__dict__, "candidates": [c.__dict__ for c in p.candidates], "num_nodes": p.num_nodes,
+            "hourly_usd": p.hourly_cost, "worst_hourly_usd": p.worst_hourly_cost, "worst_case_usd": p.estimated_cost,
+            "affordable_hours": p.affordable_hours}
 
 
 def _render(p: Plan, alternatives: int) -> None:
