@@ -1,6 +1,6 @@
 """pytest plugin (entry point `cloudtrain`): the test kit's fixtures, in any project, no conftest.
 
-`pip install "cloudtrain[dev]"` registers it. One fixture per cloud, all with the same shape
+Installing cloudtrain with its `[dev]` extra registers it (docs/testing.md: how). One fixture per cloud, all with the same shape
 (`FakeCloud`, cloudtrain/testing/cloud.py; user guide: docs/testing.md):
 - local_cloud, ssh_cloud, aws_cloud: run your recipes with the real CLI against fakes, offline
 - fake_cloud: `fake_cloud("aws")` -> the `aws_cloud` fixture's value, for parametrized tests

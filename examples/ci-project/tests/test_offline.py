@@ -1,7 +1,7 @@
 """This project's recipe, run end to end by the real `cloudtrain` CLI on fakes of each cloud.
 
 No account and no network: `local_cloud`, `ssh_cloud`, `aws_cloud` and `fake_cloud` come from
-cloudtrain's pytest plugin (`pip install "cloudtrain[dev]"`). `cloud.recipe(RECIPE)` is a copy of
+cloudtrain's pytest plugin (cloudtrain installed with its `[dev]` extra). `cloud.recipe(RECIPE)` is a copy of
 train.yaml pointed at the fake (same workdir, envs, run and results; the fake's resources).
 """
 
