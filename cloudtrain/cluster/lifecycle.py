@@ -18,7 +18,7 @@ from cloudtrain.state.locks import cluster_lock
 from cloudtrain.providers import get_provider
 from cloudtrain.providers.base import HostSpec, Instance, InstanceSpec, InstanceState, Provider, owner_id
 from cloudtrain.providers.base import TAG_INCARNATION
-from cloudtrain.providers.base import launched_ids as launched_by
+from cloudtrain.providers.base import launched_by
 from cloudtrain.recipe import Recipe
 from cloudtrain.state import ClusterRecord, ClusterStatus, NodeRecord, RunStatus, StateStore
 from cloudtrain.cluster.hosts import end_work_on_hosts
@@ -304,13 +304,22 @@ class Lifecycle:
 
         self.store.add_event(name, "launch-failed", f"{type(exc).__name__}: {exc}")
         # Instances the provider ended itself when the launch was cut short are observed too.
-        launched_ids = {i.id for i in launched} | set(launched_by(exc))
+        ended_by_provider = launched_by(exc)
+        launched_ids = {i.id for i in launched} | {i.id for i in ended_by_provider}
         left: list[str] = []
         for provider in providers:
             try:
-                ids = {i.id for i in provider.list_tagged(name) if i.state in _LIVE_STATES}
+                found = [i for i in provider.list_tagged(name) if i.state in _LIVE_STATES]
+                ids = {i.id for i in found}
                 if provider is providers[-1]:
                     ids |= launched_ids
+                    listed = {i.id for i in found}
+                    found += [i for i in ended_by_provider if i.id not in listed]
+                    record = self.store.get_cluster(name)
+                    if found and record is not None:
+                        # Seen before they go: once deleted, some clouds (Azure) no longer say when
+                        # they were made, and their seconds (and minimum) are still billed.
+                        self._apply(record, provider, [observe(i, time.time()) for i in found], complete=False)
                 if ids:
                     self.reporter.warn(f"launch failed; terminating {len(ids)} instance(s) it created on {provider.name}")
                     provider.terminate(sorted(ids))

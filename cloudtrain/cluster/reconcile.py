@@ -161,6 +161,10 @@ def _billing_ops(obs: Observation, open_now: Mapping[BillKind, BillingRecord], p
         if kind is BillKind.DISK and launched_at is not None and not open_now:
             # Found running with nothing open (adopted after a crash): its disks exist since launch.
             at = min(at, launched_at)
+        if (kind is BillKind.RUNNING and first_sighting and launched_at is not None
+                and obs.source is Source.LOOKED):
+            # First seen running with no time for its state: it has run since its launch at most.
+            at = min(at, launched_at)
         price = pricing.running if kind is BillKind.RUNNING else pricing.disk_hourly(obs.instance.disk_gb)
         ops.append(BillingOp(True, inst_id, kind, at, price, pricing.min_s if kind is BillKind.RUNNING else 0.0,
                              obs.source))

@@ -219,15 +219,17 @@ class Provider(Protocol):
 _LAUNCHED_ATTR = "cloudtrain_launched_ids"
 
 
-def note_launched(exc: BaseException, ids: Sequence[str]) -> None:
+def note_launched(exc: BaseException, instances: Sequence[Instance]) -> None:
     """A launch cut short (Ctrl-C, a timeout) whose instances the provider found and ended itself:
-    name them on the exception on its way out, so the caller's cleanup observes them and the
-    ledger bills their seconds. (The exception stays what it was: a KeyboardInterrupt must stay one.)"""
-    if ids:
-        setattr(exc, _LAUNCHED_ATTR, tuple(getattr(exc, _LAUNCHED_ATTR, ())) + tuple(ids))
+    attach them, as last seen before they went (with their launch time: once deleted, some clouds
+    no longer say it), to the exception on its way out, so that the caller's cleanup observes
+    them and the ledger bills their seconds. The exception stays what it was (a KeyboardInterrupt
+    must stay one)."""
+    if instances:
+        setattr(exc, _LAUNCHED_ATTR, tuple(getattr(exc, _LAUNCHED_ATTR, ())) + tuple(instances))
 
 
-def launched_ids(exc: BaseException) -> tuple[str, ...]:
+def launched_by(exc: BaseException) -> tuple[Instance, ...]:
     return tuple(getattr(exc, _LAUNCHED_ATTR, ()))
 
 

@@ -73,6 +73,7 @@ from typing import Any
 
 import pytest
 
+from cloudtrain.testing.bill import FakeBill
 from cloudtrain.testing.cloud import CloudMachines, FakeCloud, cluster_hint
 from cloudtrain.testing.faults import Gate, RequestBook
 from cloudtrain.testing.metadata import MetadataServer
@@ -1339,6 +1340,8 @@ class AzureCloud(FakeCloud):
                          config={"ssh": {"proxy_command": machines.proxy_command, "allowed_cidr": self.allowed_cidr},
                                  "azure": server.config(self.region)})
         self.move_caller(self.allowed_cidr.split("/")[0], reconfigure=False)
+        # What Azure would bill, from the fake ARM's own machine events (cloudtrain/testing/bill.py).
+        self.bill = FakeBill("azure")
         server.machine_hooks.append(self._observe)
         server.network_hooks.append(self._follow_rules)
 
@@ -1418,7 +1421,30 @@ class AzureCloud(FakeCloud):
         """A real SDK client of the fake: "compute", "network", "resource" or "authorization"."""
         return self.server.client(kind)
 
+    def _bill(self, event: str, vm: dict[str, Any]) -> None:
+        """Azure bills compute while a VM is allocated (running, or stopped from inside: only a
+        deallocate ends it), each start at least 300 s, and its managed disk from creation to
+        deletion: priced from the catalog (size, region, priority) and the storage table."""
+        from cloudtrain.catalog import default_catalog
+        from cloudtrain.cost import HOURS_PER_MONTH, disk_price
+
+        key, props = vm["id"].lower(), vm["properties"]
+        if event == "boot":
+            spot = (props.get("priority") or "").lower() == "spot"
+            hourly = default_catalog().price("azure", vm["location"], props["hardwareProfile"]["vmSize"], spot=spot)
+            size = float(props["storageProfile"]["osDisk"].get("diskSizeGB") or 0)
+            self.bill.created(key, (vm.get("tags") or {}).get("cloudtrain-cluster", ""), hourly or 0.0,
+                              (disk_price("azure") or 0.0) * size / HOURS_PER_MONTH)
+        elif event == "power_on":
+            self.bill.started(key)
+        elif self.server.resources.get(key) is None:
+            self.bill.deleted(key)
+        elif props.get("_power") == "deallocated":
+            self.bill.stopped(key)
+        # Stopped from inside ("stopped", allocated): still billed, nothing changes.
+
     def _observe(self, event: str, vm: dict[str, Any]) -> None:
+        self._bill(event, vm)
         vm_id = vm["id"].lower()
         if event in ("boot", "power_on"):
             self._follow_rules()  # the address's rules first: no moment without them

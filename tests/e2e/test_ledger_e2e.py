@@ -205,3 +205,39 @@ def test_gcp_a_stop_by_compute_engine_itself_is_billed_from_when_it_happened(gcp
     assert_ledger_is_the_bill(gcp_cloud, gcp_cloud.cluster)
     assert gcp_cloud.down().ok
     assert_ledger_is_the_bill(gcp_cloud, gcp_cloud.cluster)
+
+
+# Azure: the same ledger against the fake ARM's own bill ------------------------------------------
+
+
+def test_azure_a_short_run_is_billed_five_minutes_and_matches_the_bill(azure_cloud) -> None:  # noqa: ANN001
+    result = azure_cloud.run(azure_cloud.recipe(run="echo ledger"), "--down")
+    assert result.ok, result.output
+    assert azure_cloud.bill.running() == []
+    data = assert_ledger_is_the_bill(azure_cloud, azure_cloud.cluster)
+    (incarnation,) = [i for i in data["incarnations"] if i["cluster"] == azure_cloud.cluster]
+    assert incarnation["node_hours"] * 3600 == pytest.approx(300, rel=0.01)  # Azure's minimum since June 2025
+
+
+@pytest.mark.parametrize("how", ["no capacity", "ctrl-c before the VM's answer"])
+def test_azure_a_failed_launch_releases_its_billed_side_resources_before_forgetting(azure_cloud, how) -> None:  # noqa: ANN001
+    """Item 6: a launch that fails after its static public IP exists (ARM refuses the VM, or Ctrl-C
+    while ARM's answer to the VM's PUT is on its way): the cleanup releases the group with the IP;
+    the row is forgotten only once nothing is left. (A Ctrl-C before ARM has the PUT at all leaves
+    its outcome unknown to the CLI; the group's release still deletes whatever it made.)"""
+    path = azure_cloud.recipe(run="echo ledger")
+    if how == "no capacity":
+        azure_cloud.fail("capacity")
+        assert not azure_cloud.up(path).ok
+    else:
+        gate = azure_cloud.faults.hold("vm.create", after=True)
+        done = signal_cli_at(gate, ["up", str(path), "--cluster", azure_cloud.cluster],
+                             {**os.environ, **azure_cloud.env}, signal.SIGINT)
+        assert done.returncode == 130, done.stdout + done.stderr
+    assert azure_cloud.leftovers() == []  # no VM, disk or public IP billing on
+    clusters = json.loads(azure_cloud.cli("status", "--json").stdout)["clusters"]
+    assert azure_cloud.cluster not in [c["name"] for c in clusters]
+    data = cost(azure_cloud)
+    reported = sum(i["usd"] for i in data["incarnations"] if i["cluster"] == azure_cloud.cluster)
+    # A VM that ARM made and the cleanup deleted costs Azure's five minutes; none made costs nothing.
+    assert reported == pytest.approx(azure_cloud.bill.usd(azure_cloud.cluster, until=data["at"]), rel=0.01, abs=1e-9)

@@ -400,17 +400,17 @@ class AwsProvider:
             return
         _log_leftovers(cluster, left)
 
-    def _terminate_token_quietly(self, region: str, cluster: str, token: str) -> list[str]:
-        """Terminate what the launch with `token` made; returns those instances' ids."""
+    def _terminate_token_quietly(self, region: str, cluster: str, token: str) -> list[Instance]:
+        """Terminate what the launch with `token` made; returns those instances as last seen."""
         try:
             live = {"Name": "instance-state-name", "Values": LIVE_STATES}
             raws = self.api.instances(region, [{"Name": f"tag:{TAG_CLUSTER}", "Values": [cluster]}, live])
-            ids = [r["InstanceId"] for r in raws if r.get("ClientToken") == token]
-            if ids:
-                self.api.ec2(region, "terminate_instances", InstanceIds=ids)
-                for instance_id in ids:
-                    self._where[instance_id] = region
-            return ids
+            made = [self._instance(r, region) for r in raws if r.get("ClientToken") == token]
+            if made:
+                self.api.ec2(region, "terminate_instances", InstanceIds=[i.id for i in made])
+                for instance in made:
+                    self._where[instance.id] = region
+            return made
         except (ProviderError, CredentialsError) as exc:
             log.warning("aws: could not check for instances of interrupted launch %s: %s", token, exc.one_line())
             return []

@@ -50,6 +50,7 @@ from cloudtrain.providers.azure.records import (
     vm_record,
 )
 from cloudtrain.providers.base import (
+    note_launched,
     TAG_CLUSTER,
     TAG_OWNER,
     Capabilities,
@@ -213,6 +214,8 @@ class AzureProvider:
             if existing is None or (existing.tags or {}).get(TAG_CLUSTER) != cluster:
                 return
             compute = self.api.compute
+            # As last seen, with their creation times, for the ledger (note_launched).
+            note_launched(cause, [vm.instance for vm in self._vms(group, names)])
             pollers = [self._call("deleting a half-created VM", compute.virtual_machines.begin_delete, group, name)
                        for name in names]
             for poller in pollers:
