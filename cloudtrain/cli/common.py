@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import click
@@ -37,3 +38,25 @@ def open_lifecycle(reporter: Reporter | None = None) -> Lifecycle:
     from cloudtrain.state import StateStore
 
     return Lifecycle(StateStore(), load_config(), reporter)
+
+
+def check_runs_dir(base: Path, flag: str = "--runs-dir") -> None:
+    """Refuse a runs directory that cannot be made, before anything runs; leaves nothing behind
+    (a run directory appears only once the run is approved)."""
+    import errno
+    import tempfile
+
+    from cloudtrain.errors import UsageError
+
+    existing = base
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise UsageError(f"{flag} {base}: {existing} is not a directory", hint="name a directory you can write to")
+    try:
+        # Permission bits do not tell (root, read-only mounts, /proc): try, and remove the try.
+        Path(tempfile.mkdtemp(prefix=".cloudtrain-check-", dir=existing)).rmdir()
+    except OSError as exc:
+        why = errno.errorcode.get(exc.errno or 0, "") and (exc.strerror or "")
+        raise UsageError(f"{flag} {base}: cannot create directories in {existing} ({why or exc})",
+                         hint="name a directory you can write to") from None

@@ -36,6 +36,13 @@ def recipe_warnings(warnings: Sequence[str]) -> None:
         warn(warning)
 
 
+def interrupted_logs(name: str, job: str | None) -> None:
+    """Ctrl-C of `logs`: what stopped (the printing, not the job) and how to go on."""
+    which = f" {job}" if job else ""
+    click.echo(f"\nstopped printing; the job runs on. `cloudtrain logs {name}{which} -f --resume` continues "
+               "after the last line printed", err=True)
+
+
 def print_json(data: Any) -> None:
     click.echo(json.dumps(data, indent=2, default=str))
 

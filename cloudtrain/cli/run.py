@@ -12,7 +12,7 @@ import click
 
 from cloudtrain.cli import output
 from cloudtrain.cli.approve import approver, yes_option
-from cloudtrain.cli.common import cluster_argument, cluster_option, open_lifecycle
+from cloudtrain.cli.common import check_runs_dir, cluster_argument, cluster_option, open_lifecycle
 
 # How much of a failed job's log `run` prints (in every mode, -q included).
 TAIL_LINES = 20
@@ -86,6 +86,7 @@ def run(recipe_path: str, cluster: str | None, env: dict[str, str], down_: bool,
     lc = open_lifecycle(display)
     name = cluster or loaded.recipe.name
     base = Path(runs_dir or lc.config.runs_dir).expanduser()
+    check_runs_dir(base, "--runs-dir" if runs_dir else "runs_dir (config)")
     sigterm_as_interrupt()
     approve = approver(yes, lc.config.confirm)
     result = Executor(lc, display, approve).run(loaded, name, teardown or "auto", base, env_overrides=env)
@@ -204,7 +205,12 @@ def logs(name: str, job: str | None, follow: bool, resume: bool, watchdog: bool 
         if shown is not None:
             click.echo(shown)
 
-    status = print_logs(lc, name, job, follow=follow, resume=resume, write=write)
+    try:
+        status = print_logs(lc, name, job, follow=follow, resume=resume, write=write)
+    except KeyboardInterrupt:
+        # Only the printing stops: the job runs on, and print_logs saved where it got to.
+        output.interrupted_logs(name, job)
+        raise SystemExit(130) from None
     if follow and status is not None and status.state != JobState.SUCCEEDED:
         raise SystemExit(status.exit_code or 1)
 

@@ -404,7 +404,15 @@ def resolve_recipe(path: str | Path) -> Path:
     candidate = Path(path)
     if candidate.exists() or candidate.suffix or len(candidate.parts) > 1:
         return candidate
-    return bundled_recipes().get(str(candidate), candidate)
+    bundled = bundled_recipes()
+    if str(candidate) in bundled:
+        return bundled[str(candidate)]
+    # Neither a file nor a bundled name: a mistyped bundled name gets the right one.
+    from cloudtrain.yamlfile import did_you_mean
+
+    hint = did_you_mean(str(candidate), sorted(bundled))
+    raise RecipeError(f"{candidate}: not found: no such file, and no bundled recipe of that name",
+                      hint=f"{hint}; `cloudtrain recipes` lists them" if hint else "`cloudtrain recipes` lists the bundled ones")
 
 
 def load_recipe(path: str | Path, env: dict[str, str] | None = None, *, sweep: bool = False) -> LoadedRecipe:

@@ -145,6 +145,10 @@ def test_logs_follow_interrupted_and_resumed(tmp_path: Path) -> None:
     got += [line for line in first.stdout.read().splitlines() if line]
     first.wait(timeout=30)
     assert first.returncode == 130
+    assert first.stderr is not None
+    said = first.stderr.read()
+    # What stopped (the printing, not the job) and how to go on; no bare "Aborted.".
+    assert "the job runs on" in said and "cloudtrain logs logbox -f --resume" in said and "Aborted." not in said
     second = cloudtrain("logs", "logbox", "-f", "--resume")
     assert second.returncode == 0, second.stderr
     got += second.stdout.splitlines()
