@@ -17,8 +17,28 @@ def recipes() -> None:
     rows = []
     for name, path in bundled_recipes().items():
         data, _, text = read_yaml(path, RecipeError)
-        first_comment = next((line.lstrip("# ").strip() for line in text.splitlines() if line.startswith("#")), "")
         cloud = (data or {}).get("resources", {}).get("cloud", "local") if isinstance(data, dict) else "-"
-        rows.append((name, cloud, first_comment[:70]))
+        rows.append((name, cloud, summary(text)))
     output.table(["RECIPE", "CLOUD", "WHAT"], rows)
     output.info("run one with `cloudtrain run NAME`, or copy it: it is in " + str(next(iter(bundled_recipes().values())).parent))
+
+
+WIDTH = 72
+
+
+def summary(text: str, width: int = WIDTH) -> str:
+    """The recipe's first sentence, from its leading comment, shortened at a word boundary."""
+    import textwrap
+
+    words = []
+    for line in text.splitlines():
+        if not line.startswith("#"):
+            break
+        part = line.lstrip("# ").strip()
+        if not part:
+            break
+        words.append(part)
+        if part.endswith((".", ":")):
+            break
+    sentence = " ".join(words).rstrip(":")
+    return textwrap.shorten(sentence, width=width, placeholder=" ...")
