@@ -244,6 +244,11 @@ def device_colours(rows: Sequence[CompareRow]) -> list[str]:
             for r in rows]
 
 
+def value_axis(values: Sequence[float | None]) -> tuple[float, float] | None:
+    """Fixed y limits for a panel whose bars are all zero or missing (no scale to show), else None."""
+    return (0.0, 1.0) if all(not v for v in values) else None
+
+
 def render_png(rows: Sequence[CompareRow], path: Path | str) -> Path:
     """Three panels, one bar per run coloured by device: training images/s (with speed-up), test
     accuracy, cost per epoch. Bars are numbered (the runs' names are listed under the panels) and
@@ -287,6 +292,13 @@ def render_png(rows: Sequence[CompareRow], path: Path | str) -> Path:
         ax.tick_params(axis="y", labelsize=8)
         ax.set_title(title, fontsize=10)
         ax.margins(y=0.25)
+        flat = value_axis(values)
+        if flat is not None:
+            # Bars of nothing (free runs): autoscaling would centre the axis on 0 and print $-0.060.
+            ax.set_ylim(*flat)
+            ax.set_yticks([])
+        else:
+            ax.set_ylim(bottom=0)  # images/s and dollars are never negative
         ax.spines[["top", "right"]].set_visible(False)
     accuracies = [r.test_accuracy for r in rows if r.test_accuracy is not None]
     if accuracies:

@@ -15,8 +15,9 @@ from cloudtrain.cli import output
               help="Where to save the chart (default: compare.png next to the runs).")
 @click.option("--png", "png_path", type=click.Path(dir_okay=False), hidden=True)
 def compare(run_dirs: tuple[str, ...], png_path: str | None) -> None:
-    """Compare RUN_DIRs: device, strategy, batch size, sec/batch, images/s, speed-up vs the first,
-    test accuracy, cost per epoch; a chart coloured by device is saved next to the runs."""
+    """Compare RUN_DIRs. Any runs: status, exit code, wall and job time, cost, and every number the
+    runs' outputs/metrics.json share. The bundled job's runs: device, strategy, batch size, sec/batch,
+    images/s, speed-up vs the first, test accuracy, cost per epoch, and a chart coloured by device."""
     from cloudtrain.compare import (CompareError, batch_size_warning, compare_table, default_png_path, format_rows,
                                     load_runs, render_png)
 
@@ -25,6 +26,18 @@ def compare(run_dirs: tuple[str, ...], png_path: str | None) -> None:
     for chart in charts:
         output.warn(f"skipped {chart}: a chart, not a run directory")
     run_dirs = tuple(d for d in run_dirs if d not in charts)
+    from cloudtrain.compare_any import load_all, table
+
+    anyruns = load_all([Path(d) for d in run_dirs])
+    if not all(r.bundled for r in anyruns):
+        # Runs of your own scripts: what run.json records, and the metrics they all report.
+        headers, cells, partial = table(anyruns)
+        output.table(headers, cells)
+        if partial:
+            output.info(f"not in every run (left out): {', '.join(partial)}")
+        if len(headers) == 6:
+            output.info("no metric common to these runs: write numbers to outputs/metrics.json to compare them")
+        return
     try:
         rows = compare_table(load_runs([Path(d) for d in run_dirs]))
     except CompareError as exc:
