@@ -68,13 +68,14 @@ def status(name: str | None, as_json: bool, refresh: bool) -> None:
         for cluster, job in store.latest_jobs().items()
     }
     if as_json:
+        record = output.json_record
         output.print_json({
             "clusters": [
-                {**c.__dict__, "nodes": [n.__dict__ for n in store.get_nodes(c.name)],
-                 "last_job": latest[c.name].__dict__ if c.name in latest else None}
+                {**record(c.__dict__), "nodes": [record(n.__dict__) for n in store.get_nodes(c.name)],
+                 "last_job": record(latest[c.name].__dict__) if c.name in latest else None}
                 for c in clusters
             ],
-            "runs": [r.__dict__ for r in runs],
+            "runs": [record(r.__dict__, decode=("result_paths",)) for r in runs],
         })
         return
     now = time.time()

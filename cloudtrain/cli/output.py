@@ -43,6 +43,33 @@ def interrupted_logs(name: str, job: str | None) -> None:
                "after the last line printed", err=True)
 
 
+def iso_time(epoch: float) -> str:
+    """An epoch time as ISO 8601 in UTC, e.g. 2026-11-25T11:44:21Z."""
+    import datetime as dt
+
+    return dt.datetime.fromtimestamp(epoch, tz=dt.timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def json_record(row: dict[str, Any], decode: Sequence[str] = ()) -> dict[str, Any]:
+    """A state row for `--json`: every epoch field `<x>_at` gets `<x>_at_iso` beside it (null when
+    the epoch is), and the fields in `decode`, stored as JSON text, become the values they hold."""
+    out: dict[str, Any] = {}
+    for key, value in row.items():
+        if key in decode and isinstance(value, str):
+            value = _json_or_text(value)
+        out[key] = value
+        if key.endswith("_at") and (value is None or (isinstance(value, (int, float)) and not isinstance(value, bool))):
+            out[f"{key}_iso"] = None if value is None else iso_time(value)
+    return out
+
+
+def _json_or_text(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text  # not JSON after all (a hand-edited row): shown as the text it is
+
+
 def print_json(data: Any) -> None:
     click.echo(json.dumps(data, indent=2, default=str))
 
