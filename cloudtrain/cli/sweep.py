@@ -92,7 +92,7 @@ def status(sweep_id: str | None, as_json: bool) -> None:
         rows = store.list_sweeps()
         data = [_sweep_line(store, r) for r in rows]
         if as_json:
-            output.print_json({"sweeps": data})
+            output.print_json({"sweeps": [output.json_record(d) for d in data]})
             return
         if not data:
             output.info("no sweeps yet (`cloudtrain sweep run RECIPE`)")
@@ -115,13 +115,14 @@ def status(sweep_id: str | None, as_json: bool) -> None:
         from cloudtrain.sweep.ledger import sweep_spend
 
         vms = sweep_spend(store, row.id, [(vm.id, vm.slot) for vm in store.sweep_vms(row.id)], time.time())
-        output.print_json({**line, "results_dir": row.results_dir, "ended": row.ended_reason, "error": row.error,
+        output.print_json({**output.json_record(line), "results_dir": row.results_dir, "ended": row.ended_reason, "error": row.error,
                            "vms": [v.as_json() for v in vms.vms],
                            "trials": [{"trial": t.number, "state": t.state.value, "params": t.param_dict(),
                                        spec.metric: t.value, "attempts": t.attempts, "error": t.error}
                                       for t in trials],
-                           "attempts": [{"trial": a.trial, "attempt": a.attempt, "vm": a.vm, "state": a.state.value,
-                                         "started_at": a.started_at, "ended_at": a.ended_at} for a in attempts]})
+                           "attempts": [output.json_record(
+                               {"trial": a.trial, "attempt": a.attempt, "vm": a.vm, "state": a.state.value,
+                                "started_at": a.started_at, "ended_at": a.ended_at}) for a in attempts]})
         return
     output.info(f"sweep {row.id} ({row.name}): {row.status}{' - ' + row.ended_reason if row.ended_reason else ''}; "
                 f"spent {output.money(line['spent_usd'])} of {output.money(spec.costs.budget_usd)}; "
