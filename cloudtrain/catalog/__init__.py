@@ -25,7 +25,7 @@ import functools
 import os
 import tempfile
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from cloudtrain.errors import ConfigError
@@ -61,6 +61,9 @@ class Offer:
     spot_price: float | None  # None: the type is not sold as spot there
     gpu_memory_gib: float | None = None  # per GPU; None: not known (or no GPU)
     price_date: dt.date | None = None  # when the price was taken; None: not known
+    # Where the row came from: "bundled" (shipped with cloudtrain) or "refreshed" (`catalog refresh`);
+    # not part of an offer's identity.
+    source: str | None = field(default=None, compare=False)
 
     @property
     def accelerators(self) -> str | None:
@@ -122,10 +125,11 @@ class Catalog:
                 overrides = ()
             loaded: list[Offer] = []
             for path in files:
-                loaded.extend(read_csv(path))
+                loaded.extend(read_csv(path, source="bundled" if self._files is None else None))
             newer: list[Offer] = []
             for path in overrides:
-                newer.extend(read_csv(path, hint="a refreshed catalog file: delete it or run `cloudtrain catalog refresh`"))
+                newer.extend(read_csv(path, hint="a refreshed catalog file: delete it or run `cloudtrain catalog refresh`",
+                                      source="refreshed"))
             self._override_files = tuple(overrides)
             self._offers = tuple(merge(loaded, newer)) if newer else tuple(loaded)
         return self._offers
@@ -268,7 +272,7 @@ def _optional_date(text: str | None) -> dt.date | None:
     return dt.date.fromisoformat(text) if text else None
 
 
-def read_csv(path: Path, hint: str | None = None) -> list[Offer]:
+def read_csv(path: Path, hint: str | None = None, source: str | None = None) -> list[Offer]:
     """Parse one catalog file; a malformed row names the file and line. The optional columns
     (OPTIONAL_COLUMNS) may be missing from the header or empty in a row."""
     offers = []
@@ -299,6 +303,7 @@ def read_csv(path: Path, hint: str | None = None) -> list[Offer]:
                         gpu_memory_gib=_optional_float(row[gpu_memory]) if gpu_memory is not None
                         and gpu_memory < len(row) else None,
                         price_date=_optional_date(row[date]) if date is not None and date < len(row) else None,
+                        source=source,
                     )
                 )
             except (ValueError, IndexError) as exc:

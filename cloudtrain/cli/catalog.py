@@ -101,6 +101,17 @@ def _priced(offer: Offer, today: dt.date) -> str:
     return f"{text} STALE" if offer.stale(today) else text
 
 
+# What the repository can tell about its undated bundled rows (gcp.csv, azure.csv): their commits
+# record neither a source nor the day the prices were taken, so no date is made up for them.
+_UNDATED_BUNDLED = "bundled prices written without a recorded source or date"
+
+
+def _source(offer: Offer) -> str:
+    if offer.source == "refreshed":
+        return "refreshed"
+    return "bundled" if offer.price_date else "bundled, undated"
+
+
 @click.group(cls=_Group, invoke_without_command=True)
 @click.option("--gpu", metavar="GPU[:COUNT]", help="Only this GPU model (any case), with at least COUNT of them.")
 @click.option("--cloud", "clouds", multiple=True, metavar="CLOUD", help="Only this cloud (repeatable).")
@@ -134,6 +145,7 @@ def catalog(ctx: click.Context, gpu: str | None, clouds: tuple[str, ...], region
             "gpu": o.accelerator, "gpu_count": o.accelerator_count, "gpu_memory_gib": o.gpu_memory_gib,
             "vcpus": o.vcpus, "memory_gib": o.memory_gib, "price": o.price, "spot_price": o.spot_price,
             "price_date": o.price_date.isoformat() if o.price_date else None, "stale": o.stale(today),
+            "source": o.source,
         } for o in shown]})
         return
     if not shown:
@@ -141,10 +153,14 @@ def catalog(ctx: click.Context, gpu: str | None, clouds: tuple[str, ...], region
         return
     zones = any(o.zone for o in shown)
     headers = ["CLOUD", "REGION", *(["ZONE"] if zones else []), "INSTANCE TYPE", "GPU", "GPU MEM", "VCPUS", "RAM",
-               "ON-DEMAND/H", "SPOT/H", "PRICE DATE"]
+               "ON-DEMAND/H", "SPOT/H", "PRICE DATE", "SOURCE"]
     rows = [[o.cloud, o.region, *([o.zone] if zones else []), o.instance_type, o.accelerators, _gib(o.gpu_memory_gib),
-             o.vcpus, _gib(o.memory_gib), _price(o.price), _price(o.spot_price), _priced(o, today)] for o in shown]
+             o.vcpus, _gib(o.memory_gib), _price(o.price), _price(o.spot_price), _priced(o, today), _source(o)]
+            for o in shown]
     output.table(headers, rows)
+    for cloud in dict.fromkeys(o.cloud for o in shown if o.source != "refreshed" and not o.price_date):
+        output.info(f"{cloud}: {_UNDATED_BUNDLED}; "
+                    f"`cloudtrain catalog refresh --cloud {cloud}` replaces them with dated prices")
     if len(shown) < len(offers):
         output.info(f"({len(offers) - len(shown)} more; without -n all are shown)")
     stale = [o for o in shown if o.stale(today)]

@@ -43,7 +43,7 @@ def test_the_table_is_sorted_cheapest_first_and_filters_combine() -> None:
     table = run_cli("catalog", "--gpu", "A10G", "--cloud", "aws", "-n", "2")
     lines = table.stdout.splitlines()
     assert lines[0].split() == ["CLOUD", "REGION", "INSTANCE", "TYPE", "GPU", "GPU", "MEM", "VCPUS", "RAM",
-                                "ON-DEMAND/H", "SPOT/H", "PRICE", "DATE"]
+                                "ON-DEMAND/H", "SPOT/H", "PRICE", "DATE", "SOURCE"]
     assert lines[1].split()[:5] == ["aws", "us-east-1", "g5.xlarge", "A10G:1", "24"]
     assert "$1.006" in lines[1] and lines[-1] == "(10 more; without -n all are shown)"
     assert run_cli("catalog", "--gpu", "H100", "--region", "eu-west-1", "--cloud", "aws").stdout == "no offers match\n"
@@ -68,9 +68,10 @@ def test_undated_and_old_refreshed_prices_are_flagged(cloudtrain_home: Path) -> 
     table = run_cli("catalog", "--cloud", "aws", "--region", "ap-south-1", "--region", "ap-south-2",
                     "--region", "ap-east-1")
     rows = {line.split()[1]: line for line in table.stdout.splitlines()[1:]}
-    assert rows["ap-south-1"].endswith(f"{TODAY - dt.timedelta(days=200)} STALE")
-    assert rows["ap-south-2"].endswith("unknown STALE")
-    assert rows["ap-east-1"].endswith(TODAY.isoformat())
+    # The price date, then where the price came from.
+    assert rows["ap-south-1"].split()[-3:] == [str(TODAY - dt.timedelta(days=200)), "STALE", "refreshed"]
+    assert rows["ap-south-2"].split()[-3:] == ["unknown", "STALE", "refreshed"]
+    assert rows["ap-east-1"].split()[-2:] == [TODAY.isoformat(), "refreshed"]
     assert table.stderr == ("warning: 2 of 3 prices are older than 90 days or undated (STALE); "
                             "`cloudtrain catalog refresh` updates them\n")
     stale = {o["region"]: o["stale"] for o in offers("--cloud", "aws", "--region", "ap-south-1", "--region", "ap-east-1")}
@@ -113,3 +114,13 @@ def test_only_refresh_pays_for_the_network_code(args: list[str]) -> None:
     assert not (NETWORK & loaded), NETWORK & loaded
     if args[0] != "catalog":
         assert "cloudtrain.catalog" not in loaded
+
+
+def test_every_price_says_where_it_came_from() -> None:
+    table = run_cli("catalog", "--gpu", "T4:1", "--cloud", "aws", "--cloud", "gcp")
+    rows = [line.split() for line in table.stdout.splitlines()[1:] if line.startswith(("aws ", "gcp "))]
+    assert rows and {row[0]: " ".join(row[-2:]) for row in rows} == {"aws": "2026-11-21 bundled",
+                                                                      "gcp": "bundled, undated"}
+    # The undated bundled rows are not given a made-up date: their source recorded none.
+    assert "gcp: bundled prices written without a recorded source or date" in table.stdout
+    assert {o["source"] for o in offers("--cloud", "gcp")} == {"bundled"}
