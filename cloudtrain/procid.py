@@ -22,14 +22,18 @@ def boot_id() -> str:
         return ""
 
 
+def _stat_fields(pid: int) -> list[str]:
+    """/proc/PID/stat from field 3 on (the command name, field 2, may hold spaces and parentheses:
+    split after its last ')'); [] where there is no /proc or no such process."""
+    try:
+        return (_PROC / str(pid) / "stat").read_text().rsplit(")", 1)[-1].split()
+    except OSError:
+        return []
+
+
 def start_ticks(pid: int) -> int | None:
     """The process's start time in clock ticks since boot (field 22 of /proc/PID/stat), or None."""
-    try:
-        stat = (_PROC / str(pid) / "stat").read_text()
-    except OSError:
-        return None
-    # The command name (field 2) may hold spaces and parentheses: split after its last ')'.
-    fields = stat.rsplit(")", 1)[-1].split()
+    fields = _stat_fields(pid)
     try:
         return int(fields[19])
     except (IndexError, ValueError):
@@ -57,7 +61,8 @@ def _pid_exists(pid: int) -> bool:
         return False
     except PermissionError:
         return True  # someone else's process: it exists
-    return True
+    fields = _stat_fields(pid)
+    return not fields or fields[0] != "Z"  # a zombie has ended; only its exit status is left
 
 
 def alive(value: str | None, pid: int | None = None) -> bool:

@@ -33,6 +33,35 @@ grace=${3:-10}
 
 now() { date +%s; }
 
+# A process's identity beyond its pid: BOOT:PID:TICKS (the boot id, the pid, its start time in clock
+# ticks after boot; BOOT and TICKS empty without /proc). A pid alone lies after a reboot or once it
+# is reused: a lost job would read as running (autostop never fires) and `kill` could reach a
+# stranger's session. cloudtrain/procid.py writes and reads the same format on the laptop.
+proc_identity() {
+    ident_pid=$1
+    boot=$(cat /proc/sys/kernel/random/boot_id 2>/dev/null || true)
+    ticks=
+    stat=$(cat "/proc/$1/stat" 2>/dev/null || true)
+    if [ -n "$stat" ]; then
+        # The command name (field 2) may hold spaces and ')': fields after its last ')'. The 20th
+        # of those is field 22, the start time.
+        set -- ${stat##*) }
+        if [ $# -ge 20 ]; then shift 19; ticks=$1; fi
+    fi
+    echo "$boot:$ident_pid:$ticks"
+}
+
+# Whether the job's supervisor (pid $1) still runs: the same process that started the job, by its
+# recorded identity (jobs started before identities were recorded: the pid alone).
+supervisor_alive() {
+    kill -0 "$1" 2>/dev/null || return 1
+    # A zombie has ended (only its exit status is left for a parent that never asks).
+    case $(cat "/proc/$1/stat" 2>/dev/null || true) in *") Z "*) return 1 ;; esac
+    recorded=$(cat "$jobdir/identity" 2>/dev/null || true)
+    [ -n "$recorded" ] || return 0
+    [ "$(proc_identity "$1")" = "$recorded" ]
+}
+
 # Sets $members: the pids in session $1 except this shell and zombies. Builtins only (no
 # command substitution): a subshell of ours would be a member of the session it is listing.
 list_session() {
@@ -124,6 +153,8 @@ start)
 _supervise)
     cd "$jobdir" || exit 1
     export CLOUDTRAIN_JOB_DIR="$jobdir"
+    # The identity first: whoever sees the pid also finds what makes it this process.
+    proc_identity $$ > identity.tmp && mv identity.tmp identity
     echo $$ > pid.tmp && mv pid.tmp pid
     now > started_at
     if [ -f cancelled ] || [ -f exit_code ]; then
@@ -206,7 +237,7 @@ status)
         else state=failed; fi
     elif [ -z "$pid" ]; then
         state=pending
-    elif kill -0 "$pid" 2>/dev/null; then
+    elif supervisor_alive "$pid"; then
         state=running
     else
         # The supervisor is gone without writing an exit code: the node rebooted or was killed.
@@ -233,7 +264,7 @@ kill)
         [ -f "$jobdir/exit_code" ] || write_exit 143
         exit 0
     fi
-    if [ ! -f "$jobdir/exit_code" ] && kill -0 "$pid" 2>/dev/null; then
+    if [ ! -f "$jobdir/exit_code" ] && supervisor_alive "$pid"; then
         # The supervisor's trap TERMs the job and sweeps the session; we TERM the whole session
         # at once too, so a job whose shell ignores the signal still loses its children.
         find_job_processes "$pid" 1
@@ -243,7 +274,7 @@ kill)
     fi
     if [ ! -f "$jobdir/exit_code" ]; then
         # The supervisor hangs on a job that ignores TERM, or it was killed itself.
-        if kill -0 "$pid" 2>/dev/null; then find_job_processes "$pid" 1; signal_found KILL; fi
+        if supervisor_alive "$pid"; then find_job_processes "$pid" 1; signal_found KILL; fi
         write_exit 137
     fi
     # Leftovers of a supervisor that was killed (-9, OOM) carry the job's mark.
@@ -256,7 +287,7 @@ follow)
         over=0
         if [ -f "$jobdir/exit_code" ]; then
             over=1
-        elif [ -s "$jobdir/pid" ] && ! kill -0 "$(cat "$jobdir/pid")" 2>/dev/null; then
+        elif [ -s "$jobdir/pid" ] && ! supervisor_alive "$(cat "$jobdir/pid")"; then
             over=1 # the supervisor is gone without an exit code (lost): nothing more will come
         fi
         size=$(wc -c < "$jobdir/log" 2>/dev/null || echo 0)

@@ -159,7 +159,20 @@ def job_state(job_dir: str, runner: str) -> str:
         return "lost"
     except PermissionError:
         return "running"
+    if (read_text("/proc/{}/stat".format(pid)).rsplit(")", 1)[-1].split() or [""])[0] == "Z":
+        return "lost"  # a zombie has ended
+    recorded = read_text(os.path.join(job_dir, "identity"))
+    if recorded and recorded != process_identity(pid):
+        return "lost"  # the pid lives, but it is another process now (reused after a reboot)
     return "running"
+
+
+def process_identity(pid: int) -> str:
+    """BOOT:PID:TICKS as runner.sh's proc_identity writes it (cloudtrain/procid.py's format)."""
+    stat = read_text("/proc/{}/stat".format(pid)) or ""
+    fields = stat.rsplit(")", 1)[-1].split()
+    ticks = fields[19] if len(fields) >= 20 else ""
+    return "{}:{}:{}".format(read_text("/proc/sys/kernel/random/boot_id") or "", pid, ticks)
 
 
 def observe_jobs(paths: Paths, now: float) -> dict:

@@ -179,6 +179,8 @@ class Lifecycle:
             # The on-node watchdog stops a machine by shutting it down from inside: the cloud makes
             # that a stop, or a delete when autostop says down.
             shutdown_behavior="terminate" if recipe.autostop is not None and recipe.autostop.down else "stop",
+            # What the on-node watchdog may do to it: providers attach (and check) the identity it needs.
+            watchdog="stop" if recipe.autostop is not None or recipe.budget is not None else None,
             hosts=hosts,
         )
 

@@ -7,7 +7,6 @@ stays fast: it reads local nodes' job files directly and never opens SSH.
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -49,8 +48,9 @@ def peek_local(job: JobRecord) -> JobRecord:
     """A job on a node that is a directory on this machine, read from its files without starting a
     shell (for plain `status`); other jobs are returned as state knows them.
 
-    Mirrors `runner.sh status`: exit_code present means over; a supervisor pid that is gone
-    without one means lost.
+    Mirrors `runner.sh status`: exit_code present means over; a supervisor that is gone without
+    one means lost, "gone" judged by its recorded identity (boot id, pid, start time: procid), so a
+    pid reused after a reboot is not taken for the job.
     """
     if job.status not in OPEN_STATES or not _on_this_machine(job):
         return job
@@ -69,12 +69,10 @@ def peek_local(job: JobRecord) -> JobRecord:
     pid_text = _read(job_dir / "pid")
     if pid_text is None or not pid_text.isdigit():
         return job if job_dir.exists() else _with(job, JobState.LOST, None, None)
-    try:
-        os.kill(int(pid_text), 0)
-    except ProcessLookupError:
+    from cloudtrain import procid
+
+    if not procid.alive(_read(job_dir / "identity"), int(pid_text)):
         return _with(job, JobState.LOST, None, None)
-    except PermissionError:
-        return job
     return job
 
 

@@ -119,6 +119,18 @@ class _Run:
             self.status = RunStatus.FAILED
 
 
+def _keep_bootstrap_log(exc: CloudtrainError, run_dir: Path, reporter: Reporter) -> None:
+    """A node that could not be made ready: its whole bootstrap log goes into the run directory
+    (the error shows only the failing step's last lines)."""
+    from cloudtrain.errors import BootstrapError
+
+    if isinstance(exc, BootstrapError) and exc.log:
+        try:
+            (run_dir / "bootstrap.log").write_text(exc.log)
+        except OSError as err:
+            reporter.warn(f"could not keep the bootstrap log in {run_dir}: {err}")
+
+
 def new_run_id(cluster: str) -> str:
     return f"{cluster}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
 
@@ -213,6 +225,7 @@ class Executor:
         except CloudtrainError as exc:
             r.error = exc.one_line()
             usage_error = exc if isinstance(exc, UsageError) else None
+            _keep_bootstrap_log(exc, run_dir, self.reporter)
             end_jobs(self.store, self.reporter, r.nodes, r.jobs_started)
         except Exception as exc:
             r.error = f"internal error: {type(exc).__name__}: {exc}"

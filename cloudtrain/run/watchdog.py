@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from cloudtrain import paths
 from cloudtrain.budget import budget_limit
-from cloudtrain.errors import RemoteError, UsageError
+from cloudtrain.errors import NotAvailableError, RemoteError, UsageError
 
 if TYPE_CHECKING:
     from cloudtrain.cluster.lifecycle import Cluster, Lifecycle
@@ -267,6 +267,11 @@ def ensure_on_node(cluster: Cluster, node: Node, settings: Settings, eager_actio
         # The node says which effect it needs: a lease kept there needs the delete.
         first = action(bool(answer.get("down", settings.down)))
         answer = _send(cluster, node, node_config(cluster, node, settings, first))
+    if answer.get("status") == "refused":
+        # The node cannot act on itself (no passwordless sudo for the power-off): refused at `up`,
+        # never a silent autostop or budget that would not fire.
+        raise NotAvailableError(f"{node.transport.label}: autostop and budget cannot act: {answer.get('why')}",
+                                hint="give the login user passwordless sudo, or drop autostop/budget")
     if answer.get("status") not in ("written", "unchanged"):
         raise RemoteError(f"{node.transport.label}: the watchdog's ensure answered {answer!r}")
     if settings.enforces and not answer.get("running"):

@@ -58,3 +58,5 @@ def test_a_failed_bootstrap_shows_pips_reason_and_keeps_the_log(ssh_cloud: SshCl
     assert "No matching distribution found for tensorflow" in said, said
     log = node.root / "home" / "ubuntu" / ".cloudtrain" / "bootstrap.log"  # kept after `down`
     assert "installing tensorflow" in log.read_text() and "bootstrap.log on node 0" in said
+    # ... and the whole log is in the run directory too.
+    assert result.run_dir is not None and "installing tensorflow" in (result.run_dir / "bootstrap.log").read_text()
