@@ -44,10 +44,9 @@ def test_run_output_exit_codes_and_stdin(transport: SSHTransport) -> None:
 
 
 def test_run_timeout(transport: SSHTransport) -> None:
-    started = time.monotonic()
-    with pytest.raises(RemoteError, match="timed out"):
-        transport.run(["sleep", "10"], timeout=0.5)
-    assert time.monotonic() - started < 5
+    # The command would sleep 60 s: the error (not a fixed bound on elapsed time) shows it was cut.
+    with pytest.raises(RemoteError, match="timed out after 0.5s"):
+        transport.run(["sleep", "60"], timeout=0.5)
     assert transport.run(["echo", "still usable"]).text == "still usable\n"
 
 
@@ -162,11 +161,9 @@ def test_unreachable_node_fails_with_address_and_hint(sshd_vm_factory: SshdFacto
 
     port = free_port()
     instance = Instance(id="i-dead", cluster="c", state=InstanceState.RUNNING, public_ip="127.0.0.1", ssh_port=port)
-    started = time.monotonic()
     with pytest.raises(SSHConnectError) as caught:
         open_transport(cluster="c", instance=instance, config=fast_config(connect_retries_s=1),
                        key_path=sshd_vm_factory.client_key.private_path)
-    assert time.monotonic() - started < 5
     assert f"127.0.0.1:{port}" in caught.value.message and "i-dead" in caught.value.message
     assert caught.value.hint
 
@@ -205,7 +202,6 @@ def test_wrong_key_is_an_auth_error(sshd_vm: SshdVM, tmp_path: Path) -> None:
 def test_reconnects_transparently_between_calls(transport: SSHTransport, sshd_vm: SshdVM) -> None:
     assert transport.run(["echo", "1"]).text == "1\n"
     sshd_vm.restart()  # drops every session, same host key: like a reboot
-    time.sleep(0.2)
     assert transport.run(["echo", "2"]).text == "2\n"
     assert transport.connects == 2
 
