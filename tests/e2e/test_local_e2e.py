@@ -252,10 +252,10 @@ def test_multi_node_ranks_and_one_node_failure(tmp_path: Path) -> None:
     assert "rank=1 nodes=2" in (run_dir / "node-1-job.log").read_text()
 
     (tmp_path / "fail.yaml").write_text(recipe.read_text().replace("name: pair", "name: pair-fail\nenvs: {FAIL_RANK_1: 'yes'}"))
-    started = time.monotonic()
-    bad = cloudtrain("run", "fail.yaml", "--runs-dir", str(tmp_path / "runs"), cwd=tmp_path, timeout=120)
+    # Rank 0 sleeps 600 s: that `run` ends at all (within the 300 s bound on a hung test) shows rank 0
+    # was stopped when rank 1 failed; no bound on elapsed time, which a loaded machine stretches.
+    bad = cloudtrain("run", "fail.yaml", "--runs-dir", str(tmp_path / "runs"), cwd=tmp_path, timeout=300)
     assert bad.returncode == 5, bad.stdout + bad.stderr
-    assert time.monotonic() - started < 60, "rank 0 should be stopped when rank 1 fails"
     assert "node 1 failed (exit code 5)" in bad.stdout
 
 
