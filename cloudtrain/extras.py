@@ -24,9 +24,10 @@ def missing(modules: Sequence[str]) -> list[str]:
     return [m for m in modules if importlib.util.find_spec(m) is None]
 
 
-def require(extra: str, what: str) -> None:
-    """Raise a UsageError (exit 2) naming `extra` when a module it provides is not installed."""
-    absent = missing(EXTRAS[extra])
+def require(extra: str, what: str, modules: Sequence[str] | None = None) -> None:
+    """Raise a UsageError (exit 2) naming `extra` when a module it provides (`modules`, default all
+    of EXTRAS[extra]) is not installed."""
+    absent = missing(EXTRAS[extra] if modules is None else modules)
     if absent:
         raise UsageError(
             f"{what} needs {' and '.join(absent)}, which {'is' if len(absent) == 1 else 'are'} not installed "

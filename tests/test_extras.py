@@ -41,6 +41,17 @@ def test_a_missing_extra_is_named_before_anything_runs(tmp_path: Path, hidden: s
     assert not runs.exists() and shown.stdout == ""  # nothing ran, nothing was made
 
 
+def test_compare_without_matplotlib_names_the_extra(tmp_path: Path) -> None:
+    from tests.test_compare import _fake_run
+
+    _fake_run(tmp_path / "a")
+    shown = cli_without("matplotlib", "compare", str(tmp_path / "a"), cwd=tmp_path)
+    assert shown.returncode == 2, shown.stdout + shown.stderr
+    (line,) = shown.stderr.strip().splitlines()
+    assert "matplotlib" in line and 'pip install "cloudtrain[tf]"' in line
+    assert not (tmp_path / "compare.png").exists()
+
+
 def test_with_the_extras_installed_nothing_is_missing() -> None:
     # The suite's venv has every extra the checks name (scripts/setup.sh --test).
     assert {extra: missing(modules) for extra, modules in EXTRAS.items()} == {extra: [] for extra in EXTRAS}

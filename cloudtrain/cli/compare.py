@@ -38,6 +38,9 @@ def compare(run_dirs: tuple[str, ...], png_path: str | None) -> None:
         if len(headers) == 6:
             output.info("no metric common to these runs: write numbers to outputs/metrics.json to compare them")
         return
+    from cloudtrain.extras import require
+
+    require("tf", "the bundled job's comparison chart", modules=("matplotlib",))
     try:
         rows = compare_table(load_runs([Path(d) for d in run_dirs]))
     except CompareError as exc:
