@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 from cloudtrain.config import Config
 from cloudtrain.errors import ClusterBusyError, ClusterNotFoundError, NotAvailableError, ProviderError, UsageError
@@ -22,7 +23,12 @@ from cloudtrain.providers.base import launched_by
 from cloudtrain.recipe import Recipe
 from cloudtrain.state import ClusterRecord, ClusterStatus, NodeRecord, RunStatus, StateStore
 from cloudtrain.cluster.hosts import end_work_on_hosts
+from cloudtrain.cluster import access
+from cloudtrain.cluster.intent import Heartbeat, is_me
 from cloudtrain.cluster.reconcile import Observation, Pricing, observe, reconcile
+
+if TYPE_CHECKING:
+    from cloudtrain.cluster.planning import UsablePlan
 
 # Clouds whose providers exist but whose recipe features land in later work. Refused, never ignored.
 _LIVE_STATES = {InstanceState.PENDING, InstanceState.RUNNING, InstanceState.STOPPING, InstanceState.STOPPED}
@@ -69,7 +75,7 @@ class Lifecycle:
     # up ------------------------------------------------------------------------------------------
 
     def up(self, recipe: Recipe, name: str, recipe_path: str | None = None, digest: str | None = None,
-           run_id: str | None = None, usable: object = None,
+           run_id: str | None = None, usable: UsablePlan | None = None,
            deadline_at: float | None = None) -> tuple[Cluster, bool]:
         """Bring the cluster up (reuse it if it exists). Returns (cluster, created_now).
 
@@ -150,20 +156,7 @@ class Lifecycle:
             HostSpec(address=h.address, user=h.user, port=h.port, key=h.key, proxy_command=h.proxy_command)
             for h in (res.hosts or [])
         )
-        public_key = None
-        allowed_cidr = self.config.ssh.allowed_cidr
-        caps = provider.capabilities
-        if caps.remote and not caps.takes_hosts:
-            # A machine we create: it gets this cluster's key, and a firewall open to us only.
-            from cloudtrain.remote import keys
-
-            public_key = keys.cluster_key(name).public_openssh
-            if allowed_cidr is None:
-                # Never 0.0.0.0/0 by default: SSH is opened to the caller's own address only.
-                from cloudtrain.netaddr import caller_cidr
-
-                allowed_cidr = caller_cidr()
-                self.reporter.info(f"SSH ingress limited to {allowed_cidr} (set ssh.allowed_cidr to change)")
+        public_key, allowed_cidr = access.grant(name, provider, self.config, self.reporter)
         return InstanceSpec(
             cluster=name,
             owner=owner_id(self.config),
@@ -185,14 +178,14 @@ class Lifecycle:
         )
 
     def _create(self, recipe: Recipe, name: str, recipe_path: str | None, digest: str | None,
-                usable: object = None, deadline_at: float | None = None) -> Cluster:
+                usable: UsablePlan | None = None, deadline_at: float | None = None) -> Cluster:
         if self.launches_priced(recipe):
-            # Credentials first, before anything is written or created: the commonest first-run
-            # mistake. `cloud: any` skips (and names) the clouds without them.
-            from cloudtrain.cluster.planning import UsablePlan, plan_with_credentials
-
-            if not isinstance(usable, UsablePlan):
-                usable = plan_with_credentials(recipe, self.config)
+            # Provisioning takes a plan (made with working credentials) and its approval; it makes
+            # neither: the caller did both before anything existed (run/pipeline.Executor.check).
+            if usable is None:
+                raise UsageError(f"cluster {name!r}: a launch on a priced cloud needs its plan",
+                                 hint="make it with cloudtrain.cluster.planning.plan_with_credentials, "
+                                      "approve it, and pass it as `usable` (Executor.check does both)")
             for cloud, why in usable.skipped:
                 self.reporter.warn(f"skipping {cloud}: {why} (see `cloudtrain check {cloud}`)")
             self.reporter.info(f"plan: {usable.plan.summary()}")
@@ -206,7 +199,7 @@ class Lifecycle:
             spec = replace(spec, shutdown_behavior="terminate", watchdog="delete")
         tried: dict[str, Provider] = {}
         launched: list[Instance] = []
-        heartbeat = _Heartbeat(self.store.path, name)
+        heartbeat = Heartbeat(self.store.path, name)
         try:
             launched, provider, answered = self._launch(recipe, spec, candidates, providers, tried, recipe_path,
                                                         digest, heartbeat, deadline_at)
@@ -238,7 +231,7 @@ class Lifecycle:
 
     def _launch(self, recipe: Recipe, spec: InstanceSpec, candidates: list, providers: dict[str, Provider],
                 tried: dict[str, Provider], recipe_path: str | None, digest: str | None,
-                heartbeat: _Heartbeat, deadline_at: float | None = None) -> tuple[list[Instance], Provider, float]:
+                heartbeat: Heartbeat, deadline_at: float | None = None) -> tuple[list[Instance], Provider, float]:
         """Launch at the cheapest placement; on a capacity error fail over to the next one that the
         error does not rule out (a zone's, a region's, or the whole cloud's), across clouds for
         `cloud: any`. The state row (the launch intent: a new incarnation, this process as its
@@ -501,7 +494,7 @@ class Lifecycle:
             record = self.store.get_cluster(name)
             if record is None:
                 return False
-            if record.launch_in_flight(time.time()) and record.driver and not _is_me(record.driver):
+            if record.launch_in_flight(time.time()) and record.driver and not is_me(record.driver):
                 raise ClusterBusyError(
                     f"cluster {name!r} is being launched by another cloudtrain process ({record.driver.split(':')[1]})",
                     hint="wait for that launch to finish (or fail), then `cloudtrain down` it",
@@ -539,13 +532,7 @@ class Lifecycle:
                     self.store.set_cluster_status(name, ClusterStatus.DOWN_FAILED, error=f"still there: {detail}")
                     raise ProviderError(f"{provider.name} still reports {detail} after terminating them",
                                         hint=f"`cloudtrain down {name}` again; `cloudtrain status {name} --refresh` shows them")
-            if provider.capabilities.remote:
-                from cloudtrain.remote import keys
-
-                for instance_id in ids:
-                    keys.KnownHosts().forget(instance_id)
-                keys.delete_cluster_key(name)
-                keys.remove_ssh_config(name)
+            access.revoke(name, provider, ids)
             if record.uid is not None:
                 # Machines nobody bills, or forgotten: nothing more will be observed of them.
                 self.store.end_billing(record.uid, answered)
@@ -554,53 +541,6 @@ class Lifecycle:
             self.store.delete_jobs(name)
             self.store.delete_cluster(name)
         return True
-
-
-class _Heartbeat:
-    """While a launch is in flight its row's heartbeat is fresh (other terminals and `gc` leave it
-    alone). Its own connection: SQLite connections are not shared across threads mid-transaction."""
-
-    def __init__(self, path: object, name: str, every_s: float = 10.0) -> None:
-        import threading
-
-        self._path, self._name, self._every = path, name, every_s
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def start(self) -> None:
-        import threading
-
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._beat, name="launch-heartbeat", daemon=True)
-            self._thread.start()
-
-    def _beat(self) -> None:
-        import logging
-        import sqlite3
-
-        store = StateStore(self._path)  # type: ignore[arg-type]
-        try:
-            while not self._stop.wait(self._every):
-                record = store.get_cluster(self._name)
-                if record is None or record.uid is None or record.status != ClusterStatus.PROVISIONING:
-                    return
-                try:
-                    store.heartbeat(self._name, record.uid)
-                except sqlite3.Error as exc:  # a busy database: the next beat tries again
-                    logging.getLogger(__name__).debug("heartbeat of %s: %s", self._name, exc)
-        finally:
-            store.close()
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-
-
-def _is_me(driver: str) -> bool:
-    from cloudtrain import procid
-
-    return driver == procid.identity()
 
 
 def _max_run_s(recipe: Recipe, hourly_per_node: float, deadline_at: float | None = None) -> float | None:

@@ -385,11 +385,13 @@ class Executor:
 
     # node preparation ----------------------------------------------------------------------------
 
-    def up(self, loaded: LoadedRecipe, cluster_name: str) -> tuple[Cluster, bool]:
-        """`cloudtrain up`: provision (or reuse) and make every node ready to run the recipe."""
+    def up(self, loaded: LoadedRecipe, cluster_name: str,
+           deadline_at: float | None = None) -> tuple[Cluster, bool]:
+        """`cloudtrain up`: provision (or reuse) and make every node ready to run the recipe.
+        `deadline_at` (a sweep's lease): a new cluster's machines carry it in their launch request."""
         self.check(loaded, cluster_name, "keep")
         cluster, created = self.lc.up(loaded.recipe, cluster_name, str(loaded.path.resolve()), loaded.digest,
-                                      usable=self._usable.get(cluster_name))
+                                      usable=self._usable.get(cluster_name), deadline_at=deadline_at)
         nodes: list[Node] = []
         try:
             nodes = self._ready_nodes(cluster, loaded.recipe, created)
