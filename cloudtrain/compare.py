@@ -18,7 +18,7 @@ from cloudtrain.errors import UsageError
 
 # Scratch output of non-chief workers and the job's own subtrees never hold the run's result.
 _SKIP_PARTS = ("checkpoints", "tensorboard")
-_REQUIRED = ("images_per_sec", "sec_per_batch", "test_accuracy")
+REQUIRED = ("images_per_sec", "sec_per_batch", "test_accuracy")
 
 
 class CompareError(UsageError):
@@ -70,7 +70,7 @@ class CompareRow:
     cost_usd: float | None
 
 
-def _read_json(path: Path) -> dict[str, Any]:
+def read_json(path: Path) -> dict[str, Any]:
     try:
         data = json.loads(path.read_text())
     except OSError as e:
@@ -117,14 +117,14 @@ def load_run(run_dir: Path | str, name: str | None = None) -> RunSummary:
     if not run_dir.is_dir():
         raise CompareError(f"{run_dir}: not a directory")
     metrics_path = find_metrics(run_dir)
-    m = _read_json(metrics_path)
-    missing = [k for k in _REQUIRED if k not in m]
+    m = read_json(metrics_path)
+    missing = [k for k in REQUIRED if k not in m]
     if missing:
         raise CompareError(f"{metrics_path}: missing {', '.join(missing)} (not written by the cloudtrain job?)")
     env_path = metrics_path.with_name("environment.json")
-    env = _read_json(env_path) if env_path.exists() else {}
+    env = read_json(env_path) if env_path.exists() else {}
     price_path = run_dir / "run.json"
-    price = _read_json(price_path) if price_path.exists() else {}
+    price = read_json(price_path) if price_path.exists() else {}
     gpu_names = m.get("gpu_names") or []
     if not isinstance(gpu_names, list):
         raise CompareError(f"{metrics_path}: field 'gpu_names' should be a list")
@@ -190,7 +190,7 @@ def _fmt(value: float | None, spec: str, prefix: str = "", suffix: str = "") -> 
     return "-" if value is None else f"{prefix}{value:{spec}}{suffix}"
 
 
-def _usd(value: float) -> str:
+def usd(value: float) -> str:
     """A small dollar amount with two significant digits: $0.00026, $0.012, $1.3."""
     if value == 0:
         return "$0"
@@ -199,7 +199,7 @@ def _usd(value: float) -> str:
 
 
 def _money(value: float | None) -> str:
-    return "-" if value is None else _usd(value)
+    return "-" if value is None else usd(value)
 
 
 def format_rows(rows: Sequence[CompareRow]) -> tuple[list[str], list[list[str]]]:
@@ -279,8 +279,8 @@ def render_png(rows: Sequence[CompareRow], path: Path | str) -> Path:
         ("test accuracy", [r.test_accuracy for r in rows], lambda r: f"{r.test_accuracy:.4f}",
          lambda v, _: f"{v:.2f}"),
         ("cost per epoch", [r.cost_per_epoch_usd for r in rows],
-         lambda r: "free" if r.cost_per_epoch_usd == 0 else _usd(r.cost_per_epoch_usd),
-         lambda v, _: _usd(v)),
+         lambda r: "free" if r.cost_per_epoch_usd == 0 else usd(r.cost_per_epoch_usd),
+         lambda v, _: usd(v)),
     )
     for ax, (title, values, note, ticks) in zip(axes, panels):
         bars = ax.bar(range(n), [v or 0.0 for v in values], color=colours)

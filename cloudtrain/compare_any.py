@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cloudtrain.compare import _REQUIRED, CompareError, _read_json, _usd, find_metrics
+from cloudtrain.compare import REQUIRED, CompareError, find_metrics, read_json, usd
 
 
 @dataclass(frozen=True)
@@ -48,14 +48,14 @@ def load_any(run_dir: Path | str, name: str | None = None) -> AnyRun:
     if not run_dir.is_dir():
         raise CompareError(f"{run_dir}: no such run directory" if not run_dir.exists() else f"{run_dir}: not a directory")
     record_path = run_dir / "run.json"
-    record = _read_json(record_path) if record_path.is_file() else {}
+    record = read_json(record_path) if record_path.is_file() else {}
     try:
         metrics_path: Path | None = find_metrics(run_dir)
     except CompareError:
         if not record:
             raise CompareError(f"{run_dir}: neither run.json nor a metrics.json: not a run directory") from None
         metrics_path = None
-    metrics = _read_json(metrics_path) if metrics_path is not None else {}
+    metrics = read_json(metrics_path) if metrics_path is not None else {}
     phases = record.get("phases_s") if isinstance(record.get("phases_s"), dict) else {}
     return AnyRun(
         name=name or run_dir.resolve().name, path=run_dir,
@@ -63,7 +63,7 @@ def load_any(run_dir: Path | str, name: str | None = None) -> AnyRun:
         exit_code=record.get("exit_code") if isinstance(record.get("exit_code"), int) else None,
         wall_time_s=_num(record.get("wall_time_s")), run_time_s=_num(phases.get("run")),
         cost_usd=_num(record.get("cost_usd")), metrics=flatten(metrics),
-        bundled=metrics_path is not None and all(k in metrics for k in _REQUIRED),
+        bundled=metrics_path is not None and all(k in metrics for k in REQUIRED),
     )
 
 
@@ -91,7 +91,7 @@ def table(runs: Sequence[AnyRun]) -> tuple[list[str], list[list[str]], list[str]
     shared = shared_metrics(runs)
     headers = ["run", "status", "exit", "wall s", "job s", "cost", *shared]
     rows = [[r.name, r.status or "-", "-" if r.exit_code is None else str(r.exit_code), _secs(r.wall_time_s),
-             _secs(r.run_time_s), "-" if r.cost_usd is None else _usd(r.cost_usd),
+             _secs(r.run_time_s), "-" if r.cost_usd is None else usd(r.cost_usd),
              *(_metric(r.metrics[k]) for k in shared)] for r in runs]
     partial = sorted({k for r in runs for k in r.metrics} - set(shared))
     return headers, rows, partial
