@@ -349,7 +349,7 @@ class SSHTransport:
         while True:
             attempts += 1
             try:
-                conn = self._connect_once()
+                conn = self._attempt(notice if attempts == 1 else None)
             except HostKeyMismatchError:
                 raise
             except SSHAuthError as exc:
@@ -380,6 +380,19 @@ class SSHTransport:
             remaining = budget - (time.monotonic() - started)
             time.sleep(max(0.0, min(delay, remaining)))
             delay = min(delay * 2, 5.0)
+
+    def _attempt(self, notice: _WaitNotice | None) -> _Connection:
+        """One connect; with `notice`, a line if it has not answered after _WAIT_NOTICE_S (one
+        attempt alone may take connect_timeout_s: a host that accepts and never speaks)."""
+        if notice is None or self.connect_timeout <= _WAIT_NOTICE_S:
+            return self._connect_once()
+        timer = threading.Timer(_WAIT_NOTICE_S, notice.slow_attempt, args=(self.connect_timeout,))
+        timer.daemon = True
+        timer.start()
+        try:
+            return self._connect_once()
+        finally:
+            timer.cancel()
 
     def _connect_once(self) -> _Connection:
         ep = self.endpoint
@@ -534,6 +547,13 @@ class _WaitNotice:
                     self.what, waited, self.budget, last)
         self.said = True
         self.next_at = waited + _WAIT_REPEAT_S
+
+    def slow_attempt(self, timeout: float) -> None:
+        """From a timer: the first attempt has had no answer for _WAIT_NOTICE_S."""
+        log.warning("waiting for %s: no answer after %.0fs (this attempt gives up after %.0fs)",
+                    self.what, _WAIT_NOTICE_S, timeout)
+        self.said = True
+        self.next_at = _WAIT_NOTICE_S + _WAIT_REPEAT_S
 
     def done(self) -> None:
         if self.said:

@@ -137,3 +137,14 @@ def test_a_long_connect_wait_says_what_it_waits_for(
             assert text.startswith("waiting for SSH on u@h:22 (instance i-1): ")
             assert f"{waited:.0f}s of up to {budget:.0f}s" in text and "connection refused" in text
     assert said == said_at
+
+
+def test_one_silent_attempt_says_what_it_waits_for(silent: SilentListener, caplog: pytest.LogCaptureFixture) -> None:
+    """A host that accepts and never speaks holds one attempt for connect_timeout_s: past
+    _WAIT_NOTICE_S a line says what is awaited and when it gives up."""
+    instance, host = _host_instance(silent.port)
+    config = fast_config(connect_timeout_s=ssh._WAIT_NOTICE_S + 1, connect_retries_s=300)
+    with caplog.at_level(logging.WARNING, logger="cloudtrain.remote.ssh"), pytest.raises(SSHConnectError):
+        open_transport(cluster="lab", instance=instance, config=config, host=host)
+    (said,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("waiting for SSH on ")]
+    assert f"127.0.0.1:{silent.port}" in said and "this attempt gives up after" in said
