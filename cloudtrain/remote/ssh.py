@@ -38,11 +38,11 @@ from cloudtrain.remote.channel import (
     RemoteProcess,
     SSHAuthError,
     SSHConnectError,
-    describe,
     lost,
     reader,
 )
 from cloudtrain.remote.keys import Endpoint, HostKeyMismatchError, KnownHosts, node_config, resolve_endpoint
+from cloudtrain.remote.reach import WAIT_NOTICE_S, WaitNotice, handshake_failure, socket_failure
 from cloudtrain.remote.transport import CommandResult, SyncStats
 
 log = logging.getLogger(__name__)
@@ -339,13 +339,13 @@ class SSHTransport:
     def connect(self, retry_for: float | None = None) -> None:
         """Open the connection, retrying with capped exponential backoff for up to retry_for s.
 
-        A wait that outlasts _WAIT_NOTICE_S says what it waits for, and again every
+        A wait that outlasts WAIT_NOTICE_S says what it waits for, and again every
         _WAIT_REPEAT_S with how long it has waited: minutes of silence read as a hang."""
         budget = self.retry_for if retry_for is None else retry_for
         started = time.monotonic()
         delay = 0.25
         attempts = 0
-        notice = _WaitNotice(f"SSH on {self.label} (instance {self.endpoint.instance_id})", budget)
+        notice = WaitNotice(f"SSH on {self.label} (instance {self.endpoint.instance_id})", budget)
         while True:
             attempts += 1
             try:
@@ -381,12 +381,12 @@ class SSHTransport:
             time.sleep(max(0.0, min(delay, remaining)))
             delay = min(delay * 2, 5.0)
 
-    def _attempt(self, notice: _WaitNotice | None) -> _Connection:
-        """One connect; with `notice`, a line if it has not answered after _WAIT_NOTICE_S (one
+    def _attempt(self, notice: WaitNotice | None) -> _Connection:
+        """One connect; with `notice`, a line if it has not answered after WAIT_NOTICE_S (one
         attempt alone may take connect_timeout_s: a host that accepts and never speaks)."""
-        if notice is None or self.connect_timeout <= _WAIT_NOTICE_S:
+        if notice is None or self.connect_timeout <= WAIT_NOTICE_S:
             return self._connect_once()
-        timer = threading.Timer(_WAIT_NOTICE_S, notice.slow_attempt, args=(self.connect_timeout,))
+        timer = threading.Timer(WAIT_NOTICE_S, notice.slow_attempt, args=(self.connect_timeout,))
         timer.daemon = True
         timer.start()
         try:
@@ -523,63 +523,6 @@ class SSHTransport:
 
     def _lost(self, doing: str, exc: BaseException | None) -> ConnectionLostError:
         return lost(self.label, doing, exc)
-
-
-# Waiting for SSH: silent for a few seconds (a VM's sshd coming up), then a line saying what for.
-_WAIT_NOTICE_S = 5.0
-_WAIT_REPEAT_S = 30.0
-_CHECK_HOST = "check the address and port (a typo?), that the machine is on and sshd runs, and that no firewall drops the port"
-
-
-class _WaitNotice:
-    """The lines a long connect wait prints: what it waits for, how long so far, the last error."""
-
-    def __init__(self, what: str, budget: float) -> None:
-        self.what = what
-        self.budget = budget
-        self.next_at = _WAIT_NOTICE_S
-        self.said = False
-
-    def tick(self, waited: float, last: str) -> None:
-        if waited < self.next_at or self.budget - waited < 1:
-            return
-        log.warning("waiting for %s: %.0fs of up to %.0fs (a new machine may still be booting); last: %s",
-                    self.what, waited, self.budget, last)
-        self.said = True
-        self.next_at = waited + _WAIT_REPEAT_S
-
-    def slow_attempt(self, timeout: float) -> None:
-        """From a timer: the first attempt has had no answer for _WAIT_NOTICE_S."""
-        log.warning("waiting for %s: no answer after %.0fs (this attempt gives up after %.0fs)",
-                    self.what, _WAIT_NOTICE_S, timeout)
-        self.said = True
-        self.next_at = _WAIT_NOTICE_S + _WAIT_REPEAT_S
-
-    def done(self) -> None:
-        if self.said:
-            log.warning("%s answered", self.what)
-
-
-def socket_failure(exc: OSError, timeout: float) -> tuple[str, str]:
-    """(what happened, what to check) for a TCP connect that failed: refused, unreachable, unknown name."""
-    if isinstance(exc, socket.gaierror):
-        return f"unknown host name ({exc.strerror or exc})", "check the address in the recipe's hosts (a typo?)"
-    if isinstance(exc, ConnectionRefusedError):
-        return "connection refused (nothing listens on that port)", _CHECK_HOST
-    if isinstance(exc, (socket.timeout, TimeoutError)):
-        return f"unreachable: no answer within {timeout:g}s", _CHECK_HOST
-    return f"unreachable: {exc.strerror or describe(exc)}", _CHECK_HOST
-
-
-def handshake_failure(exc: BaseException, timeout: float, answered: bool = True) -> tuple[str, str]:
-    """(what happened, what to check) for an SSH handshake that failed after TCP connected."""
-    if isinstance(exc, OSError) and not isinstance(exc, paramiko.SSHException):
-        return socket_failure(exc, timeout)
-    text = describe(exc)
-    if not answered and not isinstance(exc, EOFError) or "banner" in text.lower():
-        return (f"no SSH server answered within {timeout:g}s: the port accepts connections but says nothing",
-                "check that the address and port are the machine's SSH port (a typo?)")
-    return f"SSH handshake failed: {text}", "is the machine up, sshd running and the port open to you?"
 
 
 def _make_transport(sock: socket.socket, **kwargs: object) -> paramiko.Transport:

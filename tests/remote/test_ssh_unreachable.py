@@ -4,19 +4,17 @@ listener that accepts and never speaks, and a closed port."""
 
 from __future__ import annotations
 
-import errno
 import logging
 import socket
 import threading
 import time
 from collections.abc import Iterator
 
-import paramiko
 import pytest
 
 from cloudtrain.providers.base import HostSpec, Instance, InstanceState
-from cloudtrain.remote import ssh
-from cloudtrain.remote.ssh import SSHConnectError, handshake_failure, open_transport, socket_failure
+from cloudtrain.remote import reach
+from cloudtrain.remote.ssh import SSHConnectError, open_transport
 from cloudtrain.testing.sshd import free_port
 from tests.remote.conftest import fast_config
 
@@ -93,57 +91,11 @@ def test_a_booting_vm_is_still_retried(silent: SilentListener) -> None:
     assert len(silent.accepted) >= 2
 
 
-@pytest.mark.parametrize(("exc", "expected"), [
-    (ConnectionRefusedError(errno.ECONNREFUSED, "Connection refused"), "connection refused"),
-    (socket.timeout("timed out"), "unreachable: no answer within 10s"),
-    (TimeoutError("timed out"), "unreachable: no answer within 10s"),
-    (OSError(errno.EHOSTUNREACH, "No route to host"), "unreachable: No route to host"),
-    (socket.gaierror(-2, "Name or service not known"), "unknown host name (Name or service not known)"),
-])
-def test_socket_failures_name_what_happened(exc: OSError, expected: str) -> None:
-    what, hint = socket_failure(exc, 10)
-    assert what.startswith(expected) and hint
-
-
-@pytest.mark.parametrize(("exc", "answered", "expected"), [
-    (paramiko.SSHException("Error reading SSH protocol banner"), False, "no SSH server answered within 10s"),
-    (paramiko.SSHException("No existing session"), False, "no SSH server answered within 10s"),
-    (paramiko.SSHException("Incompatible ssh peer"), True, "SSH handshake failed: Incompatible ssh peer"),
-    (EOFError(), False, "SSH handshake failed: the other end closed the connection"),
-    (ConnectionResetError(errno.ECONNRESET, "Connection reset by peer"), True, "unreachable: Connection reset by peer"),
-])
-def test_handshake_failures_name_what_happened(exc: BaseException, answered: bool, expected: str) -> None:
-    what, hint = handshake_failure(exc, 10, answered)
-    assert what.startswith(expected) and hint
-
-
-@pytest.mark.parametrize(("budget", "ticks", "said_at"), [
-    (300, [0.3, 1, 4.9], []),                      # a few seconds: silence
-    (300, [0.3, 5, 6, 20, 35, 36, 64, 70], [5, 35, 70]),  # then a line, and one every 30 s
-    (6, [5.5], []),                                # the window ends within a second: no promise to wait
-])
-def test_a_long_connect_wait_says_what_it_waits_for(
-    budget: float, ticks: list[float], said_at: list[float], caplog: pytest.LogCaptureFixture
-) -> None:
-    notice = ssh._WaitNotice("SSH on u@h:22 (instance i-1)", budget)
-    said = []
-    for waited in ticks:
-        caplog.clear()
-        with caplog.at_level(logging.WARNING, logger="cloudtrain.remote.ssh"):
-            notice.tick(waited, "connection refused")
-        if caplog.records:
-            said.append(waited)
-            text = caplog.records[0].getMessage()
-            assert text.startswith("waiting for SSH on u@h:22 (instance i-1): ")
-            assert f"{waited:.0f}s of up to {budget:.0f}s" in text and "connection refused" in text
-    assert said == said_at
-
-
 def test_one_silent_attempt_says_what_it_waits_for(silent: SilentListener, caplog: pytest.LogCaptureFixture) -> None:
     """A host that accepts and never speaks holds one attempt for connect_timeout_s: past
     _WAIT_NOTICE_S a line says what is awaited and when it gives up."""
     instance, host = _host_instance(silent.port)
-    config = fast_config(connect_timeout_s=ssh._WAIT_NOTICE_S + 1, connect_retries_s=300)
+    config = fast_config(connect_timeout_s=reach.WAIT_NOTICE_S + 1, connect_retries_s=300)
     with caplog.at_level(logging.WARNING, logger="cloudtrain.remote.ssh"), pytest.raises(SSHConnectError):
         open_transport(cluster="lab", instance=instance, config=config, host=host)
     (said,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("waiting for SSH on ")]
