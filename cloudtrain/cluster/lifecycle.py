@@ -8,7 +8,7 @@ from state, so it works after a crash between create and record).
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
@@ -193,6 +193,7 @@ class Lifecycle:
         else:
             provider = self.provider(recipe.resources.cloud)
             candidates, providers = [None], {provider.name: provider}
+        self._refuse_untracked_machines(name, providers.values())
         first = next(iter(providers.values()))
         spec = self._spec(recipe, name, first)
         if deadline_at is not None:
@@ -228,6 +229,24 @@ class Lifecycle:
             raise
         heartbeat.stop()
         return Cluster(self.store.get_cluster(name), tuple(self.store.get_nodes(name)), provider)  # type: ignore[arg-type]
+
+    @staticmethod
+    def _refuse_untracked_machines(name: str, providers: Iterable[Provider]) -> None:
+        """No state row, yet the cloud has machines tagged with this cluster (a lost state database,
+        another laptop of the same owner): a create would launch a second cluster beside them (GCP)
+        or overwrite them (Azure's PUT). Refused before any create call."""
+        for provider in providers:
+            caps = provider.capabilities
+            if not (caps.remote and caps.owns_machines and not caps.takes_hosts):
+                continue
+            found = [i for i in provider.list_tagged(name) if i.state in _LIVE_STATES]
+            if found:
+                listed = ", ".join(f"{i.id} ({i.state.value})" for i in found)
+                raise UsageError(
+                    f"cluster {name!r} is not in this machine's state, but {provider.name} already has its "
+                    f"machines: {listed}",
+                    hint=f"`cloudtrain gc --cloud {provider.name}` lists them with their cost and `--yes` removes "
+                         "them; or choose another name with --cluster")
 
     def _launch(self, recipe: Recipe, spec: InstanceSpec, candidates: list, providers: dict[str, Provider],
                 tried: dict[str, Provider], recipe_path: str | None, digest: str | None,

@@ -198,6 +198,13 @@ def test_gc_finds_prices_and_removes_only_what_is_tagged(fake_cloud: Callable[[s
     # State is lost; the cloud still holds the cluster, plus things made behind cloudtrain's back.
     for file in ("state.db", "state.db-wal", "state.db-shm"):
         (cloud.home / file).unlink(missing_ok=True)
+    # `up` again now would launch a second cluster beside it (GCP) or overwrite it (Azure's PUT):
+    # refused in one line before any create call (issue 23.9).
+    before = cloud.leftovers()
+    again = cloud.up(cloud.recipe(run="true"))
+    assert again.returncode == 2 and "already has its machines" in again.stderr, again.output
+    assert len(again.stderr.strip().splitlines()) == 1 and cloud.leftovers() == before
+    (cloud.home / "state.db").unlink(missing_ok=True)
     orphan, stranger = cloud.new_cluster("orphan"), cloud.new_cluster("stranger")
     planted = plant(cloud, orphan, stranger)
     try:
