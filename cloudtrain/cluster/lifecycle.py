@@ -110,7 +110,7 @@ class Lifecycle:
         return [r for r in self.store.list_runs(cluster=name, limit=100)
                 if r.status == RunStatus.RUNNING and r.id != except_run and r.driver_alive()]
 
-    def refuse_if_busy(self, name: str, run_id: str) -> None:
+    def refuse_if_busy(self, name: str, run_id: str | None = None) -> None:
         others = self.live_runs(name, except_run=run_id)
         if others:
             other = others[0]

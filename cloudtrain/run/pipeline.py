@@ -183,6 +183,10 @@ class Executor:
             loaded = loaded.model_copy(update={"recipe": recipe})
         recipe = loaded.recipe
         self.check(loaded, cluster_name, teardown)
+        if self.store.get_cluster(cluster_name) is not None:
+            # Refused before a run row or directory exists: a refused run is no failed run. (lc.up
+            # checks again under the cluster's lock, for a run that starts meanwhile.)
+            self.lc.refuse_if_busy(cluster_name)
         run_id = new_run_id(cluster_name)
         run_dir = (runs_dir / run_id).resolve()
         run_dir.mkdir(parents=True, exist_ok=False)

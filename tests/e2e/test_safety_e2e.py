@@ -521,6 +521,9 @@ def test_second_run_on_a_busy_cluster_is_refused(tmp_path: Path, reaper: None) -
         assert len(lines) == 1, second.stderr
         assert run_a in lines[0] and "--cluster" in lines[0], lines[0]
         assert "run-b-ran" not in second.stdout
+        # Refused, not failed: no run row and no run directory for it (issue 24.11).
+        assert [r["id"] for r in status_json()["runs"]] == [run_a]
+        assert not (tmp_path / "runs-b").exists()
         go.write_text("")
         out, err = proc_a.communicate(timeout=300)
     finally:
