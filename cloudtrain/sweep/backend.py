@@ -192,12 +192,19 @@ class PipelineBackend:
 
         return Lifecycle(StateStore(), self.config)
 
-    def _spawn(self, name: str, fn: Callable[[], None]) -> threading.Thread:
+    def _spawn(self, name: str, fn: Callable[[], None],
+               fallback: Callable[[str], Event] | None = None) -> threading.Thread:
+        """Run fn in a thread. One that dies of an unexpected error says so and, with a fallback,
+        still answers the scheduler (which would otherwise wait for that VM or attempt forever)."""
+
         def body() -> None:
             try:
                 fn()
             except BaseException as exc:  # noqa: BLE001  a thread must never die silently
-                self.warn(f"{name}: internal error: {type(exc).__name__}: {exc}")
+                error = f"internal error: {type(exc).__name__}: {exc}"
+                self.warn(f"{name}: {error}")
+                if fallback is not None:
+                    self.put(fallback(error))
 
         thread = threading.Thread(target=body, name=name, daemon=True)
         self._threads.append(thread)
@@ -236,7 +243,9 @@ class PipelineBackend:
             finally:
                 lc.store.close()
 
-        self._boots[action.vm] = self._spawn(f"boot {name}", boot)
+        # A boot that died may have left a VM: counted to its lease end, and taken down again.
+        self._boots[action.vm] = self._spawn(f"boot {name}", boot,
+                                             lambda error: ReleaseFailed(action.vm, time.time(), error))
 
     def run(self, action: Start) -> None:
         key = (action.trial, action.attempt)
@@ -282,7 +291,15 @@ class PipelineBackend:
                 handle.phase = "done"
                 handle.done.set()
 
-        handle.thread = self._spawn(f"trial {action.trial}", attempt)
+        def attempt_then_done() -> None:
+            try:
+                attempt()
+            finally:
+                handle.done.set()  # its watcher stops, also when the attempt died of an internal error
+
+        handle.thread = self._spawn(
+            f"trial {action.trial}", attempt_then_done,
+            lambda error: AttemptEnded(action.trial, action.attempt, time.time(), Outcome.FAILED, error=error))
         self._spawn(f"watch {handle.cluster}", lambda: self._watch(action.vm, handle))
 
     def _watch(self, vm: str, handle: _Handle) -> None:
@@ -294,6 +311,9 @@ class PipelineBackend:
             while not handle.done.wait(self.watch_s):
                 why = self._vanished(lc, handle.cluster)
                 if why is not None:
+                    # The attempt's own thread may be stuck in SSH retries: it gives up at its next phase.
+                    handle.reason = "lost with its VM"
+                    handle.stop.set()
                     self.put(self._take_down(lc, vm, why))
                     return
         finally:
@@ -440,7 +460,7 @@ class PipelineBackend:
             finally:
                 lc.store.close()
 
-        self._spawn(f"release {name}", down)
+        self._spawn(f"release {name}", down, lambda error: ReleaseFailed(action.vm, time.time(), error))
 
     def _take_down(self, lc: Any, vm: str, why: str, *, booting: bool = False) -> Event:
         """`down` the VM's cluster (tried RELEASE_TRIES times) and say what came of it: gone (VmGone,
@@ -448,13 +468,15 @@ class PipelineBackend:
         while the cloud may still bill it."""
         name = self.cluster(vm)
         error = None
+        at: float | None = None
         for attempt in range(RELEASE_TRIES):
             try:
                 lc.down(name)
+                at = ledger.gone_at(lc.store, name)
                 error = None
                 break
-            except CloudtrainError as exc:
-                error = exc.one_line()
+            except Exception as exc:  # noqa: BLE001  whatever stopped it, the VM is not confirmed gone
+                error = exc.one_line() if isinstance(exc, CloudtrainError) else f"{type(exc).__name__}: {exc}"
                 if attempt < RELEASE_TRIES - 1:
                     time.sleep(min(30.0, 2.0 * 2 ** attempt))
         if error is not None:
@@ -464,7 +486,7 @@ class PipelineBackend:
                       f"down again (try {failures + 1} next); `cloudtrain down {name}` does it by hand")
             return ReleaseFailed(vm, time.time(), f"{what}down failed: {error}")
         # Never billed (a machine nobody bills, or a launch that never got an answer): now.
-        at = ledger.gone_at(lc.store, name) or time.time()
+        at = at or time.time()
         if booting:
             return VmFailed(vm, at, why)
         return VmGone(vm, at, why)

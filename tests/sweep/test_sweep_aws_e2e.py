@@ -10,6 +10,8 @@ from __future__ import annotations
 import csv
 import json
 import os
+import subprocess
+import time
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -20,7 +22,7 @@ from cloudtrain.providers.base import TAG_CLUSTER
 from cloudtrain.testing import sshd
 from cloudtrain.testing.aws import MotoServer
 from tests.conftest import cloudtrain
-from tests.sweep.conftest import sweep_cli
+from tests.sweep.conftest import start_sweep_cli, sweep_cli
 
 if not sshd.sshd_available() and not os.environ.get("CI"):
     pytest.skip("OpenSSH sshd is not installed (apt-get install openssh-server)", allow_module_level=True)
@@ -145,3 +147,59 @@ def test_a_failed_terminate_keeps_the_vm_counted_and_is_retried_until_it_is_gone
     ours = [b["usd"] for b in billed if b["cluster"] == f"sw-{sweep_id}-0"]
     assert len(ours) == 1 and abs(summary["spent_usd"] - ours[0]) < 1e-6
     assert json.loads(cloudtrain("status", "--json").stdout)["clusters"] == []
+
+
+def test_a_vm_terminated_under_its_trial_is_seen_by_asking_ec2_and_the_trial_runs_again(
+    moto_server: MotoServer, sshd_vm_factory: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 22 item 7: a VM terminated under a trial was noticed only after the SSH retries (here
+    SSH never fails: the node's sshd lives on, as a machine whose answer lags its deletion). The
+    backend asks EC2 while the trial runs: the attempt ends preempted and runs again on a new VM."""
+    recipe = _ec2_sweep(moto_server, sshd_vm_factory, tmp_path, monkeypatch, vms=2, values="[3]", parallel=1)
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    text = recipe.read_text().replace("  mkdir -p outputs\n", f"""  echo "$CLOUDTRAIN_SWEEP_ATTEMPT" >> {marks}/started
+  if [ "$CLOUDTRAIN_SWEEP_ATTEMPT" = 1 ]; then while [ ! -f {marks}/go ]; do sleep 0.2; done; fi
+  mkdir -p outputs
+""")
+    recipe.write_text(text)
+    proc = start_sweep_cli("run", str(recipe), "--runs-dir", str(tmp_path / "runs"), "--yes", cwd=tmp_path)
+    ec2 = moto_server.client("ec2", REGION)
+    try:
+        started = marks / "started"
+        _wait_for(lambda: started.exists() and started.read_text().split() == ["1"], "attempt 1's job")
+        # (Its id from its results directory: no second cloudtrain process while this one runs.)
+        (results,) = (tmp_path / "runs").glob("sweep-*")
+        sweep = {"id": results.name.removeprefix("sweep-")}
+        tag = [{"Name": f"tag:{TAG_CLUSTER}", "Values": [f"sw-{sweep['id']}-0"]},
+               {"Name": "instance-state-name", "Values": ["running"]}]
+        ids = [i["InstanceId"] for r in ec2.describe_instances(Filters=tag)["Reservations"] for i in r["Instances"]]
+        assert len(ids) == 1
+        ec2.terminate_instances(InstanceIds=ids)
+        try:
+            out, err = proc.communicate(timeout=300)
+        except subprocess.TimeoutExpired as exc:
+            proc.kill()
+            rest = proc.communicate()
+            raise AssertionError(f"the sweep did not end: {exc.stdout!r}{rest[0]}\n{exc.stderr!r}{rest[1]}") from None
+    finally:
+        (marks / "go").touch()  # attempt 1's job, still running on its sshd, ends
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, out[-3000:] + err[-3000:]
+    detail = json.loads(sweep_cli("status", sweep["id"], "--json").stdout)
+    assert sorted((a["attempt"], a["state"]) for a in detail["attempts"]) == [(1, "preempted"), (2, "succeeded")]
+    billed = json.loads(cloudtrain("cost", "--json").stdout)["incarnations"]
+    ours = {b["incarnation"]: b for b in billed if b["cluster"].startswith(f"sw-{sweep['id']}-")}
+    assert len(ours) == 2 and abs(detail["spent_usd"] - sum(b["usd"] for b in ours.values())) < 1e-6
+    assert json.loads(cloudtrain("status", "--json").stdout)["clusters"] == []
+
+
+def _wait_for(predicate: Any, what: str, timeout: float = 180.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
