@@ -157,6 +157,10 @@ _supervise)
     proc_identity $$ > identity.tmp && mv identity.tmp identity
     echo $$ > pid.tmp && mv pid.tmp pid
     now > started_at
+    # started_at's mtime marks where this job's results begin (collect takes only files modified
+    # after it). File times move in clock ticks (a few ms): wait one out so that nothing the job
+    # writes can share started_at's time. (POSIX sleep takes whole seconds; most take fractions.)
+    sleep 0.02 2>/dev/null || sleep 1
     if [ -f cancelled ] || [ -f exit_code ]; then
         # Cancelled while starting: the job never runs.
         [ -f exit_code ] || { now > ended_at; echo 143 > exit_code.tmp && mv exit_code.tmp exit_code; }

@@ -77,3 +77,25 @@ def test_log_cursor_round_trip(cloudtrain_home: Path) -> None:
     store.set_log_cursor("j", 42)
     store.set_log_cursor("j", 43)
     assert store.get_log_cursor("j") == 43
+
+
+def test_state_is_owner_only_and_a_second_store_keeps_the_first_ones_locks(cloudtrain_home: Path) -> None:
+    """state.db is 0600 and its home 0700; opening another store in the same process (a sweep's
+    threads, the launch heartbeat) must not drop the first connection's locks (closing any
+    descriptor of the file would): a write transaction held by one stays exclusive."""
+    import sqlite3
+    import stat
+
+    first = StateStore()
+    assert stat.S_IMODE(first.path.stat().st_mode) == 0o600
+    assert stat.S_IMODE(first.path.parent.stat().st_mode) == 0o700
+    first._db.execute("BEGIN IMMEDIATE")
+    try:
+        second = StateStore()
+        second._db.execute("PRAGMA busy_timeout = 0")
+        with pytest.raises(sqlite3.OperationalError, match="locked"):
+            second._db.execute("BEGIN IMMEDIATE")
+        second.close()
+    finally:
+        first._db.execute("ROLLBACK")
+        first.close()

@@ -51,8 +51,13 @@ class Extracted:
     refused: tuple[Refused, ...] = ()
 
 
-def fetch_as_tar(transport, remote_dir: str, paths: Sequence[str], local: Path) -> Extracted:  # noqa: ANN001
-    """Tar the existing `paths` under remote_dir on the node and extract them safely into local."""
+def fetch_as_tar(transport, remote_dir: str, paths: Sequence[str], local: Path,  # noqa: ANN001
+                 newer_than: str | None = None) -> Extracted:
+    """Tar the existing `paths` under remote_dir on the node and extract them safely into local
+    (with `newer_than`: only the files modified after that file, see list_files)."""
+    if newer_than is not None:
+        result = transport.run(tar_newer_argv(remote_dir, paths, newer_than), what="tar of the results")
+        return safe_extract(io.BytesIO(result.stdout), local)
     present = list_present(transport, remote_dir, paths)
     if not present:
         return Extracted()
@@ -70,25 +75,52 @@ def list_present(transport, remote_dir: str, paths: Sequence[str]) -> list[str]:
 # Every regular file under the paths, as "SIZE NAME\0": a name may hold any byte but NUL (a newline
 # too), so records are NUL-terminated and the size comes first. GNU find prints both itself; any other
 # find gets the size from `ls -lnd` (its fifth field, whatever the name holds) and the name from printf.
+# `$2` (when not empty) keeps only files modified after that marker file: what this run's job
+# wrote, not an earlier run's leftovers in the shared workdir (a missing marker: nothing).
 _LIST_FILES = r"""
-cd "$1" || exit 3; shift
+cd "$1" || exit 3; marker=$2; shift 2
+if [ -n "$marker" ] && [ ! -e "$marker" ]; then exit 0; fi
 if find . -maxdepth 0 -printf "" >/dev/null 2>&1; then
-  for p in "$@"; do [ -e "$p" ] && find "$p" -type f -printf "%s %p\0"; done
+  for p in "$@"; do
+    [ -e "$p" ] || continue
+    if [ -n "$marker" ]; then find "$p" -type f -newer "$marker" -printf "%s %p\0"
+    else find "$p" -type f -printf "%s %p\0"; fi
+  done
 else
   for p in "$@"; do
     [ -e "$p" ] || continue
-    find "$p" -type f -exec sh -c 'set -f; for f do set -- $(ls -lnd -- "$f"); printf "%s %s\0" "$5" "$f"; done' sh {} +
+    if [ -n "$marker" ]; then set -- -newer "$marker"; else set --; fi
+    find "$p" -type f "$@" -exec sh -c 'set -f; for f do set -- $(ls -lnd -- "$f"); printf "%s %s\0" "$5" "$f"; done' sh {} +
   done
 fi
 exit 0
 """
 
+# The same files, and the symbolic links the job made there (each judged on extraction, as any
+# member: one pointing out of the results is refused and reported), as a tar stream (GNU and BSD
+# tar both read a NUL-separated list with --null -T -).
+_TAR_NEWER = r"""
+cd "$1" || exit 3; marker=$2; shift 2
+[ -e "$marker" ] || marker=
+for p in "$@"; do
+  [ -e "$p" ] || [ -L "$p" ] || continue
+  [ -n "$marker" ] && find "$p" \( -type f -o -type l \) -newer "$marker" -print0
+done | tar --null --no-recursion -T - -cf -
+"""
 
-def list_files(transport, remote_dir: str, paths: Sequence[str]) -> dict[str, int]:  # noqa: ANN001
-    """Regular files under `paths` on the node with their sizes: what a complete copy must hold."""
-    listing = transport.run(["env", "LC_ALL=C", "sh", "-c", _LIST_FILES, "sh", remote_dir, *paths],
+
+def list_files(transport, remote_dir: str, paths: Sequence[str],  # noqa: ANN001
+               newer_than: str | None = None) -> dict[str, int]:
+    """Regular files under `paths` on the node with their sizes: what a complete copy must hold.
+    `newer_than`: a file on the node; only files modified after it count (this run's results)."""
+    listing = transport.run(["env", "LC_ALL=C", "sh", "-c", _LIST_FILES, "sh", remote_dir, newer_than or "", *paths],
                             what="listing the results")
     return parse_file_listing(listing.stdout)
+
+
+def tar_newer_argv(remote_dir: str, paths: Sequence[str], newer_than: str) -> list[str]:
+    """argv of a tar stream of the files under `paths` modified after `newer_than` (see list_files)."""
+    return ["env", "LC_ALL=C", "sh", "-c", _TAR_NEWER, "sh", remote_dir, newer_than, *paths]
 
 
 def parse_file_listing(data: bytes) -> dict[str, int]:

@@ -91,10 +91,11 @@ class LocalTransport:
 
         return local_mirror(local, Path(remote_dir), ignore=ignore)
 
-    def get_tree(self, remote_dir: str, paths: Sequence[str], local: Path) -> Extracted:
+    def get_tree(self, remote_dir: str, paths: Sequence[str], local: Path,
+                 newer_than: str | None = None) -> Extracted:
         from cloudtrain.remote.archive import fetch_as_tar
 
-        return fetch_as_tar(self, remote_dir, paths, local)
+        return fetch_as_tar(self, remote_dir, paths, local, newer_than)
 
     def close(self) -> None:
         return None

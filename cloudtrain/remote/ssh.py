@@ -31,7 +31,7 @@ import paramiko
 from cloudtrain.config import Config
 from cloudtrain.errors import RemoteCommandError, RemoteError
 from cloudtrain.providers.base import HostSpec, Instance
-from cloudtrain.remote.archive import Extracted, list_present, safe_extract
+from cloudtrain.remote.archive import Extracted, list_present, safe_extract, tar_newer_argv
 from cloudtrain.remote.channel import (
     ConnectionLostError,
     InputSource,
@@ -255,16 +255,21 @@ class SSHTransport:
 
         return sync_tree(self, local, remote_dir, ignore)
 
-    def get_tree(self, remote_dir: str, paths: Sequence[str], local: Path) -> Extracted:
+    def get_tree(self, remote_dir: str, paths: Sequence[str], local: Path,
+                 newer_than: str | None = None) -> Extracted:
         """Stream a tar of `paths` from the node straight into safe_extract (never buffered whole).
 
         A link that drops mid-stream raises ConnectionLostError (never a bare EOFError or a
         "truncated archive" that hides the cause) and leaves `local` untouched.
         """
-        present = list_present(self, remote_dir, paths)
-        if not present:
-            return Extracted()
-        argv = ["tar", "-C", remote_dir, "-cf", "-", "--", *present]
+        if newer_than is not None:
+            # Only what this run wrote (files modified after its job started), chosen on the node.
+            argv = tar_newer_argv(remote_dir, paths, newer_than)
+        else:
+            present = list_present(self, remote_dir, paths)
+            if not present:
+                return Extracted()
+            argv = ["tar", "-C", remote_dir, "-cf", "-", "--", *present]
         proc = self.start(shlex.join(argv), what="copying the results")
         try:
             try:

@@ -67,8 +67,10 @@ class Transport(Protocol):
 
     def put_tree(self, local: Path, remote_dir: str, *, ignore: Callable[[str], bool] | None = None) -> SyncStats: ...
 
-    def get_tree(self, remote_dir: str, paths: Sequence[str], local: Path) -> Extracted:
-        """Copy `paths` (relative to remote_dir) into `local`, safely; say what came and what was refused."""
+    def get_tree(self, remote_dir: str, paths: Sequence[str], local: Path,
+                 newer_than: str | None = None) -> Extracted:
+        """Copy `paths` (relative to remote_dir) into `local`, safely; say what came and what was
+        refused. `newer_than` (a file on the node): only files modified after it."""
         ...
 
     def close(self) -> None: ...

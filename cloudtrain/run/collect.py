@@ -69,9 +69,10 @@ def collect(nodes: Sequence[Node], run_id: str, result_paths: Sequence[str], run
     refused: tuple[Refused, ...] = ()
     if results and result_paths:
         try:
+            marker = _results_begin(nodes[0], run_id)
             (names, refused), tries = _retrying(
-                lambda: _fetch_verified(nodes[0], result_paths, run_dir), deadline, warn, "copying the results"
-            )
+                lambda: _fetch_verified(nodes[0], result_paths, run_dir, marker), deadline, warn,
+                "copying the results")
             attempts += tries
             files = list(names) + files
         except CloudtrainError as exc:
@@ -84,10 +85,22 @@ class _Mismatch(RemoteError):
     """What arrived differs from the node's listing (a file still changing, or a cut transfer)."""
 
 
-def _fetch_verified(node: Node, paths: Sequence[str], run_dir: Path) -> tuple[list[str], tuple[Refused, ...]]:
+def _results_begin(node: Node, run_id: str) -> str:
+    """The file on the node whose time this run's results are newer than: its job's start
+    (templates/runner.sh writes started_at as the job starts). The workdir is shared by every run
+    of the cluster and sync never deletes, so without it a run would collect an earlier run's
+    files (and a sweep trial that wrote no metric would be scored by the last one's). Results are
+    what the job wrote; files a `setup` wrote there are not collected. A job that never started
+    has no results."""
+    (run_job, _), _setup = job_ids(run_id)
+    return f"{node.layout.job_dir(run_job)}/started_at"
+
+
+def _fetch_verified(node: Node, paths: Sequence[str], run_dir: Path,
+                    newer_than: str | None = None) -> tuple[list[str], tuple[Refused, ...]]:
     t = node.transport
-    expected = list_files(t, node.layout.workdir, paths)
-    got = t.get_tree(node.layout.workdir, paths, run_dir)
+    expected = list_files(t, node.layout.workdir, paths, newer_than)
+    got = t.get_tree(node.layout.workdir, paths, run_dir, newer_than)
     refused = {r.member for r in got.refused}
     wrong = sorted(name for name, size in expected.items() if name not in refused and got.sizes.get(name) != size)
     if wrong:

@@ -50,10 +50,14 @@ class StateStore:
         self.path = path or paths.state_db()
         self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         # Owner-only before SQLite opens it (SQLite gives its -wal and -shm files the same mode):
-        # the file names every cluster, address and key path of the user.
-        os.close(os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600))
-        if self.path.stat().st_mode & 0o077:
-            os.chmod(self.path, 0o600)
+        # the file names every cluster, address and key path of the user. Only a file that does
+        # not exist yet is opened here: closing any descriptor of a database file drops every
+        # POSIX lock this process holds on it, those of SQLite connections in other threads too.
+        try:
+            os.close(os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600))
+        except FileExistsError:
+            if self.path.stat().st_mode & 0o077:
+                os.chmod(self.path, 0o600)
         self._db = sqlite3.connect(self.path, timeout=30.0, isolation_level=None, check_same_thread=False)
         self._db.row_factory = sqlite3.Row
         self._db.execute("PRAGMA busy_timeout = 30000")
