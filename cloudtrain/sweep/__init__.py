@@ -6,4 +6,6 @@ is an in-memory backend (tests, benchmark) and `backend.py` the real one, which 
 through the `run` pipeline on a kept per-slot cluster. Optuna samples parameters and prunes
 losing trials (`space.py`); `store.py` keeps the scheduler's records in the state database;
 `session.py` wires it all for `cloudtrain sweep`; `results.py` writes the leaderboard and plots.
+The scheduler's money is the budget guard only: what a sweep spent is `ledger.py`, the billed
+intervals in state per cluster incarnation, the numbers `cloudtrain cost` shows.
 """

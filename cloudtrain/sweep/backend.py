@@ -1,8 +1,9 @@
 """The real Backend: each VM slot is a kept cluster, each attempt one run of the `run` pipeline.
 
-- launch: `Executor.up` on the slot's cluster (`sw-<sweep>-<slot>`), in a thread; a VM that is not
-  running by `ready_by` is given up (lifecycle's wait) and whatever it left is taken down. Once up,
-  every node gets the VM's lease (`Launch.lease_end`) as a hard deadline for its on-node watchdog
+- launch: `Executor.up` on the slot's cluster (`sw-<sweep>-<slot>`), in a thread, with the VM's lease
+  in the launch request (`deadline_at`: the machine goes by then even if this CLI dies while it
+  boots); a VM that is not running by `ready_by` is given up (lifecycle's wait) and whatever it left
+  is taken down. Once up, every node gets the VM's lease (`Launch.lease_end`) as a hard deadline for its on-node watchdog
   (cloudtrain/run/watchdog.py `set_lease`): it deletes the machine by then, CLI or not. A VM that
   cannot take its lease is given up too. Clouds without a watchdog (`ssh`) take none (`lease_note`).
 - run: `Executor.run(trial recipe, cluster, teardown "keep", runs/sweep-<id>/trials/tNNNN-aK/,
@@ -229,12 +230,17 @@ class PipelineBackend:
 
         def boot() -> None:
             from cloudtrain.run.pipeline import Executor
+            from cloudtrain.run.watchdog import lease_until
             from cloudtrain.sweep.spec import base_recipe
 
             lc = self._lifecycle()
             try:
                 lc.wait_timeout_s = max(30.0, action.ready_by - time.time())
-                cluster, _ = Executor(lc, _Quiet(self, name)).up(base_recipe(self.base), name)
+                # The lease goes in the launch request itself: a VM whose CLI dies while it boots (before
+                # its nodes can be given the lease) still goes by its lease end.
+                deadline = None if self.lease_note is not None else lease_until(action.lease_end,
+                                                                                self.spec.costs.release_s)
+                cluster, _ = Executor(lc, _Quiet(self, name)).up(base_recipe(self.base), name, deadline_at=deadline)
                 self._give_lease(lc, action.vm, action.lease_end)
                 self.put(VmReady(action.vm, time.time(), cluster.record.hourly_price))
             except Exception as exc:  # noqa: BLE001
