@@ -145,8 +145,7 @@ def write_plots(plots: Path, rows: Sequence[TrialRow], spec: SweepSpec, snapshot
         ys = [r.trial.value for r in done]
         if all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in xs):
             ax.scatter(xs, ys)
-            if name in spec.log_params:
-                ax.set_xscale("log")
+            ax.set_xscale(x_scale(xs, name in spec.log_params))
         else:
             labels = sorted({str(x) for x in xs})
             ax.scatter([labels.index(str(x)) for x in xs], ys)
@@ -177,6 +176,15 @@ def write_plots(plots: Path, rows: Sequence[TrialRow], spec: SweepSpec, snapshot
 _COLOURS = {Outcome.SUCCEEDED: "tab:green", Outcome.FAILED: "tab:red", Outcome.TIMEOUT: "tab:orange",
             Outcome.PRUNED: "tab:purple", Outcome.STOPPED: "tab:gray", Outcome.PREEMPTED: "tab:brown",
             Outcome.LOST: "black", Outcome.NOT_STARTED: "lightgray", Outcome.RUNNING: "tab:blue"}
+
+
+def x_scale(xs: Sequence[float], log_distributed: bool) -> str:
+    """A parameter's axis: log when it is sampled log-uniformly, or when its values spread over two
+    orders of magnitude or more (a learning rate from a choice list), where a linear axis piles the
+    small ones up under overlapping labels."""
+    positive = [x for x in xs if x > 0]
+    spread = bool(xs) and len(positive) == len(xs) and max(positive) / min(positive) >= 100
+    return "log" if log_distributed or spread else "linear"
 
 
 def _timeline(plt: Any, path: Path, snapshot: Snapshot, now: float) -> Path:

@@ -149,3 +149,16 @@ def test_the_journal_in_state_gives_back_what_the_scheduler_wrote(tmp_path: Path
         tuple(sorted(scheduler.trials.values(), key=lambda t: t.number)),
         tuple(sorted(scheduler.attempts.values(), key=lambda a: (a.started_at, a.trial, a.attempt))),
         tuple(sorted(scheduler.vms.values(), key=lambda v: v.slot)), scheduler.counters)
+
+
+@pytest.mark.parametrize(("xs", "log_distributed", "scale"), [
+    ([0.1, 0.01, 0.001, 0.0001], False, "log"),  # a learning rate from a choice list (issue 24.11)
+    ([16, 32, 64, 128], False, "linear"),  # batch sizes: within two orders of magnitude
+    ([0.01, 0.02], True, "log"),  # sampled log-uniformly
+    ([-1.0, 10.0, 1000.0], False, "linear"),  # not all positive: no log axis
+    ([], False, "linear"),
+])
+def test_a_parameters_plot_axis(xs: list, log_distributed: bool, scale: str) -> None:
+    from cloudtrain.sweep.results import x_scale
+
+    assert x_scale(xs, log_distributed) == scale
