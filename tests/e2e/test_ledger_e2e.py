@@ -16,13 +16,13 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 
 import pytest
 
 from cloudtrain.testing import sshd
 from cloudtrain.testing.aws import AwsCloud
 from cloudtrain.testing.faults import signal_cli_at
+from cloudtrain.testing.wait import wait_until
 
 if not sshd.sshd_available() and not os.environ.get("CI"):
     pytest.skip("OpenSSH sshd is not installed (apt-get install openssh-server)", allow_module_level=True)
@@ -56,13 +56,6 @@ def assert_ledger_is_the_bill(cloud: AwsCloud, cluster: str) -> dict:
     # Each figure is rounded to the micro-dollar on its own.
     assert data["total_usd"] == pytest.approx(sum(i["usd"] for i in data["incarnations"]), abs=1e-5)
     return data
-
-
-def wait_until(condition: Callable[[], bool], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.2)
 
 
 def test_a_vm_shorter_than_the_minimum_is_billed_the_minimum(aws_cloud: AwsCloud) -> None:

@@ -12,14 +12,13 @@ import os
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from cloudtrain.testing import sshd
 from cloudtrain.testing.aws import AwsCloud
+from cloudtrain.testing.wait import wait_until
 
 if not sshd.sshd_available() and not os.environ.get("CI"):
     pytest.skip("OpenSSH sshd is not installed (apt-get install openssh-server)", allow_module_level=True)
@@ -42,13 +41,6 @@ def _job_started(cloud: AwsCloud) -> bool:
     return False
 
 
-def _wait(condition: Callable[[], bool], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.2)
-
-
 def _assert_cleaned_up(cloud: AwsCloud, proc: subprocess.Popen, out: str, err: str) -> None:
     assert proc.returncode == 130, out + err
     last = out.strip().splitlines()[-1]
@@ -66,7 +58,7 @@ def _assert_cleaned_up(cloud: AwsCloud, proc: subprocess.Popen, out: str, err: s
 def test_a_signal_while_the_job_runs(aws_cloud: AwsCloud, signum: int) -> None:
     proc = _start(aws_cloud)
     try:
-        _wait(lambda: _job_started(aws_cloud), 300, "the job to start")
+        wait_until(lambda: _job_started(aws_cloud), 300, "the job to start")
         proc.send_signal(signum)
         out, err = proc.communicate(timeout=300)
     finally:
@@ -83,7 +75,7 @@ def test_a_second_signal_during_teardown_is_reported_not_obeyed(aws_cloud: AwsCl
     gate = aws_cloud.faults.hold("TerminateInstances")
     proc = _start(aws_cloud)
     try:
-        _wait(lambda: _job_started(aws_cloud), 300, "the job to start")
+        wait_until(lambda: _job_started(aws_cloud), 300, "the job to start")
         proc.send_signal(signum)
         assert gate.wait_held(300), "teardown never reached TerminateInstances"
         # More signals while the terminate is held: the shield stays up until teardown is done, so

@@ -11,8 +11,7 @@ import signal
 import subprocess
 import sys
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -23,22 +22,10 @@ import pytest
 
 from cloudtrain import paths
 from cloudtrain.testing.metadata import metadata_server  # noqa: F401 - a fixture for these tests
+from cloudtrain.testing.wait import wait_until  # noqa: F401 - these tests' waits
 
 WATCHDOG = paths.templates_dir() / "watchdog.py"
 RUNNER = paths.templates_dir() / "runner.sh"
-
-
-def wait_until(predicate: Callable[[], Any], timeout: float = 120, what: str = "condition") -> Any:
-    """Poll until `predicate()` is truthy (returns it); fail with `what` after `timeout` (a bound on
-    a hung test, never a timing assertion)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
 
 
 def decisions(log: Path) -> list[tuple[str, str]]:
