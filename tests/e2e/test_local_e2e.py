@@ -7,11 +7,11 @@ import os
 import re
 import signal
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
 
+from cloudtrain.testing.wait import wait_until
 from tests.conftest import REPO, cloudtrain, start_cli
 
 
@@ -86,12 +86,7 @@ def test_failing_job_collects_logs_and_exits_nonzero(tmp_path: Path) -> None:
 
 
 def _wait_for(predicate, timeout: float = 60.0, what: str = "condition") -> None:  # noqa: ANN001
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
+    wait_until(predicate, timeout, what)
 
 
 def test_sigint_during_run_tears_down(tmp_path: Path, cloudtrain_home: Path) -> None:

@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 
 from cloudtrain.testing.sshd import SshdFactory, SshdVM
+from cloudtrain.testing.wait import wait_until
 from tests.conftest import REPO, cloudtrain, start_cli
 
 PY = shlex.quote(sys.executable)
@@ -52,12 +53,7 @@ def _alive(pid: int) -> bool:
 
 
 def _wait_for(predicate: Callable[[], object], timeout: float = 60.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
+    wait_until(predicate, timeout, what)
 
 
 def spawner(pids: Path, foreground: str = "sleep 322", per_rank: bool = False) -> str:

@@ -11,7 +11,6 @@ import csv
 import json
 import os
 import subprocess
-import time
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -21,6 +20,7 @@ import pytest
 from cloudtrain.providers.base import TAG_CLUSTER
 from cloudtrain.testing import sshd
 from cloudtrain.testing.aws import MotoServer
+from cloudtrain.testing.wait import wait_until
 from tests.conftest import cloudtrain
 from tests.sweep.conftest import start_sweep_cli, sweep_cli
 
@@ -197,9 +197,4 @@ def test_a_vm_terminated_under_its_trial_is_seen_by_asking_ec2_and_the_trial_run
 
 
 def _wait_for(predicate: Any, what: str, timeout: float = 180.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
+    wait_until(predicate, timeout, what)

@@ -16,17 +16,13 @@ import textwrap
 import time
 from pathlib import Path
 
+from cloudtrain.testing.wait import wait_until
 from tests.conftest import REPO, cloudtrain
 from tests.sweep.conftest import start_sweep_cli, sweep_cli
 
 
-def _wait_for(predicate, timeout: float = 120.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
+def _wait_for(predicate, timeout: float = 120.0, what: str = "condition") -> None:  # noqa: ANN001
+    wait_until(predicate, timeout, what)
 
 
 def _shell_sweep(tmp_path: Path, name: str, run: str, sweep: str) -> Path:
@@ -315,13 +311,7 @@ def test_a_preempted_trial_resumes_from_its_last_checkpoint(tmp_path: Path) -> N
 
 
 def _wait_for_value(fn, timeout: float, what: str):  # noqa: ANN001, ANN202
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = fn()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
+    return wait_until(fn, timeout, what)
 
 
 def test_a_run_command_gets_its_checkpoint_dir_back_after_a_preemption(tmp_path: Path) -> None:
