@@ -17,6 +17,7 @@ from cloudtrain.errors import RecipeError
 from cloudtrain.names import NAME_RE, NAME_RULE
 from cloudtrain.providers import ANY as ANY_CLOUD
 from cloudtrain.providers import KNOWN as KNOWN_CLOUDS
+from cloudtrain.recipe.recover import DEFAULT_RECOVER, Recover, recover_input
 from cloudtrain.yamlfile import format_validation_error, line_of, read_yaml
 
 Cloud = Literal[(*KNOWN_CLOUDS, ANY_CLOUD)]  # type: ignore[valid-type]
@@ -118,8 +119,22 @@ class Resources(StrictModel):
 
 
 class DataMount(StrictModel):
-    source: str = Field(min_length=1, description="local path (file or directory), relative to the recipe")
+    source: str = Field(min_length=1, description="local path (file or directory), relative to the recipe, or a "
+                        "bucket: s3://bucket/prefix, gs://bucket/prefix, az://account/container/prefix")
     target: str = Field(min_length=1, description="path on the node, relative to the workdir, without '..'")
+
+    @field_validator("source")
+    @classmethod
+    def _bucket_url(cls, value: str) -> str:
+        from cloudtrain.buckets.url import is_bucket_url, parse_bucket_url
+
+        if is_bucket_url(value):
+            parse_bucket_url(value)  # one line saying what is wrong (docs/data.md)
+        return value
+
+    @property
+    def is_bucket(self) -> bool:
+        return "://" in self.source
 
     @field_validator("target")
     @classmethod
@@ -151,6 +166,10 @@ class Autostop(StrictModel):
     wait_for: Literal["jobs_and_ssh", "jobs", "none"] = Field(
         default="jobs_and_ssh",
         description="what keeps a node up: cloudtrain jobs and SSH sessions, jobs only, or nothing")
+
+
+# What a priced cluster gets when its recipe does not mention autostop (docs/watchdog.md).
+DEFAULT_AUTOSTOP = Autostop(idle_minutes=30)
 
 
 def _autostop_input(value: Any) -> Any:
@@ -292,9 +311,14 @@ class Recipe(StrictModel):
     run: str | None = None
     job: BundledJob | None = None
     results: list[str] = Field(default_factory=list)
+    upload: str | None = Field(default=None, description="a bucket (s3://bucket/prefix, ...) the node uploads the "
+                               "results to when the job ends, under <prefix>/<run-id>/ (docs/data.md)")
     autostop: Annotated[Autostop | None, BeforeValidator(_autostop_input)] = Field(
         default=None, description="stop (or delete) idle nodes: a mapping such as {idle_minutes: 30}; false: none")
     budget: Budget | None = None
+    recover: Annotated[Recover | None, BeforeValidator(recover_input)] = Field(
+        default=None, description="relaunch elsewhere when the node is preempted or lost (default: on for spot); "
+                                  "a mapping such as {max_restarts: 3}, true, or false")
     sweep: Sweep | None = Field(default=None, description="makes this a sweep recipe: `cloudtrain sweep run` runs it")
 
     @field_validator("name")
@@ -331,6 +355,48 @@ class Recipe(StrictModel):
         return value
 
     @model_validator(mode="after")
+    def _default_autostop(self) -> Recipe:
+        # A priced cluster nobody told to stop is the forgotten VM burning money overnight: it gets
+        # DEFAULT_AUTOSTOP unless the recipe says otherwise (`autostop: false` for none). Sweeps are
+        # bounded by their lease instead; clouds whose machines cannot stop themselves get none
+        # (preflight would refuse an explicit one).
+        if "autostop" in self.model_fields_set or self.sweep is not None:
+            return self
+        cloud = self.resources.cloud
+        if cloud == ANY_CLOUD or (_capability(cloud, "priced", False) and _capability(cloud, "autostop", False)):
+            # Bypass assignment so that model_fields_set still says the recipe did not set it.
+            object.__setattr__(self, "autostop", DEFAULT_AUTOSTOP)
+        return self
+
+    @model_validator(mode="after")
+    def _recover_where_machines_come_and_go(self) -> Recipe:
+        # Machines the user lent us (`ssh` hosts) have no next placement to move to.
+        if self.recover is not None and _capability(self.resources.cloud, "takes_hosts", False):
+            raise ValueError(f"recover: cloud {self.resources.cloud} runs on the listed hosts, which cloudtrain "
+                             "cannot relaunch elsewhere (remove recover:)")
+        return self
+
+    @property
+    def recovery(self) -> Recover | None:
+        """The recover settings in force: the recipe's, else DEFAULT_RECOVER for spot (recipe/recover.py)."""
+        if "recover" in self.model_fields_set:
+            return self.recover
+        return DEFAULT_RECOVER if self.resources.spot else None
+
+    @property
+    def autostop_is_default(self) -> bool:
+        return self.autostop is DEFAULT_AUTOSTOP and "autostop" not in self.model_fields_set
+
+    @field_validator("upload")
+    @classmethod
+    def _upload(cls, value: str | None) -> str | None:
+        from cloudtrain.buckets.url import parse_bucket_url
+
+        if value is not None:
+            parse_bucket_url(value)
+        return value
+
+    @model_validator(mode="after")
     def _one_entry_point(self) -> Recipe:
         if self.run and self.job:
             raise ValueError("give either 'run' (a shell command) or 'job' (a bundled job), not both")
@@ -357,7 +423,7 @@ class LoadedRecipe(BaseModel):
     path: Path
     digest: str
     workdir: Path | None
-    data_sources: tuple[Path, ...]
+    data_sources: tuple[Path, ...]  # of the local mounts (not buckets), in order
     # The YAML node tree the recipe was read from, for `file:line` in later checks (preflight).
     node: yaml.Node | None = Field(default=None, exclude=True, repr=False)
     # What the user should know before running it (run: names a file that will not be on the node).
@@ -450,6 +516,8 @@ def load_recipe(path: str | Path, env: dict[str, str] | None = None, *, sweep: b
     workdir, warnings = resolve_workdir(recipe.run, base, workdir)
     sources = []
     for i, mount in enumerate(recipe.data):
+        if mount.is_bucket:
+            continue  # copied by the node itself (buckets/steps.py); data_sources: the local mounts only
         source = (base / Path(mount.source).expanduser()).resolve()
         if not source.exists():
             raise RecipeError(f"{path}: data[{i}].source: {source} does not exist")

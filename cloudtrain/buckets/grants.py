@@ -1,0 +1,57 @@
+"""What a cluster's node identity may do in object storage: exactly the recipe's buckets.
+
+One description (`BucketGrant`) that every provider turns into its own cloud's policy: an IAM
+role's policy on AWS, a bucket-level role binding for the VM's service account on GCP, a Storage
+Blob Data role assignment on the container for the VM's managed identity on Azure.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from cloudtrain.buckets.url import BucketUrl, Store, parse_bucket_url
+
+
+@dataclass(frozen=True)
+class BucketGrant:
+    url: BucketUrl
+    write: bool  # False: list and read under the prefix; True: also write under it (uploads)
+
+
+def grants_for(data_sources: list[str] | tuple[str, ...], upload: str | None) -> tuple[BucketGrant, ...]:
+    """Read on every bucket data source, write on the upload prefix; one grant per URL."""
+    grants: dict[str, BucketGrant] = {}
+    for source in data_sources:
+        if "://" in source:
+            url = parse_bucket_url(source)
+            grants.setdefault(str(url), BucketGrant(url, write=False))
+    if upload is not None:
+        url = parse_bucket_url(upload)
+        grants[str(url)] = BucketGrant(url, write=True)
+    return tuple(grants.values())
+
+
+def recipe_grants(recipe: object) -> tuple[BucketGrant, ...]:
+    """The grants a recipe's nodes need (`Recipe`: duck-typed to keep this module import-light)."""
+    data = getattr(recipe, "data", [])
+    return grants_for([m.source for m in data], getattr(recipe, "upload", None))
+
+
+def aws_policy(grants: tuple[BucketGrant, ...], partition: str = "aws") -> dict[str, object]:
+    """An IAM policy document allowing exactly `grants` (S3 only; other stores are not AWS's).
+
+    Objects are scoped to their prefix; listing is allowed on the bucket with an s3:prefix
+    condition (AWS's documented way to confine ListBucket to a folder)."""
+    statements: list[dict[str, object]] = []
+    for grant in grants:
+        if grant.url.store is not Store.S3:
+            continue
+        bucket_arn = f"arn:{partition}:s3:::{grant.url.bucket}"
+        objects = f"{bucket_arn}/{grant.url.prefix}/*" if grant.url.prefix else f"{bucket_arn}/*"
+        list_statement: dict[str, object] = {"Effect": "Allow", "Action": ["s3:ListBucket"], "Resource": bucket_arn}
+        if grant.url.prefix:
+            list_statement["Condition"] = {"StringLike": {"s3:prefix": [grant.url.prefix, f"{grant.url.prefix}/*"]}}
+        statements.append(list_statement)
+        actions = ["s3:GetObject"] + (["s3:PutObject", "s3:AbortMultipartUpload"] if grant.write else [])
+        statements.append({"Effect": "Allow", "Action": actions, "Resource": objects})
+    return {"Version": "2012-10-17", "Statement": statements}
