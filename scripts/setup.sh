@@ -25,6 +25,9 @@ if [ "$want_test" = 1 ]; then
     # Nodes that look like fresh cloud images (cloudtrain/testing/rootfs.py) build a Debian rootfs
     # with Debian's own tool; they need root, so only root installs it.
     [ "$(id -u)" = 0 ] && ! command -v mmdebstrap >/dev/null && missing+=(mmdebstrap)
+    # A real Slurm for the slurm backend's tests (cloudtrain/testing/slurm.py): controller, nodes, munge.
+    command -v slurmctld >/dev/null || [ -x /usr/sbin/slurmctld ] || missing+=(slurm-wlm)
+    command -v munged >/dev/null || [ -x /usr/sbin/munged ] || missing+=(munge)
     if [ ${#missing[@]} -gt 0 ]; then
         SUDO=""
         [ "$(id -u)" = 0 ] || SUDO="sudo"

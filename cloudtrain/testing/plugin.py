@@ -7,6 +7,7 @@ Installing cloudtrain with its `[dev]` extra registers it (docs/testing.md: how)
 The parts they are made of, for tests of your own:
 - sshd_vm, sshd_vm_factory: real OpenSSH sshd "VMs" on loopback (testing/sshd.py)
 - tcp_proxy: a loopback TCP proxy that cuts connections or takes a link down (testing/tcpproxy.py)
+- slurm_cluster: a real Slurm controller, two slurmd nodes and an sshd login node (testing/slurm.py)
 - moto_server, moto_server_session: moto's EC2/SSM/STS server with fault injection (testing/aws.py)
 
 One import line per module, fixtures listed by name: a cloud's fake adds its own line.
@@ -17,4 +18,5 @@ from cloudtrain.testing.azure import arm_server, azure_cloud  # noqa: F401
 from cloudtrain.testing.gcp import gce_server, gcp_cloud  # noqa: F401
 from cloudtrain.testing.cloud import fake_cloud, local_cloud, ssh_cloud  # noqa: F401
 from cloudtrain.testing.sshd import sshd_vm, sshd_vm_factory  # noqa: F401
+from cloudtrain.testing.slurm import slurm_cluster  # noqa: F401
 from cloudtrain.testing.tcpproxy import tcp_proxy  # noqa: F401
