@@ -1,7 +1,16 @@
-"""Runs on the node (python3, stdlib only, 3.6+): the remote half of cloudtrain's tar-delta sync.
+"""Runs on the node (python3, stdlib only, 3.6+): the remote half of cloudtrain's tar-delta sync,
+and the node helper that carries a CLI invocation's commands over one SSH session.
 
 cloudtrain runs it as `python3 -c "<this file>" OP DIR` with data on stdin; nothing is installed.
 Paths are bytes end to end, so any file name the local file system allows survives.
+
+    serve          the node helper (cloudtrain/remote/helper.py is the other half): reads framed
+                   requests on stdin, runs each one's argv in turn (in a session of its own, its
+                   input streamed in, its output streamed back framed), so a CLI's commands cost
+                   one round trip each instead of a new SSH session each, and requests sent
+                   together are answered together. It lives as long as its channel: at EOF it ends
+                   the command it is running and exits, so nothing of it outlives the CLI. Jobs are
+                   never its business: it only runs the commands it is sent (runner.sh owns jobs).
 
     manifest DIR   stdin: NUL-separated paths relative to DIR
                    stdout: one NUL-terminated record per path, in order:
@@ -12,9 +21,14 @@ Paths are bytes end to end, so any file name the local file system allows surviv
 """
 
 import hashlib
+import json
 import os
+import signal
 import stat
+import struct
+import subprocess
 import sys
+import threading
 
 
 def manifest(root, names):
@@ -56,7 +70,205 @@ def verify(root, fields):
         yield b"=" if same else b"!"
 
 
+# ----------------------------------------------------------------------------- serve
+# A frame is a 9-byte header (kind, request id, payload length) and the payload.
+#   laptop -> node  R header (JSON: argv, timeout) | I input bytes | E end of input
+#   node -> laptop  H hello (JSON: home, commands found on PATH) | O stdout | X stderr | C exit code
+HEADER = struct.Struct(">cII")
+CHUNK = 1 << 18
+PROBED = ("python3", "rsync", "tar", "timeout", "find")
+
+
+class Request(object):
+    def __init__(self, rid, header):
+        self.rid = rid
+        self.argv = header["argv"]
+        self.timeout = header.get("timeout")
+        self.input = []  # chunks, None at the end; guarded by `ready`
+        self.ready = threading.Condition()
+
+    def put(self, chunk):
+        with self.ready:
+            self.input.append(chunk)
+            self.ready.notify()
+
+    def take(self):
+        with self.ready:
+            while not self.input:
+                self.ready.wait()
+            return self.input.pop(0)
+
+
+class Server(object):
+    def __init__(self):
+        self.out_lock = threading.Lock()
+        self.queue = []  # requests in arrival order; None once the laptop is gone
+        self.queue_ready = threading.Condition()
+        self.requests = {}
+        self.child = None
+        self.gone = False
+
+    def send(self, kind, rid, data=b""):
+        with self.out_lock:
+            frame = HEADER.pack(kind, rid, len(data)) + data
+            view = memoryview(frame)
+            while view:
+                view = view[os.write(1, view):]
+
+    def read_exact(self, size):
+        data = b""
+        while len(data) < size:
+            chunk = os.read(0, size - len(data))
+            if not chunk:
+                return None
+            data += chunk
+        return data
+
+    def reader(self):
+        try:
+            while True:
+                head = self.read_exact(HEADER.size)
+                if head is None:
+                    break
+                kind, rid, size = HEADER.unpack(head)
+                payload = self.read_exact(size) if size else b""
+                if payload is None:
+                    break
+                if kind == b"R":
+                    request = Request(rid, json.loads(payload.decode("utf-8")))
+                    self.requests[rid] = request
+                    with self.queue_ready:
+                        self.queue.append(request)
+                        self.queue_ready.notify()
+                elif kind in (b"I", b"E") and rid in self.requests:
+                    self.requests[rid].put(payload if kind == b"I" else None)
+        finally:
+            # The laptop is gone (channel closed, CLI ended or killed): so is what we run for it.
+            self.gone = True
+            for request in self.requests.values():
+                request.put(None)
+            with self.queue_ready:
+                self.queue.append(None)
+                self.queue_ready.notify()
+            self.end_child()
+
+    def end_child(self):
+        child = self.child
+        if child is not None and child.poll() is None:
+            try:
+                os.killpg(child.pid, signal.SIGTERM)
+            except OSError:
+                return
+
+    def serve(self):
+        commands = {}
+        for name in PROBED:
+            commands[name] = any(os.access(os.path.join(d, name), os.X_OK)
+                                 for d in os.environ.get("PATH", "").split(os.pathsep) if d)
+        hello = {"home": os.environ.get("HOME") or os.getcwd(), "commands": commands}
+        self.send(b"H", 0, json.dumps(hello).encode())
+        threading.Thread(target=self.reader, daemon=True).start()
+        while True:
+            with self.queue_ready:
+                while not self.queue:
+                    self.queue_ready.wait()
+                request = self.queue.pop(0)
+            if request is None or self.gone:
+                return
+            code = self.run(request)
+            del self.requests[request.rid]
+            self.send(b"C", request.rid, str(code).encode())
+
+    def run(self, request):
+        try:
+            # A session of its own: a timeout or the laptop leaving ends the command and what it
+            # started, by process group. (A job's supervisor calls setsid itself: never reached.)
+            child = subprocess.Popen(request.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, start_new_session=True)
+        except OSError as exc:
+            self.drain(request)
+            self.send(b"X", request.rid, ("%s: %s\n" % (request.argv[0], exc.strerror)).encode())
+            return 127
+        self.child = child
+        timed_out = []
+        timer = None
+        if request.timeout:
+            timer = threading.Timer(request.timeout, self.expire, (child, timed_out))
+            timer.daemon = True
+            timer.start()
+        feeder = threading.Thread(target=self.feed, args=(request, child), daemon=True)
+        errors = threading.Thread(target=self.pump, args=(child.stderr, b"X", request.rid), daemon=True)
+        feeder.start()
+        errors.start()
+        self.pump(child.stdout, b"O", request.rid)
+        code = child.wait()
+        errors.join()
+        feeder.join()
+        if timer is not None:
+            timer.cancel()
+        self.child = None
+        if timed_out:
+            return 124  # as timeout(1) says it
+        return code if code >= 0 else 128 - code
+
+    def expire(self, child, timed_out):
+        timed_out.append(True)
+        try:
+            os.killpg(child.pid, signal.SIGTERM)
+        except OSError:
+            return
+        timer = threading.Timer(2.0, self.kill_group, (child,))
+        timer.daemon = True
+        timer.start()
+
+    @staticmethod
+    def kill_group(child):
+        if child.poll() is None:
+            try:
+                os.killpg(child.pid, signal.SIGKILL)
+            except OSError:
+                return
+
+    def feed(self, request, child):
+        broken = False
+        while True:
+            chunk = request.take()
+            if chunk is None:
+                break
+            if broken:
+                continue  # the command stopped reading: drop the rest of its input
+            try:
+                child.stdin.write(chunk)
+                child.stdin.flush()
+            except OSError:
+                broken = True
+        try:
+            child.stdin.close()
+        except OSError:
+            return
+
+    @staticmethod
+    def drain(request):
+        while request.take() is not None:
+            continue
+
+    def pump(self, stream, kind, rid):
+        while True:
+            chunk = stream.read1(CHUNK) if hasattr(stream, "read1") else os.read(stream.fileno(), CHUNK)
+            if not chunk:
+                return
+            self.send(kind, rid, chunk)
+
+
 def main():
+    if sys.argv[1] == "serve":
+        # SIGPIPE stays ignored (Python's default): a command that stops reading its input must
+        # not end the helper; a closed channel shows as an OSError on write.
+        try:
+            Server().serve()
+        except OSError:
+            return  # the channel is gone: nobody is left to answer
+        return
     op, root = sys.argv[1], os.fsencode(sys.argv[2])
     fields = [f for f in sys.stdin.buffer.read().split(b"\0") if f]
     records = manifest(root, fields) if op == "manifest" else verify(root, fields)

@@ -16,6 +16,7 @@ from typing import IO, Protocol
 import paramiko
 
 from cloudtrain.errors import RemoteError
+from cloudtrain.remote.roundtrips import RoundTrips
 
 log = logging.getLogger("cloudtrain.remote.ssh")
 
@@ -68,7 +69,7 @@ class RemoteProcess:
     """One exec channel: stdout is read by the caller, stderr is collected, stdin fed by a thread."""
 
     def __init__(self, label: str, conn: Connection, chan: paramiko.Channel, what: str,
-                 timeout: float | None) -> None:
+                 timeout: float | None, counter: RoundTrips | None = None) -> None:
         self.label = label
         self.conn = conn
         self.chan = chan
@@ -77,6 +78,7 @@ class RemoteProcess:
         self.deadline = None if timeout is None else time.monotonic() + timeout
         self._stderr = bytearray()
         self._writer: threading.Thread | None = None
+        self.counter = counter
 
     @property
     def stderr(self) -> bytes:
@@ -92,6 +94,8 @@ class RemoteProcess:
 
     def _write(self, source: InputSource) -> None:
         try:
+            if self.counter is not None:
+                self.counter.sent()
             if isinstance(source, (bytes, bytearray, memoryview)):
                 view = memoryview(source)
                 for start in range(0, len(view), CHUNK):
@@ -136,6 +140,8 @@ class RemoteProcess:
     def wait(self) -> int:
         """Exit status of the command once its output ended."""
         while not self.chan.status_event.is_set():
+            if self.counter is not None:
+                self.counter.waiting()
             if not self.conn.alive():
                 break
             self._check_deadline()
@@ -154,6 +160,8 @@ class RemoteProcess:
         self.chan.close()
 
     def _wait_readable(self) -> None:
+        if self.counter is not None:
+            self.counter.waiting()
         self._check_deadline()
         if not self.conn.alive() and not (self.chan.recv_ready() or self.chan.recv_stderr_ready()):
             if not (self.chan.eof_received or self.chan.closed):

@@ -1,6 +1,9 @@
 """SSHTransport: the Transport contract over one paramiko connection per node.
 
-Every command is an exec channel on the same connection (no per-command handshake). The
+Every command goes over the same connection (no per-command handshake), through the node helper
+(remote/helper.py: one session for all commands, one round trip each, several sent together
+answered together) or, where the node has no python3 or another thread holds the helper, on an
+exec channel of its own. Round trips are counted (remote/roundtrips.py). The
 connection is re-opened transparently when it dropped between calls; a drop DURING a command
 raises ConnectionLostError, because only the caller knows whether the command is safe to repeat
 (`read_log` with an offset is, `submit` is not).
@@ -41,8 +44,10 @@ from cloudtrain.remote.channel import (
     lost,
     reader,
 )
+from cloudtrain.remote.helper import HelperProcess, HelperUnavailable, NodeHelper
 from cloudtrain.remote.keys import Endpoint, HostKeyMismatchError, KnownHosts, node_config, resolve_endpoint
 from cloudtrain.remote.reach import WAIT_NOTICE_S, WaitNotice, handshake_failure, socket_failure
+from cloudtrain.remote.roundtrips import RoundTrips, log_report
 from cloudtrain.remote.transport import CommandResult, SyncStats
 
 log = logging.getLogger(__name__)
@@ -60,6 +65,8 @@ _RECONNECT_BUDGET_S = 30.0
 BOOT_GRACE_S = 900.0
 # A node up for longer than that is not booting: retry a blip, not a boot.
 _WARM_RETRY_S = 10.0
+# CLOUDTRAIN_SSH_HELPER=0: every command on its own exec channel (how benchmarks compare the two).
+HELPER_ENV = "CLOUDTRAIN_SSH_HELPER"
 
 __all__ = ["ConnectionLostError", "SSHAuthError", "SSHConnectError", "SSHTransport", "open_transport"]
 
@@ -176,6 +183,9 @@ class SSHTransport:
         self._lock = threading.RLock()
         self._home: str | None = None
         self._commands: dict[str, bool] = {}
+        self.round_trips = RoundTrips()
+        self._helper: NodeHelper | None = None
+        self._helper_off = os.environ.get(HELPER_ENV, "1") == "0"
 
     # ------------------------------------------------------------------ Transport contract
 
@@ -186,6 +196,10 @@ class SSHTransport:
     @property
     def home(self) -> str:
         if self._home is None:
+            helper = self._helper_now()
+            if helper is not None and helper.home.startswith("/"):
+                self._home = helper.home
+                return self._home
             text = self.run(["sh", "-c", 'printf %s "${HOME:-$(pwd)}"']).text.strip()
             if not text.startswith("/"):
                 raise RemoteError(f"{self.label}: could not determine the home directory (got {text!r})")
@@ -207,6 +221,23 @@ class SSHTransport:
         """
         args = [str(a) for a in argv]
         doing = what or f"running {args[0]!r}"
+        helper = self._helper_now()
+        if helper is not None:
+            # The helper enforces the timeout on the node (exit code 124, as timeout(1) says).
+            remote_limit = timeout is not None
+            started = time.monotonic()
+            proc: RemoteProcess | HelperProcess = helper.submit(args, input=input, timeout=timeout, what=doing)
+            try:
+                stdout = proc.read_all()
+                code = proc.wait()
+            finally:
+                proc.close()
+            if remote_limit and code == 124 and time.monotonic() - started >= timeout:  # type: ignore[operator]
+                raise RemoteError(f"{self.label}: {doing} timed out after {timeout}s")
+            result = CommandResult(tuple(args), code, stdout, proc.stderr)
+            if check and code != 0:
+                raise RemoteCommandError(args, code, proc.stderr.decode(errors="replace"))
+            return result
         command = shlex.join(args)
         remote_limit = timeout is not None and self.has_command("timeout")
         if remote_limit:
@@ -215,7 +246,8 @@ class SSHTransport:
             # own deadline, a little later, covers a silent network.
             command = shlex.join(["timeout", "-k", "2", f"{timeout:g}", *args])
         started = time.monotonic()
-        proc = self.start(command, input=input, timeout=None if timeout is None else timeout + 3, what=doing)
+        proc = self._start_channel(command, input=input, timeout=None if timeout is None else timeout + 3,
+                                   what=doing)
         try:
             stdout = proc.read_all()
             code = proc.wait()
@@ -230,7 +262,9 @@ class SSHTransport:
 
     def stream(self, argv: Sequence[str], *, what: str | None = None) -> Iterator[bytes]:
         args = [str(a) for a in argv]
-        proc = self.start(shlex.join(args), what=what or f"running {args[0]!r}")
+        doing = what or f"running {args[0]!r}"
+        helper = self._helper_now()
+        proc = helper.submit(args, what=doing) if helper is not None else self.start(shlex.join(args), what=doing)
         try:
             while chunk := proc.read():
                 yield chunk
@@ -295,6 +329,13 @@ class SSHTransport:
 
     def close(self) -> None:
         with self._lock:
+            if self._helper is not None:
+                self._helper.discard()
+                self._helper = None
+            if self.connects:
+                report = self.round_trips.report(self.label, self.connects)
+                log.debug("%s: round trips %s", self.label, report)
+                log_report(report)
             if self._conn is not None:
                 self._conn.close()
                 self._conn = None
@@ -310,6 +351,10 @@ class SSHTransport:
     def has_command(self, name: str) -> bool:
         """Whether `name` is on the node's PATH (cached per transport)."""
         if name not in self._commands:
+            helper = self._helper_now()
+            if helper is not None and name in helper.commands:
+                self._commands[name] = helper.commands[name]
+                return self._commands[name]
             result = self.run(["sh", "-c", 'command -v "$1" >/dev/null 2>&1', "sh", name], check=False, timeout=None)
             self._commands[name] = result.exit_code == 0
         return self._commands[name]
@@ -323,16 +368,54 @@ class SSHTransport:
 
     def start(
         self, command: str, *, input: InputSource | None = None, timeout: float | None = None, what: str = ""
+    ) -> RemoteProcess | HelperProcess:
+        """Start a raw shell command; the caller reads, waits and closes. Through the helper nothing
+        is awaited here: commands started one after the other before any is read go to the node
+        together (one round trip for all), and must then be read in the order they were started."""
+        helper = self._helper_now()
+        if helper is not None:
+            # `timeout` here is the caller's own deadline (as for a channel), not the node's.
+            proc = helper.submit(["sh", "-c", command], input=input, what=what or command.split(" ", 1)[0])
+            if timeout is not None:
+                proc.timeout, proc.deadline = timeout, time.monotonic() + timeout
+            return proc
+        return self._start_channel(command, input=input, timeout=timeout, what=what)
+
+    def _helper_now(self) -> NodeHelper | None:
+        """The node helper for this thread, started on first use; None: use a channel of its own
+        (the node has no python3, helpers are off, or another thread's requests are in flight)."""
+        if self._helper_off:
+            return None
+        me = threading.get_ident()
+        with self._lock:
+            helper = self._helper
+            if helper is not None and helper.usable_by(me):
+                return helper
+            if helper is not None and helper.alive:
+                return None
+            conn, chan = self._open_channel()
+            try:
+                self._helper = NodeHelper.start(self.label, conn, chan, self.round_trips, self.connect_timeout + 10)
+            except HelperUnavailable as exc:
+                log.info("%s: %s; one channel per command", self.label, exc.message)
+                self._helper, self._helper_off = None, True
+                return None
+            return self._helper
+
+    def _start_channel(
+        self, command: str, *, input: InputSource | None = None, timeout: float | None = None, what: str = ""
     ) -> RemoteProcess:
-        """Start a raw shell command on its own channel; the caller reads, waits and closes."""
         conn, chan = self._open_channel()
         try:
+            self.round_trips.sent()
+            self.round_trips.waiting()
             chan.exec_command(command)
         except (paramiko.SSHException, EOFError, OSError) as exc:
             chan.close()
             # The request may have reached the node: the command's fate is unknown.
             raise self._lost(f"starting {what or command.split(' ', 1)[0]!r}", exc) from None
-        proc = RemoteProcess(self.label, conn, chan, what or f"running {command.split(' ', 1)[0]!r}", timeout)
+        proc = RemoteProcess(self.label, conn, chan, what or f"running {command.split(' ', 1)[0]!r}", timeout,
+                             self.round_trips)
         if input is not None:
             proc.feed(input)
         else:
@@ -506,6 +589,9 @@ class SSHTransport:
             try:
                 if transport is None:
                     raise EOFError("no transport")
+                self.round_trips.session()
+                self.round_trips.sent()
+                self.round_trips.waiting()
                 chan = transport.open_session(window_size=_WINDOW_BYTES, timeout=self.connect_timeout)
                 return conn, chan
             except paramiko.ChannelException as exc:

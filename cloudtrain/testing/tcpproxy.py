@@ -7,6 +7,11 @@
     proxy.up()                               # ... until it is back
     proxy.down(for_s=5)                      # gone for five seconds, then back by itself
     proxy.close()                            # gone for good: from this call on nothing is relayed
+    TcpProxy(target_port, rtt_ms=50)         # a distant link: every byte arrives 25 ms later, each way
+
+Latency: each direction holds what it reads for rtt_ms/2 before passing it on (bandwidth is not
+limited), so a request -> answer turn costs rtt_ms more, as through a WAN link. Ordering, EOF and
+cuts keep their meaning (a cut drops what is still held).
 
 Cuts send RST (SO_LINGER 0) to both sides, like a NAT box or a rebooted router dropping state. A
 connection attempted while the link is down is accepted by the kernel and reset at once, so a
@@ -20,6 +25,8 @@ import select
 import socket
 import struct
 import threading
+import time
+from collections import deque
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -28,8 +35,9 @@ import pytest
 class TcpProxy:
     """Relays 127.0.0.1:`port` to `target_host`:`target_port`; see the module docstring."""
 
-    def __init__(self, target_port: int, target_host: str = "127.0.0.1") -> None:
+    def __init__(self, target_port: int, target_host: str = "127.0.0.1", *, rtt_ms: float = 0.0) -> None:
         self.target = (target_host, target_port)
+        self.delay_s = max(0.0, rtt_ms) / 2000.0
         self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._listener.bind(("127.0.0.1", 0))
@@ -153,6 +161,9 @@ class TcpProxy:
             threading.Thread(target=self._pump, args=(client, upstream), daemon=True).start()
 
     def _pump(self, client: socket.socket, upstream: socket.socket) -> None:
+        if self.delay_s > 0:
+            self._pump_delayed(client, upstream)
+            return
         peer = {client: upstream, upstream: client}
         relayed = 0
         open_sides = {client, upstream}
@@ -174,6 +185,63 @@ class TcpProxy:
             # cut_all() shut the sockets down under us: that connection is over.
             self._drop(client, upstream)
             return
+        self._drop(client, upstream, reset=False)
+
+    def _pump_delayed(self, client: socket.socket, upstream: socket.socket) -> None:
+        """One reader per direction stamps what it reads; one writer per direction sends it when due."""
+        relayed = [0]
+        done = threading.Event()
+
+        def direction(src: socket.socket, dst: socket.socket) -> None:
+            held: deque[tuple[float, bytes]] = deque()  # (due, data); b"" means EOF
+            ready = threading.Condition()
+
+            def writer() -> None:
+                try:
+                    while True:
+                        with ready:
+                            while not held:
+                                ready.wait()
+                            due, data = held[0]
+                        pause = due - time.monotonic()
+                        if pause > 0:
+                            time.sleep(pause)
+                        with ready:
+                            held.popleft()
+                        if not data:
+                            dst.shutdown(socket.SHUT_WR)
+                            return
+                        dst.sendall(data)
+                except OSError:
+                    done.set()
+
+            threading.Thread(target=writer, daemon=True).start()
+            try:
+                while True:
+                    data = src.recv(1 << 16)
+                    with ready:
+                        held.append((time.monotonic() + self.delay_s, data))
+                        ready.notify()
+                    if not data:
+                        return
+                    relayed[0] += len(data)
+                    if self._should_cut(relayed[0]):
+                        done.set()
+                        return
+            except OSError:
+                done.set()
+
+        readers = [threading.Thread(target=direction, args=pair, daemon=True)
+                   for pair in ((client, upstream), (upstream, client))]
+        for thread in readers:
+            thread.start()
+        while any(t.is_alive() for t in readers) and not done.is_set():
+            done.wait(0.5)
+        if done.is_set():
+            self._drop(client, upstream)
+            return
+        # Both sides sent EOF; let what is held drain before closing.
+        time.sleep(self.delay_s + 0.05)
         self._drop(client, upstream, reset=False)
 
     def _should_cut(self, relayed: int) -> bool:

@@ -1,0 +1,297 @@
+"""The laptop half of the node helper: every command of a CLI invocation over ONE SSH session.
+
+A new exec channel per command costs two round trips (channel open, exec) plus a session on the
+node (PAM, a login shell: ~90 ms on a stock sshd) before the command even starts. The helper
+(templates/sync_helper.py `serve`) is started once per connection, on one channel, and runs each
+command it is sent in turn; a command then costs one round trip, and commands sent together
+(`start` does not wait: it only sends) are answered together, in order: a pipeline.
+
+Responses come back strictly in request order, so a process must be read in the order it was
+started (an earlier one's output is buffered when a later one is read first). A process that is
+abandoned before its end (an early close, a timeout) leaves the helper in an unknown state: the
+helper is discarded (its channel closed, which ends it and its command on the node) and the next
+command starts a new one.
+
+Started with an exec request that does not ask for a reply (the hello is the reply), so starting
+the helper costs the channel open and one turn.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import select
+import shlex
+import struct
+import threading
+import time
+from collections import deque
+from collections.abc import Sequence
+from typing import IO
+
+import paramiko
+from paramiko.common import cMSG_CHANNEL_REQUEST
+from paramiko.message import Message
+
+from cloudtrain import paths
+from cloudtrain.errors import RemoteError
+from cloudtrain.remote.channel import CHUNK, TRANSFER_ERRORS, Connection, InputSource, lost
+from cloudtrain.remote.roundtrips import RoundTrips
+
+log = logging.getLogger("cloudtrain.remote.ssh")
+
+HEADER = struct.Struct(">cII")
+_STDERR_KEEP = 1 << 20
+
+
+class HelperUnavailable(RemoteError):
+    """The node could not start the helper (no python3): commands go on their own channels."""
+
+
+class NodeHelper:
+    def __init__(self, label: str, conn: Connection, chan: paramiko.Channel, counter: RoundTrips) -> None:
+        self.label = label
+        self.conn = conn
+        self.chan = chan
+        self.counter = counter
+        self.home = ""
+        self.commands: dict[str, bool] = {}
+        self.broken = False
+        self.owner: int | None = None  # the thread whose requests are in flight
+        self._next = 1
+        self._buffer = bytearray()
+        self._open: deque[HelperProcess] = deque()  # started and not yet finished, in request order
+        self._send_lock = threading.Lock()
+
+    @classmethod
+    def start(cls, label: str, conn: Connection, chan: paramiko.Channel, counter: RoundTrips,
+              timeout: float) -> NodeHelper:
+        source = (paths.templates_dir() / "sync_helper.py").read_text()
+        command = f"exec python3 -c {shlex.quote(source)} serve"
+        message = Message()
+        message.add_byte(cMSG_CHANNEL_REQUEST)
+        message.add_int(chan.remote_chanid)
+        message.add_string("exec")
+        message.add_boolean(False)  # the hello answers; paramiko's exec_command would wait a turn more
+        message.add_string(command)
+        counter.sent()
+        chan.transport._send_user_message(message)  # noqa: SLF001 - see above
+        helper = cls(label, conn, chan, counter)
+        helper._hello(timeout)
+        return helper
+
+    # ------------------------------------------------------------------ use
+
+    @property
+    def alive(self) -> bool:
+        return not self.broken and not self.chan.closed and self.conn.alive()
+
+    def usable_by(self, thread: int) -> bool:
+        return self.alive and (self.owner in (None, thread))
+
+    def submit(self, argv: Sequence[str], *, input: InputSource | None = None, timeout: float | None = None,
+               what: str = "") -> HelperProcess:
+        """Send one request; nothing is awaited (read the process for its answer)."""
+        rid = self._next
+        self._next += 1
+        self.owner = threading.get_ident()
+        proc = HelperProcess(self, rid, what or f"running {argv[0]!r}",
+                             None if timeout is None else timeout + 3)
+        self._open.append(proc)
+        header = json.dumps({"argv": [str(a) for a in argv], "timeout": timeout}).encode()
+        frames = [HEADER.pack(b"R", rid, len(header)) + header]
+        if input is None:
+            frames.append(HEADER.pack(b"E", rid, 0))
+            self._send(b"".join(frames), what)
+        elif isinstance(input, (bytes, bytearray, memoryview)):
+            view = memoryview(input)
+            for start in range(0, len(view), CHUNK):
+                piece = view[start : start + CHUNK]
+                frames.append(HEADER.pack(b"I", rid, len(piece)) + piece)
+            frames.append(HEADER.pack(b"E", rid, 0))
+            self._send(b"".join(frames), what)
+        else:
+            self._send(frames[0], what)
+            proc.writer = threading.Thread(target=self._feed, args=(rid, input), daemon=True,
+                                           name=f"ssh-helper-stdin-{rid}")
+            proc.writer.start()
+        return proc
+
+    def discard(self) -> None:
+        """Close the helper's channel: on the node it ends its command and exits."""
+        self.broken = True
+        try:
+            self.chan.close()
+        except TRANSFER_ERRORS as exc:  # the connection is gone already: so is the helper
+            log.debug("%s: closing the helper channel: %s", self.label, exc)
+
+    # ------------------------------------------------------------------ wire
+
+    def _send(self, data: bytes, what: str) -> None:
+        try:
+            with self._send_lock:
+                self.counter.sent()
+                self.chan.sendall(data)
+        except TRANSFER_ERRORS as exc:
+            self.discard()
+            raise lost(self.label, what or "sending a command", exc) from None
+
+    def _feed(self, rid: int, source: IO[bytes]) -> None:
+        try:
+            while chunk := source.read(CHUNK):
+                with self._send_lock:
+                    self.counter.sent()
+                    self.chan.sendall(HEADER.pack(b"I", rid, len(chunk)) + chunk)
+            with self._send_lock:
+                self.chan.sendall(HEADER.pack(b"E", rid, 0))
+        except (OSError, EOFError, paramiko.SSHException, ValueError) as exc:
+            # The connection died or the source broke: the reader sees the channel end and says so.
+            log.debug("%s: helper input %d not fully delivered: %s", self.label, rid, exc)
+            self.discard()
+
+    def _hello(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        frame = self._frame(deadline, "starting the node helper")
+        if frame is None or frame[0] != b"H":
+            said = b""
+            while self.chan.recv_stderr_ready():
+                said += self.chan.recv_stderr(CHUNK)
+            self.discard()
+            raise HelperUnavailable(f"{self.label}: no node helper ({said.decode(errors='replace').strip()[-200:]})")
+        hello = json.loads(frame[2])
+        self.home = str(hello.get("home") or "")
+        self.commands = {str(k): bool(v) for k, v in dict(hello.get("commands") or {}).items()}
+
+    def _frame(self, deadline: float | None, what: str) -> tuple[bytes, int, bytes] | None:
+        """The next frame from the node; None at the channel's end."""
+        while True:
+            if len(self._buffer) >= HEADER.size:
+                kind, rid, size = HEADER.unpack_from(self._buffer)
+                if len(self._buffer) >= HEADER.size + size:
+                    payload = bytes(self._buffer[HEADER.size : HEADER.size + size])
+                    del self._buffer[: HEADER.size + size]
+                    return kind, rid, payload
+            if not self._fill(deadline, what):
+                return None
+
+    def _fill(self, deadline: float | None, what: str) -> bool:
+        chan = self.chan
+        waited = False
+        while True:
+            try:
+                if chan.recv_stderr_ready():
+                    log.debug("%s: node helper said: %s", self.label, chan.recv_stderr(CHUNK)[-500:])
+                    continue
+                if chan.recv_ready():
+                    self._buffer += chan.recv(CHUNK)
+                    return True
+            except TRANSFER_ERRORS as exc:
+                self.discard()
+                raise lost(self.label, what, exc) from None
+            if chan.eof_received or chan.closed:
+                if chan.recv_ready():
+                    continue
+                if not self.conn.alive():
+                    self.discard()
+                    raise lost(self.label, what, self.conn.exception())
+                return False
+            if not waited:
+                self.counter.waiting()
+                waited = True
+            if deadline is not None and time.monotonic() > deadline:
+                self.discard()
+                raise RemoteError(f"{self.label}: {what} timed out")
+            if not self.conn.alive():
+                self.discard()
+                raise lost(self.label, what, self.conn.exception())
+            limit = 1.0 if deadline is None else max(0.0, min(1.0, deadline - time.monotonic()))
+            try:
+                select.select([chan], [], [], limit)
+            except (OSError, ValueError) as exc:
+                self.discard()
+                raise lost(self.label, what, exc) from None
+
+    def _pump(self, proc: HelperProcess) -> None:
+        """Read one frame for whichever open process it belongs to (in order, earlier ones first)."""
+        frame = self._frame(proc.deadline, proc.what)
+        if frame is None:
+            self.discard()
+            raise RemoteError(f"{self.label}: the node helper ended while {proc.what}",
+                              hint="the next command starts a new one")
+        kind, rid, payload = frame
+        owner = next((p for p in self._open if p.rid == rid), None)
+        if owner is None:
+            self.discard()
+            raise RemoteError(f"{self.label}: the node helper answered an unknown request {rid}")
+        if kind == b"O":
+            owner.out.append(payload)
+        elif kind == b"X":
+            owner.err += payload
+            del owner.err[:-_STDERR_KEEP]
+        elif kind == b"C":
+            owner.code = int(payload or b"255")
+            self._open.remove(owner)
+            if not self._open:
+                self.owner = None
+
+
+class HelperProcess:
+    """One command run by the helper; the RemoteProcess interface (read, wait, close, stderr)."""
+
+    def __init__(self, helper: NodeHelper, rid: int, what: str, timeout: float | None) -> None:
+        self.helper = helper
+        self.rid = rid
+        self.what = what
+        self.timeout = timeout
+        self.deadline = None if timeout is None else time.monotonic() + timeout
+        self.out: deque[bytes] = deque()
+        self.err = bytearray()
+        self.code: int | None = None
+        self.writer: threading.Thread | None = None
+
+    @property
+    def conn(self) -> Connection:
+        return self.helper.conn
+
+    @property
+    def stderr(self) -> bytes:
+        return bytes(self.err)
+
+    def stderr_tail(self) -> str:
+        text = self.err.decode(errors="replace").strip()
+        return text.splitlines()[-1] if text else ""
+
+    def read(self, size: int = CHUNK) -> bytes:
+        while not self.out:
+            if self.code is not None:
+                return b""
+            self._pump()
+        chunk = self.out.popleft()
+        if len(chunk) > size:
+            self.out.appendleft(chunk[size:])
+            chunk = chunk[:size]
+        return chunk
+
+    def read_all(self) -> bytes:
+        chunks = []
+        while chunk := self.read():
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    def wait(self) -> int:
+        while self.code is None:
+            self._pump()
+        if self.writer is not None:
+            self.writer.join(timeout=5)
+        return self.code
+
+    def close(self) -> None:
+        if self.code is None:
+            # Abandoned mid-way: what the helper still sends for it would confuse the next reader.
+            self.helper.discard()
+
+    def _pump(self) -> None:
+        if self.deadline is not None and time.monotonic() > self.deadline:
+            self.helper.discard()
+            raise RemoteError(f"{self.helper.label}: {self.what} timed out after {self.timeout}s")
+        self.helper._pump(self)  # noqa: SLF001 - the two classes are one mechanism
