@@ -17,7 +17,6 @@ from cloudtrain.errors import RecipeError
 from cloudtrain.names import NAME_RE, NAME_RULE
 from cloudtrain.providers import ANY as ANY_CLOUD
 from cloudtrain.providers import KNOWN as KNOWN_CLOUDS
-from cloudtrain.recipe.recover import DEFAULT_RECOVER, Recover, recover_input
 from cloudtrain.yamlfile import format_validation_error, line_of, read_yaml
 
 Cloud = Literal[(*KNOWN_CLOUDS, ANY_CLOUD)]  # type: ignore[valid-type]
@@ -168,10 +167,6 @@ class Autostop(StrictModel):
         description="what keeps a node up: cloudtrain jobs and SSH sessions, jobs only, or nothing")
 
 
-# What a priced cluster gets when its recipe does not mention autostop (docs/watchdog.md).
-DEFAULT_AUTOSTOP = Autostop(idle_minutes=30)
-
-
 def _autostop_input(value: Any) -> Any:
     """`autostop: false` turns it off; a bare number gets the line to write instead of a type error."""
     if value is False:
@@ -316,9 +311,6 @@ class Recipe(StrictModel):
     autostop: Annotated[Autostop | None, BeforeValidator(_autostop_input)] = Field(
         default=None, description="stop (or delete) idle nodes: a mapping such as {idle_minutes: 30}; false: none")
     budget: Budget | None = None
-    recover: Annotated[Recover | None, BeforeValidator(recover_input)] = Field(
-        default=None, description="relaunch elsewhere when the node is preempted or lost (default: on for spot); "
-                                  "a mapping such as {max_restarts: 3}, true, or false")
     sweep: Sweep | None = Field(default=None, description="makes this a sweep recipe: `cloudtrain sweep run` runs it")
 
     @field_validator("name")
@@ -353,39 +345,6 @@ class Recipe(StrictModel):
             if not item or item.startswith("/") or ".." in Path(item).parts:
                 raise ValueError(f"result paths are relative to the workdir without '..', got {item!r}")
         return value
-
-    @model_validator(mode="after")
-    def _default_autostop(self) -> Recipe:
-        # A priced cluster nobody told to stop is the forgotten VM burning money overnight: it gets
-        # DEFAULT_AUTOSTOP unless the recipe says otherwise (`autostop: false` for none). Sweeps are
-        # bounded by their lease instead; clouds whose machines cannot stop themselves get none
-        # (preflight would refuse an explicit one).
-        if "autostop" in self.model_fields_set or self.sweep is not None:
-            return self
-        cloud = self.resources.cloud
-        if cloud == ANY_CLOUD or (_capability(cloud, "priced", False) and _capability(cloud, "autostop", False)):
-            # Bypass assignment so that model_fields_set still says the recipe did not set it.
-            object.__setattr__(self, "autostop", DEFAULT_AUTOSTOP)
-        return self
-
-    @model_validator(mode="after")
-    def _recover_where_machines_come_and_go(self) -> Recipe:
-        # Machines the user lent us (`ssh` hosts) have no next placement to move to.
-        if self.recover is not None and _capability(self.resources.cloud, "takes_hosts", False):
-            raise ValueError(f"recover: cloud {self.resources.cloud} runs on the listed hosts, which cloudtrain "
-                             "cannot relaunch elsewhere (remove recover:)")
-        return self
-
-    @property
-    def recovery(self) -> Recover | None:
-        """The recover settings in force: the recipe's, else DEFAULT_RECOVER for spot (recipe/recover.py)."""
-        if "recover" in self.model_fields_set:
-            return self.recover
-        return DEFAULT_RECOVER if self.resources.spot else None
-
-    @property
-    def autostop_is_default(self) -> bool:
-        return self.autostop is DEFAULT_AUTOSTOP and "autostop" not in self.model_fields_set
 
     @field_validator("upload")
     @classmethod
