@@ -68,6 +68,7 @@ class Placement:
     accelerators: str | None = None  # e.g. "T4:1", per node
     vcpus: int | None = None
     memory_gib: float | None = None
+    avoid_zones: tuple[str, ...] = ()  # set by run/recover.py: zones a preemption just ruled out
 
     def describe(self) -> str:
         where = "/".join(p for p in (self.cloud, self.zone or self.region) if p)
@@ -90,6 +91,8 @@ class Plan:
     candidates: tuple[Placement, ...]  # cheapest first; never empty
     max_usd: float | None = None
     max_hours: float | None = None
+    # Relaunches after a lost node (recipe `recover:`, default on for spot); None: a lost node fails the run.
+    max_restarts: int | None = None
 
     @property
     def best(self) -> Placement:
@@ -129,6 +132,9 @@ class Plan:
             line += f", at most ${self.estimated_cost:.2f} for {self.max_hours:g} h"
             if self.worst_hourly_cost > self.hourly_cost:
                 line += f" (failover may reach ${self.worst_hourly_cost:.4g}/h)"
+        if self.max_restarts:
+            # Every attempt spends from the same budget: the worst case above covers them all.
+            line += f"; recover: up to {self.max_restarts} relaunch(es) elsewhere if the node is lost"
         return line
 
 
@@ -227,7 +233,9 @@ def make_plan(
                 + ("" if res.spot else ", or set resources.spot: true"),
             )
         placements = affordable
-    return Plan(res.cloud, recipe.num_nodes, res.spot, tuple(placements), max_usd, max_hours)
+    recovery = recipe.recovery
+    return Plan(res.cloud, recipe.num_nodes, res.spot, tuple(placements), max_usd, max_hours,
+                recovery.max_restarts if recovery is not None else None)
 
 
 def _check_region(catalog: Catalog, clouds: Sequence[str], region: str) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from cloudtrain.buckets.url import BucketUrl, Store, parse_bucket_url
+from cloudtrain.buckets.url import BucketUrl, parse_bucket_url
 
 
 @dataclass(frozen=True)
@@ -35,23 +35,3 @@ def recipe_grants(recipe: object) -> tuple[BucketGrant, ...]:
     """The grants a recipe's nodes need (`Recipe`: duck-typed to keep this module import-light)."""
     data = getattr(recipe, "data", [])
     return grants_for([m.source for m in data], getattr(recipe, "upload", None))
-
-
-def aws_policy(grants: tuple[BucketGrant, ...], partition: str = "aws") -> dict[str, object]:
-    """An IAM policy document allowing exactly `grants` (S3 only; other stores are not AWS's).
-
-    Objects are scoped to their prefix; listing is allowed on the bucket with an s3:prefix
-    condition (AWS's documented way to confine ListBucket to a folder)."""
-    statements: list[dict[str, object]] = []
-    for grant in grants:
-        if grant.url.store is not Store.S3:
-            continue
-        bucket_arn = f"arn:{partition}:s3:::{grant.url.bucket}"
-        objects = f"{bucket_arn}/{grant.url.prefix}/*" if grant.url.prefix else f"{bucket_arn}/*"
-        list_statement: dict[str, object] = {"Effect": "Allow", "Action": ["s3:ListBucket"], "Resource": bucket_arn}
-        if grant.url.prefix:
-            list_statement["Condition"] = {"StringLike": {"s3:prefix": [grant.url.prefix, f"{grant.url.prefix}/*"]}}
-        statements.append(list_statement)
-        actions = ["s3:GetObject"] + (["s3:PutObject", "s3:AbortMultipartUpload"] if grant.write else [])
-        statements.append({"Effect": "Allow", "Action": actions, "Resource": objects})
-    return {"Version": "2012-10-17", "Statement": statements}

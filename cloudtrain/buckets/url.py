@@ -63,7 +63,7 @@ def parse_bucket_url(text: str) -> BucketUrl:
     parts = [p for p in rest.split("/")]
     if store is Store.AZURE:
         if len(parts) < 2 or not parts[0] or not parts[1]:
-            raise ValueError(f"{text!r}: Azure Blob URLs name the account and the container: az://account/container/prefix")
+            raise ValueError(f"{text!r}: az:// URLs name the storage account and the container: az://account/container/prefix")
         account, bucket, tail = parts[0], parts[1], parts[2:]
         if not _AZ_ACCOUNT.fullmatch(account):
             raise ValueError(f"{text!r}: storage account names are 3-24 lowercase letters and digits, got {account!r}")

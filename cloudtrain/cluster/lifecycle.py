@@ -12,6 +12,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
+from cloudtrain.buckets.grants import recipe_grants
 from cloudtrain.config import Config
 from cloudtrain.errors import ClusterBusyError, ClusterNotFoundError, NotAvailableError, ProviderError, UsageError
 from cloudtrain.events import NullReporter, Reporter
@@ -175,6 +176,7 @@ class Lifecycle:
             # What the on-node watchdog may do to it: providers attach (and check) the identity it needs.
             watchdog="stop" if recipe.autostop is not None or recipe.budget is not None else None,
             hosts=hosts,
+            buckets=recipe_grants(recipe),  # the nodes' own identity may read/write exactly these
         )
 
     def _create(self, recipe: Recipe, name: str, recipe_path: str | None, digest: str | None,

@@ -88,6 +88,8 @@ class InstanceSpec:
     instance_type: str | None = None
     region: str | None = None
     zone: str | None = None
+    # Zones a launch without `zone` must not use (a spot preemption just took the machine there).
+    avoid_zones: tuple[str, ...] = ()
     image: str | None = None
     disk_gb: int | None = None
     spot: bool = False

@@ -17,6 +17,7 @@ from cloudtrain.errors import RecipeError
 from cloudtrain.names import NAME_RE, NAME_RULE
 from cloudtrain.providers import ANY as ANY_CLOUD
 from cloudtrain.providers import KNOWN as KNOWN_CLOUDS
+from cloudtrain.recipe.recover import DEFAULT_RECOVER, Recover, recover_input
 from cloudtrain.yamlfile import format_validation_error, line_of, read_yaml
 
 Cloud = Literal[(*KNOWN_CLOUDS, ANY_CLOUD)]  # type: ignore[valid-type]
@@ -311,6 +312,9 @@ class Recipe(StrictModel):
     autostop: Annotated[Autostop | None, BeforeValidator(_autostop_input)] = Field(
         default=None, description="stop (or delete) idle nodes: a mapping such as {idle_minutes: 30}; false: none")
     budget: Budget | None = None
+    recover: Annotated[Recover | None, BeforeValidator(recover_input)] = Field(
+        default=None, description="relaunch elsewhere when the node is preempted or lost (default: on for spot); "
+                                  "a mapping such as {max_restarts: 3}, true, or false")
     sweep: Sweep | None = Field(default=None, description="makes this a sweep recipe: `cloudtrain sweep run` runs it")
 
     @field_validator("name")
@@ -354,6 +358,21 @@ class Recipe(StrictModel):
         if value is not None:
             parse_bucket_url(value)
         return value
+
+    @model_validator(mode="after")
+    def _recover_where_machines_come_and_go(self) -> Recipe:
+        # Machines the user lent us (`ssh` hosts) have no next placement to move to.
+        if self.recover is not None and _capability(self.resources.cloud, "takes_hosts", False):
+            raise ValueError(f"recover: cloud {self.resources.cloud} runs on the listed hosts, which cloudtrain "
+                             "cannot relaunch elsewhere (remove recover:)")
+        return self
+
+    @property
+    def recovery(self) -> Recover | None:
+        """The recover settings in force: the recipe's, else DEFAULT_RECOVER for spot (recipe/recover.py)."""
+        if "recover" in self.model_fields_set:
+            return self.recover
+        return DEFAULT_RECOVER if self.resources.spot else None
 
     @model_validator(mode="after")
     def _one_entry_point(self) -> Recipe:

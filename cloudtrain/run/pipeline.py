@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from cloudtrain import procid
 from cloudtrain.cost import spend
@@ -36,6 +36,7 @@ from cloudtrain.remote.archive import Refused
 from cloudtrain.run.job import end_jobs, run_job
 from cloudtrain.run.prepare import job_script, prepare, sync, write_ssh_config
 from cloudtrain.run.record import RunJson
+from cloudtrain.buckets.steps import bucket_mounts, copy_in, upload, upload_destination, without_buckets
 from cloudtrain.state import ClusterStatus, RunRecord, RunStatus
 
 Teardown = Literal["auto", "down", "stop", "keep"]
@@ -108,6 +109,8 @@ class _Run:
     status: str = RunStatus.FAILED
     exit_code: int | None = None
     error: str | None = None
+    uploaded: str | None = None  # the bucket URL the results went to (recipe `upload:`), once tried
+    recovery: Any = None  # run/recover.Recovery when the recipe recovers from lost nodes
 
     @property
     def job_id(self) -> str:
@@ -200,24 +203,15 @@ class Executor:
         ))
         usage_error: UsageError | None = None
         try:
-            with r.clock.phase("provision", recipe.resources.cloud):
-                before = self.store.get_cluster(cluster_name)
-                r.was_stopped = before is not None and before.status == ClusterStatus.STOPPED
-                r.cluster, r.created = self.lc.up(recipe, cluster_name, str(loaded.path.resolve()), loaded.digest,
-                                                  run_id=run_id, usable=self._usable.get(cluster_name))
-                r.cluster_started = time.time()
-                r.nodes = self._ready_nodes(r.cluster, recipe, r.created)
-                if cluster_name in self._restarted:
-                    r.was_stopped = True  # its watchdog had stopped it: "as the run found it" is stopped
-            with r.clock.phase("sync"):
-                on_all(r.nodes, lambda n: sync(n, loaded, self.reporter))
-            if recipe.setup:
-                with r.clock.phase("setup"):
-                    run_job(self.store, self.reporter, r.nodes, run_id, f"{run_id}-setup", recipe.setup + "\n",
-                            recipe, "setup", r.jobs_started)
-            with r.clock.phase("run"):
-                run_job(self.store, self.reporter, r.nodes, run_id, r.job_id, job_script(recipe), recipe, "job",
-                        r.jobs_started)
+            from cloudtrain.run.recover import recovery_for
+
+            r.recovery = recovery_for(self, r, cluster_name)
+            if r.recovery is None:
+                self._attempt(r, cluster_name)
+            else:
+                # A lost node relaunches elsewhere and the job resumes from its newest checkpoint.
+                r.recovery.run(lambda: self._attempt(r, cluster_name))
+            self._upload(r)
             r.status, r.exit_code = RunStatus.SUCCEEDED, 0
         except KeyboardInterrupt:
             r.status, r.error = RunStatus.INTERRUPTED, "interrupted by the user"
@@ -226,6 +220,8 @@ class Executor:
         except JobFailedError as exc:
             r.exit_code, r.error = exc.job_exit_code, exc.message
             end_jobs(self.store, self.reporter, r.nodes, r.jobs_started)
+            if r.job_id in r.jobs_started and r.uploaded is None:
+                self._upload(r, failed_job=True)  # a failed job's checkpoints matter as much
         except CloudtrainError as exc:
             r.error = exc.one_line()
             usage_error = exc if isinstance(exc, UsageError) else None
@@ -242,6 +238,50 @@ class Executor:
         # Interrupted (INT, TERM or HUP, in any phase): the caller prints the run directory last
         # and exits 130.
         return result
+
+    def _attempt(self, r: _Run, cluster_name: str) -> None:
+        """Provision, sync, setup and the job: what a run does once (or, recovering, once per attempt)."""
+        loaded, recipe, run_id = r.loaded, r.loaded.recipe, r.run_id
+        with r.clock.phase("provision", recipe.resources.cloud):
+            before = self.store.get_cluster(cluster_name)
+            r.was_stopped = before is not None and before.status == ClusterStatus.STOPPED
+            r.cluster, r.created = self.lc.up(recipe, cluster_name, str(loaded.path.resolve()), loaded.digest,
+                                              run_id=run_id, usable=self._usable.get(cluster_name))
+            r.cluster_started = time.time()
+            r.nodes = self._ready_nodes(r.cluster, recipe, r.created)
+            if cluster_name in self._restarted:
+                r.was_stopped = True  # its watchdog had stopped it: "as the run found it" is stopped
+        with r.clock.phase("sync"):
+            on_all(r.nodes, lambda n: sync(n, without_buckets(loaded), self.reporter))
+        self._copy_in(r)
+        if recipe.setup:
+            with r.clock.phase("setup"):
+                run_job(self.store, self.reporter, r.nodes, run_id, f"{run_id}-setup", recipe.setup + "\n",
+                        recipe, "setup", r.jobs_started)
+        with r.clock.phase("run"):
+            run_job(self.store, self.reporter, r.nodes, run_id, r.job_id, job_script(recipe), recipe, "job",
+                    r.jobs_started)
+
+    def _copy_in(self, r: _Run) -> None:
+        """The recipe's bucket data: every node copies it itself, with its own identity (docs/data.md)."""
+        if bucket_mounts(r.loaded.recipe) and r.cluster is not None:
+            with r.clock.phase("data"):
+                copy_in(self.store, self.reporter, r.nodes, r.cluster.provider, r.run_id, r.loaded.recipe,
+                        r.jobs_started)
+
+    def _upload(self, r: _Run, failed_job: bool = False) -> None:
+        """`upload:` in the recipe: node 0 puts the results in the bucket, with its own identity."""
+        recipe = r.loaded.recipe
+        if not recipe.upload or r.cluster is None or not r.nodes:
+            return
+        r.uploaded = str(upload_destination(recipe, r.run_id))
+        try:
+            with r.clock.phase("upload"):
+                upload(self.store, self.reporter, r.nodes, r.cluster.provider, r.run_id, recipe, r.jobs_started)
+        except CloudtrainError as exc:
+            if not failed_job:
+                raise
+            self.reporter.warn(f"upload after the failed job: {exc.one_line()}")
 
     def _finish(self, r: _Run, teardown: Teardown) -> RunResult:
         recipe = r.loaded.recipe
@@ -307,6 +347,9 @@ class Executor:
         # The run's share of its cluster's billed intervals (a reused cluster bills before and after).
         cost = ((self._spent(r.cluster.record.name, r.started, ended, r.cluster.record.uid) or 0.0)
                 if r.cluster else 0.0)
+        attempts: tuple[dict[str, Any], ...] = ()
+        if r.recovery is not None:  # every attempt's incarnation, each billed on its own
+            cost, attempts = r.recovery.settle(ended)
         record = RunJson(
             run_id=r.run_id, status=r.status, exit_code=r.exit_code, error=r.error,
             recipe={"name": recipe.name, "path": str(r.loaded.path.resolve()), "digest": r.loaded.digest},
@@ -318,7 +361,8 @@ class Executor:
             wall_time_s=round(ended - r.started, 3), teardown=teardown_done, job_id=r.job_id,
             result_paths=tuple(recipe.result_paths()), results=tuple(sorted(collected.files)),
             refused=tuple((x.member, x.reason) for x in collected.refused),
-            collect_error=collected.error, collect_attempts=collected.attempts,
+            collect_error=collected.error, collect_attempts=collected.attempts, attempts=attempts,
+            upload=r.uploaded,
         )
         try:
             record.write(r.run_dir)
@@ -400,7 +444,7 @@ class Executor:
         try:
             nodes = self._ready_nodes(cluster, loaded.recipe, created)
             # `exec` right after `up` must see the code: sync now (only changes travel later).
-            on_all(nodes, lambda n: sync(n, loaded, self.reporter))
+            on_all(nodes, lambda n: sync(n, without_buckets(loaded), self.reporter))
         except BaseException:
             close_all(nodes)
             if created:

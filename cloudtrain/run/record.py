@@ -35,6 +35,10 @@ class RunJson:
     refused: tuple[tuple[str, str], ...] = ()  # (member, reason): unsafe members the node offered
     collect_error: str | None = None  # why not everything came home; None when it all did, verified
     collect_attempts: int = 0
+    upload: str | None = None  # where the node uploaded the results (recipe `upload:`), docs/data.md
+    # A recovering run (recipe `recover:`): one entry per attempt, each with its placement, times,
+    # cost and why it ended (run/recover.py); empty otherwise.
+    attempts: tuple[dict[str, Any], ...] = ()
 
     def write(self, run_dir: Path) -> None:
         data = asdict(self)
@@ -50,6 +54,7 @@ class RunJson:
         for name in ("result_paths", "results"):
             values[name] = tuple(values.get(name, ()))
         values["refused"] = tuple(tuple(x) for x in values.get("refused", ()))
+        values["attempts"] = tuple(values.get("attempts", ()))
         return cls(**values)
 
     def with_collect(self, **changes: Any) -> RunJson:

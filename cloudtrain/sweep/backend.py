@@ -37,7 +37,6 @@ from __future__ import annotations
 import json
 import logging
 import queue
-import re
 import shutil
 import threading
 import time
@@ -50,7 +49,7 @@ from cloudtrain.config import Config
 from cloudtrain.errors import CloudtrainError
 from cloudtrain.recipe import LoadedRecipe
 from cloudtrain.sweep import checkpoints
-from cloudtrain.sweep.checkpoints import CHECKPOINT_ENV, Puller
+from cloudtrain.sweep.checkpoints import CHECKPOINT_ENV, Puller, epoch_event
 from cloudtrain.sweep import ledger
 from cloudtrain.sweep.core import (
     AttemptEnded,
@@ -667,25 +666,6 @@ class PipelineBackend:
         except CloudtrainError as exc:
             self.warn(f"could not end the jobs of {run.cluster}: {exc.one_line()}")
         lc.store.update_run(run.id, status=RunStatus.ABANDONED, ended_at=time.time(), error=error)
-
-
-_EPOCH_LINE = re.compile(r"^epoch (\d+)/(\d+)((?:\s+[a-z_]+ -?[\d.]+(?:e[-+]?\d+)?)*)")
-
-
-def epoch_event(line: str) -> dict[str, Any] | None:
-    """`epoch 3/8  loss 1.0652  accuracy 0.6797  val_loss 0.9591  val_accuracy 0.7375  0.1s` (the
-    bundled job's readable epoch line, events.progress_text) as the progress event it renders."""
-    match = _EPOCH_LINE.match(line.strip())
-    if match is None:
-        return None
-    event: dict[str, Any] = {"cloudtrain": "progress", "type": "epoch", "epoch": int(match.group(1)),
-                             "epochs": int(match.group(2))}
-    for key, value in re.findall(r"([a-z_]+) (-?[\d.]+(?:e[-+]?\d+)?)", match.group(3)):
-        try:
-            event[key] = float(value)
-        except ValueError:
-            log.debug("epoch line %r: %s=%r is not a number", line, key, value)
-    return event
 
 
 def read_metric(run_dir: Path, metric: str) -> tuple[float | None, str | None]:

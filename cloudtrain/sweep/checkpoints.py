@@ -1,4 +1,7 @@
-"""A trial's latest checkpoint, kept on the laptop so that a retry after a preemption resumes from it.
+"""A job's latest checkpoint, kept on the laptop so that a retry after a preemption resumes from it.
+
+One implementation for sweeps (a trial's attempts) and for `run` with `recover:` (run/recover.py,
+the run's attempts): only the node directory differs (`node_dir(trial)` / `run_node_dir(run_id)`).
 
 While an attempt runs, each per-epoch progress line (`{"cloudtrain": "progress", "type": "epoch"}`)
 makes a `Puller` copy the attempt's newest checkpoint from the node (rank 0) into
@@ -52,6 +55,12 @@ def node_dir(trial: int) -> str:
     return f".cloudtrain-checkpoints/t{trial:04d}"
 
 
+def run_node_dir(run_id: str) -> str:
+    """A recovering run's CLOUDTRAIN_CHECKPOINT_DIR: per run, so a reused cluster's earlier run never
+    hands its checkpoint to a new one."""
+    return f".cloudtrain-checkpoints/{run_id}"
+
+
 def kept_epoch(kept: Path) -> int | None:
     try:
         return int(json.loads((kept / INFO).read_text())["epoch"])
@@ -95,11 +104,12 @@ class Puller:
     """Keeps the newest checkpoint of one running attempt on the laptop (see the module docstring)."""
 
     def __init__(self, open_node: Callable[[], Any], kept: Path, bundled: bool, trial: int,
-                 warn: Callable[[str], None]) -> None:
+                 warn: Callable[[str], None], rel: str | None = None) -> None:
         self.open_node = open_node  # -> (node, close) for rank 0 of the attempt's cluster
         self.kept = kept
         self.bundled = bundled
         self.trial = trial
+        self.rel = rel or node_dir(trial)  # CLOUDTRAIN_CHECKPOINT_DIR, relative to the workdir
         self.warn = warn
         self._wanted = 0
         self._done = kept_epoch(kept) or 0
@@ -125,6 +135,29 @@ class Puller:
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout_s)
+
+    def pull_newest(self, node: Any) -> int | None:
+        """After close(), on a node still up (an interruption notice's window): copy its newest
+        checkpoint now, whatever epochs were reported. The bundled job's newest `ckpt-N`; a `run:`
+        command's checkpoint dir as it is (labelled one past the last reported epoch: a checkpoint
+        written on SIGTERM, mid-epoch). Returns the epoch kept, or None when there was nothing newer."""
+        from cloudtrain.remote.archive import list_files
+
+        if self.bundled:
+            listing = list_files(node.transport, node.layout.workdir, ["outputs/checkpoints"])
+            numbers = [int(m.group(1)) for name in listing
+                       if (m := re.match(r"outputs/checkpoints/ckpt-(\d+)\.index$", name))]
+            epoch = max(numbers, default=0)
+            if epoch <= self._done:
+                return None
+        else:
+            if not list_files(node.transport, node.layout.workdir, [self.rel]):
+                return None
+            epoch = max(self._wanted, self._done) + 1
+        self._pull(node, epoch)
+        self._done = epoch
+        self.pulls += 1
+        return epoch
 
     def _loop(self) -> None:
         node, close = None, None
@@ -176,7 +209,7 @@ class Puller:
             (staging / "checkpoints" / "checkpoint").write_text(
                 f'model_checkpoint_path: "ckpt-{epoch}"\nall_model_checkpoint_paths: "ckpt-{epoch}"\n')
         else:
-            rel = node_dir(self.trial)
+            rel = self.rel
             listing = list_files(t, workdir, [rel])
             fetch, reuse = [], []
             for name, size in listing.items():
@@ -217,13 +250,32 @@ def _check_sizes(expected: dict[str, int], got: dict[str, int]) -> None:
         raise _Gone(f"{wrong[0]} did not arrive whole")
 
 
-def upload(nodes: Iterable[Any], kept: Path, trial: int) -> None:
-    """The carried checkpoint into the trial's CLOUDTRAIN_CHECKPOINT_DIR on every node."""
+def upload(nodes: Iterable[Any], kept: Path, trial: int, rel: str | None = None) -> None:
+    """The carried checkpoint into the job's CLOUDTRAIN_CHECKPOINT_DIR (the trial's, or `rel`) on every node."""
     from cloudtrain.cluster.nodes import on_all
 
     def one(node: Any) -> None:
-        target = f"{node.layout.workdir}/{node_dir(trial)}"
+        target = f"{node.layout.workdir}/{rel or node_dir(trial)}"
         node.transport.run(["sh", "-c", 'rm -rf "$1" && mkdir -p "$1"', "sh", target], what="clearing the checkpoint dir")
         node.transport.put_tree(kept, target, ignore=lambda rel: rel == INFO)
 
     on_all(list(nodes), one, label=lambda n: f"node {n.rank}")
+
+
+_EPOCH_LINE = re.compile(r"^epoch (\d+)/(\d+)((?:\s+[a-z_]+ -?[\d.]+(?:e[-+]?\d+)?)*)")
+
+
+def epoch_event(line: str) -> dict[str, Any] | None:
+    """`epoch 3/8  loss 1.0652  accuracy 0.6797  val_loss 0.9591  val_accuracy 0.7375  0.1s` (the
+    bundled job's readable epoch line, events.progress_text) as the progress event it renders."""
+    match = _EPOCH_LINE.match(line.strip())
+    if match is None:
+        return None
+    event: dict[str, Any] = {"cloudtrain": "progress", "type": "epoch", "epoch": int(match.group(1)),
+                             "epochs": int(match.group(2))}
+    for key, value in re.findall(r"([a-z_]+) (-?[\d.]+(?:e[-+]?\d+)?)", match.group(3)):
+        try:
+            event[key] = float(value)
+        except ValueError:
+            log.debug("epoch line %r: %s=%r is not a number", line, key, value)
+    return event

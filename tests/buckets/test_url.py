@@ -22,7 +22,7 @@ def test_parses(text: str, expected: BucketUrl) -> None:
     ("s3://a..b/x", "bucket names"),
     ("s3://bucket/../etc", "'..' are not allowed"),
     ("s3://bucket/a b", "no spaces"),
-    ("az://acct01", "name the account and the container"),
+    ("az://acct01", "name the storage account and the container"),
     ("az://Acct/cont", "storage account names"),
     ("az://acct01/co--nt", "container names"),
 ])

@@ -144,11 +144,14 @@ class AwsProvider:
         try:
             key_name = self._ensure_key_pair(region, spec)
             group_id = self._ensure_security_group(region, spec, cidr)
-            instances = self._run_in_zones(region, zones, spec, count, image, key_name, group_id)
+            profile = self._ensure_node_role(region, spec)
+            instances = self._run_in_zones(region, zones, spec, count, image, key_name, group_id, profile)
         except BaseException:
             # Nothing half-created: no instance exists here (RunInstances is all-or-nothing and
             # _run_in_zones cleans up after itself), so drop the key pair and group unless in use.
             self._release_quietly(region, spec.cluster)
+            if spec.buckets:
+                self._release_role_quietly(spec.cluster)
             raise
         for instance in instances:
             self._where[instance.id] = region
@@ -163,12 +166,15 @@ class AwsProvider:
         image: Image,
         key_name: str,
         group_id: str,
+        profile: str | None = None,
     ) -> list[Instance]:
         assert spec.instance_type is not None
         attempts: list[ZoneAttempt] = []
         for zone in zones:
             token = uuid.uuid4().hex
             params = self._run_params(spec, count, image, key_name, group_id, zone, token)
+            if profile is not None:
+                params["IamInstanceProfile"] = {"Name": profile}
             try:
                 response = self.api.ec2(region, "run_instances", **params)
             except AwsApiError as exc:
@@ -234,6 +240,31 @@ class AwsProvider:
                 "SpotOptions": {"SpotInstanceType": "one-time", "InstanceInterruptionBehavior": "terminate"},
             }
         return params
+
+    def _ensure_node_role(self, region: str, spec: InstanceSpec) -> str | None:
+        """The cluster's IAM role and instance profile, allowed exactly the recipe's buckets."""
+        if not spec.buckets:
+            return None
+        from cloudtrain.providers.aws.identity import ensure_node_role
+
+        return ensure_node_role(self.api, region, spec.cluster, spec.all_tags(), spec.buckets)
+
+    def _release_role_quietly(self, cluster: str) -> None:
+        from cloudtrain.providers.aws.identity import release_node_role
+
+        try:
+            release_node_role(self.api, self._iam_region(), cluster)
+        except (ProviderError, CredentialsError) as exc:
+            log.warning("aws: could not remove the IAM role of cluster %s: %s", cluster, exc.one_line())
+
+    def _iam_region(self) -> str:
+        return self.api.default_region or "us-east-1"  # IAM is global; any region's endpoint answers
+
+    def bucket_identity(self, cluster: str) -> str:
+        """What the nodes read and write buckets with, in words (cloudtrain/buckets/steps.py)."""
+        from cloudtrain.providers.aws.identity import describe
+
+        return describe(cluster)
 
     def _zones_offering(self, region: str, instance_type: str) -> list[str]:
         available = [{"Name": "state", "Values": ["available"]}, {"Name": "zone-type", "Values": ["availability-zone"]}]
@@ -352,7 +383,20 @@ class AwsProvider:
         left: list[ClusterResource] = []
         for region in self.regions():
             left.extend(self._release(region, cluster))
+        self._release_role(cluster, left)
         return left
+
+    def _release_role(self, cluster: str, left: list[ClusterResource]) -> None:
+        """The cluster's IAM role goes once no instance of the cluster is left to use it."""
+        from cloudtrain.providers.aws.identity import list_node_roles, release_node_role
+
+        roles = list_node_roles(self.api, self._iam_region(), cluster, self.owner)
+        if not roles:
+            return
+        if self.list_tagged(cluster):
+            left.extend(ClusterResource("aws", cluster, r.kind, r.id, None, "in use") for r in roles)
+            return
+        release_node_role(self.api, self._iam_region(), cluster)
 
     def _release(self, region: str, cluster: str) -> list[ClusterResource]:
         name = f"cloudtrain-{cluster}"
@@ -476,6 +520,9 @@ class AwsProvider:
             for item in self._loose_volumes(region, tag_filters):
                 found.append(ClusterResource("aws", tags_of(item)[TAG_CLUSTER], "volume", item["VolumeId"], region,
                                              size_gb=float(item.get("Size", 0))))
+        from cloudtrain.providers.aws.identity import list_node_roles
+
+        found.extend(list_node_roles(self.api, self._iam_region(), cluster, self.owner))
         return found
 
     def _loose_volumes(self, region: str, tag_filters: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -534,7 +581,9 @@ class AwsProvider:
                     for instance_id in chunk:
                         self._terminate_one(region, instance_id)
         for region, cluster in sorted(clusters):
-            _log_leftovers(cluster, self._release(region, cluster))
+            left = self._release(region, cluster)
+            self._release_role(cluster, left)
+            _log_leftovers(cluster, left)
 
     def watchdog_action(self, instance: Instance, down: bool) -> dict[str, Any]:
         """An OS shutdown, which EC2 turns into a stop or a terminate by the instance's

@@ -125,7 +125,8 @@ class GcpProvider:
             log.warning("gcp: SSH is open to the whole internet (allowed_cidr %s); prefer your address/32", cidr)
         self.api.credentials()
         image = self._image(spec, machine)
-        zones = [spec.zone] if spec.zone else self._zones_offering(region, machine, spec.instance_type)
+        zones = [spec.zone] if spec.zone else [z for z in self._zones_offering(region, machine, spec.instance_type)
+                                               if z not in spec.avoid_zones]
         try:
             self.firewalls.ensure(spec.cluster, spec.owner, cidr, count)
             return self._insert_in_zones(region, zones, spec, count, machine, image)

@@ -1,0 +1,131 @@
+"""A run's bucket steps on its nodes: copy the data in before the job, upload results at its end.
+
+Both run as detached jobs (templates/runner.sh) of templates/bucket_copy.py, so their progress
+streams into the run's output like any job's, and a dropped laptop link does not cut the copy.
+The node uses its own identity (the cluster's IAM role, service account or managed identity) on
+clouds that own their machines, and says so; ssh and local nodes use the store credentials
+configured on them (the environment and the store's own configuration), and say that instead.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shlex
+from collections.abc import Mapping, Sequence
+
+from cloudtrain import paths
+from cloudtrain.buckets.url import BucketUrl, parse_bucket_url
+from cloudtrain.cluster.nodes import Node, on_all
+from cloudtrain.events import Reporter
+from cloudtrain.recipe import LoadedRecipe, Recipe
+from cloudtrain.state import StateStore
+
+COPY_SCRIPT = "bucket_copy.py"
+# The node installs the copy tool into its venv when it is not there (docs/data.md: why obstore).
+OBSTORE_REQUIREMENT = "obstore>=0.12,<1"
+# Where the CLI's own environment may point the node's copy elsewhere than the cloud's defaults
+# (an S3-compatible store, a test's fakes): the CLI's variable -> the node's.
+_PASSED_ENV = (
+    ("AWS_ENDPOINT_URL_S3", "CLOUDTRAIN_S3_ENDPOINT"),
+    ("AWS_ENDPOINT_URL", "CLOUDTRAIN_S3_ENDPOINT"),
+    ("CLOUDTRAIN_METADATA_URL", "CLOUDTRAIN_METADATA_URL"),
+)
+
+
+def bucket_mounts(recipe: Recipe) -> list[tuple[BucketUrl, str]]:
+    """(bucket URL, target relative to the workdir) of the recipe's bucket data sources."""
+    return [(parse_bucket_url(m.source), m.target) for m in recipe.data if m.is_bucket]
+
+
+def without_buckets(loaded: LoadedRecipe) -> LoadedRecipe:
+    """The recipe as the laptop's sync sees it: local data mounts only (the node copies buckets)."""
+    if not any(m.is_bucket for m in loaded.recipe.data):
+        return loaded
+    recipe = loaded.recipe.model_copy(update={"data": [m for m in loaded.recipe.data if not m.is_bucket]})
+    return loaded.model_copy(update={"recipe": recipe})
+
+
+def identity_of(provider: object, cluster: str) -> tuple[str, str]:
+    """("instance" | "configured", the identity in words) for the cluster's nodes."""
+    capabilities = getattr(provider, "capabilities", None)
+    if capabilities is not None and capabilities.owns_machines and capabilities.remote:
+        describe = getattr(provider, "bucket_identity", None)
+        who = describe(cluster) if describe is not None else "the VM's own identity"
+        return "instance", who
+    return "configured", "the store credentials configured on the node (ssh and local nodes have no cloud identity)"
+
+
+def node_env(identity: str, who: str, environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    environ = os.environ if environ is None else environ
+    env = {"CLOUDTRAIN_BUCKET_IDENTITY": identity, "CLOUDTRAIN_BUCKET_WHO": who}
+    for source, target in _PASSED_ENV:
+        if environ.get(source) and target not in env:
+            env[target] = environ[source]
+    return env
+
+
+def _prelude(env: Mapping[str, str]) -> str:
+    exports = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in sorted(env.items()))
+    install = (f'"$CLOUDTRAIN_PYTHON" -c "import obstore" 2>/dev/null || '
+               f'"$CLOUDTRAIN_PYTHON" -m pip install --quiet {shlex.quote(OBSTORE_REQUIREMENT)} || '
+               '{ echo "bucket copy: could not install obstore on this node" >&2; exit 6; }\n')
+    return f"set -e\n{exports}{install}"
+
+
+def copy_in_script(mounts: Sequence[tuple[BucketUrl, str]], env: Mapping[str, str]) -> str:
+    lines = [_prelude(env)]
+    for url, target in mounts:
+        # One record per (source, target) on each node: what the last copy to this node brought.
+        key = hashlib.sha256(f"{url}\0{target}".encode()).hexdigest()[:16]
+        lines.append(f'"$CLOUDTRAIN_PYTHON" "$CLOUDTRAIN_RUNTIME/{COPY_SCRIPT}" get {shlex.quote(str(url))} '
+                     f'{shlex.quote(target)} --state "$CLOUDTRAIN_RUNTIME/../buckets/{key}.json"\n')
+    return "".join(lines)
+
+
+def upload_script(dest: BucketUrl, result_paths: Sequence[str], env: Mapping[str, str]) -> str:
+    # Result paths the job did not write are skipped, not an error: collect treats them alike.
+    quoted = " ".join(shlex.quote(p) for p in result_paths)
+    return (_prelude(env) + f"set --\nfor p in {quoted}; do [ -e \"$p\" ] && set -- \"$@\" \"$p\"; done\n"
+            f'[ $# -gt 0 ] || {{ echo "upload {dest}: no results to upload"; exit 0; }}\n'
+            f'"$CLOUDTRAIN_PYTHON" "$CLOUDTRAIN_RUNTIME/{COPY_SCRIPT}" put {shlex.quote(str(dest))} --base . "$@"\n')
+
+
+def put_copy_tool(nodes: Sequence[Node]) -> None:
+    data = (paths.templates_dir() / COPY_SCRIPT).read_bytes()
+    on_all(list(nodes), lambda n: n.transport.put_file(data, f"{n.layout.runtime}/{COPY_SCRIPT}", mode=0o644))
+
+
+def copy_in(store: StateStore, reporter: Reporter, nodes: Sequence[Node], provider: object, run_id: str,
+            recipe: Recipe, started: list[str]) -> None:
+    """Every node copies the recipe's bucket data into its workdir (only what changed there)."""
+    from cloudtrain.run.job import run_job
+
+    mounts = bucket_mounts(recipe)
+    if not mounts:
+        return
+    identity, who = identity_of(provider, nodes[0].record.cluster)
+    reporter.info(f"data: the nodes read {', '.join(str(u) for u, _ in mounts)} with {who}")
+    put_copy_tool(nodes)
+    run_job(store, reporter, nodes, run_id, f"{run_id}-data", copy_in_script(mounts, node_env(identity, who)),
+            recipe, "data copy", started)
+
+
+def upload_destination(recipe: Recipe, run_id: str) -> BucketUrl | None:
+    return parse_bucket_url(recipe.upload).child(run_id) if recipe.upload else None
+
+
+def upload(store: StateStore, reporter: Reporter, nodes: Sequence[Node], provider: object, run_id: str,
+           recipe: Recipe, started: list[str]) -> BucketUrl | None:
+    """Rank 0 uploads the recipe's result paths under `upload`/<run-id>/; returns where."""
+    from cloudtrain.run.job import run_job
+
+    dest = upload_destination(recipe, run_id)
+    if dest is None:
+        return None
+    identity, who = identity_of(provider, nodes[0].record.cluster)
+    reporter.info(f"upload: node 0 writes the results to {dest} with {who}")
+    put_copy_tool(nodes[:1])
+    run_job(store, reporter, nodes[:1], run_id, f"{run_id}-upload",
+            upload_script(dest, recipe.result_paths(), node_env(identity, who)), recipe, "upload", started)
+    return dest

@@ -1,0 +1,524 @@
+"""A run that survives losing its node: relaunch elsewhere, resume from the newest checkpoint.
+
+With `recover:` (recipe/recover.py; default on for spot) `run` goes through attempts. Each attempt
+is the pipeline's own provision -> sync -> setup -> job (run/pipeline.Executor._attempt) on a new
+incarnation of the run's cluster name (lifecycle makes it; the ledger bills each on its own).
+While an attempt runs:
+
+- a watcher thread asks the cloud (lifecycle's refresh: describe and list by tag, which also puts
+  what the cloud says in the ledger) every `recover.watch_s` whether the nodes are still there. A
+  node the cloud reports gone or going (terminated, stopping, stopped: a spot reclaim, a lost host)
+  ends the attempt at once: the watcher makes the pipeline's connections give up instead of waiting
+  out their SSH retries;
+- each epoch the job reports makes a Puller (sweep/checkpoints.py, shared with sweeps) copy its
+  newest checkpoint into `<run dir>/checkpoint/`;
+- every line the job prints is also kept in `<run dir>/attempts/aN.log`.
+
+When an attempt fails, the cause is settled by asking, in order: did the watcher see the node go;
+does the cloud, asked once more now, say it went; did the node's watchdog record an interruption
+notice (templates/watchdog.py writes `interruption.json` beside its config and SIGTERMs the job,
+which may write a final checkpoint: pulled now, while the node is still up). Any of them: the
+attempt ended `preempted` (spot) or `lost`, the cluster is taken down (`lifecycle.down`: the cloud
+confirms it gone, billing closed), and the next attempt launches on the plan made again with what
+is left of the budget (`budget.max_usd` minus the spend of every attempt so far, `max_hours` minus
+the time so far): the same region without the preempted zone first, then the next regions and
+clouds in price order; a cloud whose machines have no zone (Azure's regional VMs) moves region.
+Recovery stops (the run fails, saying why) when `max_restarts` relaunches are spent or no
+placement's worst case fits what is left of the budget. Anything else (the job failed on its own,
+a bad recipe, Ctrl-C) ends the run as without recovery.
+
+The job gets CLOUDTRAIN_CHECKPOINT_DIR (per run, relative to the workdir; the recipe's own value
+wins); before a relaunched job starts, the kept checkpoint is uploaded into it on every node. The
+bundled job resumes from it by itself (run/prepare.job_script); a `run:` command reads it itself.
+run.json's `attempts` lists every attempt: placement, incarnation, times, cost, outcome, reason,
+when the loss was detected, the epoch it resumed from.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from cloudtrain.errors import CloudtrainError, UsageError
+from cloudtrain.sweep import checkpoints
+from cloudtrain.sweep.checkpoints import CHECKPOINT_ENV, epoch_event
+
+if TYPE_CHECKING:
+    from cloudtrain.cluster.lifecycle import Cluster
+    from cloudtrain.recipe.recover import Recover
+    from cloudtrain.run.pipeline import Executor, _Run
+
+NOTICE_FILE = "interruption.json"  # beside the watchdog's config, ~/.cloudtrain/<cluster>/
+ATTEMPTS_DIR = "attempts"
+GOING = frozenset({"stopping", "stopped", "terminated"})
+
+
+class NodeLostError(CloudtrainError):
+    """The run's node went away and recovery could not (or may no longer) relaunch it."""
+
+
+@dataclass
+class Attempt:
+    """One attempt of a recovering run, as run.json reports it."""
+
+    number: int
+    started_at: float
+    cloud: str | None = None
+    region: str | None = None
+    zone: str | None = None
+    instance_type: str | None = None
+    spot: bool = False
+    hourly_price_usd: float = 0.0
+    incarnation: str | None = None
+    ended_at: float | None = None
+    outcome: str = "running"  # succeeded | failed | interrupted | preempted | lost
+    reason: str | None = None
+    detected_at: float | None = None  # when cloudtrain knew the node was gone (the watcher, or asking after a failure)
+    resumed_from_epoch: int | None = None
+    cost_usd: float = 0.0
+
+    def placement(self) -> str:
+        where = "/".join(p for p in (self.cloud, self.zone or self.region) if p)
+        return f"{where} ({self.instance_type}{' spot' if self.spot else ''})" if self.instance_type else where
+
+
+def recovery_for(executor: Executor, r: _Run, cluster_name: str) -> Recovery | None:
+    """The run's Recovery, or None when it does not recover (no `recover:` in force, none left to
+    give, or machines cloudtrain cannot relaunch)."""
+    from cloudtrain.providers import ANY
+
+    settings = r.loaded.recipe.recovery
+    if settings is None or settings.max_restarts == 0:
+        return None
+    cloud = r.loaded.recipe.resources.cloud
+    if cloud != ANY:
+        caps = executor.lc.provider(cloud).capabilities
+        if caps.takes_hosts:  # the user's own machines: nowhere else to go (the recipe refuses it)
+            return None
+    return Recovery(executor, r, cluster_name, settings)
+
+
+def gone_reason(cluster: Cluster) -> str | None:
+    """Why the cloud says the cluster's machines are gone or going, or None while they are up."""
+    from cloudtrain.state import ClusterStatus
+
+    leaving = [n for n in cluster.nodes if n.state in GOING]
+    if cluster.record.status == ClusterStatus.UP and not leaving and cluster.nodes:
+        return None
+    if not leaving and cluster.record.status in (ClusterStatus.PROVISIONING,):
+        return None
+    what = ", ".join(f"{n.instance_id} {n.state}" for n in leaving) or f"cluster {cluster.record.status}"
+    return f"{cluster.provider.name} reports {what}"
+
+
+class Recovery:
+    def __init__(self, executor: Executor, r: _Run, cluster_name: str, settings: Recover) -> None:
+        self.ex = executor
+        self.r = r
+        self.name = cluster_name
+        self.settings = settings
+        self.attempts: list[Attempt] = []
+        self.kept = r.run_dir / checkpoints.KEPT
+        self.rel = str(r.loaded.recipe.envs.get(CHECKPOINT_ENV) or checkpoints.run_node_dir(r.run_id))
+        self.base = r.loaded  # the recipe as given (relaunches change its budget, never its envs)
+        self.avoid: dict[tuple[str, str | None], tuple[str, ...]] = {}  # (cloud, region) -> zones ruled out
+        self.puller: checkpoints.Puller | None = None
+        self.watcher: _Watcher | None = None
+        self._log: Any = None
+        if CHECKPOINT_ENV not in r.loaded.recipe.envs:
+            recipe = r.loaded.recipe.model_copy(update={"envs": {**r.loaded.recipe.envs, CHECKPOINT_ENV: self.rel}})
+            r.loaded = r.loaded.model_copy(update={"recipe": recipe})
+            self.base = r.loaded
+
+    # the loop ----------------------------------------------------------------------------------------
+
+    def run(self, attempt: Callable[[], None]) -> None:
+        reporter = self.ex.reporter
+        tee = _Tee(reporter, self)
+        self.ex.reporter = tee
+        self.r.clock.reporter = tee
+        self.r.clock.spent = self.spent_so_far
+        try:
+            while True:
+                current = self._begin()
+                try:
+                    attempt()
+                except CloudtrainError as exc:
+                    if isinstance(exc, UsageError):
+                        self._end(current, "failed", exc.one_line())
+                        raise
+                    lost = self._lost(current)
+                    if lost is None:
+                        self._end(current, "failed", exc.one_line())
+                        raise
+                    self._end(current, *lost)
+                    self._relaunch(current, exc)
+                    continue
+                except KeyboardInterrupt:
+                    self._end(current, "interrupted", "interrupted by the user")
+                    raise
+                except BaseException as exc:
+                    self._end(current, "failed", f"{type(exc).__name__}: {exc}")
+                    raise
+                self._end(current, "succeeded", None)
+                return
+        finally:
+            self.ex.reporter = reporter
+            self.r.clock.reporter = reporter
+            if self.puller is not None:
+                self.puller.close()
+
+    def _begin(self) -> Attempt:
+        current = Attempt(number=len(self.attempts) + 1, started_at=time.time(),
+                          resumed_from_epoch=checkpoints.kept_epoch(self.kept))
+        self.attempts.append(current)
+        log_dir = self.r.run_dir / ATTEMPTS_DIR
+        log_dir.mkdir(exist_ok=True)
+        self._log = (log_dir / f"a{current.number}.log").open("a", encoding="utf-8")
+        self.puller = checkpoints.Puller(self._open_rank0, self.kept, self.base.recipe.job is not None, 0,
+                                         self.ex.reporter.warn, rel=self.rel)
+        self.watcher = _Watcher(self, current)
+        self.watcher.start()
+        return current
+
+    def _end(self, current: Attempt, outcome: str, reason: str | None) -> None:
+        if self.watcher is not None:
+            self.watcher.stop()
+        current.ended_at = time.time()
+        current.outcome, current.reason = outcome, reason
+        if self.r.cluster is not None:
+            self._placed(current, self.r.cluster)
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+    @staticmethod
+    def _placed(current: Attempt, cluster: Cluster) -> None:
+        rec = cluster.record
+        current.cloud, current.region, current.zone = rec.provider, rec.region, rec.zone
+        current.instance_type, current.spot = rec.instance_type, bool(rec.spot)
+        current.hourly_price_usd, current.incarnation = rec.hourly_price, rec.uid
+
+    # why it ended --------------------------------------------------------------------------------------
+
+    def _lost(self, current: Attempt) -> tuple[str, str] | None:
+        """(outcome, reason) when the attempt ended because its node went (see the module docstring)."""
+        kind = "preempted" if self.r.cluster is not None and self.r.cluster.record.spot else "lost"
+        watcher = self.watcher
+        if watcher is not None and watcher.lost is not None:
+            current.detected_at = watcher.detected_at
+            return kind, watcher.lost
+        if self.r.cluster is None or self.ex.store.get_cluster(self.name) is None:
+            return None
+        try:
+            why = gone_reason(self.ex.lc.refresh(self.name))
+        except CloudtrainError as exc:
+            self.ex.reporter.warn(f"could not ask the cloud about {self.name}: {exc.one_line()}")
+            why = None
+        if why is not None:
+            current.detected_at = time.time()
+            return kind, why
+        notice = self._notice()
+        if notice is not None:
+            current.detected_at = time.time()
+            self._final_checkpoint()
+            return "preempted", f"interruption notice on the node ({notice})"
+        return None
+
+    def _notice(self) -> str | None:
+        """The interruption notice the node's watchdog recorded, if any (the node is still up)."""
+        if not self.r.nodes:
+            return None
+        node = self.r.nodes[0]
+        try:
+            seen = node.transport.run(["cat", f"{node.layout.root}/{NOTICE_FILE}"], check=False,
+                                      what="reading the interruption notice")
+        except CloudtrainError:
+            return None
+        if seen.exit_code != 0:
+            return None
+        try:
+            data = json.loads(seen.text)
+        except ValueError:
+            return "unreadable notice"
+        return str(data.get("detail") or data.get("kind") or "notice") if isinstance(data, dict) else "notice"
+
+    def _final_checkpoint(self) -> None:
+        """The job was told (SIGTERM) and may have written a last checkpoint: bring it home now."""
+        if self.puller is None or not self.r.nodes:
+            return
+        self.puller.close()
+        try:
+            epoch = self.puller.pull_newest(self.r.nodes[0])
+        except (CloudtrainError, OSError) as exc:
+            self.ex.reporter.warn(f"could not bring the final checkpoint home: {exc}")
+            return
+        if epoch is not None:
+            self.ex.reporter.info(f"final checkpoint kept ({checkpoints.kept_epoch(self.kept)})")
+
+    # the next attempt ---------------------------------------------------------------------------------
+
+    def _relaunch(self, lost: Attempt, exc: CloudtrainError) -> None:
+        """Take the lost cluster down and get the next attempt's plan, or raise NodeLostError."""
+        from cloudtrain.cluster.nodes import close_all
+
+        why = f"node {lost.outcome} on {lost.placement()}: {lost.reason}"
+        r = self.r
+        close_all(r.nodes)
+        r.nodes, r.jobs_started = [], []
+        if self.puller is not None:
+            self.puller.close()
+        with r.clock.phase("recover", why) as outcome:
+            try:
+                if r.cluster is not None:
+                    self.ex.lc.down(self.name)  # the cloud confirms it gone; its billing closes
+                r.cluster, r.created = None, False
+                if lost.number > self.settings.max_restarts:
+                    raise NodeLostError(f"{why}; not relaunched: recover.max_restarts ({self.settings.max_restarts}) "
+                                        "relaunches used", hint="raise recover.max_restarts")
+                self._next_plan(lost)
+            except CloudtrainError as error:
+                outcome.ok = False
+                outcome.detail = error.message
+                raise error from exc
+            kept = checkpoints.kept_epoch(self.kept)
+            outcome.detail = (f"attempt {lost.number + 1} of up to {self.settings.max_restarts + 1}; resuming from "
+                              + (f"the checkpoint of epoch {kept}" if kept is not None else "the start (no checkpoint)"))
+        self.ex.reporter.warn(f"{why}: relaunching (attempt {lost.number + 1})")
+
+    def _next_plan(self, lost: Attempt) -> None:
+        """The plan again, with what is left of the budget and without what the loss ruled out."""
+        from cloudtrain.cluster.planning import plan_with_credentials
+        from cloudtrain.recipe import Budget
+
+        recipe = self.base.recipe
+        budget = recipe.budget
+        if budget is not None:
+            spent = self.spent_so_far() or 0.0
+            hours = (time.time() - self.r.started) / 3600
+            left_usd = budget.max_usd - spent if budget.max_usd is not None else None
+            left_h = budget.max_hours - hours if budget.max_hours is not None else None
+            if (left_usd is not None and left_usd <= 0) or (left_h is not None and left_h <= 0):
+                raise NodeLostError(f"not relaunched: the budget is spent (${spent:.4f} so far, {hours:.2f} h)")
+            recipe = recipe.model_copy(update={"budget": Budget.model_construct(max_usd=left_usd, max_hours=left_h)})
+        self.r.loaded = self.base.model_copy(update={"recipe": recipe})
+        if not self.ex.lc.launches_priced(recipe):
+            return  # machines with nowhere else to go (local): the same place again
+        if lost.cloud is not None:
+            key = (lost.cloud, lost.region)
+            if lost.zone:
+                self.avoid[key] = tuple(dict.fromkeys((*self.avoid.get(key, ()), lost.zone)))
+            else:
+                self.avoid[key] = ("*",)  # a regional machine: the whole region is ruled out
+        try:
+            usable = plan_with_credentials(recipe, self.ex.config)
+        except UsageError as exc:
+            raise NodeLostError(f"not relaunched: no placement's worst case fits what is left of the budget "
+                                f"({exc.message})") from exc
+        candidates = []
+        for placement in usable.plan.candidates:
+            avoided = self.avoid.get((placement.cloud, placement.region), ())
+            if "*" in avoided:
+                continue
+            candidates.append(replace(placement, avoid_zones=avoided) if avoided else placement)
+        if not candidates:
+            raise NodeLostError("not relaunched: every placement of the plan was ruled out by a loss")
+        self.ex._usable[self.name] = replace(usable, plan=replace(usable.plan, candidates=tuple(candidates)))
+
+    # money, logs, record ---------------------------------------------------------------------------------
+
+    def incarnations(self) -> list[str]:
+        seen = [a.incarnation for a in self.attempts if a.incarnation]
+        if self.r.cluster is not None and self.r.cluster.record.uid and self.r.cluster.record.uid not in seen:
+            seen.append(self.r.cluster.record.uid)
+        return seen
+
+    def spent_so_far(self, until: float | None = None) -> float | None:
+        costs = [self.ex._spent(self.name, self.r.started, until, uid) for uid in self.incarnations()]
+        known = [c for c in costs if c is not None]
+        return sum(known) if known else None
+
+    def settle(self, ended: float) -> tuple[float, tuple[dict[str, Any], ...]]:
+        """At the end of the run: every attempt's cost (its incarnation's billed intervals), the
+        total, and the run's job.log preceded by the earlier attempts' lines."""
+        total = 0.0
+        for a in self.attempts:
+            if a.ended_at is None:
+                a.ended_at = ended
+            if a.incarnation is None and a is self.attempts[-1] and self.r.cluster is not None:
+                self._placed(a, self.r.cluster)
+            a.cost_usd = round(self.ex._spent(self.name, self.r.started, ended, a.incarnation) or 0.0, 6) \
+                if a.incarnation else 0.0
+            total += a.cost_usd
+        if len(self.attempts) > 1:
+            self._merge_logs()
+        return round(total, 6), tuple(asdict(a) for a in self.attempts)
+
+    def _merge_logs(self) -> None:
+        """job.log (brought home from the last attempt's node) with every earlier attempt's lines,
+        as the laptop saw them, before it; one header line per attempt."""
+        run_dir = self.r.run_dir
+        final = run_dir / "job.log"
+        last = final.read_text(errors="replace") if final.is_file() else ""
+        parts = []
+        for a in self.attempts:
+            ended = f"{a.outcome}" + (f": {a.reason}" if a.reason else "")
+            parts.append(f"--- cloudtrain: attempt {a.number} on {a.placement() or '?'}: {ended}\n")
+            if a is self.attempts[-1]:
+                parts.append(last)
+            else:
+                path = run_dir / ATTEMPTS_DIR / f"a{a.number}.log"
+                parts.append(path.read_text(errors="replace") if path.is_file() else "")
+        tmp = run_dir / ".job.log.tmp"
+        tmp.write_text("".join(parts))
+        tmp.replace(final)
+
+    def line(self, text: str) -> None:
+        if self._log is not None:
+            self._log.write(text + "\n")
+            self._log.flush()
+
+    def epoch(self, epoch: int) -> None:
+        if self.puller is not None:
+            self.puller.epoch(epoch)
+
+    def job_starting(self) -> None:
+        """Before a relaunched job: the kept checkpoint into its CLOUDTRAIN_CHECKPOINT_DIR on every node."""
+        current = self.attempts[-1]
+        if current.number == 1 or checkpoints.kept_epoch(self.kept) is None or not self.r.nodes:
+            return
+        try:
+            checkpoints.upload(self.r.nodes, self.kept, 0, rel=self.rel)
+        except CloudtrainError as exc:
+            self.ex.reporter.warn(f"could not upload the checkpoint; the job starts over: {exc.one_line()}")
+            current.resumed_from_epoch = None
+
+    def _open_rank0(self) -> tuple[Any, Callable[[], None]]:
+        """A connection of its own to rank 0, for the checkpoint puller's thread."""
+        from cloudtrain.cluster.lifecycle import Lifecycle
+        from cloudtrain.cluster.nodes import close_all, connect
+        from cloudtrain.state import StateStore
+
+        own = Lifecycle(StateStore(self.ex.store.path), self.ex.config)
+        try:
+            cluster = own.get(self.name)
+            nodes = connect(list(cluster.nodes)[:1], cluster.provider, own.config)
+        except BaseException:
+            own.store.close()
+            raise
+
+        def close() -> None:
+            close_all(nodes)
+            own.store.close()
+
+        return nodes[0], close
+
+
+class _Watcher:
+    """Asks the cloud every watch_s whether the attempt's nodes are still there (its own thread,
+    store and lifecycle). Seeing them gone, it records why and makes the attempt's connections give
+    up at once (no reconnect window), so the pipeline fails now instead of after its SSH retries."""
+
+    def __init__(self, recovery: Recovery, attempt: Attempt) -> None:
+        self.recovery = recovery
+        self.attempt = attempt
+        self.lost: str | None = None
+        self.detected_at: float | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name=f"recover watch {recovery.name}", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(30)
+
+    def _loop(self) -> None:
+        from cloudtrain.cluster.lifecycle import Lifecycle
+        from cloudtrain.state import ClusterStatus, StateStore
+
+        rec = self.recovery
+        lc = Lifecycle(StateStore(rec.ex.store.path), rec.ex.config)
+        try:
+            while not self._stop.wait(rec.settings.watch_s):
+                record = lc.store.get_cluster(rec.name)
+                # Only an incarnation that is up (its launch, under lifecycle's lock, is not ours to race).
+                if record is None or record.status != ClusterStatus.UP or not rec.r.nodes:
+                    continue
+                try:
+                    why = gone_reason(lc.refresh(rec.name))
+                except CloudtrainError as exc:
+                    rec.ex.reporter.warn(f"could not ask the cloud about {rec.name}: {exc.one_line()}")
+                    continue
+                if why is not None:
+                    self.detected_at = time.time()
+                    self.lost = why
+                    rec.ex.reporter.warn(f"node gone: {why}")
+                    _give_up_connections(rec.r.nodes)
+                    return
+        finally:
+            lc.store.close()
+
+
+def _give_up_connections(nodes: list) -> None:
+    """The node is gone: every later command on it fails at its first connect attempt."""
+    for node in list(nodes):
+        transport = node.transport
+        if hasattr(transport, "reconnect_for"):
+            transport.retry_for = 0.0
+            transport.reconnect_for = 0.0
+        transport.close()
+
+
+class _Tee:
+    """The run's reporter while it recovers: everything goes on to the user's reporter; epochs feed
+    the checkpoint puller, job lines the attempt's log, and the job's phase uploads the checkpoint."""
+
+    def __init__(self, inner: Any, recovery: Recovery) -> None:
+        self.inner = inner
+        self.recovery = recovery
+
+    def phase_start(self, phase: str, detail: str = "") -> None:
+        self.inner.phase_start(phase, detail)
+        if phase == "run":
+            self.recovery.job_starting()
+
+    def phase_end(self, phase: str, seconds: float, detail: str = "", ok: bool = True) -> None:
+        self.inner.phase_end(phase, seconds, detail=detail, ok=ok)
+
+    def log_line(self, line: str, node: int = 0) -> None:
+        self.inner.log_line(line, node)
+        if node == 0:
+            self.recovery.line(line)
+            event = epoch_event(line)
+            if event is not None:
+                self.recovery.epoch(event["epoch"])
+
+    def progress(self, event: dict[str, Any]) -> None:
+        self.inner.progress(event)
+        self.recovery.line(json.dumps(event))
+        epoch = event.get("epoch")
+        if event.get("type") == "epoch" and isinstance(epoch, int) and not isinstance(epoch, bool):
+            self.recovery.epoch(epoch)
+
+    def info(self, message: str) -> None:
+        self.inner.info(message)
+
+    def warn(self, message: str) -> None:
+        self.inner.warn(message)
+
+    def __getattr__(self, name: str) -> Any:
+        # Reporters may carry more than the protocol (the CLI's progress bar): pass it through.
+        return getattr(self.inner, name)
+
+
+def kept_checkpoint(run_dir: Path) -> int | None:
+    """The epoch of the checkpoint a recovering run kept, or None."""
+    return checkpoints.kept_epoch(run_dir / checkpoints.KEPT)

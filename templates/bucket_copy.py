@@ -1,0 +1,317 @@
+"""cloudtrain's object-store copy, run on the node with the node's own identity (docs/data.md).
+
+    python bucket_copy.py get URL DEST --state FILE   copy URL's objects into DEST; only what changed
+    python bucket_copy.py put URL --base DIR PATH...  upload DIR/PATH (files or directories) under URL
+
+URL: s3://bucket/prefix, gs://bucket/prefix or az://account/container/prefix. The copy is
+obstore (the Rust `object_store` crate): one small wheel speaks all three stores and their
+instance identities (EC2 instance metadata, the GCE metadata server, Azure managed identity).
+
+`get` is incremental and resumable: FILE records each object copied (size, ETag); an object whose
+size and ETag match the record and whose local file has that size is not fetched again. Every
+file is written beside its target and renamed when complete, and the record is saved as files
+land, so a copy cut short resumes where it stopped. Verified: every file's size, and its MD5 where
+the store's ETag is one (a single-part S3 upload); other files by size.
+
+Environment (the CLI sets it; docs/data.md):
+  CLOUDTRAIN_BUCKET_IDENTITY   instance: the machine's own identity only (every credential in the
+                               environment is dropped); configured: whatever the environment and
+                               the store's own configuration give (ssh and local nodes)
+  CLOUDTRAIN_BUCKET_WHO        the identity, in words, for error messages
+  CLOUDTRAIN_METADATA_URL      the instance metadata endpoint (default: the cloud's own)
+  CLOUDTRAIN_S3_ENDPOINT       an S3-compatible endpoint instead of AWS's (and CLOUDTRAIN_S3_REGION)
+  CLOUDTRAIN_BUCKET_CONCURRENCY  transfers at a time (default 16)
+
+Progress goes to stdout, at most once a second: files, bytes, rate. Exit codes: 0 done, 2 usage,
+3 access denied (one line naming the bucket and the permission), 4 missing bucket or prefix,
+5 verification failed, 6 obstore missing, 1 anything else.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import json
+import os
+import re
+import sys
+import time
+
+_MD5_ETAG = re.compile(r"[0-9a-f]{32}")
+_AWS_CREDENTIAL_VARS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN",
+                        "AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_WEB_IDENTITY_TOKEN_FILE", "AWS_ROLE_ARN",
+                        "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI", "AWS_CONTAINER_CREDENTIALS_FULL_URI")
+# What each operation needs, by store, for the access-denied line.
+_PERMISSIONS = {
+    "s3": {"list": "s3:ListBucket", "get": "s3:GetObject", "put": "s3:PutObject"},
+    "gs": {"list": "storage.objects.list", "get": "storage.objects.get", "put": "storage.objects.create"},
+    "az": {"list": "Microsoft.Storage/storageAccounts/blobServices/containers/blobs/read",
+           "get": "Microsoft.Storage/storageAccounts/blobServices/containers/blobs/read",
+           "put": "Microsoft.Storage/storageAccounts/blobServices/containers/blobs/write"},
+}
+
+
+class CopyError(Exception):
+    def __init__(self, message: str, code: int) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def parse_url(text: str) -> tuple[str, str, str, str]:
+    """(scheme, account, bucket, prefix); the CLI checked the URL already (cloudtrain/buckets/url.py)."""
+    scheme, sep, rest = text.partition("://")
+    parts = [p for p in rest.split("/") if p]
+    if not sep or scheme not in _PERMISSIONS or len(parts) < (2 if scheme == "az" else 1):
+        raise CopyError(f"not a bucket URL: {text!r}", 2)
+    if scheme == "az":
+        return scheme, parts[0], parts[1], "/".join(parts[2:])
+    return scheme, "", parts[0], "/".join(parts[1:])
+
+
+def make_store(scheme: str, account: str, bucket: str):  # noqa: ANN201 - an obstore store
+    try:
+        from obstore.store import AzureStore, GCSStore, S3Store
+    except ImportError:
+        raise CopyError("obstore is not installed on this node (pip install obstore)", 6) from None
+    instance = os.environ.get("CLOUDTRAIN_BUCKET_IDENTITY", "configured") == "instance"
+    metadata = os.environ.get("CLOUDTRAIN_METADATA_URL")
+    if scheme == "s3":
+        if instance:
+            # No user credentials on the VM: whatever the environment holds is not used.
+            for name in _AWS_CREDENTIAL_VARS:
+                os.environ.pop(name, None)
+        config: dict[str, str] = {}
+        endpoint = os.environ.get("CLOUDTRAIN_S3_ENDPOINT")
+        if endpoint:
+            config["endpoint"] = endpoint
+        if metadata:
+            config["metadata_endpoint"] = metadata
+        options = {"allow_http": True} if endpoint and endpoint.startswith("http://") else None
+        region = os.environ.get("CLOUDTRAIN_S3_REGION") or os.environ.get("AWS_REGION") or "us-east-1"
+        return S3Store(bucket, region=region, config=config, client_options=options)
+    if scheme == "gs":
+        return GCSStore(bucket)
+    return AzureStore(bucket, account_name=account)
+
+
+def _denied(exc: Exception, scheme: str, bucket_url: str, op: str) -> CopyError:
+    who = os.environ.get("CLOUDTRAIN_BUCKET_WHO") or "this node's credentials"
+    return CopyError(f"access denied: {bucket_url} refuses {_PERMISSIONS[scheme][op]} to {who} "
+                     f"({type(exc).__name__})", 3)
+
+
+def _translate(exc: Exception, scheme: str, bucket_url: str, op: str) -> CopyError:
+    from obstore.exceptions import NotFoundError, PermissionDeniedError, UnauthenticatedError
+
+    if isinstance(exc, (PermissionDeniedError, UnauthenticatedError)) or " 403 " in str(exc):
+        return _denied(exc, scheme, bucket_url, op)
+    if isinstance(exc, (NotFoundError, FileNotFoundError)) or "NoSuchBucket" in str(exc):
+        return CopyError(f"{bucket_url}: not found ({str(exc).splitlines()[0][:200]})", 4)
+    return CopyError(f"{bucket_url}: {type(exc).__name__}: {str(exc).splitlines()[0][:300]}", 1)
+
+
+class Progress:
+    def __init__(self, label: str, files: int, total: int) -> None:
+        self.label, self.files, self.total = label, files, total
+        self.done_files = self.done_bytes = 0
+        self.start = self._last = time.monotonic()
+
+    def add(self, size: int) -> None:
+        self.done_files += 1
+        self.done_bytes += size
+        now = time.monotonic()
+        if now - self._last >= 1.0:
+            self._last = now
+            print(f"{self.label}: {self.line()}", flush=True)
+
+    def rate(self) -> float:
+        return self.done_bytes / max(time.monotonic() - self.start, 1e-6)
+
+    def line(self) -> str:
+        return (f"{self.done_files}/{self.files} files, {_mb(self.done_bytes)}/{_mb(self.total)} MB, "
+                f"{_mb(self.rate())} MB/s")
+
+
+def _mb(n: float) -> str:
+    return f"{n / 1e6:.1f}"
+
+
+def _concurrency() -> int:
+    return max(1, int(os.environ.get("CLOUDTRAIN_BUCKET_CONCURRENCY") or 16))
+
+
+# ---------------------------------------------------------------------------------------------- get
+
+
+def _load_state(path: str, url: str) -> dict[str, list]:
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    return data.get("files", {}) if isinstance(data, dict) and data.get("url") == url else {}
+
+
+def _save_state(path: str, url: str, files: dict[str, list]) -> None:
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        json.dump({"url": url, "files": files}, f)
+    os.replace(tmp, path)
+
+
+async def _fetch(store, key: str, target: str, etag: str, size: int) -> bool:  # noqa: ANN001
+    """Write object `key` to `target` through a temporary file; True when MD5-verified."""
+    import obstore
+
+    os.makedirs(os.path.dirname(target) or ".", exist_ok=True)
+    tmp = f"{target}.cloudtrain-part"
+    digest = hashlib.md5(usedforsecurity=False)
+    got = 0
+    response = await obstore.get_async(store, key)
+    with open(tmp, "wb") as f:
+        async for chunk in response.stream(min_chunk_size=4 * 1024 * 1024):
+            data = bytes(chunk)
+            f.write(data)
+            digest.update(data)
+            got += len(data)
+    if got != size:
+        os.unlink(tmp)
+        raise CopyError(f"{key}: got {got} bytes, the store lists {size}", 5)
+    clean = etag.strip('"')
+    checked = bool(_MD5_ETAG.fullmatch(clean))
+    if checked and digest.hexdigest() != clean:
+        os.unlink(tmp)
+        raise CopyError(f"{key}: MD5 {digest.hexdigest()} does not match the store's {clean}", 5)
+    os.replace(tmp, target)
+    return checked
+
+
+async def get(url: str, dest: str, state_path: str) -> int:
+    import obstore
+
+    scheme, account, bucket, prefix = parse_url(url)
+    bucket_url = f"{scheme}://{account + '/' if account else ''}{bucket}"
+    store = make_store(scheme, account, bucket)
+    listed: list[dict] = []
+    try:
+        async for batch in obstore.list(store, prefix=prefix or None, chunk_size=1000):
+            listed.extend(batch)
+    except Exception as exc:  # noqa: BLE001 - obstore's errors, translated to one line
+        raise _translate(exc, scheme, bucket_url, "list") from None
+    objects = [m for m in listed if not m["path"].endswith("/")]
+    if not objects:
+        raise CopyError(f"{url}: no objects under this prefix", 4)
+    cut = len(prefix) + 1 if prefix else 0
+    state = _load_state(state_path, url)
+    todo = []
+    for meta in objects:
+        rel = meta["path"][cut:]
+        target = os.path.join(dest, *rel.split("/"))
+        known = state.get(rel)
+        if (known == [meta["size"], meta.get("e_tag") or ""] and os.path.isfile(target)
+                and os.path.getsize(target) == meta["size"]):
+            continue
+        todo.append((meta, rel, target))
+    total = sum(m["size"] for m, _, _ in todo)
+    label = f"data {url}"
+    print(f"{label}: {len(objects)} objects, {len(objects) - len(todo)} unchanged; copying {len(todo)} "
+          f"({_mb(total)} MB) with {_concurrency()} transfers", flush=True)
+    progress = Progress(label, len(todo), total)
+    md5_checked = 0
+    limit = asyncio.Semaphore(_concurrency())
+    last_save = time.monotonic()
+
+    async def one(meta: dict, rel: str, target: str) -> None:
+        nonlocal md5_checked, last_save
+        async with limit:
+            try:
+                checked = await _fetch(store, meta["path"], target, meta.get("e_tag") or "", meta["size"])
+            except CopyError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - obstore's errors, translated to one line
+                raise _translate(exc, scheme, bucket_url, "get") from None
+        md5_checked += checked
+        state[rel] = [meta["size"], meta.get("e_tag") or ""]
+        progress.add(meta["size"])
+        if time.monotonic() - last_save > 2.0:  # what landed survives an interruption
+            last_save = time.monotonic()
+            _save_state(state_path, url, state)
+
+    try:
+        await asyncio.gather(*(one(*item) for item in todo))
+    finally:
+        _save_state(state_path, url, state)
+    elapsed = time.monotonic() - progress.start
+    print(f"{label} -> {dest}: copied {len(todo)} files ({_mb(total)} MB) in {elapsed:.1f} s, "
+          f"{_mb(progress.rate())} MB/s; {len(objects) - len(todo)} unchanged; verified: sizes {len(todo)}, "
+          f"MD5 {md5_checked}", flush=True)
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------- put
+
+
+async def put(url: str, base: str, paths: list[str]) -> int:
+    import obstore
+
+    scheme, account, bucket, prefix = parse_url(url)
+    bucket_url = f"{scheme}://{account + '/' if account else ''}{bucket}"
+    store = make_store(scheme, account, bucket)
+    files: list[tuple[str, str, int]] = []
+    for path in paths:
+        top = os.path.join(base, path)
+        if os.path.isfile(top):
+            files.append((top, path, os.path.getsize(top)))
+            continue
+        for root, _, names in os.walk(top):
+            for name in sorted(names):
+                full = os.path.join(root, name)
+                if os.path.isfile(full) and not os.path.islink(full):
+                    files.append((full, os.path.relpath(full, base).replace(os.sep, "/"), os.path.getsize(full)))
+    total = sum(s for _, _, s in files)
+    label = f"upload {url}"
+    print(f"{label}: {len(files)} files ({_mb(total)} MB)", flush=True)
+    progress = Progress(label, len(files), total)
+    limit = asyncio.Semaphore(_concurrency())
+
+    async def one(full: str, rel: str, size: int) -> None:
+        key = f"{prefix}/{rel}" if prefix else rel
+        async with limit:
+            try:
+                with open(full, "rb") as f:
+                    await obstore.put_async(store, key, f)
+            except Exception as exc:  # noqa: BLE001 - obstore's errors, translated to one line
+                raise _translate(exc, scheme, bucket_url, "put") from None
+        progress.add(size)
+
+    await asyncio.gather(*(one(*item) for item in files))
+    print(f"{label}: uploaded {len(files)} files ({_mb(total)} MB) in {time.monotonic() - progress.start:.1f} s, "
+          f"{_mb(progress.rate())} MB/s", flush=True)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="bucket_copy.py")
+    sub = parser.add_subparsers(dest="command", required=True)
+    g = sub.add_parser("get")
+    g.add_argument("url")
+    g.add_argument("dest")
+    g.add_argument("--state", required=True)
+    p = sub.add_parser("put")
+    p.add_argument("url")
+    p.add_argument("--base", required=True)
+    p.add_argument("paths", nargs="+")
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "get":
+            return asyncio.run(get(args.url, args.dest, args.state))
+        return asyncio.run(put(args.url, args.base, args.paths))
+    except CopyError as exc:
+        print(f"bucket copy: {exc}", file=sys.stderr, flush=True)
+        return exc.code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
