@@ -11,7 +11,10 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    from cloudtrain.buckets.grants import BucketGrant
 
 TAG_CLUSTER = "cloudtrain-cluster"
 TAG_OWNER = "cloudtrain-owner"
@@ -111,6 +114,9 @@ class InstanceSpec:
     watchdog: Literal["stop", "delete"] | None = None
     hosts: tuple[HostSpec, ...] = ()
     tags: Mapping[str, str] = field(default_factory=dict)
+    # The recipe's buckets (cloudtrain/buckets/grants.py): a cloud whose machines have an identity
+    # of their own gives it exactly these, created per cluster and released with it (docs/data.md).
+    buckets: tuple[BucketGrant, ...] = ()
 
     def all_tags(self) -> dict[str, str]:
         return {**self.tags, TAG_CLUSTER: self.cluster, TAG_OWNER: self.owner}
