@@ -10,6 +10,7 @@ from cloudtrain.cli import output
 
 if TYPE_CHECKING:
     from cloudtrain.plan import Plan
+    from cloudtrain.recipe import Recipe
 
 
 @click.command()
@@ -41,20 +42,22 @@ def plan(recipe_path: str, as_json: bool, alternatives: int) -> None:
         unlaunchable = catalog_only_plan(loaded.recipe, config)
         if unlaunchable is not None and as_json:
             # One document still (a program reads stdout); the exit code and stderr say it cannot launch.
-            output.print_json({**_document(unlaunchable), "catalog_only": True, "skipped": [],
+            output.print_json({**_document(unlaunchable), **_autostop_doc(loaded.recipe), "catalog_only": True, "skipped": [],
                                "error": exc.one_line()})
         elif unlaunchable is not None:
             output.info("catalog only: no credentials work for these clouds, so nothing here can launch yet")
             _render(unlaunchable, alternatives)
+            output.info(autostop_line(loaded.recipe))
         raise
     p = usable.plan
     if as_json:
-        output.print_json({**_document(p), "catalog_only": False,
+        output.print_json({**_document(p), **_autostop_doc(loaded.recipe), "catalog_only": False,
                            "skipped": [{"cloud": c, "why": w} for c, w in usable.skipped]})
         return
     for cloud, why in usable.skipped:
         output.warn(f"skipping {cloud}: {why} (see `cloudtrain check {cloud}`)")
     _render(p, alternatives)
+    output.info(autostop_line(loaded.recipe))
     # What a VM could do with its own credentials, where the provider says (its watchdog deletes it
     # under autostop.down or a sweep's lease; only then does it need an identity).
     recipe = loaded.recipe
@@ -63,6 +66,21 @@ def plan(recipe_path: str, as_json: bool, alternatives: int) -> None:
         describe = getattr(usable.providers.get(cloud), "vm_identity", None)
         if describe is not None:
             output.info(f"{cloud} VMs run as: {describe(deletes)}")
+
+
+def autostop_line(recipe: Recipe) -> str:
+    """What stops an idle node, said before anything exists (the default included: it is not the user's choice)."""
+    stop = recipe.autostop
+    if stop is None:
+        return "autostop: off (`autostop: false`): an idle node bills until you stop it or its budget ends"
+    action = "delete" if stop.down else "stop"
+    default = " (the default for priced clusters; `autostop: false` for none)" if recipe.autostop_is_default else ""
+    return f"autostop: {action} after {stop.idle_minutes} min idle{default}"
+
+
+def _autostop_doc(recipe: Recipe) -> dict:
+    stop = recipe.autostop
+    return {"autostop": stop.model_dump() if stop is not None else None, "autostop_default": recipe.autostop_is_default}
 
 
 def _document(p: Plan) -> dict:

@@ -17,6 +17,7 @@ from cloudtrain.errors import RecipeError
 from cloudtrain.names import NAME_RE, NAME_RULE
 from cloudtrain.providers import ANY as ANY_CLOUD
 from cloudtrain.providers import KNOWN as KNOWN_CLOUDS
+from cloudtrain.providers.slurm.settings import SlurmSettings
 from cloudtrain.recipe.recover import DEFAULT_RECOVER, Recover, recover_input
 from cloudtrain.yamlfile import format_validation_error, line_of, read_yaml
 
@@ -39,6 +40,12 @@ def _capability(cloud: str, name: str, default: bool) -> bool:
     from cloudtrain.providers import available, capabilities
 
     return bool(getattr(capabilities(cloud), name)) if cloud in available() else default
+
+
+def _schedules(cloud: str) -> bool:
+    from cloudtrain.providers import schedules
+
+    return schedules(cloud)
 
 
 def _host_clouds() -> str:
@@ -87,7 +94,8 @@ class Resources(StrictModel):
     spot: bool = False
     disk_gb: Annotated[int, Field(ge=8, le=65536)] | None = None
     image: str | None = None
-    hosts: list[SshHost] | None = Field(default=None, description="cloud: ssh only")
+    hosts: list[SshHost] | None = Field(default=None, description="cloud: ssh (the machines), slurm (its login node)")
+    slurm: SlurmSettings | None = Field(default=None, description="cloud: slurm only: partition, account, qos, time")
 
     @field_validator("accelerators")
     @classmethod
@@ -103,6 +111,10 @@ class Resources(StrictModel):
             raise ValueError(f"'hosts' only applies to cloud: {_host_clouds()}, not cloud: {self.cloud}")
         if takes_hosts and not self.hosts:
             raise ValueError(f"cloud: {self.cloud} needs a 'hosts' list, e.g. hosts: [{{address: 10.0.0.5, user: ubuntu}}]")
+        if self.slurm is not None and not _schedules(self.cloud):
+            raise ValueError(f"'slurm' only applies to a scheduler's cloud (slurm), not cloud: {self.cloud}")
+        if self.hosts and len(self.hosts) > 1 and _schedules(self.cloud):
+            raise ValueError(f"cloud: {self.cloud} takes one host, its login node; num_nodes says how many nodes to allocate")
         if self.zone and not self.region and _capability(self.cloud, "cloud_fields", True):
             raise ValueError("'zone' needs 'region' too")
         return self
@@ -166,6 +178,10 @@ class Autostop(StrictModel):
     wait_for: Literal["jobs_and_ssh", "jobs", "none"] = Field(
         default="jobs_and_ssh",
         description="what keeps a node up: cloudtrain jobs and SSH sessions, jobs only, or nothing")
+
+
+# What a priced cluster gets when its recipe does not mention autostop (docs/watchdog.md).
+DEFAULT_AUTOSTOP = Autostop(idle_minutes=30)
 
 
 def _autostop_input(value: Any) -> Any:
@@ -350,6 +366,24 @@ class Recipe(StrictModel):
                 raise ValueError(f"result paths are relative to the workdir without '..', got {item!r}")
         return value
 
+    @model_validator(mode="after")
+    def _default_autostop(self) -> Recipe:
+        # A priced cluster nobody told to stop is the forgotten VM burning money overnight: it gets
+        # DEFAULT_AUTOSTOP unless the recipe says otherwise (`autostop: false` for none). Sweeps are
+        # bounded by their lease instead; clouds whose machines cannot stop themselves get none
+        # (preflight would refuse an explicit one).
+        if "autostop" in self.model_fields_set or self.sweep is not None:
+            return self
+        cloud = self.resources.cloud
+        if cloud == ANY_CLOUD or (_capability(cloud, "priced", False) and _capability(cloud, "autostop", False)):
+            # Bypass assignment so that model_fields_set still says the recipe did not set it.
+            object.__setattr__(self, "autostop", DEFAULT_AUTOSTOP)
+        return self
+
+    @property
+    def autostop_is_default(self) -> bool:
+        return self.autostop is DEFAULT_AUTOSTOP and "autostop" not in self.model_fields_set
+
     @field_validator("upload")
     @classmethod
     def _upload(cls, value: str | None) -> str | None:
@@ -380,7 +414,8 @@ class Recipe(StrictModel):
             raise ValueError("give either 'run' (a shell command) or 'job' (a bundled job), not both")
         if not self.run and not self.job:
             raise ValueError("nothing to run: add 'run: <shell command>' or 'job: {name: mnist_cnn}'")
-        if self.resources.hosts and self.num_nodes > len(self.resources.hosts):
+        if (self.resources.hosts and self.num_nodes > len(self.resources.hosts)
+                and not _schedules(self.resources.cloud)):
             raise ValueError(f"num_nodes is {self.num_nodes} but only {len(self.resources.hosts)} host(s) are listed")
         return self
 
