@@ -1,0 +1,47 @@
+"""The AWS node identity's policy, and its role's life against moto's IAM (real boto3, HTTP)."""
+
+import json
+
+import pytest
+
+from cloudtrain.buckets.grants import grants_for
+from cloudtrain.providers.aws.identity import policy_document
+
+POLICY_CASES = [
+    (["s3://data-bkt/train"], None, [
+        {"Effect": "Allow", "Action": ["s3:ListBucket"], "Resource": "arn:aws:s3:::data-bkt"},
+        {"Effect": "Allow", "Action": ["s3:GetObject"], "Resource": "arn:aws:s3:::data-bkt/train/*"},
+    ]),
+    (["s3://whole-bkt", "gs://gcs-bkt/x"], "s3://out-bkt/runs", [
+        {"Effect": "Allow", "Action": ["s3:ListBucket"], "Resource": "arn:aws:s3:::whole-bkt"},
+        {"Effect": "Allow", "Action": ["s3:GetObject"], "Resource": "arn:aws:s3:::whole-bkt/*"},
+        {"Effect": "Allow", "Action": ["s3:ListBucket"], "Resource": "arn:aws:s3:::out-bkt"},
+        {"Effect": "Allow", "Action": ["s3:GetObject", "s3:PutObject", "s3:AbortMultipartUpload"],
+         "Resource": "arn:aws:s3:::out-bkt/runs/*"},
+    ]),
+]
+
+
+@pytest.mark.parametrize("sources, upload, statements", POLICY_CASES)
+def test_policy_names_exactly_the_buckets(sources: list[str], upload: str | None, statements: list[dict]) -> None:
+    assert policy_document(grants_for(sources, upload))["Statement"] == statements
+
+
+def test_role_created_listed_and_released(moto_server) -> None:  # noqa: ANN001
+    from cloudtrain.providers.aws import AwsProvider
+    from cloudtrain.providers.aws.identity import ensure_node_role, release_node_role, role_name
+    from cloudtrain.providers.base import TAG_CLUSTER, TAG_OWNER
+
+    provider = AwsProvider("us-east-1", all_owners=True)
+    grants = grants_for(["s3://data-bkt/train"], None)
+    tags = {TAG_CLUSTER: "idtest-a", TAG_OWNER: "someone"}
+    profile = ensure_node_role(provider.api, "us-east-1", "idtest-a", tags, grants)
+    assert ensure_node_role(provider.api, "us-east-1", "idtest-a", tags, grants) == profile  # idempotent
+    iam = moto_server.client("iam")
+    policy = iam.get_role_policy(RoleName=role_name("idtest-a"), PolicyName="cloudtrain-buckets")["PolicyDocument"]
+    policy = json.loads(policy) if isinstance(policy, str) else policy
+    assert policy["Statement"][1]["Resource"] == "arn:aws:s3:::data-bkt/train/*"
+    assert [r.id for r in provider.list_resources("idtest-a") if r.kind == "iam-role"] == ["cloudtrain-idtest-a"]
+    assert provider.release_resources("idtest-a") == []
+    assert [r for r in provider.list_resources("idtest-a") if r.kind == "iam-role"] == []
+    release_node_role(provider.api, "us-east-1", "idtest-a")  # gone is success
