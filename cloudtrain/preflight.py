@@ -87,6 +87,8 @@ def unsupported(recipe: Recipe) -> tuple[str, str, str | None] | None:
         if getattr(recipe, name) is None:
             continue
         for target in _clouds_of(cloud):
+            if name == "budget" and recipe.budget.max_usd is None and _limits_time(target):  # type: ignore[union-attr]
+                continue  # a scheduler's time limit (sbatch --time) enforces max_hours itself
             problem = autostop_problem(target, name)
             if problem is None and name == "autostop" and recipe.autostop.down:  # type: ignore[union-attr]
                 problem = autostop_problem(target, "autostop.down")
@@ -97,8 +99,9 @@ def unsupported(recipe: Recipe) -> tuple[str, str, str | None] | None:
             return ("budget.max_usd", f"budget.max_usd needs a priced cloud: cloud {cloud} has no hourly price",
                     "use budget.max_hours to limit the running time")
     if cloud in _registered() and not provider_capabilities(cloud).cloud_fields:
+        honoured = getattr(_provider_class(cloud), "honours_fields", ())
         for name in CLOUD_ONLY_FIELDS:
-            if getattr(recipe.resources, name) is not None:
+            if getattr(recipe.resources, name) is not None and name not in honoured:
                 return f"resources.{name}", f"resources.{name} does not apply to cloud {cloud}", "remove it or pick a cloud"
         if recipe.resources.spot:
             return "resources.spot", f"resources.spot does not apply to cloud {cloud}", None
@@ -136,6 +139,17 @@ def _clouds_of(cloud: str) -> list[str]:
     from cloudtrain.cluster.planning import priced_clouds
 
     return list(priced_clouds())
+
+
+def _provider_class(cloud: str) -> type:
+    from cloudtrain.providers import provider_class
+
+    return provider_class(cloud)
+
+
+def _limits_time(cloud: str) -> bool:
+    """The cloud's scheduler enforces a time limit itself (provider class `limits_time`)."""
+    return cloud in _registered() and bool(getattr(_provider_class(cloud), "limits_time", False))
 
 
 def _registered() -> tuple[str, ...]:

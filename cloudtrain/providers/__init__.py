@@ -27,8 +27,9 @@ _MODULES = {
     "aws": "cloudtrain.providers.aws",
     "gcp": "cloudtrain.providers.gcp",
     "azure": "cloudtrain.providers.azure",
+    "slurm": "cloudtrain.providers.slurm",
 }
-KNOWN = ("local", "ssh", "aws", "gcp", "azure")
+KNOWN = ("local", "ssh", "aws", "gcp", "azure", "slurm")
 # Not a provider: the planner's choice among the clouds this cloudtrain can use.
 ANY = "any"
 
@@ -67,6 +68,12 @@ def provider_class(name: str) -> type:
 def capabilities(name: str) -> Capabilities:
     """What cloud `name` can do; refuses what get_provider refuses, with its message."""
     return provider_class(name).capabilities
+
+
+def schedules(name: str) -> bool:
+    """Whether `name` is a scheduler that allocates nodes itself (Slurm): its provider builds one
+    batch job (`batch_job`) for the whole run; `hosts` name its login node, not the nodes."""
+    return name in available() and hasattr(provider_class(name), "batch_job")
 
 
 def image_pins_region(name: str, image: str) -> bool:

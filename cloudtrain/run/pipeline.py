@@ -254,13 +254,17 @@ class Executor:
         with r.clock.phase("sync"):
             on_all(r.nodes, lambda n: sync(n, without_buckets(loaded), self.reporter))
         self._copy_in(r)
-        if recipe.setup:
+        # A scheduler (Slurm) runs setup and the job as one batch job on the nodes it allocates.
+        batch_job = getattr(r.cluster.provider, "batch_job", None) if r.cluster is not None else None
+        if recipe.setup and batch_job is None:
             with r.clock.phase("setup"):
                 run_job(self.store, self.reporter, r.nodes, run_id, f"{run_id}-setup", recipe.setup + "\n",
                         recipe, "setup", r.jobs_started)
         with r.clock.phase("run"):
-            run_job(self.store, self.reporter, r.nodes, run_id, r.job_id, job_script(recipe), recipe, "job",
-                    r.jobs_started)
+            script = job_script(recipe)
+            if batch_job is not None:
+                script = batch_job(recipe, script, recipe.setup, r.job_id, cluster_name)
+            run_job(self.store, self.reporter, r.nodes, run_id, r.job_id, script, recipe, "job", r.jobs_started)
 
     def _copy_in(self, r: _Run) -> None:
         """The recipe's bucket data: every node copies it itself, with its own identity (docs/data.md)."""
@@ -512,7 +516,9 @@ class Executor:
         try:
             nodes = on_all(nodes, lambda n: prepare(n, recipe, self.reporter))
             write_ssh_config(cluster, self.config, self.reporter)
-            if recipe.autostop is not None or recipe.budget is not None:
+            # A scheduler enforces the budget's hours itself (its time limit): no watchdog there.
+            if ((recipe.autostop is not None or recipe.budget is not None)
+                    and getattr(cluster.provider, "batch_job", None) is None):
                 # From here on the nodes stop themselves when idle or over budget, laptop or not.
                 from cloudtrain.run.watchdog import start_from_recipe
 

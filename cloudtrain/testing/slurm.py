@@ -122,8 +122,9 @@ class SlurmCluster:
 
     def command(self, *argv: str, check: bool = True, timeout: float = 30) -> subprocess.CompletedProcess[str]:
         """A Slurm client command against this cluster (on the test's side, not the login node)."""
+        # In the cluster's directory: a job submitted without --output writes slurm-ID.out there.
         return subprocess.run(list(argv), env=self.env(), capture_output=True, text=True, check=check,
-                              timeout=timeout)
+                              timeout=timeout, cwd=self.root)
 
     def queue(self) -> list[QueuedJob]:
         """Every job still in the queue (pending, running or completing)."""

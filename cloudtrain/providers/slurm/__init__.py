@@ -1,0 +1,111 @@
+"""The `slurm` provider: a Slurm cluster reached through its login node.
+
+Slurm is a scheduler, not a machine API. The recipe names the login node (its one `hosts` entry,
+the same fields as `ssh`) and how to queue (`resources.slurm`: partition, account, qos, time;
+`num_nodes`; `accelerators` as `--gres=gpu:N`). The cluster cloudtrain keeps in state is the login
+node: the workdir is synced there, into the login user's home, which on a Slurm cluster is the
+shared filesystem every compute node mounts. A run is ONE batch job (`batch_job`): the login node
+runs templates/slurm_submit.sh as a detached runner job, which submits with sbatch, streams the
+job's output into the run's log, says why a pending job waits, and cancels with scancel when the
+run is interrupted, cancelled or the cluster goes `down`. Nothing is created, stopped or deleted on
+the cluster itself; cloudtrain never powers a node off.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from cloudtrain.config import Config
+from cloudtrain.errors import NotAvailableError, ProviderError
+from cloudtrain.providers.base import (
+    Capabilities,
+    ClusterResource,
+    CredentialStatus,
+    Instance,
+    InstanceSpec,
+    InstanceState,
+    owner_id,
+)
+
+if TYPE_CHECKING:
+    from cloudtrain.recipe import Recipe
+
+
+def instance_id(cluster: str, address: str) -> str:
+    return f"slurm-{cluster}-login-{address}"
+
+
+class SlurmProvider:
+    name = "slurm"
+    capabilities = Capabilities(supports_stop=False, supports_spot=False, remote=True, priced=False,
+                                owns_machines=False, takes_hosts=True, cloud_fields=False)
+    # Cloud fields that mean something here: GPUs per node become `--gres=gpu:N`.
+    honours_fields = ("accelerators",)
+    # budget.max_hours becomes the job's time limit (`--time`): Slurm enforces it, no watchdog needed.
+    limits_time = True
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self._launched: dict[str, Instance] = {}
+
+    default_region = None
+
+    def check_credentials(self) -> CredentialStatus:
+        return CredentialStatus("slurm", True, "uses the login node's host entry (key, else your ssh-agent/default keys)")
+
+    def launch(self, spec: InstanceSpec, count: int) -> list[Instance]:
+        """The login node, whatever `count` is: the nodes are allocated per run by Slurm."""
+        if len(spec.hosts) != 1:
+            raise ProviderError(f"cloud slurm takes one host, its login node; {len(spec.hosts)} listed",
+                                hint="list the login node under resources.hosts; num_nodes is the allocation")
+        from cloudtrain.remote.keys import current_user
+
+        host = spec.hosts[0]
+        login = Instance(
+            id=instance_id(spec.cluster, host.address), cluster=spec.cluster, state=InstanceState.RUNNING,
+            instance_type="slurm-login", region="slurm", public_ip=host.address, private_ip=host.address,
+            ssh_user=host.user or spec.ssh_user or current_user(), ssh_port=host.port, launched_at=time.time(),
+        )
+        self._launched[login.id] = login
+        return [login]
+
+    def describe(self, ids: Sequence[str]) -> list[Instance]:
+        # A login node is the user's machine: "running" as far as a provider knows; whether it
+        # answers is the connection's business.
+        return [self._launched.get(i) or Instance(id=i, cluster="", state=InstanceState.RUNNING) for i in ids]
+
+    def list_tagged(self, cluster: str | None = None) -> list[Instance]:
+        # No machine is created: nothing leaks as a machine. Our Slurm jobs end with their run.
+        return []
+
+    def list_resources(self, cluster: str | None = None) -> list[ClusterResource]:
+        return []
+
+    def release_resources(self, cluster: str) -> list[ClusterResource]:
+        return []
+
+    def stop(self, ids: Sequence[str]) -> None:
+        raise NotAvailableError("a Slurm cluster is not stopped by cloudtrain", hint="use `cloudtrain down` instead")
+
+    def start(self, ids: Sequence[str]) -> None:
+        return None
+
+    def terminate(self, ids: Sequence[str]) -> None:
+        return None
+
+    def watchdog_action(self, instance: Instance, down: bool) -> dict[str, Any]:
+        raise NotAvailableError("a Slurm cluster's nodes are not cloudtrain's to stop",
+                                hint="budget.max_hours becomes the job's time limit; `cloudtrain cancel` ends it")
+
+    def batch_job(self, recipe: Recipe, run: str, setup: str | None, job_id: str, cluster: str) -> str:
+        """The script the login node runs for one run: one sbatch job doing `setup` then `run` on
+        every allocated node (templates/slurm_submit.sh)."""
+        from cloudtrain.providers.slurm.batch import submit_script
+
+        return submit_script(recipe, run, setup, job_id, owner_id(self.config), cluster)
+
+
+def make_provider(config: Config) -> SlurmProvider:
+    return SlurmProvider(config)
