@@ -1,7 +1,8 @@
 """`compare` for any runs, not only the bundled job's: what every `cloudtrain run` records
 (run.json: status, exit code, wall time, per-phase timings, cost) and every numeric metric the
 runs share from their metrics.json (the convention: the job writes `outputs/metrics.json`, a JSON
-object; nested objects are flattened as `a.b`; booleans, lists and text are not metrics).
+object; nested objects are flattened as `a.b`; booleans, lists and text are not metrics), and the
+final value of every TensorBoard scalar the run's event files hold (`tb:<dir>/<tag>`, tbscalars.py).
 
 The bundled job's richer table (devices, images/s, speed-up) stays in compare.py; the CLI uses it
 when every run is the bundled job's.
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from cloudtrain.compare import REQUIRED, CompareError, find_metrics, read_json, usd
+from cloudtrain.tbscalars import final_scalars
 
 
 @dataclass(frozen=True)
@@ -50,10 +52,15 @@ def load_any(run_dir: Path | str, name: str | None = None) -> AnyRun:
     record_path = run_dir / "run.json"
     record = read_json(record_path) if record_path.is_file() else {}
     try:
+        scalars = final_scalars(run_dir)
+    except (OSError, ValueError) as exc:
+        raise CompareError(f"{run_dir}: cannot read its TensorBoard event files: {exc}") from None
+    try:
         metrics_path: Path | None = find_metrics(run_dir)
     except CompareError:
-        if not record:
-            raise CompareError(f"{run_dir}: neither run.json nor a metrics.json: not a run directory") from None
+        if not record and not scalars:
+            raise CompareError(f"{run_dir}: no run.json, metrics.json or TensorBoard event file: "
+                               "not a run directory") from None
         metrics_path = None
     metrics = read_json(metrics_path) if metrics_path is not None else {}
     phases = record.get("phases_s") if isinstance(record.get("phases_s"), dict) else {}
@@ -62,7 +69,7 @@ def load_any(run_dir: Path | str, name: str | None = None) -> AnyRun:
         status=record.get("status") if isinstance(record.get("status"), str) else None,
         exit_code=record.get("exit_code") if isinstance(record.get("exit_code"), int) else None,
         wall_time_s=_num(record.get("wall_time_s")), run_time_s=_num(phases.get("run")),
-        cost_usd=_num(record.get("cost_usd")), metrics=flatten(metrics),
+        cost_usd=_num(record.get("cost_usd")), metrics={**flatten(metrics), **scalars},
         bundled=metrics_path is not None and all(k in metrics for k in REQUIRED),
     )
 
