@@ -692,6 +692,22 @@ class AwsCloud(FakeCloud):
         """A boto3 EC2 client of the fake (its calls are counted and can be failed like cloudtrain's)."""
         return self.server.client("ec2", region or self.region)
 
+    def preempt(self, instance_id: str) -> None:
+        """A spot interruption, as EC2 reports one: the instance is terminated (its VM powers off, the
+        bill ends) with the state reason `Server.SpotInstanceTermination` instead of a user's."""
+        from moto.backends import get_backend
+        from moto.core import DEFAULT_ACCOUNT_ID
+        from moto.ec2.models.instances import StateReason
+
+        with self._lock:
+            region = self._launched[instance_id]
+        self.ec2(region).terminate_instances(InstanceIds=[instance_id])
+        # The server runs in this process: the reason is set on moto's own record (the API has no way).
+        instance = get_backend("ec2")[DEFAULT_ACCOUNT_ID][region].get_instance_by_id(instance_id)
+        instance._reason = f"Service initiated ({time.strftime('%Y-%m-%d %H:%M:%S GMT', time.gmtime())})"
+        instance.state_reason = StateReason("Server.SpotInstanceTermination: Spot instance termination",
+                                            "Server.SpotInstanceTermination")
+
     def image(self, region: str | None = None) -> str:
         """The AMI the default image parameters name in `region` (login user: the VMs' user)."""
         return self.server.image(region or self.region, self.machines.user)

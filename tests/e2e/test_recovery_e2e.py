@@ -1,0 +1,161 @@
+"""Runs that survive preemption (issue 26), through the CLI, against the cloud fakes.
+
+A user `run:` job that checkpoints into $CLOUDTRAIN_CHECKPOINT_DIR is preempted mid-run the way
+each cloud does it (EC2: terminated with `Server.SpotInstanceTermination`; Compute Engine: its
+instanceTerminationAction; Azure: evicted per evictionPolicy). The run relaunches in another zone
+(Azure's regional VMs: another region), resumes from the checkpoint kept on the laptop and ends
+with the same result files as an uninterrupted run; the log shows each attempt and the run's cost
+is the fakes' own bill (cloudtrain/testing/bill.py) for both machines.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cloudtrain.testing import sshd
+from cloudtrain.testing.cloud import FakeCloud
+from cloudtrain.testing.wait import wait_until
+
+if not sshd.sshd_available() and not os.environ.get("CI"):
+    pytest.skip("OpenSSH sshd is not installed (apt-get install openssh-server)", allow_module_level=True)
+
+STEPS = 8
+# Resumes from $CLOUDTRAIN_CHECKPOINT_DIR, checkpoints there after every step (a new file, then the
+# index: the contract in docs/recovery.md), prints an epoch line after it. The first attempt waits
+# after step 3 until the test has preempted its machine (MARKS/go), so the loss is mid-run.
+TRAIN = textwrap.dedent("""\
+    set -eu
+    ckpt="$CLOUDTRAIN_CHECKPOINT_DIR"; mkdir -p "$ckpt"
+    i=0; total=0
+    if [ -f "$ckpt/state" ]; then read i total < "$ckpt/state"; fi
+    echo "start $i" >> "$MARKS/starts"
+    echo "resuming at step $i"
+    while [ "$i" -lt {steps} ]; do
+      i=$((i + 1)); total=$((total + i * i))
+      echo "$i $total" > "$ckpt/state.new" && mv "$ckpt/state.new" "$ckpt/state"
+      echo "epoch $i/{steps}  loss 0.$i"
+      if [ "$i" = 3 ] && [ ! -f "$MARKS/go" ]; then
+        while [ ! -f "$MARKS/go" ]; do sleep 0.1; done
+      fi
+      sleep 0.2
+    done
+    mkdir -p outputs
+    echo "{{\\"steps\\": $i, \\"total\\": $total}}" > outputs/result.json
+    """).format(steps=STEPS)
+
+
+def _workdir(root: Path) -> Path:
+    work = root / "work"
+    work.mkdir(exist_ok=True)
+    (work / "train.sh").write_text(TRAIN)
+    return work
+
+
+def _recipe(cloud: FakeCloud, marks: Path, name: str | None = None, **resources: Any) -> Path:
+    return cloud.recipe(
+        name=name, workdir=str(_workdir(cloud.root)), run="sh train.sh", results=["outputs"],
+        envs={"MARKS": str(marks)}, resources={"spot": True, **resources},
+        recover={"max_restarts": 2, "watch_s": 1}, autostop=False)
+
+
+def _start(cloud: FakeCloud, recipe: Path) -> subprocess.Popen:
+    env = {**os.environ, **cloud.env}
+    return subprocess.Popen(
+        [sys.executable, "-m", "cloudtrain", "run", str(recipe), "--cluster", cloud.cluster,
+         "--runs-dir", str(cloud.runs_dir), "--down"],
+        cwd=cloud.root, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+
+
+def _finish(proc: subprocess.Popen, marks: Path) -> tuple[str, str]:
+    try:
+        out, err = proc.communicate(timeout=600)
+    finally:
+        (marks / "go").touch()
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    return out, err
+
+
+def _placement(cloud: FakeCloud) -> tuple[str, str]:
+    """(zone or region, instance id) of the cluster's running machine, as the fake holds it."""
+    if cloud.name == "aws":
+        (raw,) = cloud.instances(cloud.cluster, states=["running"])
+        return raw["Placement"]["AvailabilityZone"], raw["InstanceId"]
+    if cloud.name == "gcp":
+        (zone, raw), = [(z, i) for z, i in cloud.instances(cloud.cluster) if i["status"] == "RUNNING"]
+        return zone, raw["name"]
+    vms = [vm for vm in cloud.server.find("Microsoft.Compute/virtualMachines")
+           if vm.get("tags", {}).get("cloudtrain-cluster") == cloud.cluster
+           and vm["properties"].get("_power") == "running"]
+    (vm,) = vms
+    return vm["location"], vm["name"]
+
+
+def _preempt(cloud: FakeCloud, where: str, machine: str) -> None:
+    if cloud.name == "aws":
+        cloud.preempt(machine)
+    elif cloud.name == "gcp":
+        cloud.server.preempt(where, machine)
+    else:
+        cloud.server.evict(machine)
+
+
+@pytest.mark.parametrize("cloud_name", ["aws", "gcp", "azure"])
+def test_a_preempted_run_job_resumes_in_another_zone_with_the_same_results(
+        fake_cloud: Any, cloud_name: str, tmp_path: Path) -> None:
+    cloud = fake_cloud(cloud_name)
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    recipe = _recipe(cloud, marks)
+    proc = _start(cloud, recipe)
+    try:
+        kept = wait_until(lambda: next(cloud.runs_dir.glob("*/checkpoint/cloudtrain-checkpoint.json"), None),
+                          300, "a checkpoint kept on the laptop")
+        wait_until(lambda: json.loads(kept.read_text())["epoch"] >= 3, 60, "the checkpoint of step 3")
+        first_place, machine = _placement(cloud)
+        _preempt(cloud, first_place, machine)
+        out, err = _finish(proc, marks)
+    finally:
+        (marks / "go").touch()
+    assert proc.returncode == 0, out[-3000:] + err[-3000:]
+    run_dir = Path(out.strip().splitlines()[-1])
+    record = json.loads((run_dir / "run.json").read_text())
+    attempts = record["attempts"]
+    assert [(a["number"], a["outcome"]) for a in attempts] == [(1, "preempted"), (2, "succeeded")], attempts
+    first, second = attempts
+    where = "region" if cloud_name == "azure" else "zone"
+    assert first[where] == first_place and second[where] != first_place, attempts
+    # It resumed from the checkpoint of step 3 (or later: steps reported before the loss was seen).
+    assert second["resumed_from_epoch"] >= 3
+    starts = (marks / "starts").read_text().split("\n")
+    assert starts[0] == "start 0" and starts[1] == f"start {second['resumed_from_epoch']}", starts
+    log = (run_dir / "job.log").read_text()
+    assert "--- cloudtrain: attempt 1" in log and "--- cloudtrain: attempt 2" in log and "preempted" in log
+    assert log.index("resuming at step 0") < log.index("--- cloudtrain: attempt 2") < log.rindex("resuming at step")
+
+    # The same result files as a run that was never interrupted.
+    (marks / "go").touch()
+    plain = cloud.run(_recipe(cloud, marks), "--down", cluster=cloud.new_cluster("plain"))
+    assert plain.ok, plain.output
+    assert (run_dir / "outputs" / "result.json").read_text() == (plain.run_dir / "outputs" / "result.json").read_text()
+    assert json.loads((run_dir / "outputs" / "result.json").read_text()) == {
+        "steps": STEPS, "total": sum(i * i for i in range(1, STEPS + 1))}
+
+    # Both machines were billed, and the run's cost is what the fake's own bill says they cost.
+    assert sum(a["cost_usd"] for a in attempts) == pytest.approx(record["cost_usd"], abs=2e-6)
+    billed = cloud.bill.usd(cloud.cluster, until=record["ended_at"])
+    hourly = max(a["hourly_price_usd"] for a in attempts)
+    assert record["cost_usd"] == pytest.approx(billed, rel=0.01, abs=4 * hourly / 3600), cloud.bill.instances(cloud.cluster)
+    assert len(cloud.bill.instances(cloud.cluster)) == 2
+    assert cloud.leftovers() == []
