@@ -1,20 +1,29 @@
-"""The edit-run loop: `cloudtrain run` on a warm and a cold cluster vs the same work by hand.
+"""The edit-run loop at a distance: `cloudtrain run` (warm, cold) vs the same work by hand.
 
-One run, one loopback sshd VM (cloudtrain.testing.sshd), a 50-file workdir and a trivial job
-(`mkdir -p out && echo done > out/ok.txt`). Each figure is the median of --repeat wall times:
+One run, one STOCK sshd (benchmarks/stock_sshd.py: the distribution's sshd_config, UsePAM and a
+login shell per session, as on a VM; not the test kit's cheap sessions), reached through a TCP
+proxy that adds --rtt-ms of round-trip time (cloudtrain.testing.tcpproxy). A 50-file workdir and a
+trivial job (`mkdir -p out && echo done > out/ok.txt`); one file edited before each iteration.
+Each figure is the median of --repeat wall times, per RTT:
 
   by hand   rsync the workdir up, ssh the command, rsync out/ back (three OpenSSH processes)
-  warm      `cloudtrain run --keep` on a cluster that is already up (one file changed each time)
-  cold      `cloudtrain run` creating and deleting the cluster each time
+  warm      `cloudtrain run --keep` on a cluster that is already up
+  warm, one channel per command   the same with the node helper off (CLOUDTRAIN_SSH_HELPER=0)
+  cold      `cloudtrain run --down` with a new cluster name each time (up on the ssh host, down after)
 
-Targets (issue 15): warm <= 1.5x by hand, cold <= 2.5x.
+Round trips: the sequential request -> answer turns cloudtrain made after connecting, COUNTED by
+the transport (cloudtrain/remote/roundtrips.py, read from CLOUDTRAIN_ROUNDTRIPS_LOG), summed over
+the invocation's connections; the median over the repetitions.
 
-    .venv/bin/python benchmarks/run_loop.py [--repeat 5]
+Targets (issue 25): warm <= 1.0x by hand at 50 and 150 ms RTT, cold <= 1.5x.
+
+    .venv/bin/python benchmarks/run_loop.py [--repeat 5] [--rtt-ms 0,50,150] [--no-cold]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shlex
 import statistics
@@ -23,34 +32,53 @@ import sys
 import tempfile
 import textwrap
 import time
+from collections.abc import Callable
 from pathlib import Path
 
-TARGETS = {"warm": 1.5, "cold": 2.5}
+TARGETS = {"warm": 1.0, "cold": 1.5}
 JOB = "mkdir -p out && echo done > out/ok.txt"
+ROUNDTRIPS_ENV = "CLOUDTRAIN_ROUNDTRIPS_LOG"
 
 
-def timed(argv: list[str], env: dict[str, str], cwd: Path) -> float:
+def timed(argv: list[str], env: dict[str, str], cwd: Path, trips: Path | None = None) -> tuple[float, int | None]:
+    """Wall time of a CLI invocation and the round trips its transports counted."""
+    if trips is not None:
+        trips.write_text("")
+        env = {**env, ROUNDTRIPS_ENV: str(trips)}
     started = time.perf_counter()
     proc = subprocess.run(argv, env=env, cwd=cwd, capture_output=True, text=True)
     elapsed = time.perf_counter() - started
     if proc.returncode != 0:
         raise SystemExit(f"{' '.join(argv[:4])} failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
-    return elapsed
+    if trips is None:
+        return elapsed, None
+    reports = [json.loads(line) for line in trips.read_text().splitlines() if line.strip()]
+    return elapsed, sum(r["round_trips"] for r in reports)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--rtt-ms", default="0,50,150", help="comma-separated round-trip times to add (ms)")
+    parser.add_argument("--no-cold", action="store_true", help="skip the cold runs")
+    parser.add_argument("--no-channels", action="store_true", help="skip the one-channel-per-command variant")
     args = parser.parse_args()
+    rtts = [float(x) for x in args.rtt_ms.split(",") if x.strip()]
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from cloudtrain.testing.sshd import SshdFactory
+    repo = Path(__file__).resolve().parents[1]
+    sys.path.insert(0, str(repo))
+    sys.path.insert(0, str(repo / "benchmarks"))
+    from stock_sshd import StockSshd
 
+    from cloudtrain.testing.tcpproxy import TcpProxy
+
+    rows: list[tuple[float, str, float, int | None]] = []
     with tempfile.TemporaryDirectory(prefix="ct-runloop-") as tmp:
         root = Path(tmp)
-        factory = SshdFactory(root / "vms")
+        key = root / "client_key"
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
+        vm = StockSshd(root / "vm", key.with_suffix(".pub").read_text()).start()
         try:
-            vm = factory.start()
             work = root / "project" / "code"
             work.mkdir(parents=True)
             for i in range(50):
@@ -59,63 +87,83 @@ def main() -> int:
             (home / ".ct").mkdir(parents=True)
             (home / ".ct" / "config.yaml").write_text("ssh: {add_include: false}\n")
             env = {**os.environ, "HOME": str(home), "CLOUDTRAIN_HOME": str(home / ".ct")}
-            recipe = root / "project" / "loop.yaml"
-            recipe.write_text(textwrap.dedent(f"""\
-                name: loop
-                workdir: code
-                resources:
-                  cloud: ssh
-                  hosts: [{{address: 127.0.0.1, port: {vm.port}, user: {vm.user}, key: "{factory.client_key.private_path}"}}]
-                results: [out]
-                run: "{JOB}"
-            """))
-            ssh = ["ssh", "-p", str(vm.port), "-i", str(factory.client_key.private_path), "-o", "BatchMode=yes",
-                   "-o", "StrictHostKeyChecking=no", "-o", f"UserKnownHostsFile={root / 'known_hosts'}",
-                   "-o", "LogLevel=ERROR"]
-            target = f"{vm.user}@127.0.0.1"
-            remote = f"{vm.home}/byhand"
-            back = root / "back"
+            trips = root / "roundtrips.jsonl"
+            cli = [sys.executable, "-m", "cloudtrain"]
+            runs = str(root / "runs")
 
             def touch(i: int) -> None:
                 (work / "module_0.py").write_text(f"VALUE = {i}\n")
 
-            def by_hand(i: int) -> float:
-                touch(i)
-                started = time.perf_counter()
-                e = shlex.join(ssh)
-                subprocess.run(["rsync", "-a", "-e", e, f"{work}/", f"{target}:{remote}/"], check=True)
-                subprocess.run([*ssh, target, f"cd {shlex.quote(remote)} && {JOB}"], check=True)
-                subprocess.run(["rsync", "-a", "-e", e, f"{target}:{remote}/out/", f"{back}/"], check=True)
-                return time.perf_counter() - started
+            for rtt in rtts:
+                proxy = TcpProxy(vm.port, rtt_ms=rtt)
+                try:
+                    recipe = root / "project" / f"loop-{int(rtt)}.yaml"
+                    recipe.write_text(textwrap.dedent(f"""\
+                        name: loop-{int(rtt)}
+                        workdir: code
+                        resources:
+                          cloud: ssh
+                          hosts: [{{address: 127.0.0.1, port: {proxy.port}, user: {vm.user}, key: "{key}"}}]
+                        results: [out]
+                        run: "{JOB}"
+                    """))
+                    ssh = ["ssh", "-p", str(proxy.port), "-i", str(key), "-o", "BatchMode=yes",
+                           "-o", "StrictHostKeyChecking=no", "-o", f"UserKnownHostsFile={root / 'known_hosts'}",
+                           "-o", "LogLevel=ERROR"]
+                    target = f"{vm.user}@127.0.0.1"
+                    remote = f"{vm.home}/byhand"
+                    back = root / "back"
 
-            cli = [sys.executable, "-m", "cloudtrain"]
-            runs = str(root / "runs")
-            timed([*cli, "up", str(recipe)], env, root)
+                    def by_hand(i: int) -> tuple[float, int | None]:
+                        touch(i)
+                        started = time.perf_counter()
+                        e = shlex.join(ssh)
+                        subprocess.run(["rsync", "-a", "-e", e, f"{work}/", f"{target}:{remote}/"], check=True)
+                        subprocess.run([*ssh, target, f"cd {shlex.quote(remote)} && {JOB}"], check=True)
+                        subprocess.run(["rsync", "-a", "-e", e, f"{target}:{remote}/out/", f"{back}/"], check=True)
+                        return time.perf_counter() - started, None
 
-            def warm(i: int) -> float:
-                touch(i)
-                return timed([*cli, "run", str(recipe), "--keep", "--runs-dir", runs], env, root)
+                    def warm(i: int, extra: dict[str, str] | None = None) -> tuple[float, int | None]:
+                        touch(i)
+                        return timed([*cli, "run", str(recipe), "--keep", "--runs-dir", runs], {**env, **(extra or {})},
+                                     root, trips)
 
-            def cold(i: int) -> float:
-                touch(i)
-                return timed([*cli, "run", str(recipe), "--cluster", f"cold-{i}", "--down", "--runs-dir", runs],
-                             env, root)
+                    def cold(i: int) -> tuple[float, int | None]:
+                        touch(i)
+                        return timed([*cli, "run", str(recipe), "--cluster", f"cold-{int(rtt)}-{i}", "--down",
+                                       "--runs-dir", runs], env, root, trips)
 
-            by_hand(-1)  # warm the page cache and sshd
-            results = {}
-            for name, action in (("by hand", by_hand), ("warm", warm), ("cold", cold)):
-                results[name] = statistics.median(action(i) for i in range(args.repeat))
-            timed([*cli, "down", "loop"], env, root)
+                    timed([*cli, "up", str(recipe)], env, root)
+                    by_hand(-1)  # warm the page cache and sshd
+                    actions: list[tuple[str, Callable[[int], tuple[float, int | None]]]] = [
+                        ("by hand", by_hand), ("warm", warm)]
+                    if not args.no_channels:
+                        actions.append(("warm, one channel per command",
+                                        lambda i: warm(i, {"CLOUDTRAIN_SSH_HELPER": "0"})))
+                    if not args.no_cold:
+                        actions.append(("cold", cold))
+                    for name, action in actions:
+                        samples = [action(i) for i in range(args.repeat)]
+                        counted = [n for _, n in samples if n is not None]
+                        rows.append((rtt, name, statistics.median(s for s, _ in samples),
+                                     int(statistics.median(counted)) if counted else None))
+                    timed([*cli, "down", f"loop-{int(rtt)}"], env, root)
+                finally:
+                    proxy.close()
         finally:
-            factory.close()
+            vm.close()
 
-    base = results["by hand"]
-    print(f"{'what':<10} {'median':>8}  ratio  target")
-    for name, seconds in results.items():
-        ratio = seconds / base
-        target = TARGETS.get(name)
-        mark = "" if target is None else f"<= {target}x {'ok' if ratio <= target else 'MISSED'}"
-        print(f"{name:<10} {seconds:7.2f}s  {ratio:4.2f}x  {mark}")
+    print(f"\nedit-run loop through a latency proxy, stock sshd, median of {args.repeat}\n")
+    print(f"{'RTT':>6}  {'what':<31} {'median':>8}  {'ratio':>6}  {'round trips':>11}  target")
+    for rtt in rtts:
+        base = next(s for r, n, s, _ in rows if r == rtt and n == "by hand")
+        for r, name, seconds, trips_n in rows:
+            if r != rtt:
+                continue
+            target = TARGETS.get(name)
+            mark = "" if target is None else f"<= {target}x {'ok' if seconds / base <= target else 'MISSED'}"
+            counted = "-" if trips_n is None else str(trips_n)
+            print(f"{rtt:>4.0f}ms  {name:<31} {seconds:7.2f}s  {seconds / base:5.2f}x  {counted:>11}  {mark}")
     return 0
 
 

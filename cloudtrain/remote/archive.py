@@ -113,9 +113,13 @@ def list_files(transport, remote_dir: str, paths: Sequence[str],  # noqa: ANN001
                newer_than: str | None = None) -> dict[str, int]:
     """Regular files under `paths` on the node with their sizes: what a complete copy must hold.
     `newer_than`: a file on the node; only files modified after it count (this run's results)."""
-    listing = transport.run(["env", "LC_ALL=C", "sh", "-c", _LIST_FILES, "sh", remote_dir, newer_than or "", *paths],
-                            what="listing the results")
+    listing = transport.run(list_files_argv(remote_dir, paths, newer_than), what="listing the results")
     return parse_file_listing(listing.stdout)
+
+
+def list_files_argv(remote_dir: str, paths: Sequence[str], newer_than: str | None = None) -> list[str]:
+    """argv of the listing list_files makes ("SIZE NAME\0" records)."""
+    return ["env", "LC_ALL=C", "sh", "-c", _LIST_FILES, "sh", remote_dir, newer_than or "", *paths]
 
 
 def tar_newer_argv(remote_dir: str, paths: Sequence[str], newer_than: str) -> list[str]:

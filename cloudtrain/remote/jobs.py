@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import math
 import shlex
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -88,16 +88,17 @@ def submit(transport: Transport, layout: NodeLayout, job_id: str, script: str, e
     many seconds (whole, rounded down) even if the CLI is gone; it then fails with exit code 124."""
     job_dir = layout.job_dir(job_id)
     deadline = _deadline(deadline_s if deadline_s is not None else env.get(DEADLINE_ENV))
-    # env.sh may hold secrets from the recipe's envs: readable by the node's user only.
-    transport.put_file(env_script({"CLOUDTRAIN_WORKDIR": layout.workdir, **env}), f"{job_dir}/env.sh", mode=0o600)
-    # cmd.sh and the start in one round trip (the edit-run loop pays for every one). The script
-    # starts only if all of it arrived: a pipe closed early (Ctrl-C, a dropped link) looks like a
-    # short script to `cat`, and a truncated job must never run.
-    body = script.encode()
-    start = ('umask 077 && mkdir -p "$1" && cat > "$1/cmd.sh.part" && [ "$(wc -c < "$1/cmd.sh.part")" -eq "$3" ] '
-             '&& mv "$1/cmd.sh.part" "$1/cmd.sh" && exec sh "$2" start "$1" "$4" "$5"')
+    # env.sh, cmd.sh and the start in one round trip (the edit-run loop pays for every one): both
+    # files arrive as one input, split on the node. The job starts only if all of it arrived: a
+    # pipe closed early (Ctrl-C, a dropped link) looks like a short input to `cat`, and a truncated
+    # job must never run. umask 077: env.sh may hold secrets from the recipe's envs.
+    env_bytes = env_script({"CLOUDTRAIN_WORKDIR": layout.workdir, **env})
+    body = env_bytes + script.encode()
+    start = ('umask 077 && mkdir -p "$1" && cat > "$1/in.part" && [ "$(wc -c < "$1/in.part")" -eq "$3" ] '
+             '&& head -c "$6" "$1/in.part" > "$1/env.sh" && tail -c +"$(($6 + 1))" "$1/in.part" > "$1/cmd.sh" '
+             '&& rm -f "$1/in.part" && exec sh "$2" start "$1" "$4" "$5"')
     result = transport.run(["sh", "-c", start, "sh", job_dir, layout.runner, str(len(body)), str(KILL_GRACE_S),
-                            str(deadline or "")], input=body, what="starting the job")
+                            str(deadline or ""), str(len(env_bytes))], input=body, what="starting the job")
     try:
         return int(result.text.strip())
     except ValueError:
@@ -123,8 +124,13 @@ def _deadline(value: float | str | None) -> int | None:
 
 def status(transport: Transport, layout: NodeLayout, job_id: str) -> JobStatus:
     result = transport.run(["sh", layout.runner, "status", layout.job_dir(job_id)], what="checking the job's state")
+    return parse_status(transport.label, result.text)
+
+
+def parse_status(label: str, text: str) -> JobStatus:
+    """runner.sh status's JSON line as a JobStatus; anything else is a RemoteError."""
     try:
-        data = json.loads(result.text)
+        data = json.loads(text)
         return JobStatus(
             state=data["state"],
             pid=data["pid"],
@@ -134,7 +140,7 @@ def status(transport: Transport, layout: NodeLayout, job_id: str) -> JobStatus:
             log_bytes=int(data["log_bytes"]),
         )
     except (ValueError, RecursionError, KeyError, TypeError):  # the node's answer is data, never trusted
-        raise RemoteError(f"{transport.label}: unreadable job status {result.text[:300]!r}") from None
+        raise RemoteError(f"{label}: unreadable job status {text[:300]!r}") from None
 
 
 # Seconds a job gets between TERM and KILL; the runner waits a little longer for the supervisor.
@@ -158,6 +164,75 @@ def stream_log(transport: Transport, layout: NodeLayout, job_id: str, offset: in
     """The job's log from byte `offset`, as it is written, until the job is over (runner.sh follow)."""
     return transport.stream(["sh", layout.runner, "follow", layout.job_dir(job_id), str(offset)],
                             what="following the job log")
+
+
+def follow_log(transport: Transport, layout: NodeLayout, job_id: str,
+               offset: int) -> tuple[Iterator[bytes], Callable[[], JobStatus]]:
+    """stream_log and the job's status once it ends, asked together: over the node helper the
+    status request goes with the follow and is answered right after it (no extra round trip).
+    Read the stream to its end before asking the status."""
+    start = getattr(transport, "start", None)
+    if start is None:
+        return stream_log(transport, layout, job_id, offset), lambda: status(transport, layout, job_id)
+    job_dir = layout.job_dir(job_id)
+    follower = start(shlex.join(["sh", layout.runner, "follow", job_dir, str(offset)]), what="following the job log")
+    asked = start(shlex.join(["sh", layout.runner, "status", job_dir]), what="checking the job's state")
+
+    def chunks() -> Iterator[bytes]:
+        try:
+            while chunk := follower.read():
+                yield chunk
+            code = follower.wait()
+        finally:
+            follower.close()
+        if code != 0:
+            raise RemoteError(f"{transport.label}: following the job log failed (exit {code}): "
+                              f"{follower.stderr_tail()}")
+
+    def final() -> JobStatus:
+        try:
+            text = asked.read_all().decode(errors="replace")
+            code = asked.wait()
+        finally:
+            asked.close()
+        if code != 0:
+            raise RemoteError(f"{transport.label}: checking the job's state failed (exit {code})")
+        return parse_status(transport.label, text)
+
+    return chunks(), final
+
+
+# Per job directory: runner.sh's status line, the log's size on a line, then that many bytes of it.
+_READ_LOGS = r"""
+runner=$1; shift
+for d in "$@"; do
+  sh "$runner" status "$d" || exit 1
+  size=$(wc -c < "$d/log" 2>/dev/null || echo 0)
+  echo "$size"
+  [ "$size" -gt 0 ] && head -c "$size" "$d/log"
+done
+exit 0
+"""
+
+
+def read_logs(transport: Transport, layout: NodeLayout, job_ids: Sequence[str]) -> dict[str, tuple[JobStatus, bytes]]:
+    """Each job's status and whole log, in one command (one round trip for all of them)."""
+    result = transport.run(["sh", "-c", _READ_LOGS, "sh", layout.runner, *(layout.job_dir(j) for j in job_ids)],
+                           what="fetching the logs")
+    data, at, found = result.stdout, 0, {}
+    for job_id in job_ids:
+        line_end = data.find(b"\n", at)
+        size_end = data.find(b"\n", line_end + 1)
+        if line_end < 0 or size_end < 0 or not data[line_end + 1 : size_end].strip().isdigit():
+            raise RemoteError(f"{transport.label}: unreadable log listing {data[at:at + 300]!r}")
+        state = parse_status(transport.label, data[at:line_end].decode(errors="replace"))
+        size = int(data[line_end + 1 : size_end])
+        log = data[size_end + 1 : size_end + 1 + size]
+        if len(log) != size:
+            raise RemoteError(f"{transport.label}: the log of {job_id} arrived cut short ({len(log)} of {size} bytes)")
+        found[job_id] = (state, log)
+        at = size_end + 1 + size
+    return found
 
 
 def read_log(transport: Transport, layout: NodeLayout, job_id: str, offset: int, limit: int = 1 << 20) -> bytes:

@@ -34,7 +34,15 @@ import paramiko
 from cloudtrain.config import Config
 from cloudtrain.errors import RemoteCommandError, RemoteError
 from cloudtrain.providers.base import HostSpec, Instance
-from cloudtrain.remote.archive import Extracted, list_present, safe_extract, tar_newer_argv
+from cloudtrain.remote.archive import (
+    Extracted,
+    list_files,
+    list_files_argv,
+    list_present,
+    parse_file_listing,
+    safe_extract,
+    tar_newer_argv,
+)
 from cloudtrain.remote.channel import (
     ConnectionLostError,
     InputSource,
@@ -304,7 +312,9 @@ class SSHTransport:
             if not present:
                 return Extracted()
             argv = ["tar", "-C", remote_dir, "-cf", "-", "--", *present]
-        proc = self.start(shlex.join(argv), what="copying the results")
+        return self._extract(self.start(shlex.join(argv), what="copying the results"), local, argv)
+
+    def _extract(self, proc: RemoteProcess | HelperProcess, local: Path, argv: Sequence[str]) -> Extracted:
         try:
             try:
                 extracted = safe_extract(reader(proc), local)
@@ -326,6 +336,39 @@ class SSHTransport:
         elif code != 0:
             raise RemoteCommandError(argv, code, proc.stderr.decode(errors="replace"))
         return extracted
+
+    def get_tree_listed(self, remote_dir: str, paths: Sequence[str], local: Path,
+                        newer_than: str | None = None) -> tuple[dict[str, int], Extracted]:
+        """list_files and get_tree asked together (one round trip through the node helper): the
+        listing the caller checks the copy against, then the copy. Listed first, so a file that
+        appears between the two is extra, never missing."""
+        if self._helper_now() is None:
+            return list_files(self, remote_dir, paths, newer_than), self.get_tree(remote_dir, paths, local, newer_than)
+        listing_argv = list_files_argv(remote_dir, paths, newer_than)
+        lister = self.start(shlex.join(listing_argv), what="listing the results")
+        if newer_than is None:
+            # Which paths exist is only known from the listing's command: the plain copy follows it.
+            try:
+                listing = lister.read_all()
+                code = lister.wait()
+            finally:
+                lister.close()
+            if code != 0:
+                raise RemoteCommandError(listing_argv, code, lister.stderr.decode(errors="replace"))
+            return parse_file_listing(listing), self.get_tree(remote_dir, paths, local, newer_than)
+        copier = self.start(shlex.join(tar_newer_argv(remote_dir, paths, newer_than)), what="copying the results")
+        try:
+            listing = lister.read_all()
+            code = lister.wait()
+        except BaseException:
+            copier.close()
+            raise
+        finally:
+            lister.close()
+        if code != 0:
+            copier.close()
+            raise RemoteCommandError(listing_argv, code, lister.stderr.decode(errors="replace"))
+        return parse_file_listing(listing), self._extract(copier, local, tar_newer_argv(remote_dir, paths, newer_than))
 
     def close(self) -> None:
         with self._lock:

@@ -55,14 +55,17 @@ def collect(nodes: Sequence[Node], run_id: str, result_paths: Sequence[str], run
     errors: list[str] = []
     attempts = 0
     for node in nodes:
+        # Every log of the run and its state in one command: one round trip per node.
+        try:
+            logs, tries = _retrying(lambda n=node: _read_logs(n, run_id), deadline, warn, "fetching the logs")
+        except CloudtrainError as exc:
+            for _job_id, name in job_ids(run_id):
+                errors.append(f"{name if node.rank == 0 else f'node-{node.rank}-{name}'}: {exc.one_line()}")
+            continue
+        attempts += tries
         for job_id, name in job_ids(run_id):
             target = run_dir / (name if node.rank == 0 else f"node-{node.rank}-{name}")
-            try:
-                data, tries = _retrying(lambda n=node, j=job_id: _read_all(n, j), deadline, warn, "fetching the log")
-            except CloudtrainError as exc:
-                errors.append(f"{target.name}: {exc.one_line()}")
-                continue
-            attempts += tries
+            data = logs[job_id]
             if data is not None:
                 _write_atomically(target, data)
                 files.append(target.name)
@@ -99,8 +102,13 @@ def _results_begin(node: Node, run_id: str) -> str:
 def _fetch_verified(node: Node, paths: Sequence[str], run_dir: Path,
                     newer_than: str | None = None) -> tuple[list[str], tuple[Refused, ...]]:
     t = node.transport
-    expected = list_files(t, node.layout.workdir, paths, newer_than)
-    got = t.get_tree(node.layout.workdir, paths, run_dir, newer_than)
+    verified = getattr(t, "get_tree_listed", None)
+    if verified is not None:
+        # The listing rides along with the tar stream (asked together: one round trip).
+        expected, got = verified(node.layout.workdir, paths, run_dir, newer_than)
+    else:
+        expected = list_files(t, node.layout.workdir, paths, newer_than)
+        got = t.get_tree(node.layout.workdir, paths, run_dir, newer_than)
     refused = {r.member for r in got.refused}
     wrong = sorted(name for name, size in expected.items() if name not in refused and got.sizes.get(name) != size)
     if wrong:
@@ -133,19 +141,11 @@ def _retrying(fn: Callable, deadline: float, warn: Callable[[str], None], doing:
         delay = min(delay * 2, 5.0)
 
 
-def _read_all(node: Node, job_id: str) -> bytes | None:
-    """The job's whole log; None when the job never started on this node."""
-    chunks, offset = [], 0
-    while True:
-        chunk = jobs.read_log(node.transport, node.layout, job_id, offset)
-        if not chunk:
-            break
-        chunks.append(chunk)
-        offset += len(chunk)
-    if not chunks:
-        st = jobs.status(node.transport, node.layout, job_id)
-        return None if st.state == JobState.PENDING else b""
-    return b"".join(chunks)
+def _read_logs(node: Node, run_id: str) -> dict[str, bytes | None]:
+    """Each job's whole log; None for a job that never started on this node."""
+    found = jobs.read_logs(node.transport, node.layout, [job_id for job_id, _ in job_ids(run_id)])
+    return {job_id: (None if state.state == JobState.PENDING and not log else log)
+            for job_id, (state, log) in found.items()}
 
 
 def _write_atomically(target: Path, data: bytes) -> None:

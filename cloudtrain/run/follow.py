@@ -77,7 +77,9 @@ def _follow_streaming(node: Node, job_id: str, offset: int, reporter: Reporter,
     failures, delay = 0, 0.5
     while True:
         try:
-            for chunk in jobs.stream_log(node.transport, node.layout, job_id, offset + len(pending)):
+            # The final status is asked with the follow: no round trip of its own once the job ends.
+            chunks, final = jobs.follow_log(node.transport, node.layout, job_id, offset + len(pending))
+            for chunk in chunks:
                 lines, pending = split_lines(pending + chunk)
                 offset = _emit_lines(lines, offset, node.rank, reporter, raw, on_offset)
                 failures, delay = 0, 0.5
@@ -88,7 +90,12 @@ def _follow_streaming(node: Node, job_id: str, offset: int, reporter: Reporter,
                 raise
             time.sleep(delay)
             delay *= 2
-    status = status_retrying(node, job_id)
+    try:
+        status = final()
+    except RemoteError:
+        status = status_retrying(node, job_id)  # the link dropped just after the log ended
+    if not status.finished:
+        status = status_retrying(node, job_id)
     if pending:
         _emit(pending.decode("utf-8", errors="replace"), node.rank, reporter, raw, progress=False)
         offset += len(pending)

@@ -128,8 +128,9 @@ def test_cut_at_random_moments_of_collect_never_loses_results(
         assert "()" not in err and "EOFError" not in err, err
         outcomes.append((code, record["collect_attempts"]))
     # The cuts really hit transfers: some collects needed another attempt, and all recovered.
+    # An uncut collect makes 2 attempts: every log of the node in one, the results in another.
     assert all(code == 0 for code, _ in outcomes), outcomes
-    assert any(attempts > 3 for _, attempts in outcomes), outcomes
+    assert any(attempts > 2 for _, attempts in outcomes), outcomes
     down = subprocess.run([sys.executable, "-m", "cloudtrain", "down", "cutbox"], capture_output=True, text=True,
                           env=cli_env(**env), timeout=120)
     assert down.returncode == 0, down.stderr
