@@ -61,3 +61,92 @@ def test_a_run_job_on_one_node(slurm_cluster: SlurmCluster, sshd_vm_factory: Ssh
     record = json.loads((run_dir / "run.json").read_text())
     assert record["provider"] == "slurm" and record["status"] == "succeeded" and record["cost_usd"] == 0
     assert slurm_cluster.queue() == []
+
+
+def test_the_bundled_cnn_on_one_node(slurm_cluster: SlurmCluster, sshd_vm_factory: SshdFactory, tmp_path: Path) -> None:
+    proc = ct("run", str(REPO / "recipes" / "mnist-slurm.yaml"), "--runs-dir", str(tmp_path / "runs"),
+              env=login_env(slurm_cluster, sshd_vm_factory), timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    run_dir = last_line(proc)
+    metrics = json.loads((run_dir / "outputs" / "metrics.json").read_text())
+    assert metrics["epochs"] == 1 and metrics["data_source"] == "bundled" and metrics["test_accuracy"] > 0.5
+    record = json.loads((run_dir / "run.json").read_text())
+    assert record["provider"] == "slurm" and record["status"] == "succeeded" and record["teardown"] == "down"
+    assert "ended COMPLETED" in (run_dir / "job.log").read_text()
+    assert slurm_cluster.queue() == []
+
+
+def test_every_rank_of_a_two_node_job_sees_the_same_cluster(slurm_cluster: SlurmCluster,
+                                                             sshd_vm_factory: SshdFactory, tmp_path: Path) -> None:
+    script = ('mkdir -p out && echo "$MASTER_ADDR $MASTER_PORT $WORLD_SIZE $NNODES $NPROC_PER_NODE '
+              '$CLOUDTRAIN_NUM_NODES $SLURMD_NODENAME" > out/rank-$NODE_RANK.txt && '
+              'cp "$CLOUDTRAIN_HOSTFILE" out/hostfile-$NODE_RANK')
+    recipe = write_recipe(tmp_path / "r.yaml", slurm_cluster, sshd_vm_factory, script, num_nodes=2, results=["out"])
+    proc = ct("run", str(recipe), "--runs-dir", str(tmp_path / "runs"), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    out = last_line(proc) / "out"
+    ranks = {int(p.stem.split("-")[1]): p.read_text().split() for p in out.glob("rank-*.txt")}
+    assert sorted(ranks) == [0, 1]
+    # Same master, port and sizes on every rank; one rank per node.
+    assert ranks[0][:6] == ranks[1][:6] == ["127.0.0.1", ranks[0][1], "2", "2", "1", "2"]
+    assert {ranks[0][6], ranks[1][6]} == {"n1", "n2"}
+    assert (out / "hostfile-0").read_text() == (out / "hostfile-1").read_text() == "127.0.0.1 slots=1\n" * 2
+
+
+def _start_run(recipe: Path, tmp_path: Path) -> tuple[subprocess.Popen, Path]:
+    """`cloudtrain run` in the background, its output in a file the test watches."""
+    log = tmp_path / "cli.out"
+    handle = log.open("w")
+    proc = start_cli("run", str(recipe), "--runs-dir", str(tmp_path / "runs"), cwd=tmp_path, stdout=handle,
+                     stderr=subprocess.STDOUT)
+    handle.close()
+    return proc, log
+
+
+def _interrupt(proc: subprocess.Popen) -> int:
+    proc.send_signal(signal.SIGINT)
+    return proc.wait(timeout=180)
+
+
+def test_a_pending_job_says_why_and_ctrl_c_leaves_nothing_queued(slurm_cluster: SlurmCluster,
+                                                                  sshd_vm_factory: SshdFactory,
+                                                                  tmp_path: Path) -> None:
+    filler = slurm_cluster.fill()
+    recipe = write_recipe(tmp_path / "r.yaml", slurm_cluster, sshd_vm_factory, "echo never")
+    proc, log = _start_run(recipe, tmp_path)
+    wait_until(lambda: "pending: Resources (the nodes it needs are busy)" in log.read_text(), timeout=120,
+               what=f"the pending reason in the run's output:\n{log.read_text()}")
+    assert [j.state for j in slurm_cluster.queue() if j.id != filler] == ["PENDING"]
+    assert _interrupt(proc) == 130, log.read_text()
+    assert [j.id for j in slurm_cluster.queue()] == [filler]
+    assert "never" not in log.read_text().replace("echo never", "")
+
+
+def test_ctrl_c_while_the_job_runs_cancels_it(slurm_cluster: SlurmCluster, sshd_vm_factory: SshdFactory,
+                                              tmp_path: Path) -> None:
+    recipe = write_recipe(tmp_path / "r.yaml", slurm_cluster, sshd_vm_factory, "echo started; sleep 600",
+                          num_nodes=2)
+    proc, log = _start_run(recipe, tmp_path)
+    wait_until(lambda: "started" in log.read_text(), timeout=120, what=f"the job to start:\n{log.read_text()}")
+    assert [j.state for j in slurm_cluster.queue()] == ["RUNNING"]
+    assert _interrupt(proc) == 130, log.read_text()
+    assert slurm_cluster.queue() == []
+    # The login node's script said so in the job's log, which came home.
+    run_dir = Path(log.read_text().strip().splitlines()[-1])
+    assert "cancelled" in (run_dir / "job.log").read_text()
+
+
+def test_a_job_past_its_time_limit_ends_timeout_with_its_log_home(slurm_cluster: SlurmCluster,
+                                                                    sshd_vm_factory: SshdFactory,
+                                                                    tmp_path: Path) -> None:
+    # Slurm's time limits are whole minutes and checked every 30 s: this test takes about 90 s.
+    recipe = write_recipe(tmp_path / "r.yaml", slurm_cluster, sshd_vm_factory, "echo begin; sleep 600",
+                          slurm={"time_minutes": 1})
+    proc = ct("run", str(recipe), "--runs-dir", str(tmp_path / "runs"), cwd=tmp_path)
+    assert proc.returncode == 124, proc.stdout[-3000:] + proc.stderr[-3000:]
+    run_dir = last_line(proc)
+    log = (run_dir / "job.log").read_text()
+    assert "begin" in log and "DUE TO TIME LIMIT" in log and "ended TIMEOUT (exit code 124)" in log
+    record = json.loads((run_dir / "run.json").read_text())
+    assert record["status"] == "failed" and record["exit_code"] == 124
+    assert slurm_cluster.queue() == []
