@@ -41,7 +41,7 @@ import secrets
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlsplit
@@ -49,6 +49,8 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 
 GCE_TOKEN_PATH = "/computeMetadata/v1/instance/service-accounts/default/token"
+EC2_TOKEN_PATH = "/latest/api/token"
+EC2_CREDENTIALS_PATH = "/latest/meta-data/iam/security-credentials/"
 IMDS_TOKEN_PATH = "/metadata/identity/oauth2/token"
 
 
@@ -69,6 +71,11 @@ class MetadataServer:
     requests: list[MetadataRequest] = field(default_factory=list)
     tokens: dict[str, str] = field(default_factory=lambda: {
         "gce": "ya29.fake-" + secrets.token_hex(8), "imds": "eyJ.fake-" + secrets.token_hex(8)})
+    # EC2 instance metadata (IMDSv2): the role credentials of the instance profile, from a callback
+    # that returns (role name, {AccessKeyId, SecretAccessKey, Token, Expiration}) or None (no profile
+    # attached: 404, as on EC2). cloudtrain.testing.buckets sets it (moto STS AssumeRole).
+    ec2_credentials: Callable[[], tuple[str, dict[str, str]] | None] | None = None
+    _ec2_tokens: set[str] = field(default_factory=set)
     _fail_status: int | None = None
     _fail_times: int = 0
     _server: ThreadingHTTPServer | None = None
@@ -83,7 +90,12 @@ class MetadataServer:
                 return None
 
             def do_GET(self) -> None:
-                server._answer(self)
+                if not server._answer_ec2(self):
+                    server._answer(self)
+
+            def do_PUT(self) -> None:
+                if not server._answer_ec2(self):
+                    server._answer(self)
 
         self._server = ThreadingHTTPServer((self.host, 0), Handler)
         self._server.daemon_threads = True
@@ -115,6 +127,40 @@ class MetadataServer:
     def seen(self, kind: str) -> list[MetadataRequest]:
         with self._lock:
             return [r for r in self.requests if r.kind == kind]
+
+    def _answer_ec2(self, handler: BaseHTTPRequestHandler) -> bool:
+        """EC2's IMDSv2 token and role-credential paths (as the instance metadata reference describes
+        them); False for any other path."""
+        path = urlsplit(handler.path).path
+        headers = {k.lower(): v for k, v in handler.headers.items()}
+        if path == EC2_TOKEN_PATH and handler.command == "PUT" and "x-aws-ec2-metadata-token-ttl-seconds" in headers:
+            token = "AQAE-fake-" + secrets.token_hex(8)
+            with self._lock:
+                self._ec2_tokens.add(token)
+            status, body, kind = 200, token.encode(), "text/plain"
+        elif path.startswith(EC2_CREDENTIALS_PATH.rstrip("/")) and handler.command == "GET":
+            found = self.ec2_credentials() if self.ec2_credentials is not None else None
+            role = path[len(EC2_CREDENTIALS_PATH):].strip("/") if len(path) > len(EC2_CREDENTIALS_PATH) else ""
+            if headers.get("x-aws-ec2-metadata-token") not in self._ec2_tokens:
+                status, body, kind = 401, b"", "text/plain"  # HttpTokens required: no session token, no answer
+            elif found is None or (role and role != found[0]):
+                status, body, kind = 404, b"", "text/plain"
+            elif not role:
+                status, body, kind = 200, found[0].encode(), "text/plain"
+            else:
+                answer = {"Code": "Success", "Type": "AWS-HMAC", "LastUpdated": time.strftime("%Y-%m-%dT%H:%M:%SZ"),
+                          **found[1]}
+                status, body, kind = 200, json.dumps(answer).encode(), "application/json"
+        else:
+            return False
+        with self._lock:
+            self.requests.append(MetadataRequest("ec2", path, {}, headers, status))
+        handler.send_response(status)
+        handler.send_header("Content-Type", kind)
+        handler.send_header("Content-Length", str(len(body)))
+        handler.end_headers()
+        handler.wfile.write(body)
+        return True
 
     def _answer(self, handler: BaseHTTPRequestHandler) -> None:
         parts = urlsplit(handler.path)

@@ -9,6 +9,8 @@ The parts they are made of, for tests of your own:
 - tcp_proxy: a loopback TCP proxy that cuts connections or takes a link down (testing/tcpproxy.py)
 - slurm_cluster: a real Slurm controller, two slurmd nodes and an sshd login node (testing/slurm.py)
 - moto_server, moto_server_session: moto's EC2/SSM/STS server with fault injection (testing/aws.py)
+- s3_buckets: S3 on moto with node identities enforced, role credentials from the metadata fake (testing/buckets.py)
+- metadata_server: instance metadata fakes (GCE, Azure IMDS, EC2 role credentials; testing/metadata.py)
 
 One import line per module, fixtures listed by name: a cloud's fake adds its own line.
 """
@@ -20,3 +22,5 @@ from cloudtrain.testing.cloud import fake_cloud, local_cloud, ssh_cloud  # noqa:
 from cloudtrain.testing.sshd import sshd_vm, sshd_vm_factory  # noqa: F401
 from cloudtrain.testing.slurm import slurm_cluster  # noqa: F401
 from cloudtrain.testing.tcpproxy import tcp_proxy  # noqa: F401
+from cloudtrain.testing.buckets import s3_buckets  # noqa: F401
+from cloudtrain.testing.metadata import metadata_server  # noqa: F401
