@@ -31,6 +31,7 @@ server, and use `CloudMachines` to boot a VM per instance the fake creates. See 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -339,7 +340,10 @@ class CloudMachines:
         with self._lock:
             vm = self._vms.get(instance_id)
             if vm is None:
-                name = re.sub(r"[^A-Za-z0-9._-]+", "_", instance_id)[-60:]
+                # Unique per instance id: ids that differ only early on (an Azure VM of the same
+                # name in another region's resource group) must not share a VM's home directory.
+                digest = hashlib.sha256(instance_id.encode()).hexdigest()[:8]
+                name = re.sub(r"[^A-Za-z0-9._-]+", "_", instance_id)[-51:] + "-" + digest
                 vm = self.factory.start(name=name, authorized_keys=[k for k in public_keys if k])
                 self._vms[instance_id] = vm
             return vm
