@@ -235,7 +235,23 @@ def read_logs(transport: Transport, layout: NodeLayout, job_ids: Sequence[str]) 
     return found
 
 
-def read_log(transport: Transport, layout: NodeLayout, job_id: str, offset: int, limit: int = 1 << 20) -> bytes:
+LOG_CHUNK = 1 << 20
+
+
+def poll(transport: Transport, layout: NodeLayout, job_id: str, offset: int,
+         limit: int = LOG_CHUNK) -> tuple[JobStatus, bytes]:
+    """The job's status, then up to `limit` bytes of its log from `offset`, in one command. The
+    status is read first: when it says finished, a short read is the whole rest of the log."""
+    job_dir = layout.job_dir(job_id)
+    script = ('sh "$1" status "$2" || exit 1; [ -f "$2/log" ] || exit 0; '
+              'tail -c +"$3" "$2/log" | head -c "$4"')
+    result = transport.run(["sh", "-c", script, "sh", layout.runner, job_dir, str(offset + 1), str(limit)],
+                           what="checking the job")
+    line, _, data = result.stdout.partition(b"\n")
+    return parse_status(transport.label, line.decode(errors="replace")), data
+
+
+def read_log(transport: Transport, layout: NodeLayout, job_id: str, offset: int, limit: int = LOG_CHUNK) -> bytes:
     """Up to `limit` bytes of the job's log starting at byte `offset` (empty when nothing new)."""
     log = f"{layout.job_dir(job_id)}/log"
     # tail -c +N is 1-based; head bounds one read so a huge log streams in chunks.

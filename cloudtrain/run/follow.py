@@ -39,12 +39,14 @@ def follow(node: Node, job_id: str, offset: int, reporter: Reporter, *, others: 
     pending = b""
     last_check = 0.0
     while True:
-        status = status_retrying(node, job_id)
-        chunk = _read_retrying(node, job_id, offset + len(pending))
+        # The state and the log's news in one round trip; read on only while chunks come full.
+        status, chunk = _retry(lambda: jobs.poll(node.transport, node.layout, job_id, offset + len(pending)))
         while chunk:
             lines, pending = split_lines(pending + chunk)
             with _interrupts_between_lines():
                 offset = _emit_lines(lines, offset, node.rank, reporter, raw, on_offset)
+            if len(chunk) < jobs.LOG_CHUNK:
+                break
             chunk = _read_retrying(node, job_id, offset + len(pending))
         if status.finished or not until_finished:
             if pending and status.finished:

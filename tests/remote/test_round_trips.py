@@ -1,0 +1,103 @@
+"""Round trips, counted (not timed): what a distant node costs the edit-run loop (docs/sync.md).
+
+The CLI runs as a subprocess against a test-kit sshd; each closed SSH transport appends its
+counted round trips to $CLOUDTRAIN_ROUNDTRIPS_LOG (cloudtrain/remote/roundtrips.py). The bounds
+are the ones docs/sync.md states: a regression that adds a sequential round trip fails here.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from cloudtrain.remote.roundtrips import LOG_ENV
+from cloudtrain.remote.ssh import SSHTransport
+from cloudtrain.testing.sshd import SshdFactory, SshdVM
+from tests.conftest import cli_env
+
+# docs/sync.md, "Round trips": after connecting, per CLI invocation.
+WARM_RUN_UNCHANGED = 8
+EXEC_UNCHANGED = 6
+LOGS = 3
+
+
+def _ct(*args: str, env: dict[str, str], trips: Path) -> tuple[subprocess.CompletedProcess, list[dict]]:
+    trips.write_text("")
+    proc = subprocess.run([sys.executable, "-m", "cloudtrain", *args], capture_output=True, text=True, timeout=300,
+                          env=cli_env(**env, **{LOG_ENV: str(trips)}))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc, [json.loads(line) for line in trips.read_text().splitlines() if line.strip()]
+
+
+@pytest.fixture
+def warm_cluster(sshd_vm_factory: SshdFactory, tmp_path: Path):  # noqa: ANN201
+    vm = sshd_vm_factory.start()
+    code = tmp_path / "code"
+    code.mkdir()
+    for i in range(50):
+        (code / f"module_{i}.py").write_text(f"VALUE = {i}\n")
+    recipe = tmp_path / "loop.yaml"
+    recipe.write_text(textwrap.dedent(f"""\
+        name: loop
+        workdir: code
+        resources:
+          cloud: ssh
+          hosts: [{{address: 127.0.0.1, port: {vm.port}, user: {vm.user}, key: "{sshd_vm_factory.client_key.private_path}"}}]
+        results: [out]
+        run: "mkdir -p out && echo done > out/ok.txt"
+    """))
+    env = {"CT_RUNS": str(tmp_path / "runs")}
+    trips = tmp_path / "trips.jsonl"
+    _ct("up", str(recipe), env=env, trips=trips)
+    # One run first: the node has the runtime, the workdir and a job (what `logs` reads).
+    _ct("run", str(recipe), "--keep", "--runs-dir", str(tmp_path / "runs"), env=env, trips=trips)
+    yield recipe, env, trips, tmp_path
+    subprocess.run([sys.executable, "-m", "cloudtrain", "down", "loop"], capture_output=True, timeout=120,
+                   env=cli_env(**env))
+
+
+@pytest.mark.parametrize(("what", "args", "bound"), [
+    ("warm run of an unchanged workdir", ("run", "{recipe}", "--keep", "--runs-dir", "{runs}"), WARM_RUN_UNCHANGED),
+    ("exec with an unchanged workdir", ("exec", "loop", "--", "true"), EXEC_UNCHANGED),
+    ("logs of a finished job", ("logs", "loop"), LOGS),
+])
+def test_a_warm_command_makes_at_most_the_documented_round_trips(warm_cluster, what: str, args: tuple[str, ...],  # noqa: ANN001
+                                                                 bound: int) -> None:
+    recipe, env, trips, tmp_path = warm_cluster
+    argv = [a.format(recipe=recipe, runs=tmp_path / "runs") for a in args]
+    proc, reports = _ct(*argv, env=env, trips=trips)
+    assert len(reports) == 1, reports  # one node, one connection
+    report = reports[0]
+    assert report["connects"] == 1
+    assert report["round_trips"] <= bound, f"{what}: {report} (docs/sync.md promises <= {bound})"
+    # One SSH session for the helper; nothing else needed a channel of its own.
+    assert report["sessions"] == 1, report
+
+
+def test_commands_started_together_cost_one_round_trip(sshd_vm: SshdVM, sshd_vm_factory: SshdFactory) -> None:
+    from tests.remote.conftest import fast_config
+
+    from cloudtrain.remote.ssh import open_transport
+
+    transport: SSHTransport = open_transport(cluster="t", instance=sshd_vm.instance(), config=fast_config(),
+                                             key_path=sshd_vm_factory.client_key.private_path)
+    try:
+        assert transport.home  # starts the helper: open + hello
+        before = transport.round_trips.round_trips
+        procs = [transport.start(f"echo {i}") for i in range(3)]
+        assert [p.read_all() for p in procs] == [b"0\n", b"1\n", b"2\n"]
+        assert [p.wait() for p in procs] == [0, 0, 0]
+        assert transport.round_trips.round_trips == before + 1
+        # Read out of order: the earlier answers are kept for their readers.
+        first, second = transport.start("echo a"), transport.start("echo b")
+        assert second.read_all() == b"b\n" and first.read_all() == b"a\n"
+        assert transport.round_trips.round_trips == before + 2
+        transport.run(["true"])
+        assert transport.round_trips.round_trips == before + 3
+    finally:
+        transport.close()
