@@ -39,7 +39,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -50,6 +50,8 @@ from cloudtrain.sweep.checkpoints import CHECKPOINT_ENV, epoch_event
 
 if TYPE_CHECKING:
     from cloudtrain.cluster.lifecycle import Cluster
+    from cloudtrain.plan import Placement
+    from cloudtrain.recipe import Budget
     from cloudtrain.recipe.recover import Recover
     from cloudtrain.run.pipeline import Executor, _Run
 
@@ -114,6 +116,43 @@ def gone_reason(cluster: Cluster) -> str | None:
         return None
     what = ", ".join(f"{n.instance_id} {n.state}" for n in leaving) or f"cluster {cluster.record.status}"
     return f"{cluster.provider.name} reports {what}"
+
+
+def budget_left(budget: Budget, spent_usd: float, hours: float) -> Budget:
+    """What the next attempt may spend: the budget less what every attempt so far spent and the
+    time the run has taken. Raises NodeLostError when nothing is left."""
+    from cloudtrain.recipe import Budget
+
+    left_usd = budget.max_usd - spent_usd if budget.max_usd is not None else None
+    left_h = budget.max_hours - hours if budget.max_hours is not None else None
+    if (left_usd is not None and left_usd <= 0) or (left_h is not None and left_h <= 0):
+        raise NodeLostError(f"not relaunched: the budget is spent (${spent_usd:.4f} and {hours:.2f} h so far)")
+    # (Constructed: the amounts left are positive, checked above.)
+    return Budget.model_construct(max_usd=left_usd, max_hours=left_h)
+
+
+def rule_out(avoid: dict[tuple[str, str | None], tuple[str, ...]], cloud: str, region: str | None,
+             zone: str | None) -> None:
+    """Note what a loss at (cloud, region, zone) rules out: its zone, or the whole region for a
+    machine that has no zone (Azure's regional VMs); "*" stands for the whole region."""
+    key = (cloud, region)
+    avoid[key] = tuple(dict.fromkeys((*avoid.get(key, ()), zone))) if zone else ("*",)
+
+
+def next_candidates(candidates: Sequence[Placement],
+                    avoid: dict[tuple[str, str | None], tuple[str, ...]]) -> tuple[Placement, ...]:
+    """The plan's placements in their order (zone -> region -> cloud by price) without what losses
+    ruled out: a region keeps its other zones (the provider skips `avoid_zones`), a region ruled
+    out whole goes. Raises NodeLostError when nothing is left."""
+    out = []
+    for placement in candidates:
+        avoided = avoid.get((placement.cloud, placement.region), ())
+        if "*" in avoided:
+            continue
+        out.append(replace(placement, avoid_zones=avoided) if avoided else placement)
+    if not out:
+        raise NodeLostError("not relaunched: every placement of the plan was ruled out by a loss")
+    return tuple(out)
 
 
 class Recovery:
@@ -294,41 +333,23 @@ class Recovery:
     def _next_plan(self, lost: Attempt) -> None:
         """The plan again, with what is left of the budget and without what the loss ruled out."""
         from cloudtrain.cluster.planning import plan_with_credentials
-        from cloudtrain.recipe import Budget
 
         recipe = self.base.recipe
-        budget = recipe.budget
-        if budget is not None:
-            spent = self.spent_so_far() or 0.0
-            hours = (time.time() - self.r.started) / 3600
-            left_usd = budget.max_usd - spent if budget.max_usd is not None else None
-            left_h = budget.max_hours - hours if budget.max_hours is not None else None
-            if (left_usd is not None and left_usd <= 0) or (left_h is not None and left_h <= 0):
-                raise NodeLostError(f"not relaunched: the budget is spent (${spent:.4f} so far, {hours:.2f} h)")
-            recipe = recipe.model_copy(update={"budget": Budget.model_construct(max_usd=left_usd, max_hours=left_h)})
+        if recipe.budget is not None:
+            left = budget_left(recipe.budget, self.spent_so_far() or 0.0, (time.time() - self.r.started) / 3600)
+            recipe = recipe.model_copy(update={"budget": left})
         self.r.loaded = self.base.model_copy(update={"recipe": recipe})
         if not self.ex.lc.launches_priced(recipe):
             return  # machines with nowhere else to go (local): the same place again
         if lost.cloud is not None:
-            key = (lost.cloud, lost.region)
-            if lost.zone:
-                self.avoid[key] = tuple(dict.fromkeys((*self.avoid.get(key, ()), lost.zone)))
-            else:
-                self.avoid[key] = ("*",)  # a regional machine: the whole region is ruled out
+            rule_out(self.avoid, lost.cloud, lost.region, lost.zone)
         try:
             usable = plan_with_credentials(recipe, self.ex.config)
         except UsageError as exc:
             raise NodeLostError(f"not relaunched: no placement's worst case fits what is left of the budget "
                                 f"({exc.message})") from exc
-        candidates = []
-        for placement in usable.plan.candidates:
-            avoided = self.avoid.get((placement.cloud, placement.region), ())
-            if "*" in avoided:
-                continue
-            candidates.append(replace(placement, avoid_zones=avoided) if avoided else placement)
-        if not candidates:
-            raise NodeLostError("not relaunched: every placement of the plan was ruled out by a loss")
-        self.ex._usable[self.name] = replace(usable, plan=replace(usable.plan, candidates=tuple(candidates)))
+        candidates = next_candidates(usable.plan.candidates, self.avoid)
+        self.ex._usable[self.name] = replace(usable, plan=replace(usable.plan, candidates=candidates))
 
     # money, logs, record ---------------------------------------------------------------------------------
 

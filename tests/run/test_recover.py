@@ -1,0 +1,129 @@
+"""`recover:` in recipes and plans, and the pure rules of run/recover.py: what a loss rules out,
+what is left of the budget, when the cloud says a node went."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from cloudtrain.cluster.lifecycle import Cluster
+from cloudtrain.plan import Placement, Plan
+from cloudtrain.recipe import Budget, Recipe
+from cloudtrain.recipe.recover import DEFAULT_RECOVER, Recover
+from cloudtrain.run.recover import NodeLostError, budget_left, gone_reason, next_candidates, rule_out
+from cloudtrain.state import ClusterRecord, ClusterStatus, NodeRecord
+
+
+def recipe(**fields: Any) -> Recipe:
+    return Recipe.model_validate({"name": "r", "run": "true", **fields})
+
+
+@pytest.mark.parametrize(("fields", "expected"), [
+    ({}, None),  # on-demand: off unless asked
+    ({"resources": {"cloud": "aws", "spot": True}}, DEFAULT_RECOVER),  # spot: on by default
+    ({"resources": {"cloud": "aws", "spot": True}, "recover": False}, None),
+    ({"recover": True}, DEFAULT_RECOVER),
+    ({"recover": {"max_restarts": 1}}, Recover(max_restarts=1)),
+    ({"recover": {"watch_s": 2}}, Recover(watch_s=2)),
+    ({"resources": {"cloud": "local"}, "recover": {"max_restarts": 0}}, Recover(max_restarts=0)),
+])
+def test_recover_in_force(fields: dict[str, Any], expected: Recover | None) -> None:
+    assert recipe(**fields).recovery == expected
+
+
+@pytest.mark.parametrize(("fields", "says"), [
+    ({"recover": 3}, "recover: {max_restarts: 3}"),
+    ({"recover": "yes"}, "expected a mapping"),
+    ({"recover": {"max_restart": 1}}, "max_restart"),
+    ({"recover": {"max_restarts": -1}}, "greater than or equal to 0"),
+    ({"recover": {"max_restarts": 21}}, "less than or equal to 20"),
+    ({"recover": {"watch_s": 0}}, "greater than or equal to 1"),
+    ({"resources": {"cloud": "ssh", "hosts": [{"address": "10.0.0.5"}]}, "recover": True}, "listed hosts"),
+])
+def test_bad_recover_is_refused(fields: dict[str, Any], says: str) -> None:
+    with pytest.raises(ValidationError) as caught:
+        recipe(**fields)
+    assert says in str(caught.value)
+
+
+def placement(region: str, zone: str | None = None, cloud: str = "aws", price: float = 0.1) -> Placement:
+    return Placement(cloud=cloud, region=region, zone=zone, instance_type="t3.medium", hourly_price=price, spot=True)
+
+
+@pytest.mark.parametrize(("max_restarts", "shown"), [(3, True), (None, False), (0, False)])
+def test_the_plan_says_it_recovers(max_restarts: int | None, shown: bool) -> None:
+    plan = Plan("aws", 1, True, (placement("us-east-1"),), max_restarts=max_restarts)
+    assert ("recover: up to 3 relaunch(es)" in plan.summary()) is shown
+
+
+A, B, C = placement("us-east-1"), placement("us-west-2", price=0.2), placement("westus2", cloud="azure", price=0.3)
+
+
+@pytest.mark.parametrize(("losses", "expected"), [
+    # A zonal machine: the same region first, without the zones lost so far; then the rest in order.
+    ([("aws", "us-east-1", "us-east-1a")], [("us-east-1", ("us-east-1a",)), ("us-west-2", ()), ("westus2", ())]),
+    ([("aws", "us-east-1", "us-east-1a"), ("aws", "us-east-1", "us-east-1b")],
+     [("us-east-1", ("us-east-1a", "us-east-1b")), ("us-west-2", ()), ("westus2", ())]),
+    # A regional machine (no zone): the region goes.
+    ([("azure", "westus2", None)], [("us-east-1", ()), ("us-west-2", ())]),
+    # Losses elsewhere rule out nothing here.
+    ([("gcp", "us-central1", "us-central1-a")], [("us-east-1", ()), ("us-west-2", ()), ("westus2", ())]),
+])
+def test_next_candidates_skip_what_losses_ruled_out(losses: list, expected: list) -> None:
+    avoid: dict = {}
+    for cloud, region, zone in losses:
+        rule_out(avoid, cloud, region, zone)
+    assert [(p.region, p.avoid_zones) for p in next_candidates((A, B, C), avoid)] == expected
+
+
+def test_nothing_left_to_try_stops_recovery() -> None:
+    avoid: dict = {}
+    rule_out(avoid, "azure", "westus2", None)
+    with pytest.raises(NodeLostError, match="ruled out"):
+        next_candidates((C,), avoid)
+
+
+@pytest.mark.parametrize(("budget", "spent", "hours", "left"), [
+    (Budget(max_usd=1.0), 0.25, 0.5, (0.75, None)),
+    (Budget(max_hours=2.0), 0.25, 0.5, (None, 1.5)),
+    (Budget(max_usd=1.0, max_hours=2.0), 0.4, 1.0, (0.6, 1.0)),
+    (Budget(max_usd=1.0), 1.0, 0.1, None),  # spent: no relaunch
+    (Budget(max_hours=1.0), 0.0, 1.2, None),
+])
+def test_a_relaunch_gets_what_is_left_of_the_budget(budget: Budget, spent: float, hours: float, left: Any) -> None:
+    if left is None:
+        with pytest.raises(NodeLostError, match="budget is spent"):
+            budget_left(budget, spent, hours)
+        return
+    got = budget_left(budget, spent, hours)
+    for value, want in zip((got.max_usd, got.max_hours), left):
+        assert value == (None if want is None else pytest.approx(want))
+
+
+class _Provider:
+    name = "aws"
+
+
+def cluster(status: ClusterStatus, *states: str) -> Cluster:
+    record = ClusterRecord(name="c", provider="aws", status=status, region="us-east-1", zone="us-east-1a",
+                           instance_type="t3.medium", hourly_price=0.1, num_nodes=len(states), recipe_path=None,
+                           recipe_digest=None, owner="me", created_at=0.0, updated_at=0.0, last_error=None)
+    nodes = tuple(NodeRecord(cluster="c", rank=i, instance_id=f"i-{i}", state=s, public_ip=None, private_ip=None,
+                             ssh_user="u", ssh_port=22, ssh_key=None, proxy_command=None, started_at=None)
+                  for i, s in enumerate(states))
+    return Cluster(record, nodes, _Provider())  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("status", "states", "gone"), [
+    (ClusterStatus.UP, ("running",), None),
+    (ClusterStatus.UP, ("running", "terminated"), "i-1 terminated"),
+    (ClusterStatus.UP, ("stopping",), "i-0 stopping"),
+    (ClusterStatus.TERMINATED, ("terminated",), "i-0 terminated"),
+    (ClusterStatus.STOPPED, ("stopped",), "i-0 stopped"),
+    (ClusterStatus.PROVISIONING, ("pending",), None),
+])
+def test_gone_reason_reads_what_the_cloud_reported(status: ClusterStatus, states: tuple, gone: str | None) -> None:
+    why = gone_reason(cluster(status, *states))
+    assert (why is None) if gone is None else (gone in (why or ""))
