@@ -1,6 +1,8 @@
 """Workdir sync speed: cloudtrain's sync_tree (rsync and tar-delta methods) vs plain `rsync -e ssh`.
 
-One run, one loopback sshd VM (cloudtrain.testing.sshd), three scenarios:
+One run, one STOCK sshd (benchmarks/stock_sshd.py: the distribution's sshd_config, a PAM session and
+a login shell per session, as on a VM), reached through a TCP proxy adding --rtt-ms of round-trip
+time (cloudtrain.testing.tcpproxy; one table per RTT), three scenarios:
   small-first   5,000 small files into an empty directory
   small-resync  the same tree again after changing one file
   big-first     one 200 MB random file into an empty directory
@@ -10,7 +12,7 @@ open transport (as lifecycle calls it); rsync's is one `rsync -a -e ssh` process
 (cloudtrain's rsync method also starts one ssh per sync, so both pay it).
 Targets: small-first <= 1.3x rsync's time, small-resync <= 1.5x, big-first >= 0.8x rsync's throughput.
 
-    python benchmarks/sync_speed.py [--repeat 3] [--files 5000] [--big-mb 200]
+    python benchmarks/sync_speed.py [--repeat 3] [--files 5000] [--big-mb 200] [--rtt-ms 0,50,150]
 """
 
 from __future__ import annotations
@@ -52,20 +54,35 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--files", type=int, default=5000)
     parser.add_argument("--big-mb", type=int, default=200)
+    parser.add_argument("--rtt-ms", default="0", help="comma-separated round-trip times to add (ms)")
     args = parser.parse_args()
+    failed = False
+    for rtt in [float(x) for x in args.rtt_ms.split(",") if x.strip()]:
+        failed |= measure(args, rtt)
+    return 1 if failed else 0
 
+
+def measure(args: argparse.Namespace, rtt: float) -> bool:
+    """One table at one RTT; whether a target that must hold was missed."""
     work = Path(tempfile.mkdtemp(prefix="ct-syncbench-"))
     os.environ["CLOUDTRAIN_HOME"] = str(work / "ct-home")
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from stock_sshd import StockSshd
+
     from cloudtrain.config import Config
+    from cloudtrain.providers.base import Instance, InstanceState
     from cloudtrain.remote.ssh import open_transport
     from cloudtrain.remote.sync import sync_tree
-    from cloudtrain.testing.sshd import SshdFactory
+    from cloudtrain.testing.tcpproxy import TcpProxy
 
-    factory = SshdFactory(work / "vms")
-    vm = factory.start()
-    key = factory.client_key.private_path
-    transport = open_transport(cluster="bench", instance=vm.instance("i-bench"), config=Config(), key_path=key)
-    ssh = (f"ssh -i {key} -p {vm.port} -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null "
+    key = work / "client_key"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
+    vm = StockSshd(work / "vm", key.with_suffix(".pub").read_text()).start()
+    proxy = TcpProxy(vm.port, rtt_ms=rtt)
+    instance = Instance(id="i-bench", cluster="bench", state=InstanceState.RUNNING, public_ip="127.0.0.1",
+                        private_ip="127.0.0.1", ssh_user=vm.user, ssh_port=proxy.port)
+    transport = open_transport(cluster="bench", instance=instance, config=Config(), key_path=key)
+    ssh = (f"ssh -i {key} -p {proxy.port} -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null "
            "-o LogLevel=ERROR -o BatchMode=yes")
     target = f"{vm.user}@127.0.0.1"
     home = Path(vm.home)
@@ -116,10 +133,11 @@ def main() -> int:
                 subprocess.run(["rm", "-rf", str(home / f"{slug}-big-{i}")], check=True)
     finally:
         transport.close()
-        factory.close()
+        proxy.close()
+        vm.close()
 
     base = results["rsync -e ssh"]
-    print(f"\nsync speed, loopback sshd, median of {args.repeat}; {args.files} small files "
+    print(f"\nsync speed, stock sshd, {rtt:.0f} ms RTT, median of {args.repeat}; {args.files} small files "
           f"({sum(p.stat().st_size for p in small.rglob('*') if p.is_file()) / 1e6:.1f} MB), one {args.big_mb} MB file\n")
     print(f"{'tool':<24}{'small-first':>14}{'small-resync':>14}{'big-first':>12}{'big MB/s':>10}")
     for name, row in results.items():
@@ -141,7 +159,7 @@ def main() -> int:
           + ", ".join(f"{n} {base['big-first'] / r['big-first']:.2f}x" for n, r in results.items() if n != "rsync -e ssh")
           + "; target >= 0.80x)")
     subprocess.run(["rm", "-rf", str(work)], check=False)
-    return 1 if failed else 0
+    return failed
 
 
 if __name__ == "__main__":
