@@ -210,6 +210,8 @@ BUNDLED = [
     ("mnist-local.yaml", {}, None),
     ("mnist-ssh.yaml", SSH_ONE, None),
     ("mnist-ssh.yaml", SSH_TWO, None),
+    ("mnist-slurm.yaml", {"CT_SLURM_LOGIN": "login.cluster.example", "CT_SLURM_NODES": "2"}, None),
+    ("torchrun-ssh.yaml", SSH_ONE, None),
     ("mnist-aws-t4.yaml", {}, "plan: g4dn.xlarge (T4:1) in aws/us-east-1 at $0.526/h"),
     ("mnist-aws-spot.yaml", {}, "plan: g4dn.xlarge (T4:1) spot in aws/us-east-2 at $0.1578/h"),
     ("mnist-gcp-t4.yaml", {}, "plan: n1-standard-4+t4x1 (T4:1) in gcp/us-central1 at $0.54/h"),

@@ -216,7 +216,7 @@ def test_bundled_job_collects_outputs(tmp_path: Path) -> None:
 def test_every_bundled_recipe_validates() -> None:
     root = Path(__file__).resolve().parents[1] / "recipes"
     env = {"CT_SSH_HOST": "127.0.0.1", "CT_SSH_PORT": "22", "CT_SSH_USER": "u", "CT_SSH_KEY": "/k",
-           "CT_SSH_HOST2": "127.0.0.1", "CT_SSH_PORT2": "22"}
+           "CT_SSH_HOST2": "127.0.0.1", "CT_SSH_PORT2": "22", "CT_SLURM_LOGIN": "127.0.0.1"}
     recipes = sorted(root.glob("*.yaml"))
     assert recipes
     for recipe in recipes:

@@ -14,6 +14,7 @@ from cloudtrain.events import Reporter
 from cloudtrain.recipe import Recipe
 from cloudtrain.remote import jobs
 from cloudtrain.remote.local import LocalTransport
+from cloudtrain.run import multinode
 from cloudtrain.run.follow import POLL_S, follow, status_retrying
 from cloudtrain.remote.jobs import JobState
 from cloudtrain.state import JobRecord, StateStore
@@ -32,7 +33,9 @@ def run_job(store: StateStore, reporter: Reporter, nodes: Sequence[Node], run_id
     started.append(job_id)
     # Every node must see the same TF_CONFIG: build all envs here, not inside the parallel submit.
     ports = _worker_ports(nodes)
-    envs = {n.rank: job_env(nodes, n, run_id, recipe, ports) for n in nodes}
+    master_port = _free_port() if _loopback(nodes) else multinode.MASTER_PORT
+    envs = {n.rank: job_env(nodes, n, run_id, recipe, ports, job_id, master_port) for n in nodes}
+    script = multinode.hostfile_prelude([n.address for n in nodes], recipe.resources.accelerator_count) + script
     on_all(list(nodes), lambda n: jobs.submit(n.transport, n.layout, job_id, script, envs[n.rank]))
     final = follow(nodes[0], job_id, 0, reporter, others=nodes[1:],
                    on_worker_failure=lambda: kill_everywhere(nodes, job_id, reporter))
@@ -45,7 +48,8 @@ def run_job(store: StateStore, reporter: Reporter, nodes: Sequence[Node], run_id
             raise JobFailedError(f"{what} on node {rank} {st.state} (exit code {code})", code)
 
 
-def job_env(nodes: Sequence[Node], node: Node, run_id: str, recipe: Recipe, ports: Sequence[int]) -> dict[str, str]:
+def job_env(nodes: Sequence[Node], node: Node, run_id: str, recipe: Recipe, ports: Sequence[int],
+            job_id: str | None = None, master_port: int = multinode.MASTER_PORT) -> dict[str, str]:
     env = dict(recipe.envs)
     ips = [n.address for n in nodes]
     local = isinstance(node.transport, LocalTransport)
@@ -58,6 +62,9 @@ def job_env(nodes: Sequence[Node], node: Node, run_id: str, recipe: Recipe, port
         "CLOUDTRAIN_RUNTIME": node.layout.runtime,
         "CLOUDTRAIN_PYTHON": node.python or (sys.executable if local else "python3"),
     })
+    # MASTER_ADDR, WORLD_SIZE, NODE_RANK, ... and the MPI hostfile (run/multinode.py)
+    env.update(multinode.conventions(ips, node.rank, recipe.resources.accelerator_count, master_port,
+                                     f"{node.layout.job_dir(job_id)}/hostfile" if job_id else None))
     if recipe.job is not None and len(nodes) > 1:
         env["TF_CONFIG"] = json.dumps({
             "cluster": {"worker": [f"{ip}:{port}" for ip, port in zip(ips, ports)]},
@@ -87,9 +94,13 @@ def end_jobs(store: StateStore, reporter: Reporter, nodes: Sequence[Node], job_i
         store.update_job(job_id, status=final.state, exit_code=final.exit_code, ended_at=final.ended_at or time.time())
 
 
+def _loopback(nodes: Sequence[Node]) -> bool:
+    return all(n.address.startswith("127.") for n in nodes)
+
+
 def _worker_ports(nodes: Sequence[Node]) -> list[int]:
     # Nodes on one address (local, or several sshd on one host) need distinct free ports.
-    if all(n.address.startswith("127.") for n in nodes):
+    if _loopback(nodes):
         return [_free_port() for _ in nodes]
     return [29500 + n.rank for n in nodes]
 
