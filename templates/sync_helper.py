@@ -72,7 +72,7 @@ def verify(root, fields):
 
 # ----------------------------------------------------------------------------- serve
 # A frame is a 9-byte header (kind, request id, payload length) and the payload.
-#   laptop -> node  R header (JSON: argv, timeout) | I input bytes | E end of input
+#   laptop -> node  R header (JSON: argv or op+root, timeout, home) | I input bytes | E end of input
 #   node -> laptop  H hello (JSON: home, commands found on PATH) | O stdout | X stderr | C exit code
 HEADER = struct.Struct(">cII")
 CHUNK = 1 << 18
@@ -82,8 +82,11 @@ PROBED = ("python3", "rsync", "tar", "timeout", "find")
 class Request(object):
     def __init__(self, rid, header):
         self.rid = rid
-        self.argv = header["argv"]
+        self.argv = header.get("argv")
+        self.op = header.get("op")  # manifest | verify, served in this process (no second interpreter)
+        self.root = header.get("root")
         self.timeout = header.get("timeout")
+        self.home = header.get("home")  # the home the laptop assumed (cached): refused if not ours
         self.input = []  # chunks, None at the end; guarded by `ready`
         self.ready = threading.Condition()
 
@@ -165,7 +168,8 @@ class Server(object):
         for name in PROBED:
             commands[name] = any(os.access(os.path.join(d, name), os.X_OK)
                                  for d in os.environ.get("PATH", "").split(os.pathsep) if d)
-        hello = {"home": os.environ.get("HOME") or os.getcwd(), "commands": commands}
+        self.home = os.environ.get("HOME") or os.getcwd()
+        hello = {"home": self.home, "commands": commands}
         self.send(b"H", 0, json.dumps(hello).encode())
         threading.Thread(target=self.reader, daemon=True).start()
         while True:
@@ -180,6 +184,23 @@ class Server(object):
             self.send(b"C", request.rid, str(code).encode())
 
     def run(self, request):
+        if request.home is not None and request.home != self.home:
+            # Its paths were built for another home: running it could write anywhere.
+            self.drain(request)
+            self.send(b"X", request.rid, ("cloudtrain: home is %s, not %s\n" % (self.home, request.home)).encode())
+            return 125
+        if request.op in ("manifest", "verify"):
+            chunks = []
+            while True:
+                chunk = request.take()
+                if chunk is None:
+                    break
+                chunks.append(chunk)
+            fields = [f for f in b"".join(chunks).split(b"\0") if f]
+            root = os.fsencode(request.root)
+            records = manifest(root, fields) if request.op == "manifest" else verify(root, fields)
+            self.send(b"O", request.rid, b"".join(record + b"\0" for record in records))
+            return 0
         try:
             # A session of its own: a timeout or the laptop leaving ends the command and what it
             # started, by process group. (A job's supervisor calls setsid itself: never reached.)

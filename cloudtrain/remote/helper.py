@@ -13,7 +13,9 @@ helper is discarded (its channel closed, which ends it and its command on the no
 command starts a new one.
 
 Started with an exec request that does not ask for a reply (the hello is the reply), so starting
-the helper costs the channel open and one turn.
+the helper costs the channel open and one turn; with the node's home remembered from an earlier
+hello (remote/homecache.py), not even that: the first request goes with the start, carrying the
+home it assumes, which the helper checks (exit 125 if it is not its own).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import struct
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import IO
 
 import paramiko
@@ -48,6 +50,13 @@ class HelperUnavailable(RemoteError):
     """The node could not start the helper (no python3): commands go on their own channels."""
 
 
+class HomeMoved(RemoteError):
+    """The node's home is not the one remembered: requests built for it were refused, none ran."""
+
+
+HOME_REFUSED = 125  # the helper's exit code for a request built for another home
+
+
 class NodeHelper:
     def __init__(self, label: str, conn: Connection, chan: paramiko.Channel, counter: RoundTrips) -> None:
         self.label = label
@@ -57,6 +66,10 @@ class NodeHelper:
         self.home = ""
         self.commands: dict[str, bool] = {}
         self.broken = False
+        self.assumed_home: str | None = None  # sent with every request until the hello confirms it
+        self.moved_to: str | None = None  # the hello's home, when it was not the assumed one
+        self.on_hello: Callable[[str], None] | None = None
+        self.hello_timeout = 30.0
         self.owner: int | None = None  # the thread whose requests are in flight
         self._next = 1
         self._buffer = bytearray()
@@ -65,7 +78,9 @@ class NodeHelper:
 
     @classmethod
     def start(cls, label: str, conn: Connection, chan: paramiko.Channel, counter: RoundTrips,
-              timeout: float) -> NodeHelper:
+              timeout: float, *, assumed_home: str | None = None,
+              on_hello: Callable[[str], None] | None = None) -> NodeHelper:
+        """Start the helper; wait for its hello unless `assumed_home` lets requests go first."""
         source = (paths.templates_dir() / "sync_helper.py").read_text()
         command = f"exec python3 -c {shlex.quote(source)} serve"
         message = Message()
@@ -77,8 +92,22 @@ class NodeHelper:
         counter.sent()
         chan.transport._send_user_message(message)  # noqa: SLF001 - see above
         helper = cls(label, conn, chan, counter)
-        helper._hello(timeout)
+        helper.on_hello = on_hello
+        if assumed_home is not None:
+            helper.home = helper.assumed_home = assumed_home
+            helper.hello_timeout = timeout
+        else:
+            helper._hello(timeout)
         return helper
+
+    @property
+    def hello_pending(self) -> bool:
+        return not self.commands and not self.broken
+
+    def ensure_hello(self) -> None:
+        """Read the hello now (it is the first frame), e.g. for the commands it lists."""
+        if self.hello_pending:
+            self._hello(self.hello_timeout)
 
     # ------------------------------------------------------------------ use
 
@@ -98,7 +127,24 @@ class NodeHelper:
         proc = HelperProcess(self, rid, what or f"running {argv[0]!r}",
                              None if timeout is None else timeout + 3)
         self._open.append(proc)
-        header = json.dumps({"argv": [str(a) for a in argv], "timeout": timeout}).encode()
+        request: dict[str, object] = {"argv": [str(a) for a in argv], "timeout": timeout}
+        return self._submit(request, proc, input, what)
+
+    def submit_op(self, op: str, root: str, input: bytes, what: str = "") -> HelperProcess:
+        """A one-shot sync_helper.py operation (manifest, verify) served in the helper's own process."""
+        rid = self._next
+        self._next += 1
+        self.owner = threading.get_ident()
+        proc = HelperProcess(self, rid, what or op, None)
+        self._open.append(proc)
+        return self._submit({"op": op, "root": root}, proc, input, what)
+
+    def _submit(self, request: dict[str, object], proc: HelperProcess, input: InputSource | None,
+                what: str) -> HelperProcess:
+        rid = proc.rid
+        if self.assumed_home is not None:
+            request["home"] = self.assumed_home
+        header = json.dumps(request).encode()
         frames = [HEADER.pack(b"R", rid, len(header)) + header]
         if input is None:
             frames.append(HEADER.pack(b"E", rid, 0))
@@ -152,6 +198,9 @@ class NodeHelper:
     def _hello(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
         frame = self._frame(deadline, "starting the node helper")
+        self._take_hello(frame)
+
+    def _take_hello(self, frame: tuple[bytes, int, bytes] | None) -> None:
         if frame is None or frame[0] != b"H":
             said = b""
             while self.chan.recv_stderr_ready():
@@ -159,8 +208,14 @@ class NodeHelper:
             self.discard()
             raise HelperUnavailable(f"{self.label}: no node helper ({said.decode(errors='replace').strip()[-200:]})")
         hello = json.loads(frame[2])
-        self.home = str(hello.get("home") or "")
-        self.commands = {str(k): bool(v) for k, v in dict(hello.get("commands") or {}).items()}
+        home = str(hello.get("home") or "")
+        self.commands = {str(k): bool(v) for k, v in dict(hello.get("commands") or {}).items()} or {"python3": True}
+        if self.assumed_home is not None and home != self.assumed_home:
+            self.moved_to = home
+        else:
+            self.home = home
+        if self.on_hello is not None and home.startswith("/"):
+            self.on_hello(home)
 
     def _frame(self, deadline: float | None, what: str) -> tuple[bytes, int, bytes] | None:
         """The next frame from the node; None at the channel's end."""
@@ -213,6 +268,10 @@ class NodeHelper:
 
     def _pump(self, proc: HelperProcess) -> None:
         """Read one frame for whichever open process it belongs to (in order, earlier ones first)."""
+        if self.hello_pending:
+            # The first frame is the hello; a channel that ends before it never ran the helper.
+            self._take_hello(self._frame(proc.deadline, proc.what))
+            return
         frame = self._frame(proc.deadline, proc.what)
         if frame is None:
             self.discard()
@@ -230,6 +289,8 @@ class NodeHelper:
             del owner.err[:-_STDERR_KEEP]
         elif kind == b"C":
             owner.code = int(payload or b"255")
+            if owner.code == HOME_REFUSED and self.moved_to is not None:
+                owner.moved_to = self.moved_to
             self._open.remove(owner)
             if not self._open:
                 self.owner = None
@@ -247,6 +308,7 @@ class HelperProcess:
         self.out: deque[bytes] = deque()
         self.err = bytearray()
         self.code: int | None = None
+        self.moved_to: str | None = None
         self.writer: threading.Thread | None = None
 
     @property
@@ -264,6 +326,8 @@ class HelperProcess:
     def read(self, size: int = CHUNK) -> bytes:
         while not self.out:
             if self.code is not None:
+                if self.moved_to is not None:
+                    self.wait()  # raises HomeMoved
                 return b""
             self._pump()
         chunk = self.out.popleft()
@@ -281,6 +345,10 @@ class HelperProcess:
     def wait(self) -> int:
         while self.code is None:
             self._pump()
+        if self.moved_to is not None:
+            raise HomeMoved(f"{self.helper.label}: the node's home directory is {self.moved_to}, not "
+                            f"{self.helper.assumed_home} as when cloudtrain last saw it; nothing was run",
+                            hint="run the command again (the new home is remembered)")
         if self.writer is not None:
             self.writer.join(timeout=5)
         return self.code

@@ -52,6 +52,7 @@ from cloudtrain.remote.channel import (
     lost,
     reader,
 )
+from cloudtrain.remote import homecache
 from cloudtrain.remote.helper import HelperProcess, HelperUnavailable, NodeHelper
 from cloudtrain.remote.keys import Endpoint, HostKeyMismatchError, KnownHosts, node_config, resolve_endpoint
 from cloudtrain.remote.reach import WAIT_NOTICE_S, WaitNotice, handshake_failure, socket_failure
@@ -204,7 +205,10 @@ class SSHTransport:
     @property
     def home(self) -> str:
         if self._home is None:
-            helper = self._helper_now()
+            # A home remembered from an earlier hello lets the first request go with the helper's start.
+            remembered = None if self._helper is not None else homecache.get(self.endpoint.instance_id,
+                                                                             self.endpoint.user)
+            helper = self._helper_now(assumed_home=remembered)
             if helper is not None and helper.home.startswith("/"):
                 self._home = helper.home
                 return self._home
@@ -231,21 +235,12 @@ class SSHTransport:
         doing = what or f"running {args[0]!r}"
         helper = self._helper_now()
         if helper is not None:
-            # The helper enforces the timeout on the node (exit code 124, as timeout(1) says).
-            remote_limit = timeout is not None
-            started = time.monotonic()
-            proc: RemoteProcess | HelperProcess = helper.submit(args, input=input, timeout=timeout, what=doing)
             try:
-                stdout = proc.read_all()
-                code = proc.wait()
-            finally:
-                proc.close()
-            if remote_limit and code == 124 and time.monotonic() - started >= timeout:  # type: ignore[operator]
-                raise RemoteError(f"{self.label}: {doing} timed out after {timeout}s")
-            result = CommandResult(tuple(args), code, stdout, proc.stderr)
-            if check and code != 0:
-                raise RemoteCommandError(args, code, proc.stderr.decode(errors="replace"))
-            return result
+                return self._run_helper(helper, args, input, timeout, check, doing)
+            except HelperUnavailable as exc:
+                # It never started, so nothing ran: this command (and the next) on a channel of its own.
+                log.info("%s: %s; one channel per command", self.label, exc.message)
+                self._helper, self._helper_off = None, True
         command = shlex.join(args)
         remote_limit = timeout is not None and self.has_command("timeout")
         if remote_limit:
@@ -267,6 +262,39 @@ class SSHTransport:
         if check and code != 0:
             raise RemoteCommandError(args, code, proc.stderr.decode(errors="replace"))
         return result
+
+    def _run_helper(self, helper: NodeHelper, args: list[str], input: InputSource | None, timeout: float | None,
+                    check: bool, doing: str) -> CommandResult:
+        # The helper enforces the timeout on the node (exit code 124, as timeout(1) says).
+        started = time.monotonic()
+        proc = helper.submit(args, input=input, timeout=timeout, what=doing)
+        try:
+            stdout = proc.read_all()
+            code = proc.wait()
+        finally:
+            proc.close()
+        if timeout is not None and code == 124 and time.monotonic() - started >= timeout:
+            raise RemoteError(f"{self.label}: {doing} timed out after {timeout}s")
+        result = CommandResult(tuple(args), code, stdout, proc.stderr)
+        if check and code != 0:
+            raise RemoteCommandError(args, code, proc.stderr.decode(errors="replace"))
+        return result
+
+    def run_helper_op(self, op: str, root: str, input: bytes, source: str) -> bytes:
+        """A sync_helper.py one-shot operation (manifest, verify): in the node helper's own process
+        when there is one (no interpreter to start), else `python3 -c source op root`."""
+        helper = self._helper_now()
+        if helper is not None:
+            proc = helper.submit_op(op, root, input, what=f"{op} of {root}")
+            try:
+                stdout = proc.read_all()
+                code = proc.wait()
+            finally:
+                proc.close()
+            if code != 0:
+                raise RemoteCommandError(["sync_helper", op, root], code, proc.stderr.decode(errors="replace"))
+            return stdout
+        return self.run(["python3", "-c", source, op, root], input=input).stdout
 
     def stream(self, argv: Sequence[str], *, what: str | None = None) -> Iterator[bytes]:
         args = [str(a) for a in argv]
@@ -395,6 +423,8 @@ class SSHTransport:
         """Whether `name` is on the node's PATH (cached per transport)."""
         if name not in self._commands:
             helper = self._helper_now()
+            if helper is not None:
+                helper.ensure_hello()
             if helper is not None and name in helper.commands:
                 self._commands[name] = helper.commands[name]
                 return self._commands[name]
@@ -424,7 +454,7 @@ class SSHTransport:
             return proc
         return self._start_channel(command, input=input, timeout=timeout, what=what)
 
-    def _helper_now(self) -> NodeHelper | None:
+    def _helper_now(self, assumed_home: str | None = None) -> NodeHelper | None:
         """The node helper for this thread, started on first use; None: use a channel of its own
         (the node has no python3, helpers are off, or another thread's requests are in flight)."""
         if self._helper_off:
@@ -438,7 +468,9 @@ class SSHTransport:
                 return None
             conn, chan = self._open_channel()
             try:
-                self._helper = NodeHelper.start(self.label, conn, chan, self.round_trips, self.connect_timeout + 10)
+                self._helper = NodeHelper.start(
+                    self.label, conn, chan, self.round_trips, self.connect_timeout + 10, assumed_home=assumed_home,
+                    on_hello=lambda home: homecache.put(self.endpoint.instance_id, self.endpoint.user, home))
             except HelperUnavailable as exc:
                 log.info("%s: %s; one channel per command", self.label, exc.message)
                 self._helper, self._helper_off = None, True

@@ -269,8 +269,7 @@ def _remote_state(transport, remote_dir: str, entries: list[LocalEntry]) -> dict
         return {}
     if transport.has_command("python3"):
         names = b"\0".join(os.fsencode(e.rel) for e in entries) + b"\0"
-        result = transport.run(["python3", "-c", _helper_source(), "manifest", remote_dir], input=names)
-        records = result.stdout.split(b"\0")[: len(entries)]
+        records = _helper_op(transport, "manifest", remote_dir, names).split(b"\0")[: len(entries)]
         if len(records) != len(entries):
             raise SyncError(f"{transport.label}: sync helper returned {len(records)} records for {len(entries)} files")
         state: dict[str, tuple] = {}
@@ -303,8 +302,7 @@ def _differing(transport, base: Path, remote_dir: str, candidates: list[LocalEnt
     fields: list[bytes] = []
     for entry in candidates:
         fields += [os.fsencode(entry.rel), str(entry.mtime).encode(), _sha256(base / entry.rel).encode()]
-    result = transport.run(["python3", "-c", _helper_source(), "verify", remote_dir], input=b"\0".join(fields) + b"\0")
-    verdicts = result.stdout.split(b"\0")
+    verdicts = _helper_op(transport, "verify", remote_dir, b"\0".join(fields) + b"\0").split(b"\0")
     return [entry for entry, verdict in zip(candidates, verdicts) if verdict != b"="] + candidates[len(verdicts):]
 
 
@@ -355,6 +353,14 @@ def _sha256(path: Path) -> str:
         for block in iter(lambda: handle.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
+
+
+def _helper_op(transport, op: str, remote_dir: str, data: bytes) -> bytes:  # noqa: ANN001
+    """sync_helper.py's `op` on the node: in the node helper's process when the transport has one."""
+    run_op = getattr(transport, "run_helper_op", None)
+    if run_op is not None:
+        return run_op(op, remote_dir, data, _helper_source())
+    return transport.run(["python3", "-c", _helper_source(), op, remote_dir], input=data).stdout
 
 
 def _helper_source() -> str:

@@ -21,9 +21,9 @@ from cloudtrain.testing.sshd import SshdFactory, SshdVM
 from tests.conftest import cli_env
 
 # docs/sync.md, "Round trips": after connecting, per CLI invocation.
-WARM_RUN_UNCHANGED = 8
-EXEC_UNCHANGED = 6
-LOGS = 3
+WARM_RUN_UNCHANGED = 7
+EXEC_UNCHANGED = 5
+LOGS = 2
 
 
 def _ct(*args: str, env: dict[str, str], trips: Path) -> tuple[subprocess.CompletedProcess, list[dict]]:

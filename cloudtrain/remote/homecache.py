@@ -1,0 +1,67 @@
+"""Each node's home directory, remembered from its helper's hello (ssh/homes.json in cloudtrain's home).
+
+Every command's paths start at the node's home, and asking for it costs a round trip before the
+first real request can go. With the home remembered, the first request goes with the helper's
+start; each request carries the home it was built for and the helper refuses it (exit 125) if its
+own differs, so a wrong guess fails cleanly and is corrected for the next command, never writes
+elsewhere. Keyed by instance id and user (a pinned host key ties the id to one machine).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+from pathlib import Path
+
+from cloudtrain import paths
+
+log = logging.getLogger(__name__)
+
+
+def _file() -> Path:
+    return paths.home() / "ssh" / "homes.json"
+
+
+def _key(instance_id: str, user: str) -> str:
+    return f"{user}@{instance_id}"
+
+
+def _read() -> dict[str, str]:
+    try:
+        data = json.loads(_file().read_text())
+    except (OSError, ValueError):
+        return {}
+    return {str(k): str(v) for k, v in data.items()} if isinstance(data, dict) else {}
+
+
+def get(instance_id: str, user: str) -> str | None:
+    home = _read().get(_key(instance_id, user))
+    return home if home and home.startswith("/") else None
+
+
+def put(instance_id: str, user: str, home: str) -> None:
+    """Remember (or correct) a node's home. Losing a concurrent writer's entry costs it one round trip."""
+    data = _read()
+    if data.get(_key(instance_id, user)) == home:
+        return
+    data[_key(instance_id, user)] = home
+    target = _file()
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".homes.")
+        with os.fdopen(fd, "w") as handle:
+            json.dump(data, handle)
+        os.replace(tmp, target)
+    except OSError as exc:  # a cache: the next command asks again
+        log.debug("could not remember the home of %s: %s", instance_id, exc)
+
+
+def forget(instance_id: str, user: str) -> None:
+    data = _read()
+    if data.pop(_key(instance_id, user), None) is not None:
+        try:
+            _file().write_text(json.dumps(data))
+        except OSError as exc:
+            log.debug("could not forget the home of %s: %s", instance_id, exc)
