@@ -87,8 +87,8 @@ def unsupported(recipe: Recipe) -> tuple[str, str, str | None] | None:
         if getattr(recipe, name) is None:
             continue
         for target in _clouds_of(cloud):
-            if name == "budget" and recipe.budget.max_usd is None and _limits_time(target):  # type: ignore[union-attr]
-                continue  # a scheduler's time limit (sbatch --time) enforces max_hours itself
+            if name == "budget" and _limits_time(target):
+                continue  # a scheduler's time limit (sbatch --time) enforces max_hours; max_usd: below
             problem = autostop_problem(target, name)
             if problem is None and name == "autostop" and recipe.autostop.down:  # type: ignore[union-attr]
                 problem = autostop_problem(target, "autostop.down")

@@ -32,6 +32,17 @@ def plan(recipe_path: str, as_json: bool, alternatives: int) -> None:
     config = load_config()
     static = preflight(loaded, config)
     if static is None:
+        from cloudtrain.providers import provider_class
+
+        # A scheduler's plan (Slurm): where its one batch job would queue, with what options.
+        scheduler = provider_class(loaded.recipe.resources.cloud)
+        if hasattr(scheduler, "plan_lines"):
+            if as_json:
+                output.print_json(scheduler.plan_document(loaded.recipe))
+            else:
+                for line in scheduler.plan_lines(loaded.recipe):
+                    output.info(line)
+            return
         output.info(f"{recipe_path}: cloud {loaded.recipe.resources.cloud} costs nothing; nothing to plan")
         return
     try:

@@ -150,3 +150,26 @@ def test_a_job_past_its_time_limit_ends_timeout_with_its_log_home(slurm_cluster:
     record = json.loads((run_dir / "run.json").read_text())
     assert record["status"] == "failed" and record["exit_code"] == 124
     assert slurm_cluster.queue() == []
+
+
+def test_a_job_outlives_its_cli_and_cancel_or_down_ends_it(slurm_cluster: SlurmCluster,
+                                                            sshd_vm_factory: SshdFactory, tmp_path: Path) -> None:
+    # The submit script runs detached on the login node: a killed CLI leaves the job running, and
+    # `logs`, `status`, `cancel` and `down` reach it later.
+    for verb in ("cancel", "down"):
+        recipe = write_recipe(tmp_path / f"{verb}.yaml", slurm_cluster, sshd_vm_factory, "echo started; sleep 600",
+                              name=f"slurm-{verb}")
+        proc, log = _start_run(recipe, tmp_path)
+        wait_until(lambda: "started" in log.read_text(), timeout=120, what=f"the job to start:\n{log.read_text()}")
+        proc.kill()
+        proc.wait(timeout=30)
+        assert [j.state for j in slurm_cluster.queue()] == ["RUNNING"]
+        logs = ct("logs", f"slurm-{verb}")
+        assert logs.returncode == 0 and "started" in logs.stdout, logs.stdout + logs.stderr
+        status = ct("status", f"slurm-{verb}")
+        assert status.returncode == 0 and "slurm" in status.stdout, status.stdout + status.stderr
+        ended = ct(verb, f"slurm-{verb}")
+        assert ended.returncode == 0, ended.stdout + ended.stderr
+        assert slurm_cluster.queue() == [], verb
+        if verb == "cancel":
+            assert ct("down", "slurm-cancel").returncode == 0

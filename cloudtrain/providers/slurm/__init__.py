@@ -99,6 +99,19 @@ class SlurmProvider:
         raise NotAvailableError("a Slurm cluster's nodes are not cloudtrain's to stop",
                                 hint="budget.max_hours becomes the job's time limit; `cloudtrain cancel` ends it")
 
+    @staticmethod
+    def plan_lines(recipe: Recipe) -> list[str]:
+        """What `plan` says: where the batch job would queue, its sbatch options, its time limit and cost."""
+        from cloudtrain.providers.slurm.plan import plan_lines
+
+        return plan_lines(recipe)
+
+    @staticmethod
+    def plan_document(recipe: Recipe) -> dict[str, Any]:
+        from cloudtrain.providers.slurm.plan import plan_document
+
+        return plan_document(recipe)
+
     def batch_job(self, recipe: Recipe, run: str, setup: str | None, job_id: str, cluster: str) -> str:
         """The script the login node runs for one run: one sbatch job doing `setup` then `run` on
         every allocated node (templates/slurm_submit.sh)."""

@@ -24,6 +24,8 @@ class SlurmSettings(StrictModel):
     qos: str | None = Field(default=None, description="sbatch --qos", pattern=_SLURM_NAME)
     time_minutes: Annotated[int, Field(ge=1, description="sbatch --time, in minutes (budget.max_hours too: "
                                                          "the smaller wins)")] | None = None
+    gpu_hour_usd: Annotated[float, Field(ge=0, description="what a GPU-hour costs you on this cluster, for `plan`'s "
+                                                           "estimate (cloudtrain bills on-prem time as $0)")] | None = None
     cpus_per_node: Annotated[int, Field(ge=1, description="sbatch --cpus-per-task (one task per node)")] | None = None
 
     @field_validator("partition", "account", "qos", mode="before")
