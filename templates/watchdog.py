@@ -16,7 +16,14 @@ counted against the budget; it survives reboots), watchdog.pid and watchdog.lock
 cluster and machine: the loop holds an exclusive lock on it).
 
 Decisions: `start`, `config` (settings changed; the idle clock restarts), `busy`, `idle`, `stop` /
-`delete` (acting), `waiting` (acted; the machine should be going down), `error`, `exit`.
+`delete` (acting), `waiting` (acted; the machine should be going down), `interruption`, `error`, `exit`.
+
+Interruption notices (`interruption`: the cloud's name, set for runs that recover, docs/recovery.md):
+every NOTICE_TICK_S the loop asks the metadata server whether the cloud is taking the machine back
+(NOTICES: EC2's spot/instance-action, GCE's instance/preempted, Azure's Scheduled Events Preempt).
+On a notice it writes interruption.json beside the config (the CLI reads it) and ends the running
+jobs with runner.sh kill: TERM now, so a job can write a last checkpoint, KILL after a grace that
+fits inside the cloud's warning (NOTICE_GRACE_S). Once per machine.
 
 Activity (what restarts the idle clock), by `autostop.wait_for`:
   jobs_and_ssh  a cloudtrain job of this cluster running (or starting) on this node, a new job
@@ -339,6 +346,82 @@ def http_action(action: dict, cfg: dict) -> tuple[bool, str]:
     return True, f"{method} {action['url']}: HTTP {status}"
 
 
+# The clouds' interruption notices, read from this machine's metadata server (`interruption` in the
+# config names the cloud; `metadata_url` rebases the URLs, for tests). Each entry: the URL, its
+# headers, the session-token request EC2's IMDSv2 needs first, and how an answer reads as a notice.
+NOTICES = {
+    # 404 until EC2 schedules the stop or termination, then {"action": ..., "time": ...} (2 minutes).
+    "aws": {"url": "http://169.254.169.254/latest/meta-data/spot/instance-action", "headers": {},
+            "token": {"url": "http://169.254.169.254/latest/api/token", "method": "PUT",
+                      "headers": {"X-aws-ec2-metadata-token-ttl-seconds": "300"},
+                      "header": "X-aws-ec2-metadata-token"}},
+    # "TRUE" once Compute Engine has started to preempt the VM (about 30 s before it goes).
+    "gcp": {"url": "http://metadata.google.internal/computeMetadata/v1/instance/preempted",
+            "headers": {"Metadata-Flavor": "Google"}},
+    # Scheduled Events: an event of type Preempt (a spot eviction, at least 30 s ahead).
+    "azure": {"url": "http://169.254.169.254/metadata/scheduledevents?api-version=2020-07-01",
+              "headers": {"Metadata": "true"}},
+}
+NOTICE_TICK_S = 5.0  # how often a notice is looked for (the shortest warning, GCP's, is about 30 s)
+NOTICE_FILE = "interruption.json"  # beside the config; the CLI reads it (cloudtrain/run/recover.py)
+NOTICE_GRACE_S = {"aws": 100.0, "gcp": 20.0, "azure": 20.0}  # TERM, then KILL after this (inside the warning)
+
+
+def interruption_notice(kind: str, cfg: dict) -> tuple[bool, str]:
+    """(True, what) when this machine's cloud has announced that it takes the machine back."""
+    import urllib.error
+    import urllib.request
+
+    spec = NOTICES.get(kind)
+    if spec is None:
+        return False, f"no interruption notice known for {kind!r}"
+    direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # link-local: never a proxy
+    headers = dict(spec["headers"])
+    try:
+        token = spec.get("token")
+        if token:
+            request = urllib.request.Request(rebase(token["url"], cfg.get("metadata_url")), data=b"",
+                                             headers=token["headers"], method=token["method"])
+            with direct.open(request, timeout=5) as answer:
+                headers[token["header"]] = answer.read(4096).decode("utf-8", "replace").strip()
+        request = urllib.request.Request(rebase(spec["url"], cfg.get("metadata_url")), headers=headers)
+        with direct.open(request, timeout=5) as answer:
+            body = answer.read(65536).decode("utf-8", "replace").strip()
+    except urllib.error.HTTPError as exc:
+        if exc.code == 404:
+            return False, "no notice"  # EC2: nothing scheduled
+        return False, f"metadata server: HTTP {exc.code}"
+    except (OSError, ValueError) as exc:
+        return False, f"metadata server: {type(exc).__name__}: {exc}"
+    if kind == "gcp":
+        return body.upper() == "TRUE", f"instance/preempted {body[:20]}"
+    if kind == "aws":
+        try:
+            notice = json.loads(body)
+        except ValueError:
+            return False, f"unreadable instance-action {body[:80]!r}"
+        return True, "spot/instance-action {} at {}".format(notice.get("action"), notice.get("time"))
+    try:
+        events = json.loads(body).get("Events") or []
+    except (ValueError, AttributeError):
+        return False, f"unreadable scheduled events {body[:80]!r}"
+    me = str(cfg.get("instance_id") or "").rsplit("/", 1)[-1].rsplit(":", 1)[-1].lower()
+    for event in events:
+        resources = [str(r).lower() for r in event.get("Resources") or []]
+        if event.get("EventType") == "Preempt" and (not resources or me in resources):
+            return True, "scheduled event Preempt {} not before {}".format(event.get("EventId"), event.get("NotBefore"))
+    return False, "no Preempt event"
+
+
+def end_jobs_on_notice(paths: Paths, jobs: list, grace: float) -> None:
+    """TERM every running job now (it may write a last checkpoint), KILL what is left after `grace`
+    seconds: runner.sh kill, in the background, so the loop goes on."""
+    for name in jobs:
+        subprocess.Popen(["sh", paths.runner, "kill", os.path.join(paths.jobs, name), str(int(grace))],
+                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                         start_new_session=True)
+
+
 def is_the_node(identity, cfg: dict) -> tuple[bool, str]:
     """Whether this machine is the instance the action was made for, asked of the cloud's instance
     metadata server (`identity`: {"url", "headers", "expect", "token": {"url", "method", "headers",
@@ -473,6 +556,7 @@ class Watchdog:
         self.sessions_absent = 0  # looks in a row that found none of them
         self.wake_in = None  # seconds to the next decision (a tick, or sooner when a limit falls due)
         self.lease_key = None
+        self.noticed = os.path.exists(os.path.join(self.paths.root, NOTICE_FILE))
         self.hook_text = read_text(self.paths.hook)  # how this loop survives reboots (its files may go)
 
     def load(self):
@@ -497,6 +581,8 @@ class Watchdog:
         now_m = time.monotonic()
         delta, self.last_m = now_m - self.last_m, now_m
         self.wake_in = tick_of(cfg)
+        if cfg.get("interruption") and not self.noticed:
+            self.watch_for_notice(cfg)
         auto, budget, lease = cfg.get("autostop"), cfg.get("budget"), cfg.get("lease")
         if not auto and not budget and not lease:
             self.log("exit", "nothing to enforce (autostop, budget and lease are off)")
@@ -629,6 +715,24 @@ class Watchdog:
         self.next_try = time.monotonic() + backoff
         self.log("error", f"{effect} failed (try {self.failures}, next in {backoff:.0f}s): {detail}")
         return True
+
+    def watch_for_notice(self, cfg: dict) -> None:
+        """The cloud's interruption notice: once seen, say so in a file the CLI reads, and TERM the
+        running jobs so that they can write a last checkpoint while the machine is still here."""
+        self.wake_in = min(self.wake_in, NOTICE_TICK_S)
+        kind = str(cfg["interruption"])
+        seen, detail = interruption_notice(kind, cfg)
+        if not seen:
+            return
+        self.noticed = True
+        running = observe_jobs(self.paths, time.time())["running"]
+        try:
+            write_json(os.path.join(self.paths.root, NOTICE_FILE),
+                       {"kind": kind, "detail": detail, "at": time.time(), "jobs": running}, mode=0o644)
+        except OSError as exc:
+            self.log("error", f"cannot record the interruption notice: {exc}")
+        self.log("interruption", "{}; TERM to {} job(s): {}".format(detail, len(running), ", ".join(running) or "none"))
+        end_jobs_on_notice(self.paths, running, NOTICE_GRACE_S.get(kind, 20.0))
 
     def activity_ended(self, jobs: dict, sessions_ended: bool, now: float, now_m: float) -> tuple[float, str]:
         """When the activity since the last look ended (monotonic), now that none is left, and what

@@ -82,6 +82,7 @@ class Attempt:
     reason: str | None = None
     detected_at: float | None = None  # when cloudtrain knew the node was gone (the watcher, or asking after a failure)
     resumed_from_epoch: int | None = None
+    final_checkpoint_at: float | None = None  # a checkpoint written after an interruption notice, home at
     cost_usd: float = 0.0
 
     def placement(self) -> str:
@@ -265,7 +266,8 @@ class Recovery:
         notice = self._notice()
         if notice is not None:
             current.detected_at = time.time()
-            self._final_checkpoint()
+            if self._final_checkpoint():
+                current.final_checkpoint_at = time.time()
             return "preempted", f"interruption notice on the node ({notice})"
         return None
 
@@ -287,18 +289,20 @@ class Recovery:
             return "unreadable notice"
         return str(data.get("detail") or data.get("kind") or "notice") if isinstance(data, dict) else "notice"
 
-    def _final_checkpoint(self) -> None:
-        """The job was told (SIGTERM) and may have written a last checkpoint: bring it home now."""
+    def _final_checkpoint(self) -> bool:
+        """The job was told (SIGTERM) and may have written a last checkpoint: bring it home now,
+        while the node is still there (True: a newer one came home)."""
         if self.puller is None or not self.r.nodes:
-            return
+            return False
         self.puller.close()
         try:
             epoch = self.puller.pull_newest(self.r.nodes[0])
         except (CloudtrainError, OSError) as exc:
             self.ex.reporter.warn(f"could not bring the final checkpoint home: {exc}")
-            return
+            return False
         if epoch is not None:
-            self.ex.reporter.info(f"final checkpoint kept ({checkpoints.kept_epoch(self.kept)})")
+            self.ex.reporter.info(f"the checkpoint written after the interruption notice is home (as epoch {epoch})")
+        return epoch is not None
 
     # the next attempt ---------------------------------------------------------------------------------
 

@@ -15,6 +15,8 @@ on the node, is rewritten here and reread by the watchdog on every tick:
                  the sweep backend (`set_lease`); `up`, `run` and `autostop` keep it
     action       what the provider says the node must do to stop or delete itself
                  (Provider.watchdog_action), cached on the node per instance and effect
+    interruption the cloud whose interruption notice the node watches for (a run with `recover:`),
+                 or null (docs/recovery.md)
     count_ssh, ssh_port, shutdown_command, metadata_url, ca_file, persist  (see docs/watchdog.md)
 
 Writing it costs one round trip per node when the node already holds an action for the same
@@ -31,7 +33,7 @@ import shlex
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from cloudtrain import paths
@@ -89,6 +91,7 @@ class Settings:
     budget: dict[str, Any] | None  # {"limit_s", "used_s", "epoch", "why"}
     keep: tuple[str, ...] = ()  # config keys this write leaves as the node has them
     lease: dict[str, Any] | None = None  # {"until", "why"} (sent with "sent_at")
+    interruption: str | None = None  # the cloud whose interruption notice it watches for (run/recover.py)
 
     @property
     def down(self) -> bool:
@@ -211,6 +214,7 @@ def node_config(cluster: Cluster, node: Node, settings: Settings, action: Mappin
         "lease": {**settings.lease, "sent_at": time.time()} if settings.lease is not None else None,
         "action": dict(action) if action is not None else None,
         "action_key": f"{node.record.instance_id}:{'delete' if settings.down else 'stop'}",
+        "interruption": settings.interruption,
         # On machines reached over SSH a session of the user counts as activity; here it cannot.
         "count_ssh": cluster.provider.capabilities.remote,
         "ssh_port": None,
@@ -304,6 +308,9 @@ def start_from_recipe(store: StateStore, cluster: Cluster, nodes: Sequence[Node]
     """`up` / `run`: the recipe's autostop and budget, enforced on every node from now on. A new
     cluster asks the provider for the action right away (its launch set the cloud side up)."""
     settings = settings_from_recipe(recipe, store, cluster.record.name, cluster.record.hourly_price)
+    if recipe.recovery is not None and cluster.provider.capabilities.remote:
+        # A recovering run: the node also watches for its cloud's interruption notice.
+        settings = replace(settings, interruption=cluster.provider.name)
     results = ensure_on_nodes(cluster, nodes, settings, eager_action=created)
     if any(r.status == "written" for r in results):
         report(reporter, settings, results)

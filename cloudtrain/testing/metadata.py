@@ -6,6 +6,16 @@
                          (header `Metadata-Flavor: Google`) -> {"access_token", "expires_in", "token_type"}
     Azure IMDS           GET /metadata/identity/oauth2/token?api-version=...&resource=...
                          (header `Metadata: true`) -> {"access_token", "expires_on", "resource", "token_type"}
+  and the clouds' interruption notices, as each documents them (`interrupt(cloud)` arms one,
+  `clear()` takes it back; until then each answers "nothing scheduled"):
+    EC2 IMDSv2           GET /latest/meta-data/spot/instance-action (header `X-aws-ec2-metadata-token`
+                         from PUT /latest/api/token) -> 404, or {"action": "terminate", "time": <now + 2 min>}
+    GCE metadata server  GET /computeMetadata/v1/instance/preempted (`Metadata-Flavor: Google`) -> FALSE | TRUE
+    Azure IMDS           GET /metadata/scheduledevents?api-version=... (`Metadata: true`) ->
+                         {"DocumentIncarnation": n, "Events": [{"EventType": "Preempt", "Resources": [vm], ...}]}
+  The fake cannot tell which machine asks (the real ones answer by source address): an armed
+  notice is every asker's, so a test arms it for one machine and clears it once it was served
+  (`notices_served(cloud)`).
   Point the watchdog at it with `CLOUDTRAIN_WATCHDOG_METADATA_URL=<server.url>` (read when the CLI
   writes the watchdog's config). `requests` lists what it was asked; `token_for(kind)` is the token
   it hands out, which the fake cloud API should expect as the bearer token. `fail(status)` makes
@@ -52,6 +62,9 @@ GCE_TOKEN_PATH = "/computeMetadata/v1/instance/service-accounts/default/token"
 EC2_TOKEN_PATH = "/latest/api/token"
 EC2_CREDENTIALS_PATH = "/latest/meta-data/iam/security-credentials/"
 IMDS_TOKEN_PATH = "/metadata/identity/oauth2/token"
+EC2_NOTICE_PATH = "/latest/meta-data/spot/instance-action"
+GCE_NOTICE_PATH = "/computeMetadata/v1/instance/preempted"
+AZURE_EVENTS_PATH = "/metadata/scheduledevents"
 
 
 @dataclass(frozen=True)
@@ -78,6 +91,8 @@ class MetadataServer:
     _ec2_tokens: set[str] = field(default_factory=set)
     _fail_status: int | None = None
     _fail_times: int = 0
+    _notices: dict[str, list[str]] = field(default_factory=dict)  # armed: cloud -> the VMs Azure's event names
+    _incarnation: int = 1
     _server: ThreadingHTTPServer | None = None
     _thread: threading.Thread | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -124,6 +139,27 @@ class MetadataServer:
         with self._lock:
             self._fail_status, self._fail_times = status, times
 
+    def interrupt(self, cloud: str, machines: list[str] | None = None) -> None:
+        """Announce that the cloud takes the machine back: "aws", "gcp" or "azure" (`machines`: the
+        VM names Azure's Preempt event lists)."""
+        if cloud not in ("aws", "gcp", "azure"):
+            raise ValueError(f"no interruption notice for {cloud!r}")
+        with self._lock:
+            self._notices[cloud] = list(machines or [])
+            self._incarnation += 1
+
+    def clear(self) -> None:
+        """No interruption scheduled any more (for machines that ask from now on)."""
+        with self._lock:
+            self._notices.clear()
+            self._incarnation += 1
+
+    def notices_served(self, cloud: str) -> int:
+        """How many answers announced an interruption of `cloud`'s kind."""
+        with self._lock:
+            return sum(1 for r in self.requests if r.kind == f"notice-{cloud}" and r.status == 200
+                       and r.query.get("served") == "yes")
+
     def seen(self, kind: str) -> list[MetadataRequest]:
         with self._lock:
             return [r for r in self.requests if r.kind == kind]
@@ -166,6 +202,9 @@ class MetadataServer:
         parts = urlsplit(handler.path)
         query = {k: v[0] for k, v in parse_qs(parts.query).items()}
         headers = {k.lower(): v for k, v in handler.headers.items()}
+        if parts.path in (EC2_NOTICE_PATH, GCE_NOTICE_PATH, AZURE_EVENTS_PATH) and handler.command == "GET":
+            self._answer_notice(handler, parts.path, query, headers)
+            return
         if parts.path == GCE_TOKEN_PATH:
             kind = "gce"
             allowed = headers.get("metadata-flavor") == "Google"
@@ -190,6 +229,46 @@ class MetadataServer:
         handler.send_header("Content-Length", str(len(payload)))
         handler.end_headers()
         handler.wfile.write(payload)
+
+
+    def _answer_notice(self, handler: BaseHTTPRequestHandler, path: str, query: dict[str, str],
+                       headers: dict[str, str]) -> None:
+        """The interruption-notice endpoints, with the headers each real one requires."""
+        with self._lock:
+            notices, incarnation = dict(self._notices), self._incarnation
+            ec2_token_ok = headers.get("x-aws-ec2-metadata-token") in self._ec2_tokens
+        served = False
+        if path == EC2_NOTICE_PATH:
+            kind = "notice-aws"
+            served = ec2_token_ok and "aws" in notices
+            when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + 120))
+            status = 401 if not ec2_token_ok else (200 if served else 404)  # HttpTokens required
+            body = json.dumps({"action": "terminate", "time": when}).encode() if served else b""
+            ctype = "application/json"
+        elif path == GCE_NOTICE_PATH:
+            kind = "notice-gcp"
+            ok = headers.get("metadata-flavor") == "Google"
+            served = ok and "gcp" in notices
+            status, ctype = (200 if ok else 403), "application/text"
+            body = (b"TRUE" if served else b"FALSE") if ok else b""
+        else:
+            kind = "notice-azure"
+            ok = headers.get("metadata") == "true" and "api-version" in query and "x-forwarded-for" not in headers
+            served = ok and "azure" in notices
+            events = [{"EventId": f"preempt-{incarnation}", "EventType": "Preempt", "ResourceType": "VirtualMachine",
+                       "Resources": notices.get("azure", []), "EventStatus": "Scheduled",
+                       "NotBefore": time.strftime("%a, %d %b %Y %H:%M:%S GMT", time.gmtime(time.time() + 30)),
+                       "Description": "", "EventSource": "Platform", "DurationInSeconds": -1}] if served else []
+            status, ctype = (200 if ok else 400), "application/json"
+            body = json.dumps({"DocumentIncarnation": incarnation, "Events": events}).encode() if ok else b""
+        with self._lock:
+            self.requests.append(MetadataRequest(kind, path, {**query, "served": "yes" if served else "no"},
+                                                 headers, status))
+        handler.send_response(status)
+        handler.send_header("Content-Type", ctype)
+        handler.send_header("Content-Length", str(len(body)))
+        handler.end_headers()
+        handler.wfile.write(body)
 
 
 @pytest.fixture

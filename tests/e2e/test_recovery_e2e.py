@@ -10,12 +10,14 @@ is the fakes' own bill (cloudtrain/testing/bill.py) for both machines.
 
 from __future__ import annotations
 
+import calendar
 import json
 import os
 import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 from typing import Any
 
@@ -29,15 +31,18 @@ if not sshd.sshd_available() and not os.environ.get("CI"):
     pytest.skip("OpenSSH sshd is not installed (apt-get install openssh-server)", allow_module_level=True)
 
 STEPS = 8
-# Resumes from $CLOUDTRAIN_CHECKPOINT_DIR, checkpoints there after every step (a new file, then the
-# index: the contract in docs/recovery.md), prints an epoch line after it. The first attempt waits
-# after step 3 until the test has preempted its machine (MARKS/go), so the loss is mid-run.
+# Resumes from $CLOUDTRAIN_CHECKPOINT_DIR, checkpoints there after every step (a new file, then
+# rename: the contract in docs/recovery.md), prints an epoch line after it. The first attempt waits
+# after step 3 until the test has preempted its machine (MARKS/go), so the loss is mid-run. On
+# SIGTERM (the watchdog's, on an interruption notice) it writes a last checkpoint, with a `final`
+# mark no epoch line announces: only the notice's pull can bring that one home.
 TRAIN = textwrap.dedent("""\
     set -eu
     ckpt="$CLOUDTRAIN_CHECKPOINT_DIR"; mkdir -p "$ckpt"
     i=0; total=0
     if [ -f "$ckpt/state" ]; then read i total < "$ckpt/state"; fi
-    echo "start $i" >> "$MARKS/starts"
+    trap 'echo "$i $total" > "$ckpt/state"; echo "$i" > "$ckpt/final"; echo "final checkpoint at step $i"; exit 143' TERM
+    echo "start $i $(cat "$ckpt/final" 2>/dev/null || echo -)" >> "$MARKS/starts"
     echo "resuming at step $i"
     while [ "$i" -lt {steps} ]; do
       i=$((i + 1)); total=$((total + i * i))
@@ -60,11 +65,11 @@ def _workdir(root: Path) -> Path:
     return work
 
 
-def _recipe(cloud: FakeCloud, marks: Path, name: str | None = None, **resources: Any) -> Path:
+def _recipe(cloud: FakeCloud, marks: Path, watch_s: float = 1, **fields: Any) -> Path:
     return cloud.recipe(
-        name=name, workdir=str(_workdir(cloud.root)), run="sh train.sh", results=["outputs"],
-        envs={"MARKS": str(marks)}, resources={"spot": True, **resources},
-        recover={"max_restarts": 2, "watch_s": 1}, autostop=False)
+        workdir=str(_workdir(cloud.root)), run="sh train.sh", results=["outputs"],
+        envs={"MARKS": str(marks)}, resources={"spot": True}, recover={"max_restarts": 2, "watch_s": watch_s},
+        **{"autostop": False, **fields})
 
 
 def _start(cloud: FakeCloud, recipe: Path) -> subprocess.Popen:
@@ -139,7 +144,7 @@ def test_a_preempted_run_job_resumes_in_another_zone_with_the_same_results(
     # It resumed from the checkpoint of step 3 (or later: steps reported before the loss was seen).
     assert second["resumed_from_epoch"] >= 3
     starts = (marks / "starts").read_text().split("\n")
-    assert starts[0] == "start 0" and starts[1] == f"start {second['resumed_from_epoch']}", starts
+    assert starts[0] == "start 0 -" and starts[1] == f"start {second['resumed_from_epoch']} -", starts
     log = (run_dir / "job.log").read_text()
     assert "--- cloudtrain: attempt 1" in log and "--- cloudtrain: attempt 2" in log and "preempted" in log
     assert log.index("resuming at step 0") < log.index("--- cloudtrain: attempt 2") < log.rindex("resuming at step")
@@ -159,3 +164,47 @@ def test_a_preempted_run_job_resumes_in_another_zone_with_the_same_results(
     assert record["cost_usd"] == pytest.approx(billed, rel=0.01, abs=4 * hourly / 3600), cloud.bill.instances(cloud.cluster)
     assert len(cloud.bill.instances(cloud.cluster)) == 2
     assert cloud.leftovers() == []
+
+
+def test_a_checkpoint_written_after_the_notice_arrives_home_before_the_node_is_gone(
+        aws_cloud: Any, metadata_server: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """EC2 announces the interruption (IMDS spot/instance-action); the node's watchdog sees it,
+    records it and SIGTERMs the job, which writes a last checkpoint that no epoch line announced.
+    The CLI (its cloud watcher slowed down, so only the notice can tell it) finds the notice, brings
+    that checkpoint home while the instance still runs, then terminates it and relaunches; the
+    second attempt starts from exactly that checkpoint."""
+    aws_cloud.env["CLOUDTRAIN_WATCHDOG_METADATA_URL"] = metadata_server.url
+    monkeypatch.setenv("CLOUDTRAIN_WATCHDOG_METADATA_URL", metadata_server.url)
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    recipe = _recipe(aws_cloud, marks, watch_s=300, autostop={"idle_minutes": 30})
+    proc = _start(aws_cloud, recipe)
+    try:
+        kept = wait_until(lambda: next(aws_cloud.runs_dir.glob("*/checkpoint/cloudtrain-checkpoint.json"), None),
+                          300, "a checkpoint kept on the laptop")
+        wait_until(lambda: json.loads(kept.read_text())["epoch"] >= 3, 60, "the checkpoint of step 3")
+        (first,) = aws_cloud.instances(aws_cloud.cluster, states=["running"])
+        metadata_server.interrupt("aws")
+        wait_until(lambda: metadata_server.notices_served("aws") >= 1, 60, "the watchdog reading the notice")
+        metadata_server.clear()  # the fake answers every machine: the next one must not see it
+        out, err = _finish(proc, marks)
+    finally:
+        (marks / "go").touch()
+    assert proc.returncode == 0, out[-3000:] + err[-3000:]
+    run_dir = Path(out.strip().splitlines()[-1])
+    record = json.loads((run_dir / "run.json").read_text())
+    one, two = record["attempts"]
+    assert (one["outcome"], two["outcome"]) == ("preempted", "succeeded"), record["attempts"]
+    assert "interruption notice" in one["reason"] and "spot/instance-action" in one["reason"]
+    # The second attempt started from the checkpoint written on SIGTERM (its `final` mark).
+    starts = (marks / "starts").read_text().split("\n")
+    assert starts[0] == "start 0 -" and starts[1] == "start 3 3", starts
+    # ... which was home before the first instance was terminated (EC2 reports when, to the second).
+    (gone,) = [i for i in aws_cloud.instances(aws_cloud.cluster) if i["InstanceId"] == first["InstanceId"]]
+    assert gone["State"]["Name"] == "terminated"
+    stamp = gone["StateTransitionReason"].split("(", 1)[1].rstrip(")").rsplit(" ", 1)[0]  # "... GMT" / "... UTC"
+    terminated_at = calendar.timegm(time.strptime(stamp, "%Y-%m-%d %H:%M:%S"))
+    assert one["final_checkpoint_at"] is not None and one["final_checkpoint_at"] < terminated_at + 1
+    assert "final checkpoint at step 3" in (run_dir / "job.log").read_text()
+    assert json.loads((run_dir / "outputs" / "result.json").read_text())["total"] == sum(i * i for i in range(1, STEPS + 1))
+    assert aws_cloud.leftovers() == []
