@@ -40,10 +40,11 @@ DISK_KINDS = frozenset({"volume", "disk"})
 
 
 def gc_clouds() -> tuple[str, ...]:
-    """Clouds whose machines cloudtrain creates; hosts from a recipe are the user's, never collected."""
-    from cloudtrain.providers import available, capabilities
+    """Clouds whose machines cloudtrain creates; hosts from a recipe are the user's, never collected.
+    A scheduler's (Slurm) leaks are our queued jobs nothing follows (its provider's `leaked_jobs`)."""
+    from cloudtrain.providers import available, capabilities, schedules
 
-    return tuple(name for name in available() if not capabilities(name).takes_hosts)
+    return tuple(name for name in available() if not capabilities(name).takes_hosts or schedules(name))
 
 
 @dataclass(frozen=True)
@@ -111,6 +112,8 @@ def find_leaks(store: StateStore, config: Config, clouds: Sequence[str] | None =
                 continue
             pricer = Pricer(cloud, catalog, capabilities(cloud).priced)
             leaks += _instance_leaks(cloud, provider, store, tracked, pricer)
+            if hasattr(provider, "leaked_jobs"):
+                leaks += provider.leaked_jobs(store)
             by_cluster: dict[str, list[ClusterResource]] = {}
             for resource in provider.list_resources():
                 if resource.cluster not in tracked:
@@ -214,6 +217,10 @@ def collect(leaks: Sequence[Leak], config: Config) -> list[str]:
     providers: dict[str, Provider] = {}
     for leak in leaks:
         provider = providers.setdefault(leak.cloud, get_provider(leak.cloud, config))
+        if leak.kind == "queued-job":
+            provider.cancel_leaked(leak)  # type: ignore[attr-defined]
+            done.append(f"{leak.cloud}: cancelled job {', '.join(leak.ids)} ({leak.cluster})")
+            continue
         if leak.kind == "instance":
             provider.terminate(list(leak.ids))
             done.append(f"{leak.cloud}: terminated {', '.join(leak.ids)} ({leak.cluster})")

@@ -4,6 +4,7 @@ queued with sbatch through the login node, nothing left in the queue afterwards.
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -173,3 +174,26 @@ def test_a_job_outlives_its_cli_and_cancel_or_down_ends_it(slurm_cluster: SlurmC
         assert slurm_cluster.queue() == [], verb
         if verb == "cancel":
             assert ct("down", "slurm-cancel").returncode == 0
+
+
+def test_gc_finds_a_job_whose_submit_script_died_and_cancels_it(slurm_cluster: SlurmCluster,
+                                                                  sshd_vm_factory: SshdFactory,
+                                                                  tmp_path: Path) -> None:
+    recipe = write_recipe(tmp_path / "r.yaml", slurm_cluster, sshd_vm_factory, "echo started; sleep 600",
+                          name="slurm-gc")
+    proc, log = _start_run(recipe, tmp_path)
+    wait_until(lambda: "started" in log.read_text(), timeout=120, what=f"the job to start:\n{log.read_text()}")
+    proc.kill()
+    proc.wait(timeout=30)
+    # The login node loses the submit script (as in a reboot of the login node alone): the job
+    # keeps its allocation with nothing following it.
+    pid_file = next(slurm_cluster.shared.glob(".cloudtrain/slurm-gc/jobs/*-run/pid"))
+    os.killpg(int(pid_file.read_text()), signal.SIGKILL)
+    [job] = slurm_cluster.queue()
+    listed = ct("gc", "--cloud", "slurm")
+    assert listed.returncode == 1 and job.id in listed.stdout and "queued-job" in listed.stdout, listed.stdout
+    assert [j.id for j in slurm_cluster.queue()] == [job.id]  # listing removes nothing
+    removed = ct("gc", "--cloud", "slurm", "--yes")
+    assert removed.returncode == 0, removed.stdout + removed.stderr
+    wait_until(lambda: slurm_cluster.queue() == [], timeout=60, what="the leaked job to leave the queue")
+    assert ct("down", "slurm-gc").returncode == 0

@@ -30,7 +30,9 @@ from cloudtrain.providers.base import (
 )
 
 if TYPE_CHECKING:
+    from cloudtrain.cluster.gc import Leak
     from cloudtrain.recipe import Recipe
+    from cloudtrain.state import StateStore
 
 
 def instance_id(cluster: str, address: str) -> str:
@@ -111,6 +113,20 @@ class SlurmProvider:
         from cloudtrain.providers.slurm.plan import plan_document
 
         return plan_document(recipe)
+
+    def leaked_jobs(self, store: StateStore) -> list[Leak]:
+        """`gc`: our jobs still queued on a Slurm cluster in state that nothing follows (leaks.py)."""
+        from cloudtrain.providers.base import listing_owner
+        from cloudtrain.providers.slurm.leaks import find
+
+        return find(store, self.config, self, listing_owner(self.config))
+
+    def cancel_leaked(self, leak: Leak) -> None:
+        """`gc --yes`: scancel the job through the login node it was found through."""
+        from cloudtrain.providers.slurm.leaks import cancel
+        from cloudtrain.state import StateStore
+
+        cancel(StateStore(), self.config, self, leak)
 
     def batch_job(self, recipe: Recipe, run: str, setup: str | None, job_id: str, cluster: str) -> str:
         """The script the login node runs for one run: one sbatch job doing `setup` then `run` on

@@ -58,3 +58,11 @@ def test_show_job_and_pending_reasons() -> None:
     assert (fields["JobState"], fields["Reason"], fields["Comment"]) == ("PENDING", "Resources", "cloudtrain:me:c")
     assert describe_pending("Resources") == "Resources (the nodes it needs are busy)"
     assert describe_pending("SomethingElse") == "SomethingElse"
+
+
+def test_the_queue_listing_is_data() -> None:
+    from cloudtrain.providers.slurm.leaks import parse_queue
+
+    jobs = parse_queue("12|cloudtrain-c-1-run|RUNNING|cloudtrain:me:c\n13|other|PENDING|(null)\n\ngarbage\n")
+    assert [(j.id, j.owner_and_cluster, j.cloudtrain_job) for j in jobs] == [
+        ("12", ("me", "c"), "c-1-run"), ("13", None, None)]
