@@ -217,19 +217,49 @@ exit 0
 
 def read_logs(transport: Transport, layout: NodeLayout, job_ids: Sequence[str]) -> dict[str, tuple[JobStatus, bytes]]:
     """Each job's status and whole log, in one command (one round trip for all of them)."""
-    result = transport.run(["sh", "-c", _READ_LOGS, "sh", layout.runner, *(layout.job_dir(j) for j in job_ids)],
-                           what="fetching the logs")
-    data, at, found = result.stdout, 0, {}
+    result = transport.run(_read_logs_argv(layout, job_ids), what="fetching the logs")
+    return _parse_logs(transport.label, result.stdout, job_ids)
+
+
+def start_read_logs(transport: Transport, layout: NodeLayout,
+                    job_ids: Sequence[str]) -> Callable[[], dict[str, tuple[JobStatus, bytes]]]:
+    """read_logs, asked now and answered when the returned function is called: over the node helper
+    the request goes with whatever is asked next, in one round trip (answers come in order)."""
+    start = getattr(transport, "start", None)
+    if start is None:
+        return lambda: read_logs(transport, layout, job_ids)
+    argv = _read_logs_argv(layout, job_ids)
+    proc = start(shlex.join(argv), what="fetching the logs")
+
+    def finish() -> dict[str, tuple[JobStatus, bytes]]:
+        try:
+            data = proc.read_all()
+            code = proc.wait()
+        finally:
+            proc.close()
+        if code != 0:
+            raise RemoteError(f"{transport.label}: fetching the logs failed (exit {code}): {proc.stderr_tail()}")
+        return _parse_logs(transport.label, data, job_ids)
+
+    return finish
+
+
+def _read_logs_argv(layout: NodeLayout, job_ids: Sequence[str]) -> list[str]:
+    return ["sh", "-c", _READ_LOGS, "sh", layout.runner, *(layout.job_dir(j) for j in job_ids)]
+
+
+def _parse_logs(label: str, data: bytes, job_ids: Sequence[str]) -> dict[str, tuple[JobStatus, bytes]]:
+    at, found = 0, {}
     for job_id in job_ids:
         line_end = data.find(b"\n", at)
         size_end = data.find(b"\n", line_end + 1)
         if line_end < 0 or size_end < 0 or not data[line_end + 1 : size_end].strip().isdigit():
-            raise RemoteError(f"{transport.label}: unreadable log listing {data[at:at + 300]!r}")
-        state = parse_status(transport.label, data[at:line_end].decode(errors="replace"))
+            raise RemoteError(f"{label}: unreadable log listing {data[at:at + 300]!r}")
+        state = parse_status(label, data[at:line_end].decode(errors="replace"))
         size = int(data[line_end + 1 : size_end])
         log = data[size_end + 1 : size_end + 1 + size]
         if len(log) != size:
-            raise RemoteError(f"{transport.label}: the log of {job_id} arrived cut short ({len(log)} of {size} bytes)")
+            raise RemoteError(f"{label}: the log of {job_id} arrived cut short ({len(log)} of {size} bytes)")
         found[job_id] = (state, log)
         at = size_end + 1 + size
     return found

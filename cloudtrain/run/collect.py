@@ -9,6 +9,7 @@ staged, so a broken attempt leaves the run directory as it was.
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -25,6 +26,7 @@ from cloudtrain.remote.archive import Refused, list_files
 if TYPE_CHECKING:
     from cloudtrain.cluster.nodes import Node
 
+log = logging.getLogger(__name__)
 # A listing that disagrees with what arrived is retried this often (files still changing).
 _MISMATCH_ATTEMPTS = 3
 
@@ -51,37 +53,51 @@ def collect(nodes: Sequence[Node], run_id: str, result_paths: Sequence[str], run
             window_s: float, warn: Callable[[str], None], results: bool = True) -> Collected:
     """Fetch logs from every node and results from rank 0 into run_dir. Never raises for the link."""
     deadline = time.monotonic() + window_s
-    files: list[str] = []
+    log_files: list[str] = []
+    result_files: list[str] = []
     errors: list[str] = []
     attempts = 0
-    for node in nodes:
-        # Every log of the run and its state in one command: one round trip per node.
-        try:
-            logs, tries = _retrying(lambda n=node: _read_logs(n, run_id), deadline, warn, "fetching the logs")
-        except CloudtrainError as exc:
-            for _job_id, name in job_ids(run_id):
-                errors.append(f"{name if node.rank == 0 else f'node-{node.rank}-{name}'}: {exc.one_line()}")
-            continue
-        attempts += tries
-        for job_id, name in job_ids(run_id):
-            target = run_dir / (name if node.rank == 0 else f"node-{node.rank}-{name}")
-            data = logs[job_id]
-            if data is not None:
-                _write_atomically(target, data)
-                files.append(target.name)
     refused: tuple[Refused, ...] = ()
+    early: dict[str, bytes | None] | None = None
     if results and result_paths:
+        # Rank 0's logs are asked together with its results: one round trip for both over the node
+        # helper (answers come in order). Should that fail, the logs are fetched again below.
+        asked = _start_logs(nodes[0], run_id)
         try:
             marker = _results_begin(nodes[0], run_id)
             (names, refused), tries = _retrying(
                 lambda: _fetch_verified(nodes[0], result_paths, run_dir, marker), deadline, warn,
                 "copying the results")
             attempts += tries
-            files = list(names) + files
+            result_files = list(names)
         except CloudtrainError as exc:
-            errors.insert(0, exc.one_line())
+            errors.append(exc.one_line())
+        if asked is not None:
+            try:
+                early = asked()
+                attempts += 1
+            except RemoteError as exc:
+                log.debug("rank 0's logs with the results: %s; fetching them again", exc.one_line())
+    for node in nodes:
+        # Every log of the run and its state in one command: one round trip per node.
+        if node.rank == 0 and early is not None:
+            logs = early
+        else:
+            try:
+                logs, tries = _retrying(lambda n=node: _read_logs(n, run_id), deadline, warn, "fetching the logs")
+            except CloudtrainError as exc:
+                for _job_id, name in job_ids(run_id):
+                    errors.append(f"{name if node.rank == 0 else f'node-{node.rank}-{name}'}: {exc.one_line()}")
+                continue
+            attempts += tries
+        for job_id, name in job_ids(run_id):
+            target = run_dir / (name if node.rank == 0 else f"node-{node.rank}-{name}")
+            data = logs[job_id]
+            if data is not None:
+                _write_atomically(target, data)
+                log_files.append(target.name)
     error = "; ".join(errors) if errors else None
-    return Collected(tuple(files), refused, attempts, error)
+    return Collected(tuple(result_files + log_files), refused, attempts, error)
 
 
 class _Mismatch(RemoteError):
@@ -143,9 +159,22 @@ def _retrying(fn: Callable, deadline: float, warn: Callable[[str], None], doing:
 
 def _read_logs(node: Node, run_id: str) -> dict[str, bytes | None]:
     """Each job's whole log; None for a job that never started on this node."""
-    found = jobs.read_logs(node.transport, node.layout, [job_id for job_id, _ in job_ids(run_id)])
-    return {job_id: (None if state.state == JobState.PENDING and not log else log)
-            for job_id, (state, log) in found.items()}
+    return _as_logs(jobs.read_logs(node.transport, node.layout, [job_id for job_id, _ in job_ids(run_id)]))
+
+
+def _start_logs(node: Node, run_id: str) -> Callable[[], dict[str, bytes | None]] | None:
+    """_read_logs asked now, answered by the returned call; None if it could not even be asked."""
+    try:
+        finish = jobs.start_read_logs(node.transport, node.layout, [job_id for job_id, _ in job_ids(run_id)])
+    except RemoteError as exc:
+        log.debug("asking for the logs: %s", exc.one_line())
+        return None
+    return lambda: _as_logs(finish())
+
+
+def _as_logs(found: dict[str, tuple[jobs.JobStatus, bytes]]) -> dict[str, bytes | None]:
+    return {job_id: (None if state.state == JobState.PENDING and not data else data)
+            for job_id, (state, data) in found.items()}
 
 
 def _write_atomically(target: Path, data: bytes) -> None:
