@@ -8,7 +8,8 @@ and touches no state; it imports neither cloud SDKs nor TensorFlow nor numpy.
 Checks, in order, each raising one line with `file:line: field: what was expected` (exit code 2):
   1. the cloud exists in this cloudtrain (one without a provider is refused here, not after a run row);
   2. recipe fields the cloud cannot act on (autostop and budget where its machines cannot stop
-     themselves, budget.max_usd on a free cloud; cloud-only fields on cloud local);
+     themselves, budget.max_usd on a free cloud; cloud-only fields on cloud local; a bucket whose
+     store the cloud gives its machines no identity for, buckets/checks.py);
   3. the bundled job's parameters, against its declared schema (cloudtrain/jobs/params.py);
   4. for priced clouds, the catalog plan: instance type, region, GPU (with did-you-mean), sizes, AMI.
 Data targets (relative, inside the workdir) are checked when the recipe loads.
@@ -98,6 +99,11 @@ def unsupported(recipe: Recipe) -> tuple[str, str, str | None] | None:
         if not provider_capabilities(cloud).priced:
             return ("budget.max_usd", f"budget.max_usd needs a priced cloud: cloud {cloud} has no hourly price",
                     "use budget.max_hours to limit the running time")
+    from cloudtrain.buckets.checks import bucket_problem
+
+    bucket = bucket_problem(recipe, _clouds_of(cloud))
+    if bucket is not None:
+        return bucket
     if cloud in _registered() and not provider_capabilities(cloud).cloud_fields:
         honoured = getattr(_provider_class(cloud), "honours_fields", ())
         for name in CLOUD_ONLY_FIELDS:

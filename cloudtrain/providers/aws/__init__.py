@@ -86,6 +86,8 @@ _SHUTTING_DOWN = "instances still shutting down"
 class AwsProvider:
     name = "aws"
     capabilities = Capabilities(supports_stop=True, supports_spot=True, remote=True, priced=True, autostop=True)
+    # Stores its instances get an identity for (an IAM role scoped to the recipe's buckets: identity.py).
+    bucket_stores = ("s3",)
 
     @staticmethod
     def image_pins_region(image: str) -> bool:
