@@ -87,3 +87,19 @@ def test_bucket_dataset_copied_incrementally_results_uploaded_and_access_denied_
     roles = s3.server.client("iam").list_roles(PathPrefix="/cloudtrain/")["Roles"]
     assert role not in [r["RoleName"] for r in roles]
     assert cloud.leftovers() == []
+
+
+def test_local_node_uses_the_configured_credentials_and_says_so(local_cloud, s3_buckets: S3Buckets) -> None:  # noqa: ANN001
+    """`cloud: local` has no machine identity: the copy uses the store credentials configured where
+    it runs (here the test's AWS_* keys, a user's), and the run says so."""
+    s3 = s3_buckets
+    bucket = s3.create(f"loc-{local_cloud.cluster[-8:].lower().strip('-')}")
+    s3.fill(bucket, "d", files=20, total_bytes=200_000)
+    recipe = bucket_recipe(local_cloud, local_cloud.cluster, [{"source": f"s3://{bucket}/d", "target": "data"}],
+                           run="ls data/part-000 | wc -l")
+    result = local_cloud.run(recipe)
+    assert result.ok, result.output[-3000:]
+    assert "with the store credentials configured on the node (ssh and local nodes have no cloud identity)" \
+        in result.output
+    assert "copied 20 files" in result.output
+    assert s3.authorizer.decisions == []  # long-term user keys: no node identity was involved
