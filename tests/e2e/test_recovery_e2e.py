@@ -208,3 +208,35 @@ def test_a_checkpoint_written_after_the_notice_arrives_home_before_the_node_is_g
     assert "final checkpoint at step 3" in (run_dir / "job.log").read_text()
     assert json.loads((run_dir / "outputs" / "result.json").read_text())["total"] == sum(i * i for i in range(1, STEPS + 1))
     assert aws_cloud.leftovers() == []
+
+
+def test_the_bundled_cnn_preempted_once_resumes_from_its_own_checkpoint(aws_cloud: Any) -> None:
+    """The bundled TensorFlow job: its per-epoch checkpoints come home as it trains; preempted, it
+    relaunches in another zone and resumes from the newest one (`resumed_from_epoch`), ending with
+    every epoch's history once."""
+    epochs = 150
+    recipe = aws_cloud.recipe(
+        job={"name": "mnist_cnn", "params": {"epochs": epochs, "data": "bundled", "no_placement_log": True,
+                                             "limit_train": 256, "limit_test": 256, "batch_size": 64,
+                                             "max_steps_per_epoch": 2}},
+        resources={"spot": True}, recover={"max_restarts": 1, "watch_s": 1}, autostop=False)
+    proc = _start(aws_cloud, recipe)
+    try:
+        kept = wait_until(lambda: next(aws_cloud.runs_dir.glob("*/checkpoint/cloudtrain-checkpoint.json"), None),
+                          600, "the first checkpoint kept on the laptop")
+        zone, machine = _placement(aws_cloud)
+        aws_cloud.preempt(machine)
+        out, err = proc.communicate(timeout=600)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, out[-3000:] + err[-3000:]
+    run_dir = Path(out.strip().splitlines()[-1])
+    one, two = json.loads((run_dir / "run.json").read_text())["attempts"]
+    assert (one["outcome"], two["outcome"], one["zone"]) == ("preempted", "succeeded", zone) and two["zone"] != zone
+    metrics = json.loads((run_dir / "outputs" / "metrics.json").read_text())
+    assert metrics["resumed_from_epoch"] == two["resumed_from_epoch"] >= 1 and metrics["epochs"] == epochs
+    assert len(json.loads((run_dir / "outputs" / "train_state.json").read_text())["history"]) == epochs
+    assert "resuming from the checkpoint after epoch" in (run_dir / "job.log").read_text()
+    assert kept.exists() and aws_cloud.leftovers() == []
