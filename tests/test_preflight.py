@@ -214,6 +214,7 @@ BUNDLED = [
     ("torchrun-ssh.yaml", SSH_ONE, None),
     ("mnist-aws-t4.yaml", {}, "plan: g4dn.xlarge (T4:1) in aws/us-east-1 at $0.526/h"),
     ("mnist-aws-spot.yaml", {}, "plan: g4dn.xlarge (T4:1) spot in aws/us-east-2 at $0.1578/h"),
+    ("mnist-aws-s3.yaml", {"MNIST_BUCKET": "my-data"}, "plan: g4dn.xlarge (T4:1) in aws/us-east-1 at $0.526/h"),
     ("mnist-gcp-t4.yaml", {}, "plan: n1-standard-4+t4x1 (T4:1) in gcp/us-central1 at $0.54/h"),
     ("mnist-gcp-spot.yaml", {}, "plan: n1-standard-4+t4x1 (T4:1) spot in gcp/us-central1 at $0.15/h"),
     ("mnist-azure-t4.yaml", {}, "plan: Standard_NC4as_T4_v3 (T4:1) in azure/eastus at $0.526/h"),
