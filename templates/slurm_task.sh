@@ -42,7 +42,14 @@ if [ "${CT_TF_CONFIG:-0}" = 1 ] && [ "$NNODES" -gt 1 ]; then
     export TF_CONFIG="{\"cluster\": {\"worker\": [$workers]}, \"task\": {\"type\": \"worker\", \"index\": $NODE_RANK}}"
 fi
 cd "${CLOUDTRAIN_WORKDIR:-.}" || exit 1
-[ "$NODE_RANK" = 0 ] || exec > "$jd/node-$NODE_RANK.log" 2>&1
+if [ "$NODE_RANK" != 0 ]; then
+    exec > "$jd/node-$NODE_RANK.log" 2>&1
+    # The bundled job starts by clearing outputs/ in its working directory, which every node
+    # shares here: the other workers write theirs in a directory of their own (rank 0's are the run's).
+    if [ "${CT_TF_CONFIG:-0}" = 1 ]; then
+        mkdir -p "$jd/node-$NODE_RANK-work" && cd "$jd/node-$NODE_RANK-work" || exit 1
+    fi
+fi
 if [ -f "$jd/setup.sh" ]; then
     sh "$jd/setup.sh" || exit $?
 fi

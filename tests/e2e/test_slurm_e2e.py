@@ -197,3 +197,15 @@ def test_gc_finds_a_job_whose_submit_script_died_and_cancels_it(slurm_cluster: S
     assert removed.returncode == 0, removed.stdout + removed.stderr
     wait_until(lambda: slurm_cluster.queue() == [], timeout=60, what="the leaked job to leave the queue")
     assert ct("down", "slurm-gc").returncode == 0
+
+
+def test_the_bundled_cnn_across_two_slurm_nodes(slurm_cluster: SlurmCluster, sshd_vm_factory: SshdFactory,
+                                                tmp_path: Path) -> None:
+    # TF_CONFIG from the allocation: MultiWorkerMirroredStrategy with one worker per Slurm node.
+    proc = ct("run", str(REPO / "recipes" / "mnist-slurm.yaml"), "--runs-dir", str(tmp_path / "runs"),
+              env={**login_env(slurm_cluster, sshd_vm_factory), "CT_SLURM_NODES": "2"}, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    metrics = json.loads((last_line(proc) / "outputs" / "metrics.json").read_text())
+    assert metrics["epochs"] == 1 and metrics["test_accuracy"] > 0.5, metrics
+    assert (metrics["strategy"], metrics["num_workers"], metrics["replicas"]) == ("multiworker", 2, 2), metrics
+    assert slurm_cluster.queue() == []
