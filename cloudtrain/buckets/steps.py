@@ -67,9 +67,17 @@ def node_env(identity: str, who: str, environ: Mapping[str, str] | None = None) 
 
 def _prelude(env: Mapping[str, str]) -> str:
     exports = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in sorted(env.items()))
-    install = (f'"$CLOUDTRAIN_PYTHON" -c "import obstore" 2>/dev/null || '
-               f'"$CLOUDTRAIN_PYTHON" -m pip install --quiet {shlex.quote(OBSTORE_REQUIREMENT)} || '
-               '{ echo "bucket copy: could not install obstore on this node" >&2; exit 6; }\n')
+    # Installed into cloudtrain's own venv on a node (bootstrap's marker file), never into an
+    # interpreter of yours (cloud local runs the copy with the CLI's own Python).
+    install = ('if ! "$CLOUDTRAIN_PYTHON" -c "import obstore" 2>/dev/null; then\n'
+               '  if [ -f "$(dirname "$CLOUDTRAIN_PYTHON")/../.cloudtrain" ]; then\n'
+               f'    "$CLOUDTRAIN_PYTHON" -m pip install --quiet {shlex.quote(OBSTORE_REQUIREMENT)} || '
+               '{ echo "bucket copy: could not install obstore on this node" >&2; exit 6; }\n'
+               '  else\n'
+               '    echo "bucket copy: obstore is not installed for $CLOUDTRAIN_PYTHON: pip install \'cloudtrain[buckets]\'" >&2; '
+               'exit 6\n'
+               '  fi\n'
+               'fi\n')
     return f"set -e\n{exports}{install}"
 
 

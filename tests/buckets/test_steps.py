@@ -1,0 +1,70 @@
+"""The bucket steps' pieces: which mounts the laptop syncs, whose identity, the node's script."""
+
+from __future__ import annotations
+
+import os
+import sys
+import subprocess
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from cloudtrain.buckets.steps import copy_in_script, identity_of, node_env, upload_script, without_buckets
+from cloudtrain.buckets.url import parse_bucket_url
+from cloudtrain.providers.base import Capabilities
+from cloudtrain.recipe import load_recipe
+
+
+def test_the_laptop_syncs_local_mounts_only(tmp_path: Path) -> None:
+    (tmp_path / "labels.csv").write_text("x")
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("name: bk\nresources: {cloud: local}\nrun: 'true'\ndata:\n"
+                      "  - {source: 's3://bkt-a/train', target: data}\n  - {source: labels.csv, target: l.csv}\n")
+    loaded = load_recipe(recipe, env={})
+    assert loaded.data_sources == (tmp_path / "labels.csv",)
+    assert [m.source for m in without_buckets(loaded).recipe.data] == ["labels.csv"]
+
+
+@pytest.mark.parametrize("caps, described, identity, says", [
+    (Capabilities(False, False, remote=True, priced=True), lambda c: f"role of {c}", "instance", "role of c1"),
+    (Capabilities(False, False, remote=True, priced=True), None, "instance", "the VM's own identity"),
+    (Capabilities(False, False, remote=True, priced=False, owns_machines=False, takes_hosts=True), None, "configured", "configured on the node"),
+    (Capabilities(False, False, remote=False, priced=False, owns_machines=False), None, "configured", "no cloud identity"),
+])
+def test_identity(caps: Capabilities, described, identity: str, says: str) -> None:  # noqa: ANN001
+    provider = SimpleNamespace(capabilities=caps, **({"bucket_identity": described} if described else {}))
+    got, who = identity_of(provider, "c1")
+    assert got == identity and says in who
+
+
+def test_node_env_passes_endpoints_not_credentials() -> None:
+    env = node_env("instance", "role", {"AWS_ENDPOINT_URL": "http://127.0.0.1:9", "AWS_ACCESS_KEY_ID": "AKIA...",
+                                        "CLOUDTRAIN_METADATA_URL": "http://127.0.0.1:8"})
+    assert env == {"CLOUDTRAIN_BUCKET_IDENTITY": "instance", "CLOUDTRAIN_BUCKET_WHO": "role",
+                   "CLOUDTRAIN_S3_ENDPOINT": "http://127.0.0.1:9", "CLOUDTRAIN_METADATA_URL": "http://127.0.0.1:8"}
+    assert node_env("configured", "x", {"AWS_ENDPOINT_URL_S3": "http://a:1", "AWS_ENDPOINT_URL": "http://b:2"})[
+        "CLOUDTRAIN_S3_ENDPOINT"] == "http://a:1"
+
+
+def _run(script: str, python: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    env = {"PATH": "/usr/bin:/bin", "CLOUDTRAIN_PYTHON": python, "CLOUDTRAIN_RUNTIME": str(cwd / "rt")}
+    return subprocess.run(["sh", "-c", script], env=env, cwd=cwd, capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.skipif(not os.path.exists("/usr/bin/python3"), reason="needs a python3 without obstore")
+def test_an_interpreter_of_yours_gets_no_install(tmp_path: Path) -> None:
+    probe = subprocess.run(["/usr/bin/python3", "-c", "import obstore"], capture_output=True)
+    if probe.returncode == 0:
+        pytest.skip("/usr/bin/python3 has obstore")
+    script = copy_in_script([(parse_bucket_url("s3://bkt-a/p"), "data")], {})
+    result = _run(script, "/usr/bin/python3", tmp_path)
+    assert result.returncode == 6
+    assert "obstore is not installed for /usr/bin/python3: pip install 'cloudtrain[buckets]'" in result.stderr
+
+
+def test_upload_of_no_results_is_said_not_failed(tmp_path: Path) -> None:
+    script = upload_script(parse_bucket_url("s3://bkt-a/runs/r1"), ["outputs", "missing"], {})
+    result = _run(script, sys.executable, tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "upload s3://bkt-a/runs/r1: no results to upload" in result.stdout
