@@ -209,3 +209,14 @@ def test_the_bundled_cnn_across_two_slurm_nodes(slurm_cluster: SlurmCluster, ssh
     assert metrics["epochs"] == 1 and metrics["test_accuracy"] > 0.5, metrics
     assert (metrics["strategy"], metrics["num_workers"], metrics["replicas"]) == ("multiworker", 2, 2), metrics
     assert slurm_cluster.queue() == []
+
+
+def test_a_job_slurm_refuses_fails_with_sbatch_s_reason(slurm_cluster: SlurmCluster, sshd_vm_factory: SshdFactory,
+                                                         tmp_path: Path) -> None:
+    recipe = write_recipe(tmp_path / "r.yaml", slurm_cluster, sshd_vm_factory, "echo never",
+                          slurm={"partition": "nosuchpartition"})
+    proc = ct("run", str(recipe), "--runs-dir", str(tmp_path / "runs"), cwd=tmp_path)
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    # The job's last log lines are shown on failure: sbatch's own reason among them.
+    assert "invalid partition" in proc.stdout + proc.stderr and "sbatch refused the job" in proc.stdout + proc.stderr
+    assert slurm_cluster.queue() == []
