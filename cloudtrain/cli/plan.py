@@ -62,13 +62,21 @@ def plan(recipe_path: str, as_json: bool, alternatives: int) -> None:
         raise
     p = usable.plan
     if as_json:
+        from cloudtrain.buckets.egress import egress_for
+
         output.print_json({**_document(p), **_autostop_doc(loaded.recipe), "catalog_only": False,
-                           "skipped": [{"cloud": c, "why": w} for c, w in usable.skipped]})
+                           "skipped": [{"cloud": c, "why": w} for c, w in usable.skipped],
+                           "egress": [{**e.__dict__, "usd": e.usd}
+                                      for e in egress_for(loaded.recipe, p.best.cloud, p.best.region)]})
         return
     for cloud, why in usable.skipped:
         output.warn(f"skipping {cloud}: {why} (see `cloudtrain check {cloud}`)")
     _render(p, alternatives)
     output.info(autostop_line(loaded.recipe))
+    from cloudtrain.buckets.egress import egress_for
+
+    for crossing in egress_for(loaded.recipe, p.best.cloud, p.best.region):
+        output.warn(crossing.line())
     # What a VM could do with its own credentials, where the provider says (its watchdog deletes it
     # under autostop.down or a sweep's lease; only then does it need an identity).
     recipe = loaded.recipe

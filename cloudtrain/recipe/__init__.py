@@ -144,6 +144,17 @@ class DataMount(StrictModel):
             parse_bucket_url(value)  # one line saying what is wrong (docs/data.md)
         return value
 
+    region: str | None = Field(default=None, description="a bucket source's region: `plan` warns and estimates "
+                               "the transfer cost when the job runs elsewhere")
+    size_gb: Annotated[float, Field(gt=0)] | None = Field(default=None, description="about how much a bucket source "
+                                                          "holds, for that estimate")
+
+    @model_validator(mode="after")
+    def _bucket_fields(self) -> DataMount:
+        if not self.is_bucket and (self.region is not None or self.size_gb is not None):
+            raise ValueError("region and size_gb describe a bucket source (s3://, gs://, az://), not a local path")
+        return self
+
     @property
     def is_bucket(self) -> bool:
         return "://" in self.source
