@@ -45,3 +45,23 @@ def test_role_created_listed_and_released(moto_server) -> None:  # noqa: ANN001
     assert provider.release_resources("idtest-a") == []
     assert [r for r in provider.list_resources("idtest-a") if r.kind == "iam-role"] == []
     release_node_role(provider.api, "us-east-1", "idtest-a")  # gone is success
+
+
+def test_gc_finds_and_removes_the_role_of_a_cluster_state_lost(aws_cloud) -> None:  # noqa: ANN001
+    """A role left behind (its cluster's state gone): `gc` lists it, `gc --yes` removes it."""
+    from cloudtrain.providers.aws import AwsProvider
+    from cloudtrain.providers.aws.identity import ensure_node_role
+    from cloudtrain.providers.base import TAG_CLUSTER, TAG_OWNER
+
+    lost = aws_cloud.new_cluster("lostrole")
+    provider = AwsProvider("us-east-1", all_owners=True)
+    tags = {TAG_CLUSTER: lost, TAG_OWNER: "someone-else"}
+    ensure_node_role(provider.api, "us-east-1", lost, tags, grants_for(["s3://data-bkt/x"], None))
+    listed = aws_cloud.cli("gc", "--cloud", "aws", "--all-owners")
+    assert listed.returncode == 1, listed.output
+    (line,) = [x for x in listed.output.splitlines() if f"cloudtrain-{lost}" in x]
+    assert "iam-role" in line and "$0" in line
+    removed = aws_cloud.cli("gc", "--cloud", "aws", "--all-owners", "--yes")
+    assert removed.returncode == 0, removed.output
+    roles = [r["RoleName"] for r in aws_cloud.server.client("iam").list_roles(PathPrefix="/cloudtrain/")["Roles"]]
+    assert f"cloudtrain-{lost}" not in roles

@@ -104,7 +104,9 @@ def list_node_roles(api: Ec2Api, region: str, cluster: str | None, owner: str | 
                 continue
             if owner is not None and tags.get(TAG_OWNER) != owner:
                 continue
-            found.append(ClusterResource("aws", tags[TAG_CLUSTER], "iam-role", role["RoleName"], None))
+            # IAM costs nothing: `gc` lists the role at $0 (it leaks access, not money).
+            found.append(ClusterResource("aws", tags[TAG_CLUSTER], "iam-role", role["RoleName"], None,
+                                         hourly_usd=0.0))
         return found
     except AwsApiError as exc:
         if exc.code not in _DENIED:
