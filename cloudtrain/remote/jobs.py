@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from cloudtrain import paths
-from cloudtrain.errors import RemoteError
+from cloudtrain.errors import RemoteCommandError, RemoteError
 from cloudtrain.remote.transport import Transport
 
 class JobState(StrEnum):
@@ -86,6 +86,21 @@ def submit(transport: Transport, layout: NodeLayout, job_id: str, script: str, e
 
     `deadline_s` (default: the job's CLOUDTRAIN_DEADLINE_S, if set): the node ends the job after that
     many seconds (whole, rounded down) even if the CLI is gone; it then fails with exit code 124."""
+    return start_submit(transport, layout, job_id, script, env, deadline_s)()
+
+
+def pipelining(transport: Transport) -> bool:
+    """Whether requests started one after the other reach the node in order and are answered in
+    order (the node helper): only then may a request go before the answer to the one it depends on."""
+    check = getattr(transport, "pipelining", None)
+    return bool(check is not None and check())
+
+
+def start_submit(transport: Transport, layout: NodeLayout, job_id: str, script: str, env: Mapping[str, str],
+                 deadline_s: float | None = None) -> Callable[[], int]:
+    """submit, sent now; the returned call waits for the pid. When the transport pipelines, what is
+    asked before calling it (the follow of the job's log) goes to the node in the same round trip
+    and runs after the start."""
     job_dir = layout.job_dir(job_id)
     deadline = _deadline(deadline_s if deadline_s is not None else env.get(DEADLINE_ENV))
     # env.sh, cmd.sh and the start in one round trip (the edit-run loop pays for every one): both
@@ -97,12 +112,31 @@ def submit(transport: Transport, layout: NodeLayout, job_id: str, script: str, e
     start = ('umask 077 && mkdir -p "$1" && cat > "$1/in.part" && [ "$(wc -c < "$1/in.part")" -eq "$3" ] '
              '&& head -c "$6" "$1/in.part" > "$1/env.sh" && tail -c +"$(($6 + 1))" "$1/in.part" > "$1/cmd.sh" '
              '&& rm -f "$1/in.part" && exec sh "$2" start "$1" "$4" "$5"')
-    result = transport.run(["sh", "-c", start, "sh", job_dir, layout.runner, str(len(body)), str(KILL_GRACE_S),
-                            str(deadline or ""), str(len(env_bytes))], input=body, what="starting the job")
+    argv = ["sh", "-c", start, "sh", job_dir, layout.runner, str(len(body)), str(KILL_GRACE_S), str(deadline or ""),
+            str(len(env_bytes))]
+    if not pipelining(transport):
+        text = transport.run(argv, input=body, what="starting the job").text
+        return lambda: _pid(transport.label, text)
+    proc = transport.start(shlex.join(argv), input=body, what="starting the job")  # type: ignore[attr-defined]
+
+    def finish() -> int:
+        try:
+            out = proc.read_all().decode(errors="replace")
+            code = proc.wait()
+        finally:
+            proc.close()
+        if code != 0:
+            raise RemoteCommandError(argv, code, proc.stderr.decode(errors="replace"))
+        return _pid(transport.label, out)
+
+    return finish
+
+
+def _pid(label: str, text: str) -> int:
     try:
-        return int(result.text.strip())
+        return int(text.strip())
     except ValueError:
-        raise RemoteError(f"{transport.label}: runner printed {result.text!r} instead of a pid") from None
+        raise RemoteError(f"{label}: runner printed {text!r} instead of a pid") from None
 
 
 def _deadline(value: float | str | None) -> int | None:
@@ -166,14 +200,21 @@ def stream_log(transport: Transport, layout: NodeLayout, job_id: str, offset: in
                             what="following the job log")
 
 
-def follow_log(transport: Transport, layout: NodeLayout, job_id: str,
-               offset: int) -> tuple[Iterator[bytes], Callable[[], JobStatus]]:
+@dataclass(frozen=True)
+class LogFollow:
+    chunks: Iterator[bytes]  # the log from the offset until the job is over
+    final: Callable[[], JobStatus]  # then its state (asked with the follow)
+    abort: Callable[[], None]  # give up before reading (the caller's own error)
+
+
+def follow_log(transport: Transport, layout: NodeLayout, job_id: str, offset: int) -> LogFollow:
     """stream_log and the job's status once it ends, asked together: over the node helper the
     status request goes with the follow and is answered right after it (no extra round trip).
     Read the stream to its end before asking the status."""
-    start = getattr(transport, "start", None)
-    if start is None:
-        return stream_log(transport, layout, job_id, offset), lambda: status(transport, layout, job_id)
+    if not pipelining(transport):
+        return LogFollow(stream_log(transport, layout, job_id, offset), lambda: status(transport, layout, job_id),
+                         lambda: None)
+    start = transport.start  # type: ignore[attr-defined]
     job_dir = layout.job_dir(job_id)
     follower = start(shlex.join(["sh", layout.runner, "follow", job_dir, str(offset)]), what="following the job log")
     asked = start(shlex.join(["sh", layout.runner, "status", job_dir]), what="checking the job's state")
@@ -199,7 +240,11 @@ def follow_log(transport: Transport, layout: NodeLayout, job_id: str,
             raise RemoteError(f"{transport.label}: checking the job's state failed (exit {code})")
         return parse_status(transport.label, text)
 
-    return chunks(), final
+    def abort() -> None:
+        follower.close()
+        asked.close()
+
+    return LogFollow(chunks(), final, abort)
 
 
 # Per job directory: runner.sh's status line, the log's size on a line, then that many bytes of it.

@@ -454,6 +454,11 @@ class SSHTransport:
             return proc
         return self._start_channel(command, input=input, timeout=timeout, what=what)
 
+    def pipelining(self) -> bool:
+        """Whether commands started now go through the node helper, so they run in the order they
+        were started and a later one may be sent before an earlier one's answer (remote/jobs.py)."""
+        return self._helper_now() is not None
+
     def _helper_now(self, assumed_home: str | None = None) -> NodeHelper | None:
         """The node helper for this thread, started on first use; None: use a channel of its own
         (the node has no python3, helpers are off, or another thread's requests are in flight)."""

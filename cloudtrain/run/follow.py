@@ -22,20 +22,24 @@ MAX_LINE_BYTES = 1 << 20
 
 def follow(node: Node, job_id: str, offset: int, reporter: Reporter, *, others: Sequence[Node] = (),
            on_offset: Callable[[int], None] | None = None, raw: Callable[[str], None] | None = None,
-           until_finished: bool = True, on_worker_failure: Callable[[], None] | None = None) -> jobs.JobStatus:
+           until_finished: bool = True, on_worker_failure: Callable[[], None] | None = None,
+           submitted: Callable[[], object] | None = None) -> jobs.JobStatus:
     """Stream complete log lines from `offset` until the job ends; survives dropped connections.
 
     Only whole lines are emitted and `on_offset` gets the byte offset just past each one, so a
     follower that is interrupted and resumed from that offset neither loses nor repeats a line.
     Lines go to `raw` verbatim, or to the reporter (progress events rendered). With `others`
     (the other nodes of a multi-node job), a failed worker ends the job: `on_worker_failure` is
-    called to stop the rest, then JobFailedError is raised.
+    called to stop the rest, then JobFailedError is raised. `submitted` (jobs.start_submit's answer,
+    not yet read) is read once the follow is asked: both go to the node in one round trip.
     """
     # A Ctrl-C between printing a line and recording its offset would repeat it on resume: each
     # line is printed and recorded under _line(), and Ctrl-C is taken between lines.
     if until_finished and not others:
         with _interrupts_between_lines():
-            return _follow_streaming(node, job_id, offset, reporter, on_offset, raw)
+            return _follow_streaming(node, job_id, offset, reporter, on_offset, raw, submitted)
+    if submitted is not None:
+        submitted()
     pending = b""
     last_check = 0.0
     while True:
@@ -71,7 +75,8 @@ def follow(node: Node, job_id: str, offset: int, reporter: Reporter, *, others: 
 
 
 def _follow_streaming(node: Node, job_id: str, offset: int, reporter: Reporter,
-                      on_offset: Callable[[int], None] | None, raw: Callable[[str], None] | None) -> jobs.JobStatus:
+                      on_offset: Callable[[int], None] | None, raw: Callable[[str], None] | None,
+                      submitted: Callable[[], object] | None = None) -> jobs.JobStatus:
     """One command on the node streams the log as it grows and returns when the job is over: no
     poll interval on the client, the end is seen within the runner's 50 ms. A dropped link resumes
     from the last byte received."""
@@ -80,13 +85,28 @@ def _follow_streaming(node: Node, job_id: str, offset: int, reporter: Reporter,
     while True:
         try:
             # The final status is asked with the follow: no round trip of its own once the job ends.
-            chunks, final = jobs.follow_log(node.transport, node.layout, job_id, offset + len(pending))
-            for chunk in chunks:
+            following = jobs.follow_log(node.transport, node.layout, job_id, offset + len(pending))
+            final = following.final
+            if submitted is not None:
+                # The job's start was asked just before: its answer (or its error, raised as the
+                # submit's own: never retried as a follow) comes first.
+                answer, submitted = submitted, None
+                try:
+                    answer()
+                except BaseException as exc:
+                    following.abort()
+                    raise _StartFailed() from exc
+            for chunk in following.chunks:
                 lines, pending = split_lines(pending + chunk)
                 offset = _emit_lines(lines, offset, node.rank, reporter, raw, on_offset)
                 failures, delay = 0, 0.5
             break
+        except _StartFailed as wrapper:
+            raise wrapper.__cause__ from None  # type: ignore[misc]
         except RemoteError:
+            if submitted is not None:
+                submitted = None
+                raise  # the start was asked but its answer never read: its fate is unknown
             failures += 1
             if failures >= 5:
                 raise
@@ -104,6 +124,10 @@ def _follow_streaming(node: Node, job_id: str, offset: int, reporter: Reporter,
         if on_offset:
             on_offset(offset)
     return status
+
+
+class _StartFailed(Exception):
+    """Carries the job start's own error out of the follow's retry loop."""
 
 
 def split_lines(data: bytes) -> tuple[list[tuple[bytes, int]], bytes]:

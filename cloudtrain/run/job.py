@@ -36,9 +36,14 @@ def run_job(store: StateStore, reporter: Reporter, nodes: Sequence[Node], run_id
     master_port = _free_port() if _loopback(nodes) else multinode.MASTER_PORT
     envs = {n.rank: job_env(nodes, n, run_id, recipe, ports, job_id, master_port) for n in nodes}
     script = multinode.hostfile_prelude([n.address for n in nodes], recipe.resources.accelerator_count) + script
-    on_all(list(nodes), lambda n: jobs.submit(n.transport, n.layout, job_id, script, envs[n.rank]))
+    submitted = None
+    if len(nodes) == 1:
+        # The start and the follow of its log in one round trip (the node runs them in order).
+        submitted = jobs.start_submit(nodes[0].transport, nodes[0].layout, job_id, script, envs[nodes[0].rank])
+    else:
+        on_all(list(nodes), lambda n: jobs.submit(n.transport, n.layout, job_id, script, envs[n.rank]))
     final = follow(nodes[0], job_id, 0, reporter, others=nodes[1:],
-                   on_worker_failure=lambda: kill_everywhere(nodes, job_id, reporter))
+                   on_worker_failure=lambda: kill_everywhere(nodes, job_id, reporter), submitted=submitted)
     statuses = [final] + [_wait_finished(n, job_id, reporter) for n in nodes[1:]]
     worst = next((s for s in statuses if s.state != JobState.SUCCEEDED), final)
     store.update_job(job_id, status=worst.state, exit_code=worst.exit_code, ended_at=time.time())
