@@ -21,7 +21,7 @@ from cloudtrain.testing.sshd import SshdFactory, SshdVM
 from tests.conftest import cli_env
 
 # docs/sync.md, "Round trips": after connecting, per CLI invocation.
-WARM_RUN_UNCHANGED = 6
+WARM_RUN_UNCHANGED = 5
 EXEC_UNCHANGED = 5
 LOGS = 2
 
