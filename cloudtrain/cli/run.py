@@ -58,9 +58,11 @@ env_option = click.option("--env", "-e", "env", multiple=True, metavar="KEY=VALU
 @click.option("--runs-dir", type=click.Path(file_okay=False), help="Where results go (default: config runs_dir).")
 @click.option("--quiet", "-q", is_flag=True,
               help="Print only what went wrong, the summary and the run directory.")
+@click.option("--resume", "resume_run", metavar="RUN",
+              help="Pick up RUN, a recovering run whose CLI died: relaunch from its kept checkpoint (docs/recovery.md).")
 @yes_option
 def run(recipe_path: str, cluster: str | None, env: dict[str, str], down_: bool, stop_: bool, keep_: bool,
-        runs_dir: str | None, quiet: bool, yes: bool) -> None:
+        runs_dir: str | None, quiet: bool, resume_run: str | None, yes: bool) -> None:
     """Run RECIPE: up if needed, sync, setup, run, collect into runs/<run-id>/, tear down.
 
     On a priced cloud, a new cluster (or a stopped one started again) is priced first and, on a
@@ -89,7 +91,13 @@ def run(recipe_path: str, cluster: str | None, env: dict[str, str], down_: bool,
     check_runs_dir(base, "--runs-dir" if runs_dir else "runs_dir (config)")
     sigterm_as_interrupt()
     approve = approver(yes, lc.config.confirm)
-    result = Executor(lc, display, approve).run(loaded, name, teardown or "auto", base, env_overrides=env)
+    executor = Executor(lc, display, approve)
+    if resume_run:
+        from cloudtrain.run.recover import resume
+
+        result = resume(executor, loaded, resume_run, teardown or "auto", base, env)
+    else:
+        result = executor.run(loaded, name, teardown or "auto", base, env_overrides=env)
     if result.status != RunStatus.SUCCEEDED and result.exit_code not in (None, 0):
         _log_tail(result)  # the job or setup failed: its log says why (other failures: the summary's error)
     _summary(result)

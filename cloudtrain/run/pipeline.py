@@ -178,9 +178,11 @@ class Executor:
                                             existing.instance_type, existing.num_nodes, existing.hourly_price))
 
     def run(self, loaded: LoadedRecipe, cluster_name: str, teardown: Teardown, runs_dir: Path,
-            env_overrides: Mapping[str, str] | None = None) -> RunResult:
+            env_overrides: Mapping[str, str] | None = None, resume: RunRecord | None = None) -> RunResult:
         """`env_overrides` (`run --env KEY=VALUE`) replace or add to the recipe's envs for this run;
-        like envs they are exported for setup and the job and never written to state or run.json."""
+        like envs they are exported for setup and the job and never written to state or run.json.
+        `resume`: a recovering run whose CLI died goes on, in its own row and run directory
+        (run/recover.resume checks it may)."""
         if env_overrides:
             recipe = loaded.recipe.model_copy(update={"envs": {**loaded.recipe.envs, **env_overrides}})
             loaded = loaded.model_copy(update={"recipe": recipe})
@@ -190,17 +192,15 @@ class Executor:
             # Refused before a run row or directory exists: a refused run is no failed run. (lc.up
             # checks again under the cluster's lock, for a run that starts meanwhile.)
             self.lc.refuse_if_busy(cluster_name)
-        run_id = new_run_id(cluster_name)
-        run_dir = (runs_dir / run_id).resolve()
-        run_dir.mkdir(parents=True, exist_ok=False)
-        r = _Run(run_id, run_dir, loaded, _PhaseClock(self.reporter), time.time())
+        if resume is not None and resume.run_dir:
+            r = _Run(resume.id, Path(resume.run_dir), loaded, _PhaseClock(self.reporter), resume.started_at)
+            r.run_dir.mkdir(parents=True, exist_ok=True)
+            self.store.update_run(resume.id, status=RunStatus.RUNNING, ended_at=None, error=None, pid=os.getpid(),
+                                  driver=procid.identity())
+        else:
+            r = self._new_run(loaded, cluster_name, runs_dir)
         r.clock.spent = lambda: self._spent(cluster_name, r.started)
-        self.store.insert_run(RunRecord(
-            id=run_id, cluster=cluster_name, recipe_path=str(loaded.path.resolve()), recipe_digest=loaded.digest,
-            run_dir=str(run_dir), status=RunStatus.RUNNING, exit_code=None, provider=recipe.resources.cloud,
-            instance_type=None, hourly_price=0.0, cost_usd=0.0, started_at=r.started, ended_at=None,
-            pid=os.getpid(), result_paths=json.dumps(recipe.result_paths()), driver=procid.identity(),
-        ))
+        run_id, run_dir = r.run_id, r.run_dir
         usage_error: UsageError | None = None
         try:
             from cloudtrain.run.recover import recovery_for
@@ -238,6 +238,21 @@ class Executor:
         # Interrupted (INT, TERM or HUP, in any phase): the caller prints the run directory last
         # and exits 130.
         return result
+
+    def _new_run(self, loaded: LoadedRecipe, cluster_name: str, runs_dir: Path) -> _Run:
+        """A new run's directory and row."""
+        recipe = loaded.recipe
+        run_id = new_run_id(cluster_name)
+        run_dir = (runs_dir / run_id).resolve()
+        run_dir.mkdir(parents=True, exist_ok=False)
+        r = _Run(run_id, run_dir, loaded, _PhaseClock(self.reporter), time.time())
+        self.store.insert_run(RunRecord(
+            id=run_id, cluster=cluster_name, recipe_path=str(loaded.path.resolve()), recipe_digest=loaded.digest,
+            run_dir=str(run_dir), status=RunStatus.RUNNING, exit_code=None, provider=recipe.resources.cloud,
+            instance_type=None, hourly_price=0.0, cost_usd=0.0, started_at=r.started, ended_at=None,
+            pid=os.getpid(), result_paths=json.dumps(recipe.result_paths()), driver=procid.identity(),
+        ))
+        return r
 
     def _attempt(self, r: _Run, cluster_name: str) -> None:
         """Provision, sync, setup and the job: what a run does once (or, recovering, once per attempt)."""

@@ -57,6 +57,7 @@ if TYPE_CHECKING:
 
 NOTICE_FILE = "interruption.json"  # beside the watchdog's config, ~/.cloudtrain/<cluster>/
 ATTEMPTS_DIR = "attempts"
+ATTEMPTS_FILE = "attempts.json"  # in the run directory, rewritten as attempts go (read by `run --resume`)
 GOING = frozenset({"stopping", "stopped", "terminated"})
 
 
@@ -170,6 +171,7 @@ class Recovery:
         self.puller: checkpoints.Puller | None = None
         self.watcher: _Watcher | None = None
         self._log: Any = None
+        self._load_attempts()
         if CHECKPOINT_ENV not in r.loaded.recipe.envs:
             recipe = r.loaded.recipe.model_copy(update={"envs": {**r.loaded.recipe.envs, CHECKPOINT_ENV: self.rel}})
             r.loaded = r.loaded.model_copy(update={"recipe": recipe})
@@ -213,6 +215,28 @@ class Recovery:
             if self.puller is not None:
                 self.puller.close()
 
+    def _load_attempts(self) -> None:
+        """A resumed run (`run --resume`) goes on from the attempts its dead CLI recorded; one it
+        left open ended with that CLI."""
+        try:
+            saved = json.loads((self.r.run_dir / ATTEMPTS_FILE).read_text())
+        except FileNotFoundError:
+            return
+        except (OSError, ValueError) as exc:
+            raise NodeLostError(f"cannot read {self.r.run_dir / ATTEMPTS_FILE}: {exc}") from exc
+        for item in saved:
+            attempt = Attempt(**item)
+            if attempt.outcome == "running":
+                attempt.outcome, attempt.reason = "lost", "the CLI driving it ended; picked up by `run --resume`"
+                attempt.ended_at = attempt.ended_at or time.time()
+            self.attempts.append(attempt)
+
+    def _save(self) -> None:
+        path = self.r.run_dir / ATTEMPTS_FILE
+        tmp = path.with_name(f".{ATTEMPTS_FILE}.tmp")
+        tmp.write_text(json.dumps([asdict(a) for a in self.attempts], indent=1))
+        tmp.replace(path)
+
     def _begin(self) -> Attempt:
         current = Attempt(number=len(self.attempts) + 1, started_at=time.time(),
                           resumed_from_epoch=checkpoints.kept_epoch(self.kept))
@@ -236,6 +260,7 @@ class Recovery:
         if self._log is not None:
             self._log.close()
             self._log = None
+        self._save()
 
     @staticmethod
     def _placed(current: Attempt, cluster: Cluster) -> None:
@@ -415,6 +440,9 @@ class Recovery:
     def job_starting(self) -> None:
         """Before a relaunched job: the kept checkpoint into its CLOUDTRAIN_CHECKPOINT_DIR on every node."""
         current = self.attempts[-1]
+        if self.r.cluster is not None:
+            self._placed(current, self.r.cluster)  # known from here on, also to a resume after a dead CLI
+            self._save()
         if current.number == 1 or checkpoints.kept_epoch(self.kept) is None or not self.r.nodes:
             return
         try:
@@ -499,6 +527,8 @@ def _give_up_connections(nodes: list) -> None:
         if hasattr(transport, "reconnect_for"):
             transport.retry_for = 0.0
             transport.reconnect_for = 0.0
+            # An address the cloud already gave back may still accept and never speak: don't wait on it.
+            transport.connect_timeout = min(transport.connect_timeout, 1.0)
         transport.close()
 
 
@@ -542,6 +572,40 @@ class _Tee:
     def __getattr__(self, name: str) -> Any:
         # Reporters may carry more than the protocol (the CLI's progress bar): pass it through.
         return getattr(self.inner, name)
+
+
+def resume(executor: Executor, loaded: Any, run_id: str, teardown: Any, runs_dir: Path,
+           env_overrides: Any = None) -> Any:
+    """`cloudtrain run RECIPE --resume RUN`: a recovering run whose CLI died goes on in its run
+    directory. Its machines gone (preempted, or deleted by their deadline, while no CLI ran): the
+    next attempt launches and resumes from the checkpoint kept so far. Still up: refused, naming the
+    commands that follow or collect what runs there."""
+    from cloudtrain.errors import UsageError as Usage
+
+    store = executor.store
+    row = store.get_run(run_id)
+    if row is None or not row.run_dir:
+        raise Usage(f"no run {run_id!r}", hint="`cloudtrain status` lists recent runs")
+    if row.status == "running" and row.driver_alive():
+        raise Usage(f"run {run_id} is still driven by cloudtrain (pid {row.pid})",
+                    hint="wait for it, or stop it with Ctrl-C in its terminal")
+    if row.status == "succeeded":
+        raise Usage(f"run {run_id} succeeded already", hint=f"its results are in {row.run_dir}")
+    if loaded.recipe.recovery is None:
+        raise Usage(f"run {run_id}: the recipe has no recover: (and is not spot), so there is nothing to resume",
+                    hint="add `recover: true` to the recipe")
+    if row.recipe_digest and row.recipe_digest != loaded.digest:
+        executor.reporter.warn(f"the recipe changed since run {run_id} started; resuming with it as it is now")
+    name = row.cluster
+    if store.get_cluster(name) is not None:
+        why = gone_reason(executor.lc.refresh(name))
+        if why is None:
+            raise Usage(f"run {run_id}: cluster {name} is still up, its job may still be running",
+                        hint=f"`cloudtrain logs {name} -f` follows it, `cloudtrain collect {name} {run_id}` brings "
+                             f"its results home, `cloudtrain down {name}` ends it")
+        executor.reporter.warn(f"cluster {name} went while no CLI ran ({why}): taking it down, relaunching")
+        executor.lc.down(name)
+    return executor.run(loaded, name, teardown, runs_dir, env_overrides, resume=row)
 
 
 def kept_checkpoint(run_dir: Path) -> int | None:

@@ -240,3 +240,38 @@ def test_the_bundled_cnn_preempted_once_resumes_from_its_own_checkpoint(aws_clou
     assert len(json.loads((run_dir / "outputs" / "train_state.json").read_text())["history"]) == epochs
     assert "resuming from the checkpoint after epoch" in (run_dir / "job.log").read_text()
     assert kept.exists() and aws_cloud.leftovers() == []
+
+
+def test_run_resume_picks_up_a_run_whose_cli_died_while_its_node_was_preempted(aws_cloud: Any, tmp_path: Path) -> None:
+    """The CLI is killed mid-run; while no CLI runs the spot node is reclaimed. `run --resume RUN`
+    takes the dead cluster down, relaunches and resumes from the checkpoint kept before the CLI died,
+    in the same run directory and row; run.json lists both attempts and the cost covers both."""
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    recipe = _recipe(aws_cloud, marks)
+    proc = _start(aws_cloud, recipe)
+    try:
+        kept = wait_until(lambda: next(aws_cloud.runs_dir.glob("*/checkpoint/cloudtrain-checkpoint.json"), None),
+                          300, "a checkpoint kept on the laptop")
+        wait_until(lambda: json.loads(kept.read_text())["epoch"] >= 3, 60, "the checkpoint of step 3")
+        wait_until(lambda: (kept.parent.parent / "attempts.json").exists(), 60, "the attempt recorded")
+    finally:
+        proc.kill()  # the laptop's CLI dies: no cleanup of any kind
+        proc.communicate()
+    run_dir = kept.parent.parent
+    (machine,) = aws_cloud.instances(aws_cloud.cluster, states=["running"])
+    aws_cloud.preempt(machine["InstanceId"])
+    try:
+        resumed = aws_cloud.cli("run", str(recipe), "--resume", run_dir.name, "--down", timeout=600)
+    finally:
+        (marks / "go").touch()
+    assert resumed.ok, resumed.output
+    assert resumed.run_dir == run_dir
+    record = json.loads((run_dir / "run.json").read_text())
+    one, two = record["attempts"]
+    assert (one["outcome"], two["outcome"]) == ("lost", "succeeded") and "run --resume" in one["reason"]
+    assert (marks / "starts").read_text().split("\n")[:2] == ["start 0 -", "start 3 -"]
+    assert json.loads((run_dir / "outputs" / "result.json").read_text())["total"] == sum(i * i for i in range(1, STEPS + 1))
+    billed = aws_cloud.bill.usd(aws_cloud.cluster, until=record["ended_at"])
+    assert record["cost_usd"] == pytest.approx(billed, rel=0.01, abs=4 * one["hourly_price_usd"] / 3600)
+    assert aws_cloud.leftovers() == []
