@@ -30,7 +30,10 @@ Fixtures (pytest plugin `cloudtrain`):
 - `azure_cloud`: everything a `cloudtrain run` on `cloud: azure` needs, for one test (an
   `AzureCloud`, the shape every `<cloud>_cloud` fixture shares: see cloud.py). Each VM the fake
   creates boots its own sshd VM trusting the VM's osProfile SSH keys, reached at its public IP;
-  deallocate / power-off / delete / eviction power it off, start powers it on. Recipes get a gallery
+  deallocate / power-off / delete / eviction power it off, start powers it on. A launch-time
+  deadline in a VM's custom data (templates/deadline_arm.sh) fires as cloud-init would make it:
+  its ARM call goes through the fake with a managed identity's token (`deadline_calls` records
+  it); refused, the VM powers off and stays allocated. Recipes get a gallery
   image whose VMs log in as the sshd VMs' user (root in CI, which the fake is told to accept:
   Azure itself refuses root as admin user). `azure_cloud.fail("capacity" | "sku" | "quota" | "auth")`.
 - `arm_server`: the bare server for this test, with the service principal's variables and
@@ -252,6 +255,10 @@ class FakeArm:
         self.network_hooks: list[Callable[[], None]] = []
         self.lock = threading.RLock()
         self._base = ""
+        # Launch-time deadlines from the VMs' custom data (templates/deadline_arm.sh), and the ARM
+        # calls they made: (vm id, method, HTTP status).
+        self.deadline_timers: list[threading.Timer] = []
+        self.deadline_calls: list[tuple[str, str, int]] = []
 
     # WSGI --------------------------------------------------------------------------------------
 
@@ -828,6 +835,10 @@ class FakeArm:
             raise ArmError("InvalidParameter", "Linux host name cannot exceed 64 characters in length or contain "
                            "the following characters: ` ~ ! @ # $ % ^ & * ( ) = + _ [ ] { } \\ | ; : ' \" , < > / ?.",
                            400, "computerName")
+        custom = profile.get("customData")
+        if custom is not None and (len(custom) > CUSTOM_DATA_MAX_CHARS or not _is_base64(custom)):
+            raise ArmError("InvalidParameter", "Custom data in OSProfile must be in Base64 encoding and with a "
+                           f"maximum length of {CUSTOM_DATA_MAX_CHARS} characters.", 400, "customData")
         linux = profile.get("linuxConfiguration") or {}
         keys = (linux.get("ssh") or {}).get("publicKeys") or []
         if linux.get("disablePasswordAuthentication") and not keys:
@@ -866,6 +877,7 @@ class FakeArm:
     def _create_vm(self, vm: dict[str, Any], fault: Fault | None) -> tuple[int, Any, dict[str, str]]:
         props = vm["properties"]
         props["_power"] = "starting"
+        self._honour_deadline(vm)
         for ref in props["networkProfile"]["networkInterfaces"]:
             self.resources[ref["id"].lower()]["properties"]["virtualMachine"] = {"id": vm["id"]}
         disk_name = f"{vm['name']}_OsDisk_1_{uuid.uuid4().hex}"
@@ -891,6 +903,56 @@ class FakeArm:
         if fault is not None and fault.code in ASYNC_CODES:
             error = ArmError(fault.code, fault.message or _MESSAGES.get(fault.code, fault.code), 200)
         return 201, vm, self._start_op(running, error, failed, region=vm["location"])
+
+    def _honour_deadline(self, vm: dict[str, Any]) -> None:
+        """What cloud-init does with the deadline in the custom data (templates/deadline_arm.sh): at
+        the deadline the machine makes its watchdog's ARM call with its managed identity's token.
+        Here a timer sends that call through this fake (so the identity's role decides, as in Azure);
+        refused, the script shuts the OS down: the VM stops, still allocated and billed."""
+        import base64
+
+        custom = ((vm["properties"].get("osProfile") or {}).get("customData"))
+        if not custom:
+            return
+        text = base64.b64decode(custom).decode("utf-8", "replace")
+        seconds = re.search(r"^CLOUDTRAIN_DEADLINE_S=(\d+)$", text, re.M)
+        action = re.search(r"^CLOUDTRAIN_DEADLINE_ACTION='(.*)'$", text, re.M)
+        if seconds is None or action is None:
+            return
+        # From the create on: the machine boots as soon as ARM's operation ends (lro_seconds),
+        # whether or not anyone polls it.
+        timer = threading.Timer(int(seconds.group(1)) + self.lro_seconds, self._deadline_fires, args=(vm["id"], json.loads(action.group(1))))
+        timer.daemon = True
+        self.deadline_timers.append(timer)
+        timer.start()
+
+    def _deadline_fires(self, vm_id: str, action: dict[str, Any]) -> None:
+        from urllib.parse import urlsplit
+
+        from werkzeug.test import Client
+
+        with self.lock:
+            self._tick()  # operations that ended meanwhile (the VM's create) take effect first
+            vm = self.resources.get(vm_id.lower())
+            if vm is None or vm["properties"].get("_power") != "running":
+                return
+        token = uuid.uuid4().hex
+        self.accept_identity_token(token)
+        try:
+            url = urlsplit(action["url"])
+            answer = Client(self).open(f"{url.path}?{url.query}", method=action["method"],
+                                       base_url=self._base or "https://127.0.0.1",
+                                       headers={"Authorization": f"Bearer {token}"})
+            done = answer.status_code in action["ok"] or (answer.status_code == 404 and action.get("gone_ok"))
+        finally:
+            self.forget_identity_token(token)
+        self.deadline_calls.append((vm_id, action["method"], answer.status_code))
+        if not done:
+            with self.lock:
+                vm = self.resources.get(vm_id.lower())
+                if vm is not None and vm["properties"].get("_power") == "running":
+                    vm["properties"]["_power"] = "stopped"
+                    self._machine("power_off", vm)
 
     def _vm_action(self, vm: dict[str, Any], action: str, fault: Fault | None) -> tuple[int, Any, dict[str, str]]:
         props = vm["properties"]
@@ -1037,6 +1099,21 @@ class FakeArm:
             self._machine("power_off", vm)
 
 
+# ARM's limit on osProfile.customData, in base64 characters (64 KiB decoded).
+CUSTOM_DATA_MAX_CHARS = 87380
+
+
+def _is_base64(text: str) -> bool:
+    import base64
+    import binascii
+
+    try:
+        base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):
+        return False
+    return True
+
+
 def _rbac_action(request: ArmRequest) -> str:
     """The Azure RBAC action a request needs, e.g. Microsoft.Compute/virtualMachines/write."""
     parts = [p for p in request.path.split("/") if p]
@@ -1161,10 +1238,25 @@ class ArmServer(FakeArm):
         self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05},
                                         name="fake-arm", daemon=True)
         self._thread.start()
+        # ARM finishes an operation whether or not anyone polls it (a CLI killed after its PUT still
+        # leaves a VM that boots): end due operations in the background too, not only on requests.
+        self._ticking = threading.Event()
+        self._ticker = threading.Thread(target=self._tick_until_stopped, name="fake-arm-ops", daemon=True)
+        self._ticker.start()
         return self
+
+    def _tick_until_stopped(self) -> None:
+        while not self._ticking.wait(0.2):
+            with self.lock:
+                self._tick()
 
     def stop(self) -> None:
         self.faults.clear()
+        for timer in self.deadline_timers:
+            timer.cancel()
+        if getattr(self, "_ticker", None) is not None:
+            self._ticking.set()
+            self._ticker.join(timeout=10)
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()

@@ -26,7 +26,6 @@ boto3 is imported in the constructor only: the CLI imports it when a command use
 from __future__ import annotations
 
 import ipaddress
-import math
 import re
 import uuid
 from datetime import datetime, timezone
@@ -142,7 +141,8 @@ class AwsProvider:
         region = self.api.region(spec.region)
         cidr = _ingress_cidr(spec.allowed_cidr)
         image = self.api.resolve_image(region, spec.image, spec.instance_type, self._is_gpu(spec))
-        zones = [spec.zone] if spec.zone else self._zones_offering(region, spec.instance_type)
+        zones = [spec.zone] if spec.zone else [z for z in self._zones_offering(region, spec.instance_type)
+                                               if z not in spec.avoid_zones]
         try:
             key_name = self._ensure_key_pair(region, spec)
             group_id = self._ensure_security_group(region, spec, cidr)
@@ -235,7 +235,9 @@ class AwsProvider:
             # The deadline travels in the launch request (cloud-init runs it at first boot), so a
             # VM whose CLI died during boot still ends on time; its shutdown behaviour decides
             # stop or delete.
-            params["UserData"] = deadline_script(spec.max_run_s)
+            from cloudtrain.providers.deadline import shutdown_script
+
+            params["UserData"] = shutdown_script(spec.max_run_s)
         if spec.spot:
             params["InstanceMarketOptions"] = {
                 "MarketType": "spot",
@@ -675,19 +677,6 @@ class AwsProvider:
 
 # helpers -------------------------------------------------------------------------------------
 
-
-# The launch-time deadline is the backstop for a VM whose watchdog was never installed (its CLI
-# died during boot): it fires this long after the budget, so that a watchdog that is there acts
-# first, with its log and its exact accounting across stops and starts.
-DEADLINE_GRACE_S = 30
-
-
-def deadline_script(max_run_s: float) -> str:
-    """templates/deadline.sh for a machine that may run `max_run_s` seconds from its first boot."""
-    from cloudtrain import paths
-
-    template = (paths.templates_dir() / "deadline.sh").read_text()
-    return template.replace("__DEADLINE_S__", str(max(1, math.ceil(max_run_s)) + DEADLINE_GRACE_S))
 
 _REASON_TIME = re.compile(r"\((\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}) (?:GMT|UTC)\)")
 

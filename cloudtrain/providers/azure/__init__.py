@@ -11,7 +11,10 @@ Money rules Azure makes easy to break:
 - `terminate` deletes the whole resource group (and waits for it), so no disk, NIC or public IP
   outlives the VMs. Gone is success.
 - autostop and budget: the VM's watchdog deallocates (or deletes) it through ARM with the VM's
-  managed identity (`watchdog_action`); an OS shutdown alone would keep it billed.
+  managed identity (`watchdog_action`); an OS shutdown alone would keep it billed. The budget (and a
+  sweep's lease) also travels in the launch request: custom data that cloud-init runs at first boot
+  (templates/deadline_arm.sh) makes the same ARM call at the deadline, even if the watchdog never
+  got installed.
 - A failed create can leave a VM resource behind (AllocationFailed arrives after ARM accepted the
   VM): the launch deletes its half-created VMs, then the group, before raising.
 
@@ -155,8 +158,10 @@ class AzureProvider:
         # Every VM create that ARM accepted is seen to its end before we raise, so the cleanup
         # that follows never races a create still in flight.
         vm_pollers, vms, failure = [], [], None
+        subscription = self.api.require_subscription()
         for name, nic in zip(names, nics, strict=True):
-            body = build.virtual_machine(spec, region, name, nic.id, image, tags)
+            deadline = build.deadline_script(self.api.arm_endpoint, subscription, group, name, spec)
+            body = build.virtual_machine(spec, region, name, nic.id, image, tags, custom_data=deadline)
             try:
                 vm_pollers.append(self._vm_call(spec, region, compute.virtual_machines.begin_create_or_update,
                                                 group, name, body))

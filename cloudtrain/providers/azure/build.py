@@ -15,6 +15,7 @@ SDK model classes are used for every body (plain dicts would be sent as given an
 
 from __future__ import annotations
 
+import base64
 import ipaddress
 import re
 import uuid
@@ -182,7 +183,9 @@ def network_interface(region: str, subnet_id: str, ip_id: str, tags: dict[str, s
 
 
 def virtual_machine(spec: InstanceSpec, region: str, name: str, nic_id: str, image: ImageChoice,
-                    tags: dict[str, str]) -> Any:
+                    tags: dict[str, str], custom_data: str | None = None) -> Any:
+    """The VM body; `custom_data` (a script cloud-init runs at first boot: the launch-time deadline)
+    goes base64-encoded, as ARM takes it."""
     from azure.mgmt.compute import models as c
 
     assert spec.ssh_public_key is not None and spec.instance_type is not None
@@ -203,6 +206,7 @@ def virtual_machine(spec: InstanceSpec, region: str, name: str, nic_id: str, ima
             linux_configuration=c.LinuxConfiguration(
                 disable_password_authentication=True, ssh=c.SshConfiguration(public_keys=[key])
             ),
+            custom_data=base64.b64encode(custom_data.encode()).decode() if custom_data is not None else None,
         ),
         network_profile=c.NetworkProfile(
             network_interfaces=[c.NetworkInterfaceReference(id=nic_id, primary=True, delete_option="Delete")]
@@ -217,6 +221,20 @@ def virtual_machine(spec: InstanceSpec, region: str, name: str, nic_id: str, ima
         vm.eviction_policy = "Deallocate" if spec.shutdown_behavior == "stop" else "Delete"
         vm.billing_profile = c.BillingProfile(max_price=-1)
     return vm
+
+
+def deadline_script(arm_endpoint: str, subscription: str, group: str, vm: str, spec: InstanceSpec) -> str | None:
+    """The VM's launch-time deadline (templates/deadline_arm.sh) when its spec has one: at
+    `max_run_s` (+ grace) it deallocates itself, or deletes itself when the cluster's machines delete
+    themselves (autostop.down, a sweep's lease), with the watchdog's own ARM call. Only itself, not
+    the group: a peer may still be busy."""
+    if spec.max_run_s is None:
+        return None
+    from cloudtrain.providers.deadline import http_action_script
+
+    down = spec.watchdog_needs() == "delete"
+    action = watchdog_action(arm_endpoint, subscription, group, vm, down=down, whole_group=False)
+    return http_action_script(spec.max_run_s, action)
 
 
 def role_assignment(subscription: str, principal_id: str) -> Any:
