@@ -4,7 +4,8 @@ One run, one STOCK sshd (benchmarks/stock_sshd.py: the distribution's sshd_confi
 login shell per session, as on a VM; not the test kit's cheap sessions), reached through a TCP
 proxy that adds --rtt-ms of round-trip time (cloudtrain.testing.tcpproxy). A 50-file workdir and a
 trivial job (`mkdir -p out && echo done > out/ok.txt`); one file edited before each iteration.
-Each figure is the median of --repeat wall times, per RTT:
+Each figure is the median of --repeat wall times, per RTT; the variants take turns within each
+repetition, so a busy machine slows them alike:
 
   by hand   rsync the workdir up, ssh the command, rsync out/ back (three OpenSSH processes)
   warm      `cloudtrain run --keep` on a cluster that is already up
@@ -142,10 +143,15 @@ def main() -> int:
                                         lambda i: warm(i, {"CLOUDTRAIN_SSH_HELPER": "0"})))
                     if not args.no_cold:
                         actions.append(("cold", cold))
-                    for name, action in actions:
-                        samples = [action(i) for i in range(args.repeat)]
-                        counted = [n for _, n in samples if n is not None]
-                        rows.append((rtt, name, statistics.median(s for s, _ in samples),
+                    # Interleaved (each repetition runs every variant once): load from elsewhere on a
+                    # shared machine then falls on all of them alike.
+                    samples: dict[str, list[tuple[float, int | None]]] = {name: [] for name, _ in actions}
+                    for i in range(args.repeat):
+                        for name, action in actions:
+                            samples[name].append(action(i))
+                    for name, _ in actions:
+                        counted = [n for _, n in samples[name] if n is not None]
+                        rows.append((rtt, name, statistics.median(s for s, _ in samples[name]),
                                      int(statistics.median(counted)) if counted else None))
                     timed([*cli, "down", f"loop-{int(rtt)}"], env, root)
                 finally:

@@ -56,11 +56,14 @@ def exec_command(lc: Lifecycle, reporter: Reporter, name: str, script: str, deta
                     "CLOUDTRAIN_NUM_NODES": str(len(cluster.nodes))})
         if node.python:
             env["CLOUDTRAIN_PYTHON"] = node.python
-        jobs.submit(node.transport, node.layout, job_id, script + "\n", env)
+        # The start goes with what follows it (the follow, or the state): one round trip (remote/jobs.py).
+        submitted = jobs.start_submit(node.transport, node.layout, job_id, script + "\n", env)
         if detach:
-            return job_id, jobs.status(node.transport, node.layout, job_id)
+            state = jobs.status(node.transport, node.layout, job_id)
+            submitted()
+            return job_id, state
         try:
-            final = follow_log(node, job_id, 0, reporter, raw=lambda line: reporter.log_line(line))
+            final = follow_log(node, job_id, 0, reporter, raw=lambda line: reporter.log_line(line), submitted=submitted)
         except KeyboardInterrupt:
             reporter.warn(f"stopped following; job {job_id} keeps running (`cloudtrain logs {name} {job_id} -f`)")
             raise

@@ -22,7 +22,7 @@ from tests.conftest import cli_env
 
 # docs/sync.md, "Round trips": after connecting, per CLI invocation.
 WARM_RUN_UNCHANGED = 5
-EXEC_UNCHANGED = 5
+EXEC_UNCHANGED = 4
 LOGS = 2
 
 
