@@ -25,7 +25,7 @@ from cloudtrain.config import Config
 from cloudtrain.cost import disk_hourly, disk_price
 from cloudtrain.errors import CloudtrainError
 from cloudtrain.providers import get_provider
-from cloudtrain.providers.base import ClusterResource, Instance, InstanceState, Provider
+from cloudtrain.providers.base import ClusterResource, Instance, InstanceState, Provider, machines
 from cloudtrain.state import StateStore
 
 log = logging.getLogger("cloudtrain.gc")
@@ -115,7 +115,7 @@ def find_leaks(store: StateStore, config: Config, clouds: Sequence[str] | None =
             if hasattr(provider, "leaked_jobs"):
                 leaks += provider.leaked_jobs(store)
             by_cluster: dict[str, list[ClusterResource]] = {}
-            for resource in provider.list_resources():
+            for resource in machines(provider).list_resources():
                 if resource.cluster not in tracked:
                     by_cluster.setdefault(resource.cluster, []).append(resource)
             for cluster, resources in sorted(by_cluster.items()):
@@ -130,7 +130,7 @@ def find_leaks(store: StateStore, config: Config, clouds: Sequence[str] | None =
 def _instance_leaks(cloud: str, provider: Provider, store: StateStore, tracked: dict,
                     pricer: Pricer) -> list[Leak]:
     by_cluster: dict[str, list[Instance]] = {}
-    for inst in provider.list_tagged(None):
+    for inst in machines(provider).list_tagged(None):
         if inst.state is not InstanceState.TERMINATED:
             by_cluster.setdefault(inst.cluster, []).append(inst)
     leaks = []
@@ -222,9 +222,9 @@ def collect(leaks: Sequence[Leak], config: Config) -> list[str]:
             done.append(f"{leak.cloud}: cancelled job {', '.join(leak.ids)} ({leak.cluster})")
             continue
         if leak.kind == "instance":
-            provider.terminate(list(leak.ids))
+            machines(provider).terminate(list(leak.ids))
             done.append(f"{leak.cloud}: terminated {', '.join(leak.ids)} ({leak.cluster})")
-        kept = provider.release_resources(leak.cluster)
+        kept = machines(provider).release_resources(leak.cluster)
         note = f"; kept for now: {', '.join(f'{k.kind} {k.id} ({k.note})' for k in kept)}" if kept else ""
         if leak.kind == "resources" or kept:
             done.append(f"{leak.cloud}: released resources of {leak.cluster}{note}")

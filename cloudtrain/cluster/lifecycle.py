@@ -20,7 +20,7 @@ from cloudtrain.state.locks import cluster_lock
 from cloudtrain.providers import get_provider
 from cloudtrain.providers.base import HostSpec, Instance, InstanceSpec, InstanceState, Provider, owner_id
 from cloudtrain.providers.base import TAG_INCARNATION
-from cloudtrain.providers.base import launched_by
+from cloudtrain.providers.base import launched_by, machines
 from cloudtrain.recipe import Recipe
 from cloudtrain.state import ClusterRecord, ClusterStatus, NodeRecord, RunStatus, StateStore
 from cloudtrain.cluster.hosts import end_work_on_hosts
@@ -241,7 +241,7 @@ class Lifecycle:
             caps = provider.capabilities
             if not (caps.remote and caps.owns_machines and not caps.takes_hosts):
                 continue
-            found = [i for i in provider.list_tagged(name) if i.state in _LIVE_STATES]
+            found = [i for i in machines(provider).list_tagged(name) if i.state in _LIVE_STATES]
             if found:
                 listed = ", ".join(f"{i.id} ({i.state.value})" for i in found)
                 raise UsageError(
@@ -269,7 +269,8 @@ class Lifecycle:
             if placement is not None and ((cloud, None) in ruled_out or (cloud, placement.region) in ruled_out):
                 continue
             attempt = spec if placement is None else replace(
-                spec, region=placement.region, zone=placement.zone, instance_type=placement.instance_type,
+                spec, region=placement.region, zone=placement.zone, avoid_zones=placement.avoid_zones,
+                instance_type=placement.instance_type,
                 spot=placement.spot, max_run_s=_max_run_s(recipe, placement.hourly_price, deadline_at))
             # State first: if we die between the create call and the next line, `status --refresh`
             # and `down` still know where to look for instances tagged with this cluster.
@@ -289,7 +290,7 @@ class Lifecycle:
             self.store.add_event(spec.cluster, "launch", f"{cloud}: launching {recipe.num_nodes} node(s)")
             tried[cloud] = provider
             try:
-                instances = provider.launch(attempt, recipe.num_nodes)
+                instances = machines(provider).launch(attempt, recipe.num_nodes)
             except CapacityError as exc:
                 if placement is None:
                     raise
@@ -325,7 +326,7 @@ class Lifecycle:
         left: list[str] = []
         for provider in providers:
             try:
-                found = [i for i in provider.list_tagged(name) if i.state in _LIVE_STATES]
+                found = [i for i in machines(provider).list_tagged(name) if i.state in _LIVE_STATES]
                 ids = {i.id for i in found}
                 if provider is providers[-1]:
                     ids |= launched_ids
@@ -338,13 +339,13 @@ class Lifecycle:
                         self._apply(record, provider, [observe(i, time.time()) for i in found], complete=False)
                 if ids:
                     self.reporter.warn(f"launch failed; terminating {len(ids)} instance(s) it created on {provider.name}")
-                    provider.terminate(sorted(ids))
+                    machines(provider).terminate(sorted(ids))
                 answered = time.time()
                 if provider is providers[-1]:
                     cluster = self._observe_all(name, provider, verb_at=answered, verb_ids=ids | launched_ids)
                     left += [f"{n.instance_id} ({n.state})" for n in cluster.nodes
                              if n.state != InstanceState.TERMINATED.value]
-                left += [f"{k.kind} {k.id} ({k.note})" for k in provider.release_resources(name)]
+                left += [f"{k.kind} {k.id} ({k.note})" for k in machines(provider).release_resources(name)]
             except CloudtrainError as cleanup_error:
                 left.append(f"{provider.name}: {cleanup_error.one_line()}")
         if left:
@@ -370,7 +371,7 @@ class Lifecycle:
         delay = 0.2
         said = time.monotonic()
         while True:
-            instances = provider.describe(ids)
+            instances = machines(provider).describe(ids)
             states = {i.id: i.state for i in instances}
             if len(states) == len(set(ids)) and all(s is want for s in states.values()):
                 return instances
@@ -428,8 +429,8 @@ class Lifecycle:
         # What our own call just acted on is asked about too: a machine it terminated is no longer
         # listed by tag, and its life must still reach the ledger.
         ids = [n.instance_id for n in nodes] + sorted(set(verb_ids) - {n.instance_id for n in nodes})
-        described = {i.id: i for i in provider.describe(ids)} if ids else {}
-        for inst in provider.list_tagged(name):
+        described = {i.id: i for i in machines(provider).describe(ids)} if ids else {}
+        for inst in machines(provider).list_tagged(name):
             known = described.get(inst.id)
             if known is None:
                 described[inst.id] = inst
@@ -447,7 +448,7 @@ class Lifecycle:
         create whose answer was lost, a second terminal's instance), never only the rows."""
         ids = [n.instance_id for n in nodes if n.state != InstanceState.TERMINATED.value]
         if provider.capabilities.owns_machines:
-            ids += [i.id for i in provider.list_tagged(name)
+            ids += [i.id for i in machines(provider).list_tagged(name)
                     if i.state in _LIVE_STATES and i.id not in ids]
         return ids
 
@@ -536,13 +537,13 @@ class Lifecycle:
                     )
                 for failure in failures:
                     self.reporter.warn(f"forgetting {name} although {failure}")
-            ids = {n.instance_id for n in nodes} | {i.id for i in provider.list_tagged(name)}
+            ids = {n.instance_id for n in nodes} | {i.id for i in machines(provider).list_tagged(name)}
             if ids:
-                provider.terminate(sorted(ids))
+                machines(provider).terminate(sorted(ids))
             elif provider.capabilities.remote and not provider.capabilities.takes_hosts:
                 # No instance, but a launch killed halfway may have left billed resources (an
                 # Azure static IP, a security group): terminate would have released them.
-                for kept in provider.release_resources(name):
+                for kept in machines(provider).release_resources(name):
                     self.reporter.warn(f"kept for now: {kept.kind} {kept.id} ({kept.note})")
             answered = time.time()
             if provider.capabilities.owns_machines:

@@ -14,7 +14,7 @@ import typing
 from typing import TYPE_CHECKING
 
 from cloudtrain.errors import NotAvailableError
-from cloudtrain.providers.base import Capabilities
+from cloudtrain.providers.base import Capabilities, Schedules, Traits, supports
 
 if TYPE_CHECKING:
     from cloudtrain.config import Config
@@ -60,8 +60,8 @@ def provider_class(name: str) -> type:
     credentials): `make_provider`'s return annotation. Provider modules import SDKs lazily."""
     module = _module(name)
     cls = typing.get_type_hints(module.make_provider).get("return")
-    if cls is None or not isinstance(getattr(cls, "capabilities", None), Capabilities):
-        raise TypeError(f"{module.__name__}.make_provider must be annotated with a provider class declaring capabilities")
+    if cls is None or not isinstance(getattr(cls, "traits", None), Traits):
+        raise TypeError(f"{module.__name__}.make_provider must be annotated with a provider class declaring traits")
     return cls
 
 
@@ -70,10 +70,21 @@ def capabilities(name: str) -> Capabilities:
     return provider_class(name).capabilities
 
 
+def traits(name: str) -> Traits:
+    """Cloud `name`'s facts (priced, remote, ...) from its class; refuses what get_provider refuses."""
+    return provider_class(name).traits
+
+
+def implements(name: str, capability: type) -> bool:
+    """Whether cloud `name` implements `capability` (a Protocol of providers/base.py), asked of its
+    class: for callers that have only a name (recipe validation, preflight, planning, gc)."""
+    return supports(provider_class(name), capability)
+
+
 def schedules(name: str) -> bool:
     """Whether `name` is a scheduler that allocates nodes itself (Slurm): its provider builds one
     batch job (`batch_job`) for the whole run; `hosts` name its login node, not the nodes."""
-    return name in available() and hasattr(provider_class(name), "batch_job")
+    return name in available() and implements(name, Schedules)
 
 
 def image_pins_region(name: str, image: str) -> bool:

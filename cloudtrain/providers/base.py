@@ -1,4 +1,5 @@
-"""The provider contract: a small Protocol plus the typed records that cross it.
+"""The provider contract: a small core Protocol, opt-in capability Protocols, and the typed records
+that cross them.
 
 Providers never open SSH and never sleep: polling and waiting live in `lifecycle`.
 """
@@ -15,6 +16,9 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     from cloudtrain.buckets.grants import BucketGrant
+    from cloudtrain.cluster.gc import Leak
+    from cloudtrain.recipe import Recipe
+    from cloudtrain.state import StateStore
 
 TAG_CLUSTER = "cloudtrain-cluster"
 TAG_OWNER = "cloudtrain-owner"
@@ -30,6 +34,28 @@ class InstanceState(str, Enum):
     STOPPED = "stopped"
     TERMINATED = "terminated"
     UNKNOWN = "unknown"
+
+
+@dataclass(frozen=True)
+class Traits:
+    """Facts about a backend that are data, not behaviour (what it can DO is the capability
+    Protocols below: `supports(provider, StopsMachines)`). Read from the class, before anything is
+    launched, by callers that have only a cloud's name (`providers.traits(name)`)."""
+
+    remote: bool  # reached over SSH (False: runs on this machine)
+    priced: bool  # bills by the hour: it has catalog rows and a plan
+    # terminate destroys the machine and everything running on it. False for machines that outlive
+    # the cluster (this one, on-prem hosts): `down` must end the cluster's jobs on them itself.
+    owns_machines: bool = False
+    # With StopsMachines: a spot instance can be stopped (and started again). AWS one-time spot
+    # instances cannot: `--stop` on them is refused before launch rather than left running and billed.
+    stops_spot: bool = False
+    # region, zone, instance_type, accelerators, image, disk_gb, spot mean something here.
+    cloud_fields: bool = False
+    # Cloud fields it uses although `cloud_fields` is False (Slurm: accelerators become --gres).
+    honours_fields: tuple[str, ...] = ()
+    # The backend enforces budget.max_hours itself (Slurm's --time): no watchdog is needed for it.
+    limits_time: bool = False
 
 
 @dataclass(frozen=True)
@@ -166,14 +192,22 @@ class CredentialStatus:
     detail: str
 
 
+# The backend shape: a small core every backend has, and capability Protocols it implements only
+# where it truly can (as dstack's `Compute` and its mixins). Core code asks `supports(provider, X)`,
+# never combines flags, and a backend has no stub members: what it cannot do, it does not define.
+# Capability Protocols hold methods only, so that `supports` works on a class (a name's provider
+# class, before anything is instantiated) as well as on an instance.
+
+
 @runtime_checkable
-class Provider(Protocol):
-    """One backend. Providers never open SSH and never sleep (waiting lives in lifecycle); every
-    resource they create carries TAG_CLUSTER and TAG_OWNER; capacity problems raise CapacityError
-    with the scope they cover (zone, region or the whole cloud) so lifecycle can fail over."""
+class Backend(Protocol):
+    """One backend (a cloud, this machine, given hosts, a scheduler). Providers never open SSH and
+    never sleep (waiting lives in lifecycle); every resource they create carries TAG_CLUSTER and
+    TAG_OWNER; capacity problems raise CapacityError with the scope they cover (zone, region or
+    the whole cloud) so lifecycle can fail over."""
 
     name: str
-    capabilities: Capabilities
+    traits: Traits
 
     @property
     def default_region(self) -> str | None:
@@ -182,15 +216,20 @@ class Provider(Protocol):
 
     def check_credentials(self) -> CredentialStatus: ...
 
+
+# What core annotations call a backend.
+Provider = Backend
+
+
+@runtime_checkable
+class CreatesMachines(Protocol):
+    """Machines it creates on request, tags, lists and destroys (the clouds; local's directories)."""
+
     def launch(self, spec: InstanceSpec, count: int) -> list[Instance]: ...
 
     def describe(self, ids: Sequence[str]) -> list[Instance]: ...
 
     def list_tagged(self, cluster: str | None = None) -> list[Instance]: ...
-
-    def stop(self, ids: Sequence[str]) -> None: ...
-
-    def start(self, ids: Sequence[str]) -> None: ...
 
     def terminate(self, ids: Sequence[str]) -> None:
         """Idempotent: an instance that is already gone counts as terminated."""
@@ -205,10 +244,25 @@ class Provider(Protocol):
         (still in use by instances shutting down), each with a note. Idempotent."""
         ...
 
+
+@runtime_checkable
+class StopsMachines(Protocol):
+    """Machines it can stop (nothing runs, compute is not billed) and start again; spot ones too
+    where `traits.stops_spot`."""
+
+    def stop(self, ids: Sequence[str]) -> None: ...
+
+    def start(self, ids: Sequence[str]) -> None: ...
+
+
+@runtime_checkable
+class SelfStopping(Protocol):
+    """Machines that can stop or delete themselves with no user credentials on them, so recipes may
+    set `autostop` and `budget` (templates/watchdog.py)."""
+
     def watchdog_action(self, instance: Instance, down: bool) -> dict[str, Any]:
-        """What the watchdog on `instance` (templates/watchdog.py) must do to stop it (down=False)
-        or delete it (down=True) by itself, with no user credentials on the machine: a JSON-able
-        dict with "kind" and "effect" ("stop" or "delete"), one of
+        """What the watchdog on `instance` must do to stop it (down=False) or delete it (down=True)
+        by itself: a JSON-able dict with "kind" and "effect" ("stop" or "delete"), one of
 
           {"kind": "shutdown", "effect": ...}   power off from inside; the cloud makes it a stop or a delete
           {"kind": "http", "effect": ..., "method": "POST"|"DELETE", "url": "...", "headers": {...},
@@ -219,9 +273,83 @@ class Provider(Protocol):
                                                 a command on the node (the machine itself stays up)
 
         May make idempotent cloud calls so that the action does what is asked (AWS sets the
-        instance's shutdown behaviour); creates nothing. Providers whose capabilities say
-        `autostop=False` raise NotAvailableError."""
+        instance's shutdown behaviour); creates nothing."""
         ...
+
+
+@runtime_checkable
+class GivenHosts(Protocol):
+    """Machines that already exist, listed in the recipe's `resources.hosts` (the user's own):
+    nothing is created, stopped or destroyed; `down` ends our jobs and removes our files on them."""
+
+    def given_nodes(self, spec: InstanceSpec, count: int) -> list[Instance]:
+        """The hosts in `spec.hosts` as the cluster's nodes (records only: nothing is contacted)."""
+        ...
+
+
+@runtime_checkable
+class Schedules(Protocol):
+    """A scheduler that allocates the compute nodes per run (Slurm): the cluster is its login node,
+    and a run is one batch job."""
+
+    def batch_job(self, recipe: Recipe, run: str, setup: str | None, job_id: str, cluster: str) -> str:
+        """The script the login node runs for one run: `setup` then `run` on every allocated node."""
+        ...
+
+    def plan_lines(self, recipe: Recipe) -> list[str]: ...
+
+    def plan_document(self, recipe: Recipe) -> dict[str, Any]: ...
+
+    def leaked_jobs(self, store: StateStore) -> list[Leak]:
+        """`gc`: our jobs still queued that nothing follows."""
+        ...
+
+    def cancel_leaked(self, leak: Leak) -> None: ...
+
+
+def supports(backend: object, capability: type) -> bool:
+    """Whether `backend` (a provider, or a provider class) implements `capability`, one of the
+    capability Protocols above. The one way core code asks what a backend can do."""
+    cls = backend if isinstance(backend, type) else type(backend)
+    return issubclass(cls, capability)
+
+
+class _GivenMachines:
+    """Given hosts seen through CreatesMachines, so that lifecycle's one flow (launch, observe,
+    terminate) serves them too: "launching" takes the hosts, they are always running as far as a
+    backend knows (whether one answers is the connection's business), nothing of ours is listed
+    by tag, and terminating or releasing touches nothing (lifecycle ended our work on them)."""
+
+    def __init__(self, backend: GivenHosts) -> None:
+        self.backend = backend
+
+    def launch(self, spec: InstanceSpec, count: int) -> list[Instance]:
+        return self.backend.given_nodes(spec, count)
+
+    def describe(self, ids: Sequence[str]) -> list[Instance]:
+        return [Instance(id=i, cluster="", state=InstanceState.RUNNING) for i in ids]
+
+    def list_tagged(self, cluster: str | None = None) -> list[Instance]:
+        return []
+
+    def terminate(self, ids: Sequence[str]) -> None:
+        return None
+
+    def list_resources(self, cluster: str | None = None) -> list[ClusterResource]:
+        return []
+
+    def release_resources(self, cluster: str) -> list[ClusterResource]:
+        return []
+
+
+def machines(backend: object) -> CreatesMachines:
+    """What lifecycle and gc create, observe and destroy a cluster's machines through: the backend
+    itself, or its given hosts (GivenHosts) as machines nobody creates or destroys."""
+    if supports(backend, CreatesMachines):
+        return backend  # type: ignore[return-value]
+    if supports(backend, GivenHosts):
+        return _GivenMachines(backend)  # type: ignore[arg-type]
+    raise TypeError(f"{type(backend).__name__} neither creates machines nor is given hosts")
 
 
 _LAUNCHED_ATTR = "cloudtrain_launched_ids"

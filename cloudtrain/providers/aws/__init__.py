@@ -66,6 +66,7 @@ from cloudtrain.providers.base import (
     TAG_INCARNATION,
     TAG_OWNER,
     Capabilities,
+    Traits,
     ClusterResource,
     CredentialStatus,
     Instance,
@@ -85,6 +86,7 @@ _SHUTTING_DOWN = "instances still shutting down"
 class AwsProvider:
     name = "aws"
     capabilities = Capabilities(supports_stop=True, supports_spot=True, remote=True, priced=True, autostop=True)
+    traits = Traits(remote=True, priced=True, owns_machines=True, cloud_fields=True)
     # Stores its instances get an identity for (an IAM role scoped to the recipe's buckets: identity.py).
     bucket_stores = ("s3",)
 

@@ -57,6 +57,7 @@ from cloudtrain.providers.base import (
     TAG_CLUSTER,
     TAG_OWNER,
     Capabilities,
+    Traits,
     ClusterResource,
     CredentialStatus,
     Instance,
@@ -73,6 +74,7 @@ class AzureProvider:
     # autostop: the VM deallocates (or deletes) itself through ARM with its managed identity.
     capabilities = Capabilities(supports_stop=True, supports_spot=True, remote=True, priced=True, stop_spot=True,
                                 autostop=True, autostop_down=True)
+    traits = Traits(remote=True, priced=True, owns_machines=True, stops_spot=True, cloud_fields=True)
 
     @staticmethod
     def image_pins_region(image: str) -> bool:

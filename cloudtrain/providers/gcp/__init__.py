@@ -54,6 +54,7 @@ from cloudtrain.providers.base import (
     TAG_CLUSTER,
     TAG_OWNER,
     Capabilities,
+    Traits,
     ClusterResource,
     CredentialStatus,
     Instance,
@@ -81,6 +82,7 @@ class GcpProvider:
     # VM deletes itself through the Compute API with its service account's token (see launch).
     capabilities = Capabilities(supports_stop=True, supports_spot=True, remote=True, priced=True, stop_spot=True,
                                 autostop=True, autostop_down=True)
+    traits = Traits(remote=True, priced=True, owns_machines=True, stops_spot=True, cloud_fields=True)
 
     @staticmethod
     def image_pins_region(image: str) -> bool:

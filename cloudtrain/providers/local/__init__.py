@@ -25,6 +25,7 @@ from cloudtrain.providers.base import (
     TAG_CLUSTER,
     TAG_INCARNATION,
     Capabilities,
+    Traits,
     CredentialStatus,
     Instance,
     InstanceSpec,
@@ -42,6 +43,7 @@ class LocalProvider:
     name = "local"
     capabilities = Capabilities(supports_stop=True, supports_spot=False, remote=False, priced=False,
                                 owns_machines=False, cloud_fields=False, autostop=True)
+    traits = Traits(remote=False, priced=False)
 
     def __init__(self, base: Path | None = None) -> None:
         self.base = base or paths.home() / "local"

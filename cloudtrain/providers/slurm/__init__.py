@@ -21,6 +21,7 @@ from cloudtrain.config import Config
 from cloudtrain.errors import NotAvailableError, ProviderError
 from cloudtrain.providers.base import (
     Capabilities,
+    Traits,
     ClusterResource,
     CredentialStatus,
     Instance,
@@ -43,6 +44,9 @@ class SlurmProvider:
     name = "slurm"
     capabilities = Capabilities(supports_stop=False, supports_spot=False, remote=True, priced=False,
                                 owns_machines=False, takes_hosts=True, cloud_fields=False)
+    # accelerators (GPUs per node) become `--gres=gpu:N`; budget.max_hours becomes the job's time
+    # limit (`--time`): Slurm enforces it, no watchdog needed.
+    traits = Traits(remote=True, priced=False, honours_fields=("accelerators",), limits_time=True)
     # Cloud fields that mean something here: GPUs per node become `--gres=gpu:N`.
     honours_fields = ("accelerators",)
     # budget.max_hours becomes the job's time limit (`--time`): Slurm enforces it, no watchdog needed.

@@ -16,6 +16,7 @@ from cloudtrain.config import Config
 from cloudtrain.errors import NotAvailableError, ProviderError
 from cloudtrain.providers.base import (
     Capabilities,
+    Traits,
     ClusterResource,
     CredentialStatus,
     Instance,
@@ -33,6 +34,7 @@ class SshProvider:
     name = "ssh"
     capabilities = Capabilities(supports_stop=False, supports_spot=False, remote=True, priced=False,
                                 owns_machines=False, takes_hosts=True, cloud_fields=False)
+    traits = Traits(remote=True, priced=False)
 
     def __init__(self, config: Config) -> None:
         self.config = config
