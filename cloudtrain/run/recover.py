@@ -39,30 +39,25 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cloudtrain.errors import CloudtrainError, UsageError
+from cloudtrain.run.recover_rules import NodeLostError, budget_left, next_candidates, rule_out
+from cloudtrain.run.recover_watch import Tee, Watcher, gone_reason
 from cloudtrain.sweep import checkpoints
-from cloudtrain.sweep.checkpoints import CHECKPOINT_ENV, epoch_event
+from cloudtrain.sweep.checkpoints import CHECKPOINT_ENV
 
 if TYPE_CHECKING:
     from cloudtrain.cluster.lifecycle import Cluster
-    from cloudtrain.plan import Placement
-    from cloudtrain.recipe import Budget
     from cloudtrain.recipe.recover import Recover
     from cloudtrain.run.pipeline import Executor, _Run
 
 NOTICE_FILE = "interruption.json"  # beside the watchdog's config, ~/.cloudtrain/<cluster>/
 ATTEMPTS_DIR = "attempts"
 ATTEMPTS_FILE = "attempts.json"  # in the run directory, rewritten as attempts go (read by `run --resume`)
-GOING = frozenset({"stopping", "stopped", "terminated"})
-
-
-class NodeLostError(CloudtrainError):
-    """The run's node went away and recovery could not (or may no longer) relaunch it."""
 
 
 @dataclass
@@ -107,56 +102,6 @@ def recovery_for(executor: Executor, r: _Run, cluster_name: str) -> Recovery | N
     return Recovery(executor, r, cluster_name, settings)
 
 
-def gone_reason(cluster: Cluster) -> str | None:
-    """Why the cloud says the cluster's machines are gone or going, or None while they are up."""
-    from cloudtrain.state import ClusterStatus
-
-    leaving = [n for n in cluster.nodes if n.state in GOING]
-    if cluster.record.status == ClusterStatus.UP and not leaving and cluster.nodes:
-        return None
-    if not leaving and cluster.record.status in (ClusterStatus.PROVISIONING,):
-        return None
-    what = ", ".join(f"{n.instance_id} {n.state}" for n in leaving) or f"cluster {cluster.record.status}"
-    return f"{cluster.provider.name} reports {what}"
-
-
-def budget_left(budget: Budget, spent_usd: float, hours: float) -> Budget:
-    """What the next attempt may spend: the budget less what every attempt so far spent and the
-    time the run has taken. Raises NodeLostError when nothing is left."""
-    from cloudtrain.recipe import Budget
-
-    left_usd = budget.max_usd - spent_usd if budget.max_usd is not None else None
-    left_h = budget.max_hours - hours if budget.max_hours is not None else None
-    if (left_usd is not None and left_usd <= 0) or (left_h is not None and left_h <= 0):
-        raise NodeLostError(f"not relaunched: the budget is spent (${spent_usd:.4f} and {hours:.2f} h so far)")
-    # (Constructed: the amounts left are positive, checked above.)
-    return Budget.model_construct(max_usd=left_usd, max_hours=left_h)
-
-
-def rule_out(avoid: dict[tuple[str, str | None], tuple[str, ...]], cloud: str, region: str | None,
-             zone: str | None) -> None:
-    """Note what a loss at (cloud, region, zone) rules out: its zone, or the whole region for a
-    machine that has no zone (Azure's regional VMs); "*" stands for the whole region."""
-    key = (cloud, region)
-    avoid[key] = tuple(dict.fromkeys((*avoid.get(key, ()), zone))) if zone else ("*",)
-
-
-def next_candidates(candidates: Sequence[Placement],
-                    avoid: dict[tuple[str, str | None], tuple[str, ...]]) -> tuple[Placement, ...]:
-    """The plan's placements in their order (zone -> region -> cloud by price) without what losses
-    ruled out: a region keeps its other zones (the provider skips `avoid_zones`), a region ruled
-    out whole goes. Raises NodeLostError when nothing is left."""
-    out = []
-    for placement in candidates:
-        avoided = avoid.get((placement.cloud, placement.region), ())
-        if "*" in avoided:
-            continue
-        out.append(replace(placement, avoid_zones=avoided) if avoided else placement)
-    if not out:
-        raise NodeLostError("not relaunched: every placement of the plan was ruled out by a loss")
-    return tuple(out)
-
-
 class Recovery:
     def __init__(self, executor: Executor, r: _Run, cluster_name: str, settings: Recover) -> None:
         self.ex = executor
@@ -169,8 +114,13 @@ class Recovery:
         self.base = r.loaded  # the recipe as given (relaunches change its budget, never its envs)
         self.avoid: dict[tuple[str, str | None], tuple[str, ...]] = {}  # (cloud, region) -> zones ruled out
         self.puller: checkpoints.Puller | None = None
-        self.watcher: _Watcher | None = None
+        self.watcher: Watcher | None = None
         self._log: Any = None
+        self.main_thread = threading.get_ident()
+        # While a job (setup or the run) is followed the watcher may interrupt the run's thread; the
+        # lock keeps that from landing once the phase is over.
+        self.following = False
+        self.follow_lock = threading.Lock()
         self._load_attempts()
         if CHECKPOINT_ENV not in r.loaded.recipe.envs:
             recipe = r.loaded.recipe.model_copy(update={"envs": {**r.loaded.recipe.envs, CHECKPOINT_ENV: self.rel}})
@@ -180,8 +130,9 @@ class Recovery:
     # the loop ----------------------------------------------------------------------------------------
 
     def run(self, attempt: Callable[[], None]) -> None:
+        self.main_thread = threading.get_ident()
         reporter = self.ex.reporter
-        tee = _Tee(reporter, self)
+        tee = Tee(reporter, self)
         self.ex.reporter = tee
         self.r.clock.reporter = tee
         self.r.clock.spent = self.spent_so_far
@@ -246,7 +197,7 @@ class Recovery:
         self._log = (log_dir / f"a{current.number}.log").open("a", encoding="utf-8")
         self.puller = checkpoints.Puller(self._open_rank0, self.kept, self.base.recipe.job is not None, 0,
                                          self.ex.reporter.warn, rel=self.rel)
-        self.watcher = _Watcher(self, current)
+        self.watcher = Watcher(self, current)
         self.watcher.start()
         return current
 
@@ -470,108 +421,6 @@ class Recovery:
             own.store.close()
 
         return nodes[0], close
-
-
-class _Watcher:
-    """Asks the cloud every watch_s whether the attempt's nodes are still there (its own thread,
-    store and lifecycle). Seeing them gone, it records why and makes the attempt's connections give
-    up at once (no reconnect window), so the pipeline fails now instead of after its SSH retries."""
-
-    def __init__(self, recovery: Recovery, attempt: Attempt) -> None:
-        self.recovery = recovery
-        self.attempt = attempt
-        self.lost: str | None = None
-        self.detected_at: float | None = None
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name=f"recover watch {recovery.name}", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread.is_alive() and self._thread is not threading.current_thread():
-            self._thread.join(30)
-
-    def _loop(self) -> None:
-        from cloudtrain.cluster.lifecycle import Lifecycle
-        from cloudtrain.state import ClusterStatus, StateStore
-
-        rec = self.recovery
-        lc = Lifecycle(StateStore(rec.ex.store.path), rec.ex.config)
-        try:
-            while not self._stop.wait(rec.settings.watch_s):
-                record = lc.store.get_cluster(rec.name)
-                # Only an incarnation that is up (its launch, under lifecycle's lock, is not ours to race).
-                if record is None or record.status != ClusterStatus.UP or not rec.r.nodes:
-                    continue
-                try:
-                    why = gone_reason(lc.refresh(rec.name))
-                except CloudtrainError as exc:
-                    rec.ex.reporter.warn(f"could not ask the cloud about {rec.name}: {exc.one_line()}")
-                    continue
-                if why is not None:
-                    self.detected_at = time.time()
-                    self.lost = why
-                    rec.ex.reporter.warn(f"node gone: {why}")
-                    _give_up_connections(rec.r.nodes)
-                    return
-        finally:
-            lc.store.close()
-
-
-def _give_up_connections(nodes: list) -> None:
-    """The node is gone: every later command on it fails at its first connect attempt."""
-    for node in list(nodes):
-        transport = node.transport
-        if hasattr(transport, "reconnect_for"):
-            transport.retry_for = 0.0
-            transport.reconnect_for = 0.0
-            # An address the cloud already gave back may still accept and never speak: don't wait on it.
-            transport.connect_timeout = min(transport.connect_timeout, 1.0)
-        transport.close()
-
-
-class _Tee:
-    """The run's reporter while it recovers: everything goes on to the user's reporter; epochs feed
-    the checkpoint puller, job lines the attempt's log, and the job's phase uploads the checkpoint."""
-
-    def __init__(self, inner: Any, recovery: Recovery) -> None:
-        self.inner = inner
-        self.recovery = recovery
-
-    def phase_start(self, phase: str, detail: str = "") -> None:
-        self.inner.phase_start(phase, detail)
-        if phase == "run":
-            self.recovery.job_starting()
-
-    def phase_end(self, phase: str, seconds: float, detail: str = "", ok: bool = True) -> None:
-        self.inner.phase_end(phase, seconds, detail=detail, ok=ok)
-
-    def log_line(self, line: str, node: int = 0) -> None:
-        self.inner.log_line(line, node)
-        if node == 0:
-            self.recovery.line(line)
-            event = epoch_event(line)
-            if event is not None:
-                self.recovery.epoch(event["epoch"])
-
-    def progress(self, event: dict[str, Any]) -> None:
-        self.inner.progress(event)
-        self.recovery.line(json.dumps(event))
-        epoch = event.get("epoch")
-        if event.get("type") == "epoch" and isinstance(epoch, int) and not isinstance(epoch, bool):
-            self.recovery.epoch(epoch)
-
-    def info(self, message: str) -> None:
-        self.inner.info(message)
-
-    def warn(self, message: str) -> None:
-        self.inner.warn(message)
-
-    def __getattr__(self, name: str) -> Any:
-        # Reporters may carry more than the protocol (the CLI's progress bar): pass it through.
-        return getattr(self.inner, name)
 
 
 def resume(executor: Executor, loaded: Any, run_id: str, teardown: Any, runs_dir: Path,

@@ -12,7 +12,8 @@ from cloudtrain.cluster.lifecycle import Cluster
 from cloudtrain.plan import Placement, Plan
 from cloudtrain.recipe import Budget, Recipe
 from cloudtrain.recipe.recover import DEFAULT_RECOVER, Recover
-from cloudtrain.run.recover import NodeLostError, budget_left, gone_reason, next_candidates, rule_out
+from cloudtrain.run.recover_rules import NodeLostError, budget_left, next_candidates, rule_out
+from cloudtrain.run.recover_watch import gone_reason
 from cloudtrain.state import ClusterRecord, ClusterStatus, NodeRecord
 
 

@@ -1,0 +1,162 @@
+"""While a recovering run's attempt goes on (run/recover.py): the cloud watcher and the reporter tee.
+
+- `Watcher`: a thread with its own store and lifecycle that asks the cloud every `recover.watch_s`
+  whether the attempt's nodes are still there (`gone_reason`). Seeing them gone, it records why,
+  makes the attempt's connections give up at once and, while a job is being followed, raises
+  `NodeGone` in the run's thread: the follower may be inside a reconnect loop that began before
+  the loss and would otherwise wait out its SSH retries.
+- `Tee`: the run's reporter while it recovers: everything goes on to the user's reporter; epochs
+  feed the checkpoint puller, job lines the attempt's log, the job's phase uploads the checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+from cloudtrain.errors import CloudtrainError
+from cloudtrain.sweep.checkpoints import epoch_event
+
+if TYPE_CHECKING:
+    from cloudtrain.cluster.lifecycle import Cluster
+
+GOING = frozenset({"stopping", "stopped", "terminated"})
+
+
+class NodeGone(CloudtrainError):
+    """Raised in the run's thread by the watcher: the cloud says the node is gone (not a RemoteError,
+    which the log follower would retry)."""
+
+
+def gone_reason(cluster: Cluster) -> str | None:
+    """Why the cloud says the cluster's machines are gone or going, or None while they are up."""
+    from cloudtrain.state import ClusterStatus
+
+    leaving = [n for n in cluster.nodes if n.state in GOING]
+    if cluster.record.status == ClusterStatus.UP and not leaving and cluster.nodes:
+        return None
+    if not leaving and cluster.record.status in (ClusterStatus.PROVISIONING,):
+        return None
+    what = ", ".join(f"{n.instance_id} {n.state}" for n in leaving) or f"cluster {cluster.record.status}"
+    return f"{cluster.provider.name} reports {what}"
+
+
+class Watcher:
+    """Asks the cloud every watch_s whether the attempt's nodes are still there (its own thread,
+    store and lifecycle). Seeing them gone, it records why and makes the attempt's connections give
+    up at once (no reconnect window), so the pipeline fails now instead of after its SSH retries."""
+
+    def __init__(self, recovery: Any, attempt: Any) -> None:  # run/recover.py: Recovery, Attempt
+        self.recovery = recovery
+        self.attempt = attempt
+        self.lost: str | None = None
+        self.detected_at: float | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name=f"recover watch {recovery.name}", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(30)
+
+    def _loop(self) -> None:
+        from cloudtrain.cluster.lifecycle import Lifecycle
+        from cloudtrain.state import ClusterStatus, StateStore
+
+        rec = self.recovery
+        lc = Lifecycle(StateStore(rec.ex.store.path), rec.ex.config)
+        try:
+            while not self._stop.wait(rec.settings.watch_s):
+                record = lc.store.get_cluster(rec.name)
+                # Only an incarnation that is up (its launch, under lifecycle's lock, is not ours to race).
+                if record is None or record.status != ClusterStatus.UP or not rec.r.nodes:
+                    continue
+                try:
+                    why = gone_reason(lc.refresh(rec.name))
+                except CloudtrainError as exc:
+                    rec.ex.reporter.warn(f"could not ask the cloud about {rec.name}: {exc.one_line()}")
+                    continue
+                if why is not None:
+                    self.detected_at = time.time()
+                    self.lost = why
+                    rec.ex.reporter.warn(f"node gone: {why}")
+                    give_up_connections(rec.r.nodes)
+                    with rec.follow_lock:
+                        if rec.following:
+                            # The job's follower may be inside a reconnect loop that began before the
+                            # loss (tens of seconds of retries): end it now, in the run's thread.
+                            raise_in(rec.main_thread, NodeGone)
+                    return
+        finally:
+            lc.store.close()
+
+
+def raise_in(thread_id: int, error: type[BaseException]) -> None:
+    """Raise `error` in another thread at its next Python instruction (CPython's async exception)."""
+    import ctypes
+
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread_id), ctypes.py_object(error))
+
+
+def give_up_connections(nodes: list) -> None:
+    """The node is gone: every later command on it fails at its first connect attempt."""
+    for node in list(nodes):
+        transport = node.transport
+        if hasattr(transport, "reconnect_for"):
+            transport.retry_for = 0.0
+            transport.reconnect_for = 0.0
+            # An address the cloud already gave back may still accept and never speak: don't wait on it.
+            transport.connect_timeout = min(transport.connect_timeout, 1.0)
+        transport.close()
+
+
+class Tee:
+    """The run's reporter while it recovers: everything goes on to the user's reporter; epochs feed
+    the checkpoint puller, job lines the attempt's log, and the job's phase uploads the checkpoint."""
+
+    def __init__(self, inner: Any, recovery: Any) -> None:
+        self.inner = inner
+        self.recovery = recovery
+
+    def phase_start(self, phase: str, detail: str = "") -> None:
+        self.inner.phase_start(phase, detail)
+        if phase == "run":
+            self.recovery.job_starting()
+        if phase in ("setup", "run"):
+            with self.recovery.follow_lock:
+                self.recovery.following = True
+
+    def phase_end(self, phase: str, seconds: float, detail: str = "", ok: bool = True) -> None:
+        with self.recovery.follow_lock:
+            self.recovery.following = False
+        self.inner.phase_end(phase, seconds, detail=detail, ok=ok)
+
+    def log_line(self, line: str, node: int = 0) -> None:
+        self.inner.log_line(line, node)
+        if node == 0:
+            self.recovery.line(line)
+            event = epoch_event(line)
+            if event is not None:
+                self.recovery.epoch(event["epoch"])
+
+    def progress(self, event: dict[str, Any]) -> None:
+        self.inner.progress(event)
+        self.recovery.line(json.dumps(event))
+        epoch = event.get("epoch")
+        if event.get("type") == "epoch" and isinstance(epoch, int) and not isinstance(epoch, bool):
+            self.recovery.epoch(epoch)
+
+    def info(self, message: str) -> None:
+        self.inner.info(message)
+
+    def warn(self, message: str) -> None:
+        self.inner.warn(message)
+
+    def __getattr__(self, name: str) -> Any:
+        # Reporters may carry more than the protocol (the CLI's progress bar): pass it through.
+        return getattr(self.inner, name)
