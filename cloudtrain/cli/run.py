@@ -242,11 +242,18 @@ def cancel(name: str, job: str | None, all_jobs: bool) -> None:
 @click.command()
 @cluster_argument()
 @click.argument("run_id", metavar="RUN", required=False)
-def collect(name: str, run_id: str | None) -> None:
+@click.option("--from-bucket", is_flag=True,
+              help="Fetch the results RUN uploaded (recipe `upload:`) from the bucket, with your credentials.")
+def collect(name: str, run_id: str | None, from_bucket: bool) -> None:
     """Fetch RUN's results and logs from cluster NAME again (default: its latest run), verified."""
     from cloudtrain.run.collect import collect_again
 
     lc = open_lifecycle(output.RunDisplay())
+    if from_bucket:
+        from cloudtrain.buckets.fetch import fetch_uploaded
+
+        output.echo(str(fetch_uploaded(lc.store, name, run_id, output.info)))
+        return
     run, got = collect_again(lc, name, run_id, warn=output.warn)
     for refused in got.refused:
         output.warn(f"refused result {refused.member!r}: {refused.reason}")

@@ -61,6 +61,11 @@ def test_bucket_dataset_copied_incrementally_results_uploaded_and_access_denied_
     assert record["upload"] == f"s3://{out_bucket}/runs/{record['run_id']}"
     uploaded = s3.client().list_objects_v2(Bucket=out_bucket)["Contents"]
     assert [o["Key"] for o in uploaded] == [f"runs/{record['run_id']}/out/count.txt"]
+    # Home from the bucket on request, with the user's own credentials (the node's are the node's).
+    (first.run_dir / "out" / "count.txt").unlink()
+    fetched = cloud.cli("collect", cloud.cluster, record["run_id"], "--from-bucket")
+    assert fetched.ok, fetched.output
+    assert (first.run_dir / "out" / "count.txt").read_text().strip() == str(FILES)
     # Only the role's temporary credentials reached S3, all allowed, all from the metadata fake.
     decisions = s3.authorizer.decisions
     assert decisions and all(key.startswith("ASIA") and ok for key, _, _, ok, _ in decisions)
