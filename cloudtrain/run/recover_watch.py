@@ -27,7 +27,10 @@ GOING = frozenset({"stopping", "stopped", "terminated"})
 
 class NodeGone(CloudtrainError):
     """Raised in the run's thread by the watcher: the cloud says the node is gone (not a RemoteError,
-    which the log follower would retry)."""
+    which the log follower would retry). Raised as a class, so it makes its own message."""
+
+    def __init__(self, message: str = "the cloud says the node is gone", **kwargs: Any) -> None:
+        super().__init__(message, **kwargs)
 
 
 def gone_reason(cluster: Cluster) -> str | None:
