@@ -26,7 +26,7 @@ from cloudtrain.yamlfile import line_of
 if TYPE_CHECKING:
     from cloudtrain.config import Config
     from cloudtrain.plan import Plan
-    from cloudtrain.providers.base import Capabilities
+    from cloudtrain.providers.base import Traits
     from cloudtrain.recipe import LoadedRecipe, Recipe
 
 # Fields that only mean something for a cloud that creates machines.
@@ -46,7 +46,7 @@ def preflight(loaded: LoadedRecipe, config: Config) -> Plan | None:
         # Credentials are not asked here (no network): `plan` and `up` skip the clouds without them.
         default_region = None
     else:
-        if not _cloud_capabilities(loaded).priced:
+        if not _cloud_traits(loaded).priced:
             clouds = []
         else:
             clouds = [cloud]
@@ -57,7 +57,7 @@ def preflight(loaded: LoadedRecipe, config: Config) -> Plan | None:
         raise NotAvailableError(_located(loaded, field, message), hint=hint)
     if recipe.job is not None:
         _check_job_params(loaded)
-        if cloud != ANY and not _cloud_capabilities(loaded).remote:
+        if cloud != ANY and not _cloud_traits(loaded).remote:
             # The bundled job runs in this very Python here; a node installs TensorFlow itself.
             from cloudtrain.extras import require
 
@@ -90,13 +90,12 @@ def unsupported(recipe: Recipe) -> tuple[str, str, str | None] | None:
         for target in _clouds_of(cloud):
             if name == "budget" and _limits_time(target):
                 continue  # a scheduler's time limit (sbatch --time) enforces max_hours; max_usd: below
+            # Machines that stop themselves can delete themselves too: autostop.down needs no more.
             problem = autostop_problem(target, name)
-            if problem is None and name == "autostop" and recipe.autostop.down:  # type: ignore[union-attr]
-                problem = autostop_problem(target, "autostop.down")
             if problem is not None:
                 return problem
     if recipe.budget is not None and recipe.budget.max_usd is not None and cloud in _registered():
-        if not provider_capabilities(cloud).priced:
+        if not provider_traits(cloud).priced:
             return ("budget.max_usd", f"budget.max_usd needs a priced cloud: cloud {cloud} has no hourly price",
                     "use budget.max_hours to limit the running time")
     from cloudtrain.buckets.checks import bucket_problem
@@ -104,8 +103,8 @@ def unsupported(recipe: Recipe) -> tuple[str, str, str | None] | None:
     bucket = bucket_problem(recipe, _clouds_of(cloud))
     if bucket is not None:
         return bucket
-    if cloud in _registered() and not provider_capabilities(cloud).cloud_fields:
-        honoured = getattr(_provider_class(cloud), "honours_fields", ())
+    if cloud in _registered() and not provider_traits(cloud).cloud_fields:
+        honoured = provider_traits(cloud).honours_fields
         for name in CLOUD_ONLY_FIELDS:
             if getattr(recipe.resources, name) is not None and name not in honoured:
                 return f"resources.{name}", f"resources.{name} does not apply to cloud {cloud}", "remove it or pick a cloud"
@@ -115,21 +114,17 @@ def unsupported(recipe: Recipe) -> tuple[str, str, str | None] | None:
 
 
 def autostop_problem(cloud: str, field: str = "autostop") -> tuple[str, str, str | None] | None:
-    """Why `cloud` cannot honour `field` (autostop, budget or autostop.down): its machines cannot stop
-    or delete themselves (capabilities `autostop`, `autostop_down`; Provider.watchdog_action). None
-    when it can."""
+    """Why `cloud` cannot honour `field` (autostop or budget): its machines cannot stop or delete
+    themselves (it does not implement SelfStopping). None when it can."""
     if cloud not in _registered():
         return None  # the cloud itself is refused elsewhere, with its own message
-    caps = provider_capabilities(cloud)
-    if field == "autostop.down":
-        if not caps.autostop or caps.autostop_down:
-            return None
-        return (field, f"autostop.down is not available yet for cloud {cloud}: its machines can stop themselves "
-                       "but not delete themselves", "autostop without down stops them; `cloudtrain down` deletes")
-    if caps.autostop:
+    from cloudtrain.providers import implements
+    from cloudtrain.providers.base import GivenHosts, SelfStopping
+
+    if implements(cloud, SelfStopping):
         return None
     what = "autostop is" if field == "autostop" else "budget limits are"
-    if caps.takes_hosts:
+    if implements(cloud, GivenHosts):
         return (field, f"{what} not available for cloud {cloud}: the hosts are your own machines and cloudtrain "
                        "never stops them", f"remove '{field}'; `cloudtrain down` ends the cluster's jobs")
     return (field, f"{what} not available yet for cloud {cloud}: its machines cannot stop themselves yet",
@@ -147,15 +142,9 @@ def _clouds_of(cloud: str) -> list[str]:
     return list(priced_clouds())
 
 
-def _provider_class(cloud: str) -> type:
-    from cloudtrain.providers import provider_class
-
-    return provider_class(cloud)
-
-
 def _limits_time(cloud: str) -> bool:
-    """The cloud's scheduler enforces a time limit itself (provider class `limits_time`)."""
-    return cloud in _registered() and bool(getattr(_provider_class(cloud), "limits_time", False))
+    """The cloud's scheduler enforces a time limit itself (traits `limits_time`)."""
+    return cloud in _registered() and provider_traits(cloud).limits_time
 
 
 def _registered() -> tuple[str, ...]:
@@ -164,19 +153,19 @@ def _registered() -> tuple[str, ...]:
     return available()
 
 
-def _cloud_capabilities(loaded: LoadedRecipe) -> Capabilities:
+def _cloud_traits(loaded: LoadedRecipe) -> Traits:
     cloud = loaded.recipe.resources.cloud
     try:
-        return provider_capabilities(cloud)
+        return provider_traits(cloud)
     except NotAvailableError as exc:
         raise NotAvailableError(_located(loaded, "resources.cloud", exc.message), hint=exc.hint) from None
 
 
-def provider_capabilities(cloud: str) -> Capabilities:
-    """What `cloud`'s provider can do (the registry reads its class, never instantiates it)."""
-    from cloudtrain.providers import capabilities
+def provider_traits(cloud: str) -> Traits:
+    """`cloud`'s facts (priced, remote, ...): the registry reads its class, never instantiates it."""
+    from cloudtrain.providers import traits
 
-    return capabilities(cloud)
+    return traits(cloud)
 
 
 def _check_job_params(loaded: LoadedRecipe) -> None:

@@ -18,7 +18,7 @@ import pytest
 
 from cloudtrain.config import AwsConfig, Config
 from cloudtrain.errors import NotAvailableError, RecipeError, UsageError
-from cloudtrain.preflight import preflight, provider_capabilities, unsupported
+from cloudtrain.preflight import preflight, provider_traits, unsupported
 from cloudtrain.recipe import Recipe, load_recipe
 from tests.conftest import REPO, cloudtrain
 
@@ -361,10 +361,10 @@ def test_unsupported_says_what_lifecycle_refuses(resources: dict, top: dict) -> 
 
 
 @pytest.mark.parametrize("cloud", ["local", "ssh", "aws"])
-def test_capabilities_are_read_from_the_provider_class(cloud: str) -> None:
+def test_traits_are_read_from_the_provider_class(cloud: str) -> None:
     from cloudtrain.providers import get_provider
 
-    assert provider_capabilities(cloud) == get_provider(cloud, Config()).capabilities
+    assert provider_traits(cloud) == get_provider(cloud, Config()).traits
 
 
 def _unusable() -> list[str]:
@@ -376,4 +376,4 @@ def _unusable() -> list[str]:
 @pytest.mark.parametrize("cloud", _unusable())
 def test_clouds_get_provider_refuses_are_refused(cloud: str) -> None:
     with pytest.raises(NotAvailableError, match="not available yet"):
-        provider_capabilities(cloud)
+        provider_traits(cloud)

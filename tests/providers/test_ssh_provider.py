@@ -5,9 +5,21 @@ from __future__ import annotations
 import pytest
 
 from cloudtrain.config import Config
-from cloudtrain.errors import NotAvailableError, ProviderError
+from cloudtrain.errors import ProviderError
 from cloudtrain.providers import get_provider
-from cloudtrain.providers.base import HostSpec, InstanceSpec, InstanceState, Provider
+from cloudtrain.providers.base import (
+    Backend,
+    CreatesMachines,
+    GivenHosts,
+    HostSpec,
+    InstanceSpec,
+    InstanceState,
+    Schedules,
+    SelfStopping,
+    StopsMachines,
+    machines,
+    supports,
+)
 from cloudtrain.remote.facts import probe_host
 from cloudtrain.remote.ssh import open_transport
 from cloudtrain.testing.sshd import SshdFactory
@@ -17,31 +29,35 @@ def _spec(*hosts: HostSpec) -> InstanceSpec:
     return InstanceSpec(cluster="lab", owner="me", hosts=hosts)
 
 
-def test_launch_turns_hosts_into_running_instances() -> None:
+def test_given_hosts_become_running_instances() -> None:
     provider = get_provider("ssh", Config())
-    assert isinstance(provider, Provider)
-    assert provider.capabilities.remote and not provider.capabilities.supports_stop and not provider.capabilities.priced
+    assert isinstance(provider, Backend) and supports(provider, GivenHosts)
+    assert provider.traits.remote and not provider.traits.priced
     hosts = (HostSpec("10.0.0.5", user="ubuntu"), HostSpec("gpu-2.lab", port=2222), HostSpec("unused"))
-    nodes = provider.launch(_spec(*hosts), 2)
+    nodes = provider.given_nodes(_spec(*hosts), 2)
     assert [n.id for n in nodes] == ["ssh-lab-0-10.0.0.5", "ssh-lab-1-gpu-2.lab"]
     assert all(n.state is InstanceState.RUNNING and n.cluster == "lab" for n in nodes)
     assert (nodes[0].public_ip, nodes[0].ssh_user, nodes[0].ssh_port) == ("10.0.0.5", "ubuntu", 22)
     assert (nodes[1].public_ip, nodes[1].ssh_port) == ("gpu-2.lab", 2222) and nodes[1].ssh_user
-    assert [n.id for n in provider.launch(_spec(*hosts), 2)] == [n.id for n in nodes]  # same hosts, same ids
+    assert [n.id for n in provider.given_nodes(_spec(*hosts), 2)] == [n.id for n in nodes]  # same hosts, same ids
 
 
-def test_too_few_hosts_and_lifecycle_calls() -> None:
+@pytest.mark.parametrize("capability", [CreatesMachines, StopsMachines, SelfStopping, Schedules])
+def test_nothing_is_created_stopped_or_scheduled(capability: type) -> None:
+    assert not supports(get_provider("ssh", Config()), capability)
+
+
+def test_too_few_hosts_and_what_lifecycle_sees() -> None:
     provider = get_provider("ssh", Config())
     with pytest.raises(ProviderError, match="only 1 host"):
-        provider.launch(_spec(HostSpec("a")), 2)
-    provider.terminate(["ssh-lab-0-a"])  # never touches the machine
-    provider.start(["ssh-lab-0-a"])
-    assert provider.list_tagged("lab") == []
-    assert provider.describe(["ssh-lab-0-a"])[0].state is InstanceState.RUNNING
-    launched = provider.launch(_spec(HostSpec("10.1.1.1", port=2200)), 1)
-    assert provider.describe([launched[0].id]) == launched  # same process: the full record
-    with pytest.raises(NotAvailableError):
-        provider.stop(["ssh-lab-0-a"])
+        provider.given_nodes(_spec(HostSpec("a")), 2)
+    # Lifecycle's one flow, through machines(): the hosts are taken, always running, never listed
+    # by tag (nothing of ours leaks), and terminating them touches nothing.
+    seen = machines(provider)
+    launched = seen.launch(_spec(HostSpec("10.1.1.1", port=2200)), 1)
+    assert [i.state for i in seen.describe([launched[0].id])] == [InstanceState.RUNNING]
+    assert seen.list_tagged("lab") == [] and seen.release_resources("lab") == []
+    seen.terminate([launched[0].id])
     assert provider.check_credentials().ok
 
 
@@ -51,7 +67,7 @@ def test_launched_hosts_are_reachable_and_probed(sshd_vm_factory: SshdFactory) -
     key = str(sshd_vm_factory.client_key.private_path)
     hosts = tuple(vm.host_spec(key) for vm in vms)
     provider = get_provider("ssh", Config())
-    nodes = provider.launch(_spec(*hosts), 2)
+    nodes = provider.given_nodes(_spec(*hosts), 2)
     for node, host, vm in zip(nodes, hosts, vms):
         with open_transport(cluster="lab", instance=node, config=Config(ssh={"connect_retries_s": 0}), host=host) as t:
             facts = probe_host(t)

@@ -8,21 +8,20 @@ shared filesystem every compute node mounts. A run is ONE batch job (`batch_job`
 runs templates/slurm_submit.sh as a detached runner job, which submits with sbatch, streams the
 job's output into the run's log, says why a pending job waits, and cancels with scancel when the
 run is interrupted, cancelled or the cluster goes `down`. Nothing is created, stopped or deleted on
-the cluster itself; cloudtrain never powers a node off.
+the cluster itself; cloudtrain never powers a node off. It implements GivenHosts (the login node)
+and Schedules (the batch job, its plan, its leaked jobs) only.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from cloudtrain.config import Config
-from cloudtrain.errors import NotAvailableError, ProviderError
+from cloudtrain.errors import ProviderError
 from cloudtrain.providers.base import (
     Capabilities,
     Traits,
-    ClusterResource,
     CredentialStatus,
     Instance,
     InstanceSpec,
@@ -47,21 +46,16 @@ class SlurmProvider:
     # accelerators (GPUs per node) become `--gres=gpu:N`; budget.max_hours becomes the job's time
     # limit (`--time`): Slurm enforces it, no watchdog needed.
     traits = Traits(remote=True, priced=False, honours_fields=("accelerators",), limits_time=True)
-    # Cloud fields that mean something here: GPUs per node become `--gres=gpu:N`.
-    honours_fields = ("accelerators",)
-    # budget.max_hours becomes the job's time limit (`--time`): Slurm enforces it, no watchdog needed.
-    limits_time = True
 
     def __init__(self, config: Config) -> None:
         self.config = config
-        self._launched: dict[str, Instance] = {}
 
     default_region = None
 
     def check_credentials(self) -> CredentialStatus:
         return CredentialStatus("slurm", True, "uses the login node's host entry (key, else your ssh-agent/default keys)")
 
-    def launch(self, spec: InstanceSpec, count: int) -> list[Instance]:
+    def given_nodes(self, spec: InstanceSpec, count: int) -> list[Instance]:
         """The login node, whatever `count` is: the nodes are allocated per run by Slurm."""
         if len(spec.hosts) != 1:
             raise ProviderError(f"cloud slurm takes one host, its login node; {len(spec.hosts)} listed",
@@ -74,36 +68,7 @@ class SlurmProvider:
             instance_type="slurm-login", region="slurm", public_ip=host.address, private_ip=host.address,
             ssh_user=host.user or spec.ssh_user or current_user(), ssh_port=host.port, launched_at=time.time(),
         )
-        self._launched[login.id] = login
         return [login]
-
-    def describe(self, ids: Sequence[str]) -> list[Instance]:
-        # A login node is the user's machine: "running" as far as a provider knows; whether it
-        # answers is the connection's business.
-        return [self._launched.get(i) or Instance(id=i, cluster="", state=InstanceState.RUNNING) for i in ids]
-
-    def list_tagged(self, cluster: str | None = None) -> list[Instance]:
-        # No machine is created: nothing leaks as a machine. Our Slurm jobs end with their run.
-        return []
-
-    def list_resources(self, cluster: str | None = None) -> list[ClusterResource]:
-        return []
-
-    def release_resources(self, cluster: str) -> list[ClusterResource]:
-        return []
-
-    def stop(self, ids: Sequence[str]) -> None:
-        raise NotAvailableError("a Slurm cluster is not stopped by cloudtrain", hint="use `cloudtrain down` instead")
-
-    def start(self, ids: Sequence[str]) -> None:
-        return None
-
-    def terminate(self, ids: Sequence[str]) -> None:
-        return None
-
-    def watchdog_action(self, instance: Instance, down: bool) -> dict[str, Any]:
-        raise NotAvailableError("a Slurm cluster's nodes are not cloudtrain's to stop",
-                                hint="budget.max_hours becomes the job's time limit; `cloudtrain cancel` ends it")
 
     @staticmethod
     def plan_lines(recipe: Recipe) -> list[str]:
