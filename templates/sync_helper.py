@@ -8,9 +8,12 @@ Paths are bytes end to end, so any file name the local file system allows surviv
                    requests on stdin, runs each one's argv in turn (in a session of its own, its
                    input streamed in, its output streamed back framed), so a CLI's commands cost
                    one round trip each instead of a new SSH session each, and requests sent
-                   together are answered together. It lives as long as its channel: at EOF it ends
-                   the command it is running and exits, so nothing of it outlives the CLI. Jobs are
-                   never its business: it only runs the commands it is sent (runner.sh owns jobs).
+                   together are answered together. It lives as long as its channel: at EOF it
+                   exits at once and runs nothing it was sent after; the command it is running is
+                   killed if its input had not all arrived (a cut input is never acted on), else
+                   left to finish as under sshd (`runner.sh follow` sees its parent gone and
+                   stops). Jobs are never its business: it only runs the commands it is sent
+                   (runner.sh owns jobs).
 
     manifest DIR   stdin: NUL-separated paths relative to DIR
                    stdout: one NUL-terminated record per path, in order:
@@ -76,6 +79,9 @@ def verify(root, fields):
 #   node -> laptop  H hello (JSON: home, commands found on PATH) | O stdout | X stderr | C exit code
 HEADER = struct.Struct(">cII")
 CHUNK = 1 << 18
+# Input held for a command that has not read it yet; beyond this the reader stops reading the
+# channel, so SSH's window holds the laptop back (a big upload into a slow disk stays bounded).
+HELD_BYTES = 64 << 20
 PROBED = ("python3", "rsync", "tar", "timeout", "find")
 
 
@@ -88,18 +94,27 @@ class Request(object):
         self.timeout = header.get("timeout")
         self.home = header.get("home")  # the home the laptop assumed (cached): refused if not ours
         self.input = []  # chunks, None at the end; guarded by `ready`
+        self.held = 0
+        self.closed = False  # the laptop is gone: nothing more will come, nothing waits for room
+        self.complete = False  # all of its input arrived (its E frame)
         self.ready = threading.Condition()
 
-    def put(self, chunk):
+    def put(self, chunk, force=False):
         with self.ready:
+            while not force and not self.closed and self.held > HELD_BYTES:
+                self.ready.wait()
             self.input.append(chunk)
-            self.ready.notify()
+            self.held += len(chunk or b"")
+            self.ready.notify_all()
 
     def take(self):
         with self.ready:
             while not self.input:
                 self.ready.wait()
-            return self.input.pop(0)
+            chunk = self.input.pop(0)
+            self.held -= len(chunk or b"")
+            self.ready.notify_all()
+            return chunk
 
 
 class Server(object):
@@ -109,6 +124,7 @@ class Server(object):
         self.queue_ready = threading.Condition()
         self.requests = {}
         self.child = None
+        self.current = None  # the request being run
         self.gone = False
 
     def send(self, kind, rid, data=b""):
@@ -144,22 +160,27 @@ class Server(object):
                         self.queue.append(request)
                         self.queue_ready.notify()
                 elif kind in (b"I", b"E") and rid in self.requests:
+                    if kind == b"E":
+                        self.requests[rid].complete = True
                     self.requests[rid].put(payload if kind == b"I" else None)
         finally:
-            # The laptop is gone (channel closed, CLI ended or killed): so is what we run for it.
-            self.gone = True
-            for request in self.requests.values():
-                request.put(None)
-            with self.queue_ready:
-                self.queue.append(None)
-                self.queue_ready.notify()
-            self.end_child()
+            # The laptop is gone (channel closed, CLI ended or killed). A command whose input was
+            # cut must not act on the part it got (`cat > f && mv f target`): killed before its
+            # input is closed. Anything else finishes as under sshd; nothing queued runs.
+            self.leave()
 
-    def end_child(self):
+    def leave(self):
+        self.gone = True
+        running = self.current
+        if running is not None and not running.complete:
+            self.end_child(signal.SIGKILL)
+        os._exit(0)
+
+    def end_child(self, sig=signal.SIGTERM):
         child = self.child
         if child is not None and child.poll() is None:
             try:
-                os.killpg(child.pid, signal.SIGTERM)
+                os.killpg(child.pid, sig)
             except OSError:
                 return
 
@@ -179,7 +200,9 @@ class Server(object):
                 request = self.queue.pop(0)
             if request is None or self.gone:
                 return
+            self.current = request
             code = self.run(request)
+            self.current = None
             del self.requests[request.rid]
             self.send(b"C", request.rid, str(code).encode())
 
@@ -285,10 +308,11 @@ def main():
     if sys.argv[1] == "serve":
         # SIGPIPE stays ignored (Python's default): a command that stops reading its input must
         # not end the helper; a closed channel shows as an OSError on write.
+        server = Server()
         try:
-            Server().serve()
+            server.serve()
         except OSError:
-            return  # the channel is gone: nobody is left to answer
+            server.leave()  # the channel is gone (writing failed)
         return
     op, root = sys.argv[1], os.fsencode(sys.argv[2])
     fields = [f for f in sys.stdin.buffer.read().split(b"\0") if f]

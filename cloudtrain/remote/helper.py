@@ -37,7 +37,7 @@ from paramiko.message import Message
 
 from cloudtrain import paths
 from cloudtrain.errors import RemoteError
-from cloudtrain.remote.channel import CHUNK, TRANSFER_ERRORS, Connection, InputSource, lost
+from cloudtrain.remote.channel import CHUNK, TRANSFER_ERRORS, Connection, ConnectionLostError, InputSource, lost
 from cloudtrain.remote.roundtrips import RoundTrips
 
 log = logging.getLogger("cloudtrain.remote.ssh")
@@ -48,6 +48,11 @@ _STDERR_KEEP = 1 << 20
 
 class HelperUnavailable(RemoteError):
     """The node could not start the helper (no python3): commands go on their own channels."""
+
+
+class NotDelivered(ConnectionLostError):
+    """The link failed while a request was being sent: the helper never runs a request whose
+    frames did not all arrive, so it did not run and may be sent again on a new connection."""
 
 
 class HomeMoved(RemoteError):
@@ -180,7 +185,8 @@ class NodeHelper:
                 self.chan.sendall(data)
         except TRANSFER_ERRORS as exc:
             self.discard()
-            raise lost(self.label, what or "sending a command", exc) from None
+            said = lost(self.label, what or "sending a command", exc)
+            raise NotDelivered(said.message, hint=said.hint) from None
 
     def _feed(self, rid: int, source: IO[bytes]) -> None:
         try:

@@ -53,7 +53,7 @@ from cloudtrain.remote.channel import (
     reader,
 )
 from cloudtrain.remote import homecache
-from cloudtrain.remote.helper import HelperProcess, HelperUnavailable, NodeHelper
+from cloudtrain.remote.helper import HelperProcess, HelperUnavailable, NodeHelper, NotDelivered
 from cloudtrain.remote.keys import Endpoint, HostKeyMismatchError, KnownHosts, node_config, resolve_endpoint
 from cloudtrain.remote.reach import WAIT_NOTICE_S, WaitNotice, handshake_failure, socket_failure
 from cloudtrain.remote.roundtrips import RoundTrips, log_report
@@ -236,7 +236,15 @@ class SSHTransport:
         helper = self._helper_now()
         if helper is not None:
             try:
-                return self._run_helper(helper, args, input, timeout, check, doing)
+                try:
+                    return self._run_helper(helper, args, input, timeout, check, doing)
+                except NotDelivered:
+                    # The link had dropped before the request was out (between two calls): it did
+                    # not run, so once more on a fresh connection, as a channel that failed to open.
+                    helper = self._helper_now()
+                    if helper is None:
+                        raise
+                    return self._run_helper(helper, args, input, timeout, check, doing)
             except HelperUnavailable as exc:
                 # It never started, so nothing ran: this command (and the next) on a channel of its own.
                 log.info("%s: %s; one channel per command", self.label, exc.message)

@@ -40,6 +40,9 @@ LARGE_TREE_BYTES = 1 << 30
 # A changed file at least this big that the node already has goes by rsync: its delta transfer
 # sends only the edited blocks, where tar-delta would send the whole file again.
 RSYNC_DELTA_BYTES = 8 << 20
+# Same size, another mtime: up to this many bytes of such files are sent rather than compared by
+# hash first (a round trip of 50 ms carries more than this on most links).
+VERIFY_BYTES = 256 << 10
 METHODS = ("auto", "rsync", "tar-delta")
 _RSYNC_CONNECTION_CODES = {10, 12, 30, 35, 255}
 
@@ -258,7 +261,12 @@ def _sync_tar_delta(transport, base: Path, entries: list[LocalEntry], remote_dir
         elif have[2] != entry.mtime:
             # Same size, different mtime (a fresh checkout, a `touch`): compare content.
             ambiguous.append(entry)
-    changed += _differing(transport, base, remote_dir, ambiguous)
+    if sum(e.size for e in ambiguous) <= VERIFY_BYTES:
+        # Sending them costs less than the round trip that would compare them (an edit that kept
+        # the size), and sets their mtime on the node just as a comparison would.
+        changed += ambiguous
+    else:
+        changed += _differing(transport, base, remote_dir, ambiguous)
     if changed:
         _send_tar(transport, base, sorted(changed, key=lambda e: e.rel), remote_dir)
     return len(changed), sum(e.size for e in changed)

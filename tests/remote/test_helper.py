@@ -37,16 +37,43 @@ def _processes_of(vm: SshdVM, needle: bytes) -> list[int]:
     return found
 
 
-def test_nothing_the_helper_ran_outlives_the_connection(sshd_vm: SshdVM, sshd_vm_factory: SshdFactory) -> None:
+def test_the_helper_is_gone_with_its_connection_and_a_cut_input_is_never_acted_on(
+        sshd_vm: SshdVM, sshd_vm_factory: SshdFactory) -> None:
     transport = _connect(sshd_vm, sshd_vm_factory)
     transport.run(["true"])
     assert _processes_of(sshd_vm, b"serve"), "the helper runs while the transport is open"
-    # A command still running when the CLI goes: the helper ends it, then itself.
-    transport.start("exec sleep 4321")
-    wait_until(lambda: _processes_of(sshd_vm, b"4321"), 30, "the command to start")
+    # A command whose input is still coming when the CLI goes: killed, so it never acts on half of it.
+    reader, writer = os.pipe()
+    os.write(writer, b"half of it\n")
+    transport.start('cat > "$HOME/partial" && touch "$HOME/published"', input=os.fdopen(reader, "rb"))
+    wait_until(lambda: (Path(sshd_vm.home) / "partial").exists(), 30, "the command to start reading")
     transport.close()
-    wait_until(lambda: not _processes_of(sshd_vm, b"serve") and not _processes_of(sshd_vm, b"4321"), 30,
-               "the helper and its command to end")
+    os.close(writer)
+    wait_until(lambda: not _processes_of(sshd_vm, b"serve") and not _processes_of(sshd_vm, b"partial"), 30,
+               "the helper and the cut command to end")
+    assert not (Path(sshd_vm.home) / "published").exists()
+
+
+def test_a_log_follow_stops_when_the_helper_goes(sshd_vm: SshdVM, sshd_vm_factory: SshdFactory) -> None:
+    from cloudtrain.remote import jobs
+
+    transport = _connect(sshd_vm, sshd_vm_factory)
+    layout = jobs.NodeLayout.for_cluster(transport, "c")
+    jobs.install_runtime(transport, layout)
+    transport.run(["mkdir", "-p", layout.workdir])
+    jobs.submit(transport, layout, "long", "sleep 300", {})
+    following = jobs.follow_log(transport, layout, "long", 0)
+    wait_until(lambda: _processes_of(sshd_vm, b"follow"), 30, "the follow to run")
+    transport.close()
+    wait_until(lambda: not _processes_of(sshd_vm, b"follow") and not _processes_of(sshd_vm, b"serve"), 30,
+               "the follow and the helper to end")
+    del following
+    again = _connect(sshd_vm, sshd_vm_factory)
+    try:
+        assert jobs.status(again, layout, "long").state == "running"  # the job itself is not the helper's
+        jobs.kill(again, layout, "long", grace_s=1)
+    finally:
+        again.close()
 
 
 @pytest.mark.parametrize("remembered", ["/elsewhere/home", "/tmp"])

@@ -86,13 +86,21 @@ def test_sync_sends_only_changes(method: str, transport: SSHTransport, tmp_path:
     assert transport.run(["cat", f"{remote}/pkg/model.py"]).text == "W = 2  # changed\n"
 
 
-def test_tar_delta_compares_content_when_only_mtime_changed(transport: SSHTransport, tmp_path: Path) -> None:
+# (VERIFY_BYTES, files sent when only the mtime changed): up to VERIFY_BYTES of such files are sent
+# (cheaper than the round trip comparing them), more are compared by content first.
+@pytest.mark.parametrize(("verify_bytes", "sent_if_same"), [(0, 0), (256 << 10, 1)])
+def test_tar_delta_compares_content_when_only_mtime_changed(transport: SSHTransport, tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch, verify_bytes: int,
+                                                            sent_if_same: int) -> None:
+    from cloudtrain.remote import sync
+
+    monkeypatch.setattr(sync, "VERIFY_BYTES", verify_bytes)
     src = _workdir(tmp_path / "src")
     remote = f"{transport.home}/w"
     sync_tree(transport, src, remote, method="tar-delta")
     future = time.time() + 100
     os.utime(src / "train.py", (future, future))  # e.g. a fresh git checkout: same bytes
-    assert sync_tree(transport, src, remote, method="tar-delta").files_sent == 0
+    assert sync_tree(transport, src, remote, method="tar-delta").files_sent == sent_if_same
     # ... and the node's mtime was aligned, so the next check is the cheap one again.
     assert transport.run(["stat", "-c", "%Y", f"{remote}/train.py"]).text.strip() == str(int(future))
     (src / "train.py").write_text("print('TRAIN')\n")  # same size, new content
