@@ -20,9 +20,9 @@ from cloudtrain.yamlfile import did_you_mean
 
 def _free(cloud: str) -> bool:
     """Clouds whose machines already exist (or are this one): nothing to pick, nothing to pay."""
-    from cloudtrain.providers import available, capabilities
+    from cloudtrain.providers import available, traits
 
-    return cloud in available() and not capabilities(cloud).priced
+    return cloud in available() and not traits(cloud).priced
 
 
 def _image_pins_region(cloud: str, image: str) -> bool:
@@ -75,9 +75,10 @@ class Placement:
         if self.instance_type:
             what = self.instance_type
         else:
-            from cloudtrain.providers import capabilities
+            from cloudtrain.providers import implements
+            from cloudtrain.providers.base import GivenHosts
 
-            what = "the listed hosts" if capabilities(self.cloud).takes_hosts else "this machine"
+            what = "the listed hosts" if implements(self.cloud, GivenHosts) else "this machine"
         gpu = f" ({self.accelerators})" if self.accelerators else ""
         market = " spot" if self.spot else ""
         return f"{what}{gpu}{market} in {where} at ${self.hourly_price:.4g}/h"

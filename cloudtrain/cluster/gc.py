@@ -25,7 +25,16 @@ from cloudtrain.config import Config
 from cloudtrain.cost import disk_hourly, disk_price
 from cloudtrain.errors import CloudtrainError
 from cloudtrain.providers import get_provider
-from cloudtrain.providers.base import ClusterResource, Instance, InstanceState, Provider, machines
+from cloudtrain.providers.base import (
+    ClusterResource,
+    CreatesMachines,
+    Instance,
+    InstanceState,
+    Provider,
+    Schedules,
+    machines,
+    supports,
+)
 from cloudtrain.state import StateStore
 
 log = logging.getLogger("cloudtrain.gc")
@@ -42,9 +51,9 @@ DISK_KINDS = frozenset({"volume", "disk"})
 def gc_clouds() -> tuple[str, ...]:
     """Clouds whose machines cloudtrain creates; hosts from a recipe are the user's, never collected.
     A scheduler's (Slurm) leaks are our queued jobs nothing follows (its provider's `leaked_jobs`)."""
-    from cloudtrain.providers import available, capabilities, schedules
+    from cloudtrain.providers import available, implements
 
-    return tuple(name for name in available() if not capabilities(name).takes_hosts or schedules(name))
+    return tuple(name for name in available() if implements(name, CreatesMachines) or implements(name, Schedules))
 
 
 @dataclass(frozen=True)
@@ -96,7 +105,7 @@ def total(leaks: Sequence[Leak]) -> Total:
 
 def find_leaks(store: StateStore, config: Config, clouds: Sequence[str] | None = None,
                catalog: Catalog | None = None) -> tuple[list[Leak], list[Skipped]]:
-    from cloudtrain.providers import capabilities
+    from cloudtrain.providers import traits
 
     clouds = gc_clouds() if clouds is None else clouds
     catalog = catalog or default_catalog()
@@ -110,9 +119,9 @@ def find_leaks(store: StateStore, config: Config, clouds: Sequence[str] | None =
             if not creds.ok:
                 skipped.append(Skipped(cloud, creds.detail))
                 continue
-            pricer = Pricer(cloud, catalog, capabilities(cloud).priced)
+            pricer = Pricer(cloud, catalog, traits(cloud).priced)
             leaks += _instance_leaks(cloud, provider, store, tracked, pricer)
-            if hasattr(provider, "leaked_jobs"):
+            if supports(provider, Schedules):
                 leaks += provider.leaked_jobs(store)
             by_cluster: dict[str, list[ClusterResource]] = {}
             for resource in machines(provider).list_resources():

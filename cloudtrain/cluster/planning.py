@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from cloudtrain.config import Config
 from cloudtrain.errors import CredentialsError, UsageError
 from cloudtrain.plan import Plan
-from cloudtrain.providers import ANY, available, capabilities, get_provider
+from cloudtrain.providers import ANY, available, get_provider, traits
 from cloudtrain.providers.base import Provider
 from cloudtrain.recipe import Recipe
 
@@ -25,7 +25,7 @@ class UsablePlan:
 
 
 def priced_clouds() -> tuple[str, ...]:
-    return tuple(c for c in available() if capabilities(c).priced)
+    return tuple(c for c in available() if traits(c).priced)
 
 
 def _allowed_clouds(recipe: Recipe) -> tuple[str, ...]:

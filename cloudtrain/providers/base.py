@@ -314,6 +314,11 @@ def supports(backend: object, capability: type) -> bool:
     return issubclass(cls, capability)
 
 
+def can_stop(backend: object, spot: bool) -> bool:
+    """Whether `backend` can stop a cluster's machines (spot ones: `spot`) and start them again."""
+    return supports(backend, StopsMachines) and (not spot or bool(backend.traits.stops_spot))  # type: ignore[attr-defined]
+
+
 class _GivenMachines:
     """Given hosts seen through CreatesMachines, so that lifecycle's one flow (launch, observe,
     terminate) serves them too: "launching" takes the hosts, they are always running as far as a

@@ -35,11 +35,33 @@ _VAR_RE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 _SHELL_FIELDS = frozenset({"setup", "run"})
 
 
-def _capability(cloud: str, name: str, default: bool) -> bool:
-    """A provider capability, or `default` for clouds this build cannot use (refused later, with a hint)."""
-    from cloudtrain.providers import available, capabilities
+def _given_hosts(cloud: str) -> bool:
+    """Whether the cloud's machines are the recipe's hosts (GivenHosts); False for clouds this build
+    cannot use (refused later, with a hint)."""
+    from cloudtrain.providers import available, implements
+    from cloudtrain.providers.base import GivenHosts
 
-    return bool(getattr(capabilities(cloud), name)) if cloud in available() else default
+    return cloud in available() and implements(cloud, GivenHosts)
+
+
+def _priced(cloud: str) -> bool:
+    from cloudtrain.providers import available, traits
+
+    return cloud in available() and traits(cloud).priced
+
+
+def _self_stopping(cloud: str) -> bool:
+    from cloudtrain.providers import available, implements
+    from cloudtrain.providers.base import SelfStopping
+
+    return cloud in available() and implements(cloud, SelfStopping)
+
+
+def _cloud_fields(cloud: str) -> bool:
+    """Whether region, zone, instance type... mean something on the cloud (True where unknown)."""
+    from cloudtrain.providers import available, traits
+
+    return traits(cloud).cloud_fields if cloud in available() else True
 
 
 def _schedules(cloud: str) -> bool:
@@ -49,9 +71,9 @@ def _schedules(cloud: str) -> bool:
 
 
 def _host_clouds() -> str:
-    from cloudtrain.providers import available, capabilities
+    from cloudtrain.providers import available
 
-    return " or ".join(c for c in available() if capabilities(c).takes_hosts)
+    return " or ".join(c for c in available() if _given_hosts(c))
 
 
 def _env_text(value: Any) -> Any:
@@ -106,7 +128,7 @@ class Resources(StrictModel):
 
     @model_validator(mode="after")
     def _hosts_only_where_taken(self) -> Resources:
-        takes_hosts = _capability(self.cloud, "takes_hosts", False)
+        takes_hosts = _given_hosts(self.cloud)
         if self.hosts and not takes_hosts:
             raise ValueError(f"'hosts' only applies to cloud: {_host_clouds()}, not cloud: {self.cloud}")
         if takes_hosts and not self.hosts:
@@ -115,7 +137,7 @@ class Resources(StrictModel):
             raise ValueError(f"'slurm' only applies to a scheduler's cloud (slurm), not cloud: {self.cloud}")
         if self.hosts and len(self.hosts) > 1 and _schedules(self.cloud):
             raise ValueError(f"cloud: {self.cloud} takes one host, its login node; num_nodes says how many nodes to allocate")
-        if self.zone and not self.region and _capability(self.cloud, "cloud_fields", True):
+        if self.zone and not self.region and _cloud_fields(self.cloud):
             raise ValueError("'zone' needs 'region' too")
         return self
 
@@ -386,7 +408,7 @@ class Recipe(StrictModel):
         if "autostop" in self.model_fields_set or self.sweep is not None:
             return self
         cloud = self.resources.cloud
-        if cloud == ANY_CLOUD or (_capability(cloud, "priced", False) and _capability(cloud, "autostop", False)):
+        if cloud == ANY_CLOUD or (_priced(cloud) and _self_stopping(cloud)):
             # Bypass assignment so that model_fields_set still says the recipe did not set it.
             object.__setattr__(self, "autostop", DEFAULT_AUTOSTOP)
         return self
@@ -407,7 +429,7 @@ class Recipe(StrictModel):
     @model_validator(mode="after")
     def _recover_where_machines_come_and_go(self) -> Recipe:
         # Machines the user lent us (`ssh` hosts) have no next placement to move to.
-        if self.recover is not None and _capability(self.resources.cloud, "takes_hosts", False):
+        if self.recover is not None and _given_hosts(self.resources.cloud):
             raise ValueError(f"recover: cloud {self.resources.cloud} runs on the listed hosts, which cloudtrain "
                              "cannot relaunch elsewhere (remove recover:)")
         return self

@@ -105,7 +105,8 @@ def lease_note(loaded: LoadedRecipe) -> str | None:
     """Why this sweep's VMs cannot take a lease (their on-node watchdog deleting them at lease end,
     CLI or not), or None when they do. Without one, the budget holds while the CLI runs and the
     job's deadline holds on the node, but a VM outlives a dead CLI until `sweep resume`/`stop`."""
-    from cloudtrain.providers import ANY, available, capabilities
+    from cloudtrain.providers import ANY, available, implements
+    from cloudtrain.providers.base import SelfStopping
 
     cloud = loaded.recipe.resources.cloud
     if cloud == ANY:
@@ -118,8 +119,7 @@ def lease_note(loaded: LoadedRecipe) -> str | None:
     for name in clouds:
         if name not in available():
             continue  # refused by the preflight with its own message
-        caps = capabilities(name)
-        if not (caps.autostop and caps.autostop_down):
+        if not implements(name, SelfStopping):  # what stops itself can delete itself too
             unable.append(name)
     if not unable:
         return None
