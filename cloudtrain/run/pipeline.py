@@ -464,6 +464,8 @@ class Executor:
             nodes = self._ready_nodes(cluster, loaded.recipe, created)
             # `exec` right after `up` must see the code: sync now (only changes travel later).
             on_all(nodes, lambda n: sync(n, without_buckets(loaded), self.reporter))
+            if bucket_mounts(loaded.recipe):  # and the bucket data (a later run copies only what changed)
+                copy_in(self.store, self.reporter, nodes, cluster.provider, new_run_id(cluster_name), loaded.recipe, [])
         except BaseException:
             close_all(nodes)
             if created:

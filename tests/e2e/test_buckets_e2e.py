@@ -102,9 +102,12 @@ def test_local_node_uses_the_configured_credentials_and_says_so(local_cloud, s3_
     s3.fill(bucket, "d", files=20, total_bytes=200_000)
     recipe = bucket_recipe(local_cloud, local_cloud.cluster, [{"source": f"s3://{bucket}/d", "target": "data"}],
                            run="ls data/part-000 | wc -l")
+    up = local_cloud.up(recipe)  # `up` copies too, so `exec` sees the data
+    assert up.ok, up.output[-3000:]
+    assert "with the store credentials configured on the node (ssh and local nodes have no cloud identity)" \
+        in up.output
+    assert "copied 20 files" in up.output
     result = local_cloud.run(recipe)
     assert result.ok, result.output[-3000:]
-    assert "with the store credentials configured on the node (ssh and local nodes have no cloud identity)" \
-        in result.output
-    assert "copied 20 files" in result.output
+    assert "20 objects, 20 unchanged; copying 0" in result.output
     assert s3.authorizer.decisions == []  # long-term user keys: no node identity was involved
