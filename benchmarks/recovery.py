@@ -10,6 +10,8 @@ Compute Engine: its instanceTerminationAction; Azure: evicted), then reads:
   detection      preemption -> the CLI knows (run.json attempts[0].detected_at)
   running again  preemption -> the relaunched job's first line on the new machine (its start stamp)
   epochs lost    the last epoch finished before the preemption minus the epoch the relaunch resumed at
+  first start    for scale: `cloudtrain run` started -> the first attempt's job running (the same
+                 launch, connect and node bootstrap a relaunch goes through, without detection)
 
 Baseline, in the same run: the `aws-ssh` leg is the AWS leg with the cloud watcher slowed to 300 s,
 so the loss is seen only when the pipeline's SSH retries give up and the cloud is asked then (what
@@ -79,6 +81,7 @@ def measure(cloud: Any, watch_s: float, machine_of: Callable[[Any], tuple[str, s
     stamps = cloud.root / "marks"
     recipe = cloud.recipe(run=JOB, envs={"MARKS": str(stamps)}, resources={"spot": True},
                           recover={"watch_s": watch_s}, autostop=False)
+    launched = time.time()
     proc = subprocess.Popen([sys.executable, "-m", "cloudtrain", "run", str(recipe), "--cluster", cloud.cluster,
                              "--runs-dir", str(cloud.runs_dir), "--down", "-q"], cwd=cloud.root,
                             env={**os.environ, **cloud.env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -100,8 +103,9 @@ def measure(cloud: Any, watch_s: float, machine_of: Callable[[Any], tuple[str, s
     seen = marks(stamps)
     done_before = max(n for k, n, at in seen if k == "epoch" and at < preempted)
     restart = [(n, at) for k, n, at in seen if k == "start" and at > preempted][0]
+    first_start = [at for k, _, at in seen if k == "start"][0]
     return {"detect_s": first["detected_at"] - preempted, "running_s": restart[1] - preempted,
-            "lost": done_before - restart[0]}
+            "lost": done_before - restart[0], "first_s": first_start - launched}
 
 
 def _aws(root: Path, watch_s: float) -> dict[str, float]:
@@ -187,7 +191,7 @@ def main() -> int:
             "aws-ssh": lambda root: _aws(root, 300.0)}
     chosen = [name.strip() for name in args.legs.split(",") if name.strip()]
     print(f"a spot run: job, {EPOCHS} one-second epochs, preempted after epoch {PREEMPT_AFTER}; recover: defaults")
-    print(f"{'leg':<8} {'detection':>10} {'running again':>14} {'epochs lost':>12}")
+    print(f"{'leg':<8} {'detection':>10} {'running again':>14} {'epochs lost':>12} {'first start':>12}")
     failed = False
     with tempfile.TemporaryDirectory(prefix="ct-recovery-") as tmp:
         for name in chosen:  # one after the other: the legs time each other's CPU otherwise
@@ -197,7 +201,8 @@ def main() -> int:
                 print(f"{name:<8} failed: {type(exc).__name__}: {str(exc)[:300]}")
                 failed = True
                 continue
-            print(f"{name:<8} {got['detect_s']:>9.1f}s {got['running_s']:>13.1f}s {got['lost']:>12.0f}", flush=True)
+            print(f"{name:<8} {got['detect_s']:>9.1f}s {got['running_s']:>13.1f}s {got['lost']:>12.0f} "
+                  f"{got['first_s']:>11.1f}s", flush=True)
     print("peers (documented, not run): SkyPilot managed jobs ~15 s polling on a paid controller VM; "
           "dstack 2-20 min (issue #2732)")
     return 1 if failed else 0

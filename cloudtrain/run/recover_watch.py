@@ -88,12 +88,13 @@ class Watcher:
                     self.detected_at = time.time()
                     self.lost = why
                     rec.ex.reporter.warn(f"node gone: {why}")
-                    give_up_connections(rec.r.nodes)
                     with rec.follow_lock:
                         if rec.following:
                             # The job's follower may be inside a reconnect loop that began before the
-                            # loss (tens of seconds of retries): end it now, in the run's thread.
+                            # loss (tens of seconds of retries, holding its transport's lock, so this
+                            # comes first): end it now, in the run's thread.
                             raise_in(rec.main_thread, NodeGone)
+                    give_up_connections(rec.r.nodes)
                     return
         finally:
             lc.store.close()

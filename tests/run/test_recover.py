@@ -128,3 +128,19 @@ def cluster(status: ClusterStatus, *states: str) -> Cluster:
 def test_gone_reason_reads_what_the_cloud_reported(status: ClusterStatus, states: tuple, gone: str | None) -> None:
     why = gone_reason(cluster(status, *states))
     assert (why is None) if gone is None else (gone in (why or ""))
+
+
+@pytest.mark.parametrize(("setup", "says"), [
+    ("none", "no run 'nope'"),
+    ("succeeded", "succeeded already"),
+])
+def test_resume_refuses_what_it_cannot_pick_up(local_cloud: Any, setup: str, says: str) -> None:
+    recipe = local_cloud.recipe(run="true", recover=True)
+    run_id = "nope"
+    if setup == "succeeded":
+        done = local_cloud.run(recipe)
+        assert done.ok, done.output
+        run_id = done.run_dir.name
+    refused = local_cloud.cli("run", str(recipe), "--resume", run_id)
+    assert refused.returncode == 2 and says in refused.stderr, refused.output
+    assert len([line for line in refused.stderr.splitlines() if line.startswith("error:")]) == 1
