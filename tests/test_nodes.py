@@ -48,7 +48,7 @@ def settles_to_zero(port: int, timeout: float = 5.0) -> bool:
 def ssh_records(hosts: tuple[HostSpec, ...]) -> list[NodeRecord]:
     """What lifecycle stores for an ssh cluster: the provider's instances plus the recipe's hosts."""
     provider = get_provider("ssh", Config())
-    instances = provider.launch(InstanceSpec(cluster="lab", owner="me", hosts=hosts), len(hosts))
+    instances = provider.given_nodes(InstanceSpec(cluster="lab", owner="me", hosts=hosts), len(hosts))
     return [node_record("lab", rank, inst, host) for rank, (inst, host) in enumerate(zip(instances, hosts))]
 
 

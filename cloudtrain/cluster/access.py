@@ -8,7 +8,7 @@ from collections.abc import Iterable
 
 from cloudtrain.config import Config
 from cloudtrain.events import Reporter
-from cloudtrain.providers.base import Provider
+from cloudtrain.providers.base import GivenHosts, Provider, supports
 
 
 def grant(name: str, provider: Provider, config: Config, reporter: Reporter) -> tuple[str | None, str | None]:
@@ -16,8 +16,7 @@ def grant(name: str, provider: Provider, config: Config, reporter: Reporter) -> 
     cluster's own key and a firewall open to the caller's address only (never 0.0.0.0/0 by
     default); machines that exist already (hosts) keep their own access."""
     allowed_cidr = config.ssh.allowed_cidr
-    caps = provider.capabilities
-    if not caps.remote or caps.takes_hosts:
+    if not provider.traits.remote or supports(provider, GivenHosts):
         return None, allowed_cidr
     from cloudtrain.remote import keys
 
@@ -32,7 +31,7 @@ def grant(name: str, provider: Provider, config: Config, reporter: Reporter) -> 
 
 def revoke(name: str, provider: Provider, instance_ids: Iterable[str]) -> None:
     """The cluster is gone: forget its machines' pinned host keys, its key and its ssh config entry."""
-    if not provider.capabilities.remote:
+    if not provider.traits.remote:
         return
     from cloudtrain.remote import keys
 

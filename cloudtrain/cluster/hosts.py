@@ -25,14 +25,14 @@ def end_work_on_hosts(provider: Provider, nodes: Sequence[NodeRecord], config: C
         try:
             (node,) = connect([record], provider, config)
         except CloudtrainError as exc:
-            if not provider.capabilities.remote and "no longer exists" in exc.message:
+            if not provider.traits.remote and "no longer exists" in exc.message:
                 continue  # a local node whose directory is already gone: nothing runs there
             failures.append(f"{where}: {exc.one_line()}")
             continue
         try:
             jobs.install_runtime(node.transport, node.layout)
             jobs.kill_all(node.transport, node.layout)
-            if provider.capabilities.remote:
+            if provider.traits.remote:
                 node.transport.run(["rm", "-rf", node.layout.root], what="removing cloudtrain's files")
         except CloudtrainError as exc:
             failures.append(f"{where}: {exc.one_line()}")

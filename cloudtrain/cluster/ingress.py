@@ -19,7 +19,7 @@ log = logging.getLogger("cloudtrain.ingress")
 
 def follow_caller(records: Sequence[NodeRecord], provider: Provider, config: Config) -> None:
     follow = getattr(provider, "follow_caller", None)
-    if follow is None or not records or not provider.capabilities.remote:
+    if follow is None or not records or not provider.traits.remote:
         return
     cidr = config.ssh.allowed_cidr
     if cidr is None:

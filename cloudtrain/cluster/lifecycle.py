@@ -20,7 +20,7 @@ from cloudtrain.state.locks import cluster_lock
 from cloudtrain.providers import get_provider
 from cloudtrain.providers.base import HostSpec, Instance, InstanceSpec, InstanceState, Provider, owner_id
 from cloudtrain.providers.base import TAG_INCARNATION
-from cloudtrain.providers.base import launched_by, machines
+from cloudtrain.providers.base import StopsMachines, launched_by, machines, supports
 from cloudtrain.recipe import Recipe
 from cloudtrain.state import ClusterRecord, ClusterStatus, NodeRecord, RunStatus, StateStore
 from cloudtrain.cluster.hosts import end_work_on_hosts
@@ -104,7 +104,7 @@ class Lifecycle:
         """Whether creating this recipe's cluster launches on a cloud that bills (or `cloud: any`)."""
         from cloudtrain.providers import ANY
 
-        return recipe.resources.cloud == ANY or self.provider(recipe.resources.cloud).capabilities.priced
+        return recipe.resources.cloud == ANY or self.provider(recipe.resources.cloud).traits.priced
 
     def live_runs(self, name: str, except_run: str | None = None) -> list:  # noqa: ANN201
         """Runs on this cluster whose `cloudtrain run` process is still alive on this machine."""
@@ -238,8 +238,7 @@ class Lifecycle:
         another laptop of the same owner): a create would launch a second cluster beside them (GCP)
         or overwrite them (Azure's PUT). Refused before any create call."""
         for provider in providers:
-            caps = provider.capabilities
-            if not (caps.remote and caps.owns_machines and not caps.takes_hosts):
+            if not provider.traits.owns_machines:  # this machine's nodes, given hosts: not a cloud's
                 continue
             found = [i for i in machines(provider).list_tagged(name) if i.state in _LIVE_STATES]
             if found:
@@ -405,7 +404,7 @@ class Lifecycle:
 
         cloud = provider.name
         return Pricing(running=record.hourly_price / max(1, record.num_nodes), disk=disk_hourly(cloud),
-                       min_s=billing_minimum_s(cloud), priced=provider.capabilities.priced,
+                       min_s=billing_minimum_s(cloud), priced=provider.traits.priced,
                        disk_per_gb=(disk_price(cloud) or 0.0) / HOURS_PER_MONTH)
 
     def _apply(self, record: ClusterRecord, provider: Provider, observations: Sequence[Observation], *,
@@ -447,7 +446,7 @@ class Lifecycle:
         """What a verb acts on: the rows' machines and whatever else carries this cluster's tag (a
         create whose answer was lost, a second terminal's instance), never only the rows."""
         ids = [n.instance_id for n in nodes if n.state != InstanceState.TERMINATED.value]
-        if provider.capabilities.owns_machines:
+        if provider.traits.owns_machines:
             ids += [i.id for i in machines(provider).list_tagged(name)
                     if i.state in _LIVE_STATES and i.id not in ids]
         return ids
@@ -466,7 +465,7 @@ class Lifecycle:
             from cloudtrain.run.jobstate import end_open_jobs
 
             end_open_jobs(self.store, name)
-            if ids and cluster.provider.capabilities.owns_machines:
+            if ids and cluster.provider.traits.owns_machines:
                 # "stopped" is said only once the cloud says so.
                 self._wait_for(cluster.provider, ids, InstanceState.STOPPED, "stopping")
             return self._observe_all(name, cluster.provider, verb_at=answered, verb_ids=set(ids))
@@ -477,7 +476,7 @@ class Lifecycle:
             return self._start_locked(cluster.record, cluster.provider, list(cluster.nodes))
 
     def _start_locked(self, record: ClusterRecord, provider: Provider, nodes: Sequence[NodeRecord]) -> Cluster:
-        if not provider.capabilities.supports_stop:
+        if not supports(provider, StopsMachines):
             return self._observe_all(record.name, provider)
         ids = self._machines(record.name, provider, nodes)
         provider.start(ids)
@@ -522,7 +521,7 @@ class Lifecycle:
                     hint="wait for that launch to finish (or fail), then `cloudtrain down` it",
                 )
             nodes = self.store.get_nodes(name)
-            if not provider.capabilities.owns_machines:
+            if not provider.traits.owns_machines:
                 failures = end_work_on_hosts(provider, nodes, self.config)
                 if failures and not forget:
                     detail = "; ".join(failures)
@@ -540,13 +539,13 @@ class Lifecycle:
             ids = {n.instance_id for n in nodes} | {i.id for i in machines(provider).list_tagged(name)}
             if ids:
                 machines(provider).terminate(sorted(ids))
-            elif provider.capabilities.remote and not provider.capabilities.takes_hosts:
+            else:
                 # No instance, but a launch killed halfway may have left billed resources (an
                 # Azure static IP, a security group): terminate would have released them.
                 for kept in machines(provider).release_resources(name):
                     self.reporter.warn(f"kept for now: {kept.kind} {kept.id} ({kept.note})")
             answered = time.time()
-            if provider.capabilities.owns_machines:
+            if provider.traits.owns_machines:
                 cluster = self._observe_all(name, provider, verb_at=answered, verb_ids=ids)
                 left = [n for n in cluster.nodes if n.state != InstanceState.TERMINATED.value]
                 if left and not forget:
@@ -580,11 +579,11 @@ def _max_run_s(recipe: Recipe, hourly_per_node: float, deadline_at: float | None
 def check_stop_possible(provider: Provider, spot: bool, name: str | None = None) -> None:
     """Refuse a stop that cannot happen before it is needed: never leave a billed machine running."""
     what = f"cluster {name!r}" if name else "this run"
-    if not provider.capabilities.supports_stop:
+    if not supports(provider, StopsMachines):
         raise NotAvailableError(
             f"cloud {provider.name} cannot stop instances ({what})", hint="use `cloudtrain down` (or --down) instead"
         )
-    if spot and not provider.capabilities.stop_spot:
+    if spot and not provider.traits.stops_spot:
         raise NotAvailableError(
             f"{provider.name} spot instances cannot be stopped, only terminated ({what} is spot)",
             hint="use --down (results are collected first) or --keep",

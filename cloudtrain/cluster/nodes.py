@@ -11,7 +11,7 @@ from typing import TypeVar
 
 from cloudtrain.config import Config
 from cloudtrain.errors import CloudtrainError, RemoteError
-from cloudtrain.providers.base import HostSpec, Instance, InstanceState, Provider
+from cloudtrain.providers.base import GivenHosts, HostSpec, Instance, InstanceState, Provider, machines, supports
 from cloudtrain.remote.jobs import NodeLayout
 from cloudtrain.remote.local import LocalTransport
 from cloudtrain.remote.transport import Transport
@@ -66,7 +66,7 @@ def instance_of(record: NodeRecord, home: str | None = None) -> Instance:
 
 
 def _host_and_key(record: NodeRecord, provider: Provider) -> tuple[HostSpec | None, Path | None]:
-    if provider.capabilities.takes_hosts:
+    if supports(provider, GivenHosts):
         # The user's own machine: their user, port, key and proxy from the recipe's host entry.
         host = HostSpec(
             address=record.public_ip or "",
@@ -89,8 +89,8 @@ def endpoint_of(record: NodeRecord, provider: Provider, config: Config):  # noqa
 
 
 def open_transport(record: NodeRecord, provider: Provider, config: Config) -> Transport:
-    if not provider.capabilities.remote:
-        described = provider.describe([record.instance_id])[0]
+    if not provider.traits.remote:
+        described = machines(provider).describe([record.instance_id])[0]
         if described.home is None or described.state is InstanceState.TERMINATED:
             raise RemoteError(f"node {record.instance_id} no longer exists", hint="run `cloudtrain down` then `up`")
         return LocalTransport(described.home)
