@@ -13,12 +13,11 @@ from cloudtrain.buckets.url import parse_bucket_url
 
 def _stores_of(cloud: str) -> tuple[str, ...] | None:
     """The stores `cloud`'s nodes get an identity for; None: any (they use configured credentials)."""
-    from cloudtrain.providers import available, capabilities, provider_class
+    from cloudtrain.providers import available, provider_class, traits
 
     if cloud not in available():
         return None  # refused elsewhere, with its own message
-    caps = capabilities(cloud)
-    if not (caps.owns_machines and caps.remote):
+    if not traits(cloud).owns_machines:  # only machines a cloud creates and owns have an identity
         return None
     return tuple(getattr(provider_class(cloud), "bucket_stores", ()))
 

@@ -48,8 +48,8 @@ def without_buckets(loaded: LoadedRecipe) -> LoadedRecipe:
 
 def identity_of(provider: object, cluster: str) -> tuple[str, str]:
     """("instance" | "configured", the identity in words) for the cluster's nodes."""
-    capabilities = getattr(provider, "capabilities", None)
-    if capabilities is not None and capabilities.owns_machines and capabilities.remote:
+    traits = getattr(provider, "traits", None)
+    if traits is not None and traits.owns_machines:  # a cloud's own machine: it has an identity
         describe = getattr(provider, "bucket_identity", None)
         who = describe(cluster) if describe is not None else "the VM's own identity"
         return "instance", who

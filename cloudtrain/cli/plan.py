@@ -33,10 +33,11 @@ def plan(recipe_path: str, as_json: bool, alternatives: int) -> None:
     static = preflight(loaded, config)
     if static is None:
         from cloudtrain.providers import provider_class
+        from cloudtrain.providers.base import Schedules, supports
 
         # A scheduler's plan (Slurm): where its one batch job would queue, with what options.
         scheduler = provider_class(loaded.recipe.resources.cloud)
-        if hasattr(scheduler, "plan_lines"):
+        if supports(scheduler, Schedules):
             if as_json:
                 output.print_json(scheduler.plan_document(loaded.recipe))
             else:

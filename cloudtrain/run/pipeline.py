@@ -32,6 +32,7 @@ from cloudtrain.run.jobstate import OPEN_STATES, refresh_jobs
 from cloudtrain.cluster.lifecycle import Cluster, Lifecycle
 from cloudtrain.cluster.nodes import Node, close_all, connect, on_all
 from cloudtrain.recipe import LoadedRecipe, Recipe
+from cloudtrain.providers.base import Schedules, can_stop, supports
 from cloudtrain.remote.archive import Refused
 from cloudtrain.run.job import end_jobs, run_job
 from cloudtrain.run.prepare import job_script, prepare, sync, write_ssh_config
@@ -173,7 +174,7 @@ class Executor:
             if self.approve is not None:
                 self.approve(approval.for_launch(cluster_name, loaded.recipe, usable))
         elif (existing is not None and existing.status == ClusterStatus.STOPPED and self.approve is not None
-              and self.lc.provider(existing.provider).capabilities.priced):
+              and self.lc.provider(existing.provider).traits.priced):
             self.approve(approval.for_start(cluster_name, loaded.recipe, existing.provider, existing.region,
                                             existing.instance_type, existing.num_nodes, existing.hourly_price))
 
@@ -270,7 +271,8 @@ class Executor:
             on_all(r.nodes, lambda n: sync(n, without_buckets(loaded), self.reporter))
         self._copy_in(r)
         # A scheduler (Slurm) runs setup and the job as one batch job on the nodes it allocates.
-        batch_job = getattr(r.cluster.provider, "batch_job", None) if r.cluster is not None else None
+        scheduler = r.cluster.provider if r.cluster is not None else None
+        batch_job = scheduler.batch_job if supports(scheduler, Schedules) else None  # type: ignore[union-attr]
         if recipe.setup and batch_job is None:
             with r.clock.phase("setup"):
                 run_job(self.store, self.reporter, r.nodes, run_id, f"{run_id}-setup", recipe.setup + "\n",
@@ -419,8 +421,7 @@ class Executor:
                 return "kept"
         if results_at_risk and policy == "down":
             where = f"`cloudtrain collect {name} {r.run_id}` fetches them, `cloudtrain down {name}` removes it"
-            caps = provider.capabilities
-            if caps.priced and caps.supports_stop and (caps.stop_spot or not r.cluster.record.spot):
+            if provider.traits.priced and can_stop(provider, bool(r.cluster.record.spot)):
                 self.lc.stop(name)
                 self.reporter.warn(f"results not collected: cluster {name} stopped (disks kept, compute not billed) "
                                    f"instead of deleted; `cloudtrain start {name}` then {where}")
@@ -483,7 +484,7 @@ class Executor:
         in the last minutes gets minutes of SSH retries (remote/ssh.py): worth one cloud call."""
         from cloudtrain.remote.ssh import BOOT_GRACE_S
 
-        if not cluster.provider.capabilities.remote:
+        if not cluster.provider.traits.remote:
             return False
         if recipe.autostop is None and recipe.budget is None and not cluster.record.spot:
             return False
@@ -535,7 +536,7 @@ class Executor:
             write_ssh_config(cluster, self.config, self.reporter)
             # A scheduler enforces the budget's hours itself (its time limit): no watchdog there.
             if ((recipe.autostop is not None or recipe.budget is not None)
-                    and getattr(cluster.provider, "batch_job", None) is None):
+                    and not supports(cluster.provider, Schedules)):
                 # From here on the nodes stop themselves when idle or over budget, laptop or not.
                 from cloudtrain.run.watchdog import start_from_recipe
 

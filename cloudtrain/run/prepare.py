@@ -106,7 +106,7 @@ def job_script(recipe: Recipe) -> str:
 
 def write_ssh_config(cluster: Cluster, config: Config, reporter: Reporter) -> None:
     """So that `ssh <cluster>` just works, with the same key, pins and proxy cloudtrain uses."""
-    if not cluster.provider.capabilities.remote:
+    if not cluster.provider.traits.remote:
         return
     from cloudtrain.cluster.nodes import endpoint_of
     from cloudtrain.remote import keys

@@ -96,8 +96,9 @@ def recovery_for(executor: Executor, r: _Run, cluster_name: str) -> Recovery | N
         return None
     cloud = r.loaded.recipe.resources.cloud
     if cloud != ANY:
-        caps = executor.lc.provider(cloud).capabilities
-        if caps.takes_hosts:  # the user's own machines: nowhere else to go (the recipe refuses it)
+        from cloudtrain.providers.base import GivenHosts, supports
+
+        if supports(executor.lc.provider(cloud), GivenHosts):  # the user's own machines: nowhere else to go
             return None
     return Recovery(executor, r, cluster_name, settings)
 

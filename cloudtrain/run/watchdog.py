@@ -216,7 +216,7 @@ def node_config(cluster: Cluster, node: Node, settings: Settings, action: Mappin
         "action_key": f"{node.record.instance_id}:{'delete' if settings.down else 'stop'}",
         "interruption": settings.interruption,
         # On machines reached over SSH a session of the user counts as activity; here it cannot.
-        "count_ssh": cluster.provider.capabilities.remote,
+        "count_ssh": cluster.provider.traits.remote,
         "ssh_port": None,
         "written_at": time.time(),
         **_test_overrides(),
@@ -238,7 +238,7 @@ def program_path(node: Node) -> str:
 
 
 def _python(cluster: Cluster, node: Node) -> str:
-    if not cluster.provider.capabilities.remote:
+    if not cluster.provider.traits.remote:
         return sys.executable  # the node is this machine
     return node.python or "python3"
 
@@ -308,7 +308,7 @@ def start_from_recipe(store: StateStore, cluster: Cluster, nodes: Sequence[Node]
     """`up` / `run`: the recipe's autostop and budget, enforced on every node from now on. A new
     cluster asks the provider for the action right away (its launch set the cloud side up)."""
     settings = settings_from_recipe(recipe, store, cluster.record.name, cluster.record.hourly_price)
-    if recipe.recovery is not None and cluster.provider.capabilities.remote:
+    if recipe.recovery is not None and cluster.provider.traits.remote:
         # A recovering run: the node also watches for its cloud's interruption notice.
         settings = replace(settings, interruption=cluster.provider.name)
     results = ensure_on_nodes(cluster, nodes, settings, eager_action=created)
@@ -326,8 +326,7 @@ def set_autostop(lc: Lifecycle, name: str, idle_minutes: float | None, down: boo
     from cloudtrain.preflight import autostop_problem
 
     cluster = lc.get(name)
-    problem = autostop_problem(cluster.provider.name, "autostop") or (
-        autostop_problem(cluster.provider.name, "autostop.down") if down and not cancel else None)
+    problem = autostop_problem(cluster.provider.name, "autostop")  # what stops itself may delete itself
     if problem is not None:
         from cloudtrain.errors import NotAvailableError
 
@@ -374,7 +373,7 @@ def read_logs(lc: Lifecycle, name: str) -> list[tuple[int, str | None]]:
     cluster = lc.get(name)
     from cloudtrain.state import ClusterStatus
 
-    if cluster.record.status == ClusterStatus.STOPPED and cluster.provider.capabilities.remote:
+    if cluster.record.status == ClusterStatus.STOPPED and cluster.provider.traits.remote:
         # (A node on this machine is a directory: readable stopped or not.)
         raise UsageError(f"cluster {name!r} is stopped; the watchdog's log is on its disk",
                          hint=f"`cloudtrain start {name}`, then `cloudtrain logs {name} --watchdog`")

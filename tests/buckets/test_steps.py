@@ -12,7 +12,7 @@ import pytest
 
 from cloudtrain.buckets.steps import copy_in_script, identity_of, node_env, upload_script, without_buckets
 from cloudtrain.buckets.url import parse_bucket_url
-from cloudtrain.providers.base import Capabilities
+from cloudtrain.providers.base import Traits
 from cloudtrain.recipe import load_recipe
 
 
@@ -27,13 +27,13 @@ def test_the_laptop_syncs_local_mounts_only(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("caps, described, identity, says", [
-    (Capabilities(False, False, remote=True, priced=True), lambda c: f"role of {c}", "instance", "role of c1"),
-    (Capabilities(False, False, remote=True, priced=True), None, "instance", "the VM's own identity"),
-    (Capabilities(False, False, remote=True, priced=False, owns_machines=False, takes_hosts=True), None, "configured", "configured on the node"),
-    (Capabilities(False, False, remote=False, priced=False, owns_machines=False), None, "configured", "no cloud identity"),
+    (Traits(remote=True, priced=True, owns_machines=True), lambda c: f"role of {c}", "instance", "role of c1"),
+    (Traits(remote=True, priced=True, owns_machines=True), None, "instance", "the VM's own identity"),
+    (Traits(remote=True, priced=False), None, "configured", "configured on the node"),
+    (Traits(remote=False, priced=False), None, "configured", "no cloud identity"),
 ])
-def test_identity(caps: Capabilities, described, identity: str, says: str) -> None:  # noqa: ANN001
-    provider = SimpleNamespace(capabilities=caps, **({"bucket_identity": described} if described else {}))
+def test_identity(caps: Traits, described, identity: str, says: str) -> None:  # noqa: ANN001
+    provider = SimpleNamespace(traits=caps, **({"bucket_identity": described} if described else {}))
     got, who = identity_of(provider, "c1")
     assert got == identity and says in who
 
