@@ -110,4 +110,7 @@ def test_local_node_uses_the_configured_credentials_and_says_so(local_cloud, s3_
     result = local_cloud.run(recipe)
     assert result.ok, result.output[-3000:]
     assert "20 objects, 20 unchanged; copying 0" in result.output
+    nothing = local_cloud.cli("collect", local_cloud.cluster, "--from-bucket")
+    assert nothing.returncode == 2 and "uploaded nothing: its recipe has no upload:" in nothing.stderr
+    assert len(nothing.stderr.strip().splitlines()) == 1, nothing.stderr
     assert s3.authorizer.decisions == []  # long-term user keys: no node identity was involved
