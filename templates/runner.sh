@@ -152,6 +152,7 @@ start)
     ;;
 _supervise)
     cd "$jobdir" || exit 1
+    unset CLOUDTRAIN_ASKED_BY  # the node helper that started us is no business of the job's
     export CLOUDTRAIN_JOB_DIR="$jobdir"
     # The identity first: whoever sees the pid also finds what makes it this process.
     proc_identity $$ > identity.tmp && mv identity.tmp identity
@@ -301,7 +302,8 @@ follow)
         fi
         [ "$over" = 1 ] && exit 0
         # Whoever asked is gone (channel closed, CLI killed): stop instead of polling until the job ends.
-        kill -0 "$PPID" 2>/dev/null || exit 0
+        # Asked through cloudtrain's node helper (sync_helper.py serve), that is the helper.
+        kill -0 "${CLOUDTRAIN_ASKED_BY:-$PPID}" 2>/dev/null || exit 0
         sleep 0.05
     done
     ;;

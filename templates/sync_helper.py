@@ -23,6 +23,7 @@ Paths are bytes end to end, so any file name the local file system allows surviv
                    set to MTIME so the next quick check passes), else "!"; NUL-terminated.
 """
 
+import fcntl
 import hashlib
 import json
 import os
@@ -31,7 +32,9 @@ import stat
 import struct
 import subprocess
 import sys
+import termios
 import threading
+import time
 
 
 def manifest(root, names):
@@ -79,6 +82,7 @@ def verify(root, fields):
 #   node -> laptop  H hello (JSON: home, commands found on PATH) | O stdout | X stderr | C exit code
 HEADER = struct.Struct(">cII")
 CHUNK = 1 << 18
+CUT = object()  # an input's end when the laptop is gone: never passed on as an end of input
 # Input held for a command that has not read it yet; beyond this the reader stops reading the
 # channel, so SSH's window holds the laptop back (a big upload into a slow disk stays bounded).
 HELD_BYTES = 64 << 20
@@ -104,7 +108,7 @@ class Request(object):
             while not force and not self.closed and self.held > HELD_BYTES:
                 self.ready.wait()
             self.input.append(chunk)
-            self.held += len(chunk or b"")
+            self.held += len(chunk) if isinstance(chunk, bytes) else 0
             self.ready.notify_all()
 
     def take(self):
@@ -112,7 +116,7 @@ class Request(object):
             while not self.input:
                 self.ready.wait()
             chunk = self.input.pop(0)
-            self.held -= len(chunk or b"")
+            self.held -= len(chunk) if isinstance(chunk, bytes) else 0
             self.ready.notify_all()
             return chunk
 
@@ -171,8 +175,15 @@ class Server(object):
 
     def leave(self):
         self.gone = True
-        running = self.current
-        if running is not None and not running.complete:
+        running, child = self.current, self.child
+        if running is not None and not running.complete and child is not None:
+            # Its input was cut: what arrived is handed over (a tar extracts the files it got, so a
+            # sync resumes), but no end of input ever comes; the feeder then kills it (a
+            # `cat > f && mv f target` never publishes half a file).
+            running.put(CUT, force=True)
+            deadline = time.time() + 30
+            while child.poll() is None and time.time() < deadline:
+                time.sleep(0.05)
             self.end_child(signal.SIGKILL)
         os._exit(0)
 
@@ -185,6 +196,8 @@ class Server(object):
                 return
 
     def serve(self):
+        # What runs for the laptop can tell whether the laptop is still there (runner.sh follow).
+        os.environ["CLOUDTRAIN_ASKED_BY"] = str(os.getpid())
         commands = {}
         for name in PROBED:
             commands[name] = any(os.access(os.path.join(d, name), os.X_OK)
@@ -279,6 +292,10 @@ class Server(object):
             chunk = request.take()
             if chunk is None:
                 break
+            if chunk is CUT:
+                self.wait_consumed(child)
+                self.kill_group(child)
+                return
             if broken:
                 continue  # the command stopped reading: drop the rest of its input
             try:
@@ -290,6 +307,21 @@ class Server(object):
             child.stdin.close()
         except OSError:
             return
+
+    @staticmethod
+    def wait_consumed(child):
+        """Until the command has read what is in its input pipe (or stopped reading), at most 10 s."""
+        deadline = time.time() + 10
+        while child.poll() is None and time.time() < deadline:
+            try:
+                waiting = struct.unpack("i", fcntl.ioctl(child.stdin.fileno(), termios.FIONREAD, b"\0\0\0\0"))[0]
+            except (OSError, ValueError):
+                time.sleep(1.0)  # no way to look into the pipe: give it a moment
+                return
+            if waiting == 0:
+                time.sleep(0.2)  # the last bytes it read are being written out
+                return
+            time.sleep(0.05)
 
     @staticmethod
     def drain(request):
