@@ -119,6 +119,17 @@ def copy_in(store: StateStore, reporter: Reporter, nodes: Sequence[Node], provid
             recipe, "data copy", started)
 
 
+def refresh_grants(cluster: object, recipe: Recipe) -> None:
+    """A reused cluster's node identity is given this recipe's buckets (it was made for the recipe
+    that created the cluster), where the provider can (`grant_buckets`)."""
+    from cloudtrain.buckets.grants import recipe_grants
+
+    grants = recipe_grants(recipe)
+    grant = getattr(getattr(cluster, "provider", None), "grant_buckets", None)
+    if grants and grant is not None:
+        grant(cluster.record.name, [n.instance_id for n in cluster.nodes], grants)  # type: ignore[attr-defined]
+
+
 def upload_destination(recipe: Recipe, run_id: str) -> BucketUrl | None:
     return parse_bucket_url(recipe.upload).child(run_id) if recipe.upload else None
 

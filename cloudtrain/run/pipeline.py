@@ -37,7 +37,8 @@ from cloudtrain.remote.archive import Refused
 from cloudtrain.run.job import end_jobs, run_job
 from cloudtrain.run.prepare import job_script, prepare, sync, write_ssh_config
 from cloudtrain.run.record import RunJson
-from cloudtrain.buckets.steps import bucket_mounts, copy_in, upload, upload_destination, without_buckets
+from cloudtrain.buckets.steps import (bucket_mounts, copy_in, refresh_grants, upload, upload_destination,
+                                      without_buckets)
 from cloudtrain.state import ClusterStatus, RunRecord, RunStatus
 
 Teardown = Literal["auto", "down", "stop", "keep"]
@@ -285,6 +286,8 @@ class Executor:
 
     def _copy_in(self, r: _Run) -> None:
         """The recipe's bucket data: every node copies it itself, with its own identity (docs/data.md)."""
+        if r.cluster is not None and not r.created:
+            refresh_grants(r.cluster, r.loaded.recipe)  # a reused cluster's identity: this recipe's buckets
         if bucket_mounts(r.loaded.recipe) and r.cluster is not None:
             with r.clock.phase("data"):
                 copy_in(self.store, self.reporter, r.nodes, r.cluster.provider, r.run_id, r.loaded.recipe,

@@ -84,6 +84,9 @@ class S3Authorizer:
 
     app: Callable[..., Iterable[bytes]]
     decisions: list[tuple[str, str, str, bool, str]] = field(default_factory=list)
+    # Buckets whose bucket policy has an explicit Deny for every role session (a locked or another
+    # account's bucket): an explicit deny wins over any identity policy, as in S3's evaluation.
+    denying: set[str] = field(default_factory=set)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
@@ -91,6 +94,7 @@ class S3Authorizer:
         if found is None or found.group("service") != "s3" or not found.group("key").startswith("ASIA"):
             return self.app(environ, start_response)
         from moto.core.exceptions import ServiceException
+        from moto.s3.exceptions import S3AccessDeniedError as AccessDenied
         from moto.iam.access_control import S3IAMRequest
 
         length = int(environ.get("CONTENT_LENGTH") or 0)
@@ -107,6 +111,8 @@ class S3Authorizer:
             request = S3IAMRequest(account_id=ACCOUNT_ID, method=environ["REQUEST_METHOD"], path=raw_path,
                                    data=data, body=body, headers=_headers(environ), action=action)
             request.check_signature()
+            if bucket in self.denying:
+                raise AccessDenied()
             request.check_action_permitted(resource)
         except ServiceException as exc:
             # AccessDenied, SignatureDoesNotMatch, InvalidAccessKeyId, InvalidToken: S3 answers 403.
@@ -190,6 +196,10 @@ class S3Buckets:
                  "Token": answer["SessionToken"], "Expiration": answer["Expiration"].strftime("%Y-%m-%dT%H:%M:%SZ")}
         self._credentials[role["RoleName"]] = (answer["Expiration"].timestamp(), creds)
         return role["RoleName"], creds
+
+    def deny(self, bucket: str) -> None:
+        """Give `bucket` a bucket policy that denies every role session (see S3Authorizer.denying)."""
+        self.authorizer.denying.add(bucket)
 
     def cli_env(self) -> dict[str, str]:
         """For the CLI's environment: nodes find the instance metadata (and so their role) here."""

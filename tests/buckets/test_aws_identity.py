@@ -65,3 +65,26 @@ def test_gc_finds_and_removes_the_role_of_a_cluster_state_lost(aws_cloud) -> Non
     assert removed.returncode == 0, removed.output
     roles = [r["RoleName"] for r in aws_cloud.server.client("iam").list_roles(PathPrefix="/cloudtrain/")["Roles"]]
     assert f"cloudtrain-{lost}" not in roles
+
+
+def test_a_reused_cluster_gets_this_recipes_buckets(moto_server) -> None:  # noqa: ANN001
+    """An instance launched without buckets gets the profile; the policy names only the new buckets."""
+    from cloudtrain.providers.aws import AwsProvider
+    from cloudtrain.providers.aws.identity import role_name
+
+    provider = AwsProvider("us-east-1", all_owners=True)
+    ec2 = moto_server.client("ec2")
+    instance = ec2.run_instances(ImageId=moto_server.ami(), MinCount=1, MaxCount=1,
+                                 InstanceType="t3.micro")["Instances"][0]["InstanceId"]
+    try:
+        provider.grant_buckets("idtest-b", [instance], grants_for(["s3://first-bkt/a"], None))
+        provider.grant_buckets("idtest-b", [instance], grants_for(["s3://second-bkt/b"], "s3://out-bkt/r"))
+        raw = ec2.describe_instances(InstanceIds=[instance])["Reservations"][0]["Instances"][0]
+        assert raw["IamInstanceProfile"]["Arn"].endswith(f"/{role_name('idtest-b')}")
+        policy = moto_server.client("iam").get_role_policy(RoleName=role_name("idtest-b"),
+                                                            PolicyName="cloudtrain-buckets")["PolicyDocument"]
+        named = json.dumps(policy)
+        assert "second-bkt" in named and "out-bkt" in named and "first-bkt" not in named
+    finally:
+        ec2.terminate_instances(InstanceIds=[instance])
+        provider.release_resources("idtest-b")

@@ -11,6 +11,7 @@ GCS and Azure Blob e2e are not built yet (docs/data.md says so).
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -78,8 +79,17 @@ def test_bucket_dataset_copied_incrementally_results_uploaded_and_access_denied_
     assert second.ok, second.output[-4000:]
     assert f"{FILES} objects, {FILES - 3} unchanged; copying 3" in second.output
 
+    # The same cluster, a recipe naming another bucket: its role now allows exactly that one.
     other = bucket_recipe(cloud, cloud.cluster, [{"source": f"s3://{other_bucket}/x", "target": "data2"}],
                           run="true")
+    moved = cloud.run(other, "--keep")
+    assert moved.ok, moved.output[-4000:]
+    assert "copied 1 files" in moved.output
+    policy = s3.server.client("iam").get_role_policy(RoleName=role, PolicyName="cloudtrain-buckets")["PolicyDocument"]
+    named = json.dumps(policy)
+    assert other_bucket in named and data_bucket not in named and out_bucket not in named
+
+    s3.deny(other_bucket)  # a bucket policy that refuses the role: the store says no
     denied = cloud.run(other, "--keep")
     assert not denied.ok
     lines = [line for line in denied.output.splitlines() if "access denied" in line]

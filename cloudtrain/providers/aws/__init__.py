@@ -266,6 +266,13 @@ class AwsProvider:
     def _iam_region(self) -> str:
         return self.api.default_region or "us-east-1"  # IAM is global; any region's endpoint answers
 
+    def grant_buckets(self, cluster: str, instance_ids: Sequence[str], grants: Sequence[Any]) -> None:
+        """A reused cluster's nodes may reach exactly this recipe's buckets (identity.grant_instances)."""
+        from cloudtrain.providers.aws.identity import grant_instances
+
+        tags = {TAG_CLUSTER: cluster, TAG_OWNER: self.owner or owner_id()}
+        grant_instances(self.api, self._iam_region(), cluster, tags, grants, self._lookup(instance_ids))
+
     def bucket_identity(self, cluster: str) -> str:
         """What the nodes read and write buckets with, in words (cloudtrain/buckets/steps.py)."""
         from cloudtrain.providers.aws.identity import describe

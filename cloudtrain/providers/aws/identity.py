@@ -134,3 +134,14 @@ def release_node_role(api: Ec2Api, region: str, cluster: str) -> None:
 
 def describe(cluster: str) -> str:
     return f"the instance's IAM role {role_name(cluster)} (instance profile; no user credentials on the VM)"
+
+
+def grant_instances(api: Ec2Api, region: str, cluster: str, tags: Mapping[str, str],
+                    grants: Sequence[BucketGrant], instances: Mapping[str, tuple[str, dict[str, Any]]]) -> None:
+    """A reused cluster's nodes get this recipe's buckets: the role's policy now names exactly
+    these (the last recipe's go), and an instance launched without a profile gets one."""
+    profile = ensure_node_role(api, region, cluster, tags, grants)
+    for instance_id, (where, raw) in sorted(instances.items()):
+        if raw.get("IamInstanceProfile") or raw["State"]["Name"] not in ("pending", "running", "stopping", "stopped"):
+            continue
+        api.ec2(where, "associate_iam_instance_profile", InstanceId=instance_id, IamInstanceProfile={"Name": profile})
