@@ -1,4 +1,6 @@
-"""The layout keeps its promises: no import cycle, and no core module names a cloud.
+"""The layout keeps its promises: no import cycle, no core module names a cloud, and every backend
+has the shape of providers/base.py (what it implements, whole; no stub members; core code asks
+`supports`, never probes for members).
 
 Both read the source (ast), so they hold for lazy imports inside functions too: a cycle hidden in a
 function is still a cycle in the design.
@@ -165,3 +167,103 @@ def test_the_cloud_name_check_sees_names(tmp_path: Path, source: str, expected: 
     module = tmp_path / "m.py"
     module.write_text(source)
     assert len(_cloud_mentions(module)) >= expected and (expected or not _cloud_mentions(module))
+
+
+# The backend shape (providers/base.py): a core every backend has, capability Protocols it implements
+# whole or not at all, and no stub members standing in for what it cannot do.
+
+
+def _capabilities() -> tuple[type, ...]:
+    from cloudtrain.providers.base import CreatesMachines, GivenHosts, Schedules, SelfStopping, StopsMachines
+
+    return (CreatesMachines, StopsMachines, SelfStopping, GivenHosts, Schedules)
+
+
+def _members(protocol: type) -> set[str]:
+    return {name for name, value in vars(protocol).items() if callable(value) and not name.startswith("_")}
+
+
+# What each backend is: the contract as the docs state it (docs/architecture.md).
+IS = {
+    "local": {"CreatesMachines", "StopsMachines", "SelfStopping"},
+    "ssh": {"GivenHosts"},
+    "slurm": {"GivenHosts", "Schedules"},
+    "aws": {"CreatesMachines", "StopsMachines", "SelfStopping"},
+    "gcp": {"CreatesMachines", "StopsMachines", "SelfStopping"},
+    "azure": {"CreatesMachines", "StopsMachines", "SelfStopping"},
+}
+
+
+@pytest.mark.parametrize("cloud", sorted(IS))
+def test_each_backend_implements_what_it_is_and_whole(cloud: str) -> None:
+    from cloudtrain.providers import available, provider_class
+    from cloudtrain.providers.base import Traits, supports
+
+    if cloud not in available():
+        pytest.skip(f"{cloud} is not in this build")
+    cls = provider_class(cloud)
+    # The core (Backend): its data members make it unfit for issubclass, so they are asked one by one.
+    assert isinstance(cls.traits, Traits) and all(hasattr(cls, m) for m in ("name", "default_region", "check_credentials"))
+    assert not hasattr(cls, "capabilities"), "capability flags are gone: implement the Protocols instead"
+    assert {c.__name__ for c in _capabilities() if supports(cls, c)} == IS[cloud]
+    for capability in _capabilities():
+        present = {m for m in _members(capability) if hasattr(cls, m)}
+        assert present in (set(), _members(capability)), f"{cloud} implements {capability.__name__} in part: {present}"
+
+
+def _stubs(path: Path) -> list[str]:
+    """Methods of provider classes whose whole body (its docstring aside) is `pass`, `...`, `return`,
+    `return None` or one `raise NotAvailableError(...)`: a stand-in for what the backend cannot do."""
+    found = []
+    for cls in (n for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.ClassDef)):
+        for fn in (n for n in cls.body if isinstance(n, ast.FunctionDef)):
+            body = fn.body[1:] if (fn.body and isinstance(fn.body[0], ast.Expr)
+                                   and isinstance(fn.body[0].value, ast.Constant) and len(fn.body) > 1) else fn.body
+            if len(body) != 1:
+                continue
+            stmt = body[0]
+            stub = (isinstance(stmt, ast.Pass)
+                    or (isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant) and stmt.value.value is ...)
+                    or (isinstance(stmt, ast.Return) and (stmt.value is None or (
+                        isinstance(stmt.value, ast.Constant) and stmt.value.value is None)))
+                    or (isinstance(stmt, ast.Raise) and "NotAvailableError" in ast.unparse(stmt)))
+            if stub:
+                found.append(f"{path.parent.name}/{path.name}:{fn.lineno}: {cls.name}.{fn.name}")
+    return found
+
+
+def test_no_provider_has_stub_members() -> None:
+    offenders = []
+    for package in sorted(p for p in (PACKAGE / "providers").iterdir() if (p / "__init__.py").exists()):
+        offenders += _stubs(package / "__init__.py")
+    assert offenders == [], "\n".join(offenders)
+
+
+@pytest.mark.parametrize("source,expected", [
+    ("class P:\n    def stop(self, ids):\n        raise NotAvailableError('no')\n", 1),
+    ("class P:\n    def start(self, ids):\n        '''Nothing.'''\n        return None\n", 1),
+    ("class P:\n    def list_tagged(self, c):\n        return []\n", 0),  # a true answer: nothing of ours
+    ("class P:\n    def launch(self, spec, n):\n        return make(spec, n)\n", 0),
+])
+def test_the_stub_finder_finds_stubs(tmp_path: Path, source: str, expected: int) -> None:
+    (tmp_path / "m.py").write_text(source)
+    assert len(_stubs(tmp_path / "m.py")) == expected
+
+
+def test_core_asks_what_a_backend_implements_never_probes_for_members() -> None:
+    """No `.capabilities` flags, and no hasattr/getattr of a capability Protocol's member on a
+    provider outside providers/: core code asks `supports(provider, X)` / `providers.implements(name, X)`."""
+    names = set().union(*(_members(c) for c in _capabilities()))
+    offenders = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(PACKAGE)
+        if rel.parts[0] == "providers":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and node.attr == "capabilities":
+                offenders.append(f"{rel}:{node.lineno}: .capabilities")
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("hasattr", "getattr")
+                    and len(node.args) >= 2 and isinstance(node.args[1], ast.Constant) and node.args[1].value in names
+                    and re.search(r"provider|scheduler|cls", ast.unparse(node.args[0]))):
+                offenders.append(f"{rel}:{node.lineno}: {node.func.id}(..., {node.args[1].value!r})")
+    assert offenders == [], "\n".join(offenders)

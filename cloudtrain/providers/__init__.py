@@ -1,8 +1,8 @@
 """Provider registry. Modules are imported only when a cloud is used, so the CLI stays fast.
 
 Adding a cloud: a `providers/<cloud>/` package whose `make_provider(config)` is annotated with its
-provider class (which declares `capabilities`), an entry below, catalog rows in catalog_data/, a
-fake in testing/ and a recipe. Nothing outside providers/, testing/, catalog/ and config names a cloud.
+provider class (which declares `traits` and implements only the capability Protocols of base.py it
+can), an entry below, catalog rows in catalog_data/, a fake in testing/ and a recipe. Nothing outside providers/, testing/, catalog/ and config names a cloud.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import typing
 from typing import TYPE_CHECKING
 
 from cloudtrain.errors import NotAvailableError
-from cloudtrain.providers.base import Capabilities, Schedules, Traits, supports
+from cloudtrain.providers.base import Schedules, Traits, supports
 
 if TYPE_CHECKING:
     from cloudtrain.config import Config
@@ -63,11 +63,6 @@ def provider_class(name: str) -> type:
     if cls is None or not isinstance(getattr(cls, "traits", None), Traits):
         raise TypeError(f"{module.__name__}.make_provider must be annotated with a provider class declaring traits")
     return cls
-
-
-def capabilities(name: str) -> Capabilities:
-    """What cloud `name` can do; refuses what get_provider refuses, with its message."""
-    return provider_class(name).capabilities
 
 
 def traits(name: str) -> Traits:

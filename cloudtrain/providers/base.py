@@ -59,29 +59,6 @@ class Traits:
 
 
 @dataclass(frozen=True)
-class Capabilities:
-    supports_stop: bool
-    supports_spot: bool
-    remote: bool  # reached over SSH (False: runs on this machine)
-    priced: bool  # bills by the hour
-    # terminate destroys the machine and everything running on it. False for machines that outlive
-    # the cluster (this one, on-prem hosts): `down` must end the cluster's jobs on them itself.
-    owns_machines: bool = True
-    # A spot instance can be stopped (and started again). AWS one-time spot instances cannot:
-    # `--stop` on them is refused before launch rather than left running and billed.
-    stop_spot: bool = False
-    # Machines come from the recipe's `resources.hosts` (the user's own), not from a launch.
-    takes_hosts: bool = False
-    # region, zone, instance_type, accelerators, image, disk_gb, spot mean something here.
-    cloud_fields: bool = True
-    # Its machines can stop or delete themselves with no user credentials on them
-    # (`watchdog_action`), so recipes may set `autostop` and `budget` (templates/watchdog.py).
-    autostop: bool = False
-    # With autostop: they can also delete themselves (autostop.down). False: stop only.
-    autostop_down: bool = True
-
-
-@dataclass(frozen=True)
 class ClusterResource:
     """Something a provider created for a cluster besides instances: a key pair, a security group or
     firewall rule, a resource group. Listed by tag/label so `gc` finds it with local state lost."""

@@ -22,7 +22,18 @@ from cloudtrain.errors import CapacityError, CredentialsError, ProviderError, Us
 from cloudtrain.providers import get_provider
 from cloudtrain.providers.aws import AwsCapacityError, AwsProvider
 from cloudtrain.providers.aws.api import NO_CREDENTIALS
-from cloudtrain.providers.base import TAG_CLUSTER, TAG_OWNER, InstanceSpec, InstanceState, Provider, owner_id
+from cloudtrain.providers.base import (
+    TAG_CLUSTER,
+    TAG_OWNER,
+    Backend,
+    CreatesMachines,
+    InstanceSpec,
+    InstanceState,
+    SelfStopping,
+    StopsMachines,
+    owner_id,
+    supports,
+)
 from cloudtrain.testing.aws import MotoServer, isolate_aws_env
 
 REGION = "us-east-1"
@@ -79,10 +90,11 @@ NOTHING = {"instances": [], "key_pairs": [], "security_groups": []}
 
 def test_registry_builds_a_provider_that_meets_the_protocol(moto_server: MotoServer) -> None:
     provider = get_provider("aws", Config(aws=AwsConfig(region="eu-west-1")))
-    assert isinstance(provider, AwsProvider) and isinstance(provider, Provider)
+    assert isinstance(provider, AwsProvider) and isinstance(provider, Backend)
     assert provider.default_region == "eu-west-1"
     assert provider.regions()[0] == "eu-west-1"
-    assert provider.capabilities.supports_spot and provider.capabilities.remote
+    assert provider.traits.remote and provider.traits.priced and not provider.traits.stops_spot
+    assert all(supports(provider, c) for c in (CreatesMachines, StopsMachines, SelfStopping))
 
 
 def test_importing_the_provider_does_not_import_boto3() -> None:

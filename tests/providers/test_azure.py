@@ -26,9 +26,13 @@ from cloudtrain.errors import (
 from cloudtrain.providers.base import (
     TAG_CLUSTER,
     TAG_OWNER,
+    CreatesMachines,
     InstanceSpec,
     InstanceState,
+    SelfStopping,
+    StopsMachines,
     owner_id,
+    supports,
 )
 from cloudtrain.testing.azure import SUBSCRIPTION, ArmServer
 
@@ -62,16 +66,17 @@ def groups(arm: ArmServer) -> list[str]:
 
 
 def test_capabilities_config_and_lazy_sdk_import(arm_server: ArmServer) -> None:
-    caps = AzureProvider.capabilities
-    assert (caps.supports_stop, caps.supports_spot, caps.remote, caps.priced, caps.stop_spot) == (True,) * 5
-    assert caps.autostop and caps.autostop_down  # the VM deallocates / deletes itself through ARM
+    traits = AzureProvider.traits
+    assert (traits.remote, traits.priced, traits.owns_machines, traits.stops_spot) == (True,) * 4
+    assert all(supports(AzureProvider, c) for c in (CreatesMachines, StopsMachines, SelfStopping))
+    # SelfStopping: the VM deallocates / deletes itself through ARM
     config = Config.model_validate({"azure": arm_server.config(region="westus2")})
     provider = make_provider(config)
     assert provider.default_region == "westus2" and provider.api.arm_endpoint == arm_server.url
     assert provider.check_credentials().ok
     assert AzureProvider.image_pins_region("/subscriptions/s/resourceGroups/g/providers/Microsoft.Compute/images/i")
     assert not AzureProvider.image_pins_region("Canonical:0001-com-ubuntu-server-jammy:22_04-lts-gen2:latest")
-    code = ("import sys; from cloudtrain.providers import capabilities; capabilities('azure'); "
+    code = ("import sys; from cloudtrain.providers import traits; traits('azure'); "
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('azure', 'msal')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
     assert out.stdout.strip() == "[]"

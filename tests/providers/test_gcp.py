@@ -28,9 +28,13 @@ from cloudtrain.errors import (
 from cloudtrain.providers.base import (
     TAG_CLUSTER,
     TAG_OWNER,
+    CreatesMachines,
     InstanceSpec,
     InstanceState,
+    SelfStopping,
+    StopsMachines,
     owner_id,
+    supports,
 )
 from cloudtrain.testing.gcp import (
     ACCELERATORS,
@@ -85,13 +89,14 @@ def inserted(gce: GceServer) -> list[dict]:
 
 
 def test_capabilities_config_and_lazy_sdk_import(gce_server: GceServer) -> None:
-    caps = GcpProvider.capabilities
-    assert (caps.supports_stop, caps.supports_spot, caps.remote, caps.priced, caps.stop_spot) == (True,) * 5
+    traits = GcpProvider.traits
+    assert (traits.remote, traits.priced, traits.owns_machines, traits.stops_spot) == (True,) * 4
+    assert all(supports(GcpProvider, c) for c in (CreatesMachines, StopsMachines, SelfStopping))
     assert not GcpProvider.image_pins_region("projects/p/global/images/x")
     provider = make_provider(Config.model_validate({"gcp": gce_server.config(region="europe-west4")}))
     assert provider.default_region == "europe-west4" and provider.api.endpoint == gce_server.url
     assert provider.api.project == gce_server.project
-    code = ("import sys; from cloudtrain.providers import capabilities; capabilities('gcp'); "
+    code = ("import sys; from cloudtrain.providers import traits; traits('gcp'); "
             "print(sorted(m for m in sys.modules if m.startswith('google')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
     assert out.stdout.strip() == "[]"
@@ -241,7 +246,7 @@ def test_a_watchdog_stops_its_vm_by_shutting_it_down_and_deletes_it_with_its_ser
         "token": {"url": "http://metadata.google.internal/computeMetadata/v1/instance/service-accounts/default/token",
                   "headers": {"Metadata-Flavor": "Google"}, "field": "access_token"},
         "ok": [200], "gone_ok": True}
-    assert GcpProvider.capabilities.autostop and GcpProvider.capabilities.autostop_down
+    assert supports(GcpProvider, SelfStopping)
     assert gce_server.faults.count("write") == writes  # asking for the actions changed nothing in the cloud
     provider.terminate([inst.id])
     with pytest.raises(ProviderError, match="no instance"):

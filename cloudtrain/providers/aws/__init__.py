@@ -65,7 +65,6 @@ from cloudtrain.providers.base import (
     TAG_CLUSTER,
     TAG_INCARNATION,
     TAG_OWNER,
-    Capabilities,
     Traits,
     ClusterResource,
     CredentialStatus,
@@ -85,7 +84,6 @@ _SHUTTING_DOWN = "instances still shutting down"
 
 class AwsProvider:
     name = "aws"
-    capabilities = Capabilities(supports_stop=True, supports_spot=True, remote=True, priced=True, autostop=True)
     traits = Traits(remote=True, priced=True, owns_machines=True, cloud_fields=True)
     # Stores its instances get an identity for (an IAM role scoped to the recipe's buckets: identity.py).
     bucket_stores = ("s3",)

@@ -56,7 +56,6 @@ from cloudtrain.providers.base import (
     note_launched,
     TAG_CLUSTER,
     TAG_OWNER,
-    Capabilities,
     Traits,
     ClusterResource,
     CredentialStatus,
@@ -72,8 +71,6 @@ __all__ = ["AzureApiError", "AzureProvider", "make_provider"]
 class AzureProvider:
     name = "azure"
     # autostop: the VM deallocates (or deletes) itself through ARM with its managed identity.
-    capabilities = Capabilities(supports_stop=True, supports_spot=True, remote=True, priced=True, stop_spot=True,
-                                autostop=True, autostop_down=True)
     traits = Traits(remote=True, priced=True, owns_machines=True, stops_spot=True, cloud_fields=True)
 
     @staticmethod

@@ -53,7 +53,6 @@ from cloudtrain.errors import (
 from cloudtrain.providers.base import (
     TAG_CLUSTER,
     TAG_OWNER,
-    Capabilities,
     Traits,
     ClusterResource,
     CredentialStatus,
@@ -80,8 +79,6 @@ class GcpProvider:
     name = "gcp"
     # autostop: an OS shutdown stops a GCE VM (no credentials needed for that); autostop.down: the
     # VM deletes itself through the Compute API with its service account's token (see launch).
-    capabilities = Capabilities(supports_stop=True, supports_spot=True, remote=True, priced=True, stop_spot=True,
-                                autostop=True, autostop_down=True)
     traits = Traits(remote=True, priced=True, owns_machines=True, stops_spot=True, cloud_fields=True)
 
     @staticmethod

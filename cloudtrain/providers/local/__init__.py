@@ -24,7 +24,6 @@ from cloudtrain.providers.base import (
     ClusterResource,
     TAG_CLUSTER,
     TAG_INCARNATION,
-    Capabilities,
     Traits,
     CredentialStatus,
     Instance,
@@ -41,8 +40,6 @@ _REMOVE_WITHIN_S = 10.0
 
 class LocalProvider:
     name = "local"
-    capabilities = Capabilities(supports_stop=True, supports_spot=False, remote=False, priced=False,
-                                owns_machines=False, cloud_fields=False, autostop=True)
     traits = Traits(remote=False, priced=False)
 
     def __init__(self, base: Path | None = None) -> None:

@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING, Any
 from cloudtrain.config import Config
 from cloudtrain.errors import ProviderError
 from cloudtrain.providers.base import (
-    Capabilities,
     Traits,
     CredentialStatus,
     Instance,
@@ -41,8 +40,6 @@ def instance_id(cluster: str, address: str) -> str:
 
 class SlurmProvider:
     name = "slurm"
-    capabilities = Capabilities(supports_stop=False, supports_spot=False, remote=True, priced=False,
-                                owns_machines=False, takes_hosts=True, cloud_fields=False)
     # accelerators (GPUs per node) become `--gres=gpu:N`; budget.max_hours becomes the job's time
     # limit (`--time`): Slurm enforces it, no watchdog needed.
     traits = Traits(remote=True, priced=False, honours_fields=("accelerators",), limits_time=True)

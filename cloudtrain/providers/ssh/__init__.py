@@ -13,7 +13,6 @@ import time
 from cloudtrain.config import Config
 from cloudtrain.errors import ProviderError
 from cloudtrain.providers.base import (
-    Capabilities,
     Traits,
     CredentialStatus,
     Instance,
@@ -29,8 +28,6 @@ def instance_id(cluster: str, rank: int, address: str) -> str:
 
 class SshProvider:
     name = "ssh"
-    capabilities = Capabilities(supports_stop=False, supports_spot=False, remote=True, priced=False,
-                                owns_machines=False, takes_hosts=True, cloud_fields=False)
     traits = Traits(remote=True, priced=False)
 
     def __init__(self, config: Config) -> None:
