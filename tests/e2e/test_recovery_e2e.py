@@ -275,3 +275,29 @@ def test_run_resume_picks_up_a_run_whose_cli_died_while_its_node_was_preempted(a
     billed = aws_cloud.bill.usd(aws_cloud.cluster, until=record["ended_at"])
     assert record["cost_usd"] == pytest.approx(billed, rel=0.01, abs=4 * one["hourly_price_usd"] / 3600)
     assert aws_cloud.leftovers() == []
+
+
+def test_a_node_preempted_during_setup_is_relaunched_and_setup_runs_again(aws_cloud: Any, tmp_path: Path) -> None:
+    """The loss comes while `setup` runs (before any checkpoint): the next attempt, in another zone,
+    runs setup again and the job from the start."""
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    setup = f'echo setup >> "{marks}/setups"; if [ ! -f "{marks}/go" ]; then while [ ! -f "{marks}/go" ]; do sleep 0.1; done; fi'
+    recipe = _recipe(aws_cloud, marks, setup=setup)
+    proc = _start(aws_cloud, recipe)
+    try:
+        wait_until(lambda: (marks / "setups").exists(), 300, "setup running")
+        zone, machine = _placement(aws_cloud)
+        aws_cloud.preempt(machine)
+        wait_until(lambda: len(aws_cloud.instances(aws_cloud.cluster)) == 2, 120, "the relaunch")
+        (marks / "go").touch()  # the second attempt's setup goes through
+        out, err = _finish(proc, marks)
+    finally:
+        (marks / "go").touch()
+    assert proc.returncode == 0, out[-3000:] + err[-3000:]
+    run_dir = Path(out.strip().splitlines()[-1])
+    one, two = json.loads((run_dir / "run.json").read_text())["attempts"]
+    assert (one["outcome"], two["outcome"], one["zone"]) == ("preempted", "succeeded", zone) and two["zone"] != zone
+    assert (marks / "setups").read_text().split() == ["setup", "setup"]
+    assert (marks / "starts").read_text().split("\n")[0] == "start 0 -"  # the job ran once, from the start
+    assert aws_cloud.leftovers() == []
