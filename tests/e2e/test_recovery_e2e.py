@@ -166,27 +166,35 @@ def test_a_preempted_run_job_resumes_in_another_zone_with_the_same_results(
     assert cloud.leftovers() == []
 
 
+NOTICE_SAYS = {"aws": "spot/instance-action", "gcp": "instance/preempted TRUE", "azure": "scheduled event Preempt"}
+
+
+@pytest.mark.parametrize("cloud_name", ["aws", "gcp", "azure"])
 def test_a_checkpoint_written_after_the_notice_arrives_home_before_the_node_is_gone(
-        aws_cloud: Any, metadata_server: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """EC2 announces the interruption (IMDS spot/instance-action); the node's watchdog sees it,
-    records it and SIGTERMs the job, which writes a last checkpoint that no epoch line announced.
-    The CLI (its cloud watcher slowed down, so only the notice can tell it) finds the notice, brings
-    that checkpoint home while the instance still runs, then terminates it and relaunches; the
-    second attempt starts from exactly that checkpoint."""
-    aws_cloud.env["CLOUDTRAIN_WATCHDOG_METADATA_URL"] = metadata_server.url
-    monkeypatch.setenv("CLOUDTRAIN_WATCHDOG_METADATA_URL", metadata_server.url)
+        fake_cloud: Any, cloud_name: str, metadata_server: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The cloud announces the interruption (EC2 IMDS spot/instance-action, GCE instance/preempted,
+    Azure Scheduled Events Preempt); the node's watchdog sees it, records it and SIGTERMs the job,
+    which writes a last checkpoint that no epoch line announced. The CLI (its cloud watcher slowed
+    down, so only the notice can tell it) finds the notice, brings that checkpoint home while the
+    machine still runs, then takes it down and relaunches; the second attempt starts from exactly
+    that checkpoint."""
+    cloud = fake_cloud(cloud_name)
+    if cloud_name == "aws":  # (the GCP and Azure fixtures have their VMs' metadata server already)
+        cloud.env["CLOUDTRAIN_WATCHDOG_METADATA_URL"] = metadata_server.url
+        monkeypatch.setenv("CLOUDTRAIN_WATCHDOG_METADATA_URL", metadata_server.url)
+    server = metadata_server if cloud_name == "aws" else cloud.metadata
     marks = tmp_path / "marks"
     marks.mkdir()
-    recipe = _recipe(aws_cloud, marks, watch_s=300, autostop={"idle_minutes": 30})
-    proc = _start(aws_cloud, recipe)
+    recipe = _recipe(cloud, marks, watch_s=300, autostop={"idle_minutes": 30})
+    proc = _start(cloud, recipe)
     try:
-        kept = wait_until(lambda: next(aws_cloud.runs_dir.glob("*/checkpoint/cloudtrain-checkpoint.json"), None),
+        kept = wait_until(lambda: next(cloud.runs_dir.glob("*/checkpoint/cloudtrain-checkpoint.json"), None),
                           300, "a checkpoint kept on the laptop")
         wait_until(lambda: json.loads(kept.read_text())["epoch"] >= 3, 60, "the checkpoint of step 3")
-        (first,) = aws_cloud.instances(aws_cloud.cluster, states=["running"])
-        metadata_server.interrupt("aws")
-        wait_until(lambda: metadata_server.notices_served("aws") >= 1, 60, "the watchdog reading the notice")
-        metadata_server.clear()  # the fake answers every machine: the next one must not see it
+        _, machine = _placement(cloud)
+        server.interrupt(cloud_name, [machine] if cloud_name == "azure" else None)
+        wait_until(lambda: server.notices_served(cloud_name) >= 1, 60, "the watchdog reading the notice")
+        server.clear()  # the fake answers every machine: the next one must not see it
         out, err = _finish(proc, marks)
     finally:
         (marks / "go").touch()
@@ -195,19 +203,21 @@ def test_a_checkpoint_written_after_the_notice_arrives_home_before_the_node_is_g
     record = json.loads((run_dir / "run.json").read_text())
     one, two = record["attempts"]
     assert (one["outcome"], two["outcome"]) == ("preempted", "succeeded"), record["attempts"]
-    assert "interruption notice" in one["reason"] and "spot/instance-action" in one["reason"]
+    assert "interruption notice" in one["reason"] and NOTICE_SAYS[cloud_name] in one["reason"]
     # The second attempt started from the checkpoint written on SIGTERM (its `final` mark).
     starts = (marks / "starts").read_text().split("\n")
     assert starts[0] == "start 0 -" and starts[1] == "start 3 3", starts
-    # ... which was home before the first instance was terminated (EC2 reports when, to the second).
-    (gone,) = [i for i in aws_cloud.instances(aws_cloud.cluster) if i["InstanceId"] == first["InstanceId"]]
-    assert gone["State"]["Name"] == "terminated"
-    stamp = gone["StateTransitionReason"].split("(", 1)[1].rstrip(")").rsplit(" ", 1)[0]  # "... GMT" / "... UTC"
-    terminated_at = calendar.timegm(time.strptime(stamp, "%Y-%m-%d %H:%M:%S"))
-    assert one["final_checkpoint_at"] is not None and one["final_checkpoint_at"] < terminated_at + 1
+    assert one["final_checkpoint_at"] is not None and one["final_checkpoint_at"] < two["started_at"]
+    if cloud_name == "aws":
+        # ... home before the first instance was terminated (EC2 reports when, to the second).
+        (gone,) = [i for i in cloud.instances(cloud.cluster) if i["InstanceId"] == machine]
+        assert gone["State"]["Name"] == "terminated"
+        stamp = gone["StateTransitionReason"].split("(", 1)[1].rstrip(")").rsplit(" ", 1)[0]  # "... GMT" / "... UTC"
+        terminated_at = calendar.timegm(time.strptime(stamp, "%Y-%m-%d %H:%M:%S"))
+        assert one["final_checkpoint_at"] < terminated_at + 1
     assert "final checkpoint at step 3" in (run_dir / "job.log").read_text()
     assert json.loads((run_dir / "outputs" / "result.json").read_text())["total"] == sum(i * i for i in range(1, STEPS + 1))
-    assert aws_cloud.leftovers() == []
+    assert cloud.leftovers() == []
 
 
 def test_the_bundled_cnn_preempted_once_resumes_from_its_own_checkpoint(aws_cloud: Any) -> None:
