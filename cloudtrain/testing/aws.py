@@ -54,6 +54,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs
@@ -172,6 +173,8 @@ class FaultInjector:
     parameters: Callable[[str, str], str | None] | None = None
     observer_errors: list[str] = field(default_factory=list)
     book: RequestBook[Ec2Request, Fault] = field(default_factory=lambda: RequestBook(_is_action))
+    # Seconds before EC2 takes a new IAM instance profile (_profile_not_yet_in_ec2); real AWS: ~5-15.
+    profile_propagation_s: float = 3.0
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property
@@ -245,6 +248,8 @@ class FaultInjector:
         if gate is not None:
             gate.park()
         fault = self.book.take_fault(request)  # decided after the gate: a test may add one meanwhile
+        if fault is None:
+            fault = self._profile_not_yet_in_ec2(request)
         if fault is not None:
             return _error_answer(fault, request, start_response)
         if not self.observers:
@@ -253,6 +258,30 @@ class FaultInjector:
         self._notify(request, int(status.split()[0]), body)
         start_response(status, headers)
         return [body]
+
+    def _profile_not_yet_in_ec2(self, request: Ec2Request) -> Fault | None:
+        """IAM is eventually consistent: EC2 refuses an instance profile created moments ago with
+        InvalidParameterValue ("Invalid IAM Instance Profile name") for several seconds, then takes
+        it (what a first launch with a new per-cluster identity meets). Modelled from moto's own
+        record of when the profile was created; `profile_propagation_s` = 0 turns it off."""
+        if request.service != "ec2" or request.action not in ("RunInstances", "AssociateIamInstanceProfile"):
+            return None
+        name = request.params.get("IamInstanceProfile.Name")
+        if not name or self.profile_propagation_s <= 0:
+            return None
+        from moto.core import DEFAULT_ACCOUNT_ID
+        from moto.iam.models import iam_backends
+
+        backend = iam_backends[DEFAULT_ACCOUNT_ID]["global"]
+        created = next((p.create_date for p in backend.instance_profiles.values() if p.name == name), None)
+        if created is None:
+            return None  # unknown to IAM too: moto answers that itself
+        age = (datetime.now(timezone.utc) - created.replace(tzinfo=created.tzinfo or timezone.utc)).total_seconds()
+        if age >= self.profile_propagation_s:
+            return None
+        return Fault("InvalidParameterValue", action=request.action, status=400,
+                     message=f"Value ({name}) for parameter iamInstanceProfile.name is invalid. "
+                             "Invalid IAM Instance Profile name")
 
     def _notify(self, request: Ec2Request, status: int, body: bytes) -> None:
         with self._lock:

@@ -48,8 +48,12 @@ def node(s3_buckets: S3Buckets, tmp_path: Path) -> dict:
     profile = ensure_node_role(provider.api, "us-east-1", cluster, {TAG_CLUSTER: cluster, TAG_OWNER: "t"}, grants)
     ec2 = s3_buckets.server.client("ec2")
     image = s3_buckets.server.ami()
-    instance = ec2.run_instances(ImageId=image, MinCount=1, MaxCount=1, InstanceType="t3.micro",
-                                 IamInstanceProfile={"Name": profile})["Instances"][0]["InstanceId"]
+    # As cloudtrain launches it: waiting out the new profile's propagation to EC2 (the fake models it).
+    from cloudtrain.providers.aws.identity import with_new_profile
+
+    instance = with_new_profile(provider.api, "us-east-1", profile, "run_instances", ImageId=image, MinCount=1,
+                                MaxCount=1, InstanceType="t3.micro",
+                                IamInstanceProfile={"Name": profile})["Instances"][0]["InstanceId"]
     env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "CLOUDTRAIN_BUCKET_IDENTITY": "instance",
            "CLOUDTRAIN_BUCKET_WHO": "role " + profile, "CLOUDTRAIN_S3_ENDPOINT": s3_buckets.server.url,
            # The user's keys are in the environment: the node's copy must not use them.

@@ -460,3 +460,24 @@ def test_a_broken_credential_chain_is_reported_not_raised(
     assert not status.ok and status.detail.startswith("AWS credentials could not be loaded")
     with pytest.raises(CredentialsError, match="could not be loaded"):
         provider.launch(spec(moto_server), 1)
+
+
+def test_a_new_instance_profile_is_waited_for_until_ec2_takes_it(
+    aws: AwsProvider, ec2: Any, moto_server: MotoServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """IAM is eventually consistent: EC2 refuses a just-created instance profile for a few seconds
+    (the fake models it from moto's own creation time). A first launch with bucket access must wait
+    that out, saying what it waits for, not fail."""
+    from cloudtrain.buckets.grants import grants_for
+
+    assert moto_server.faults is not None and moto_server.faults.profile_propagation_s > 0
+    s = spec(moto_server, buckets=tuple(grants_for(["s3://data-bkt/train"], None)))
+    with caplog.at_level(logging.WARNING, logger="cloudtrain"):
+        (launched,) = aws.launch(s, 1)
+    refused = [r for r in moto_server.faults.requests if r.action == "RunInstances"]
+    assert len(refused) >= 2  # at least one refusal, then the launch
+    assert any("waiting for the new IAM instance profile" in m for m in caplog.messages)
+    (raw,) = [i for r in ec2.describe_instances(InstanceIds=[launched.id])["Reservations"] for i in r["Instances"]]
+    assert raw["IamInstanceProfile"]["Arn"].endswith(f"/cloudtrain-{s.cluster}")
+    aws.terminate([launched.id])
+    aws.release_resources(s.cluster)

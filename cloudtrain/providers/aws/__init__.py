@@ -178,7 +178,9 @@ class AwsProvider:
             if profile is not None:
                 params["IamInstanceProfile"] = {"Name": profile}
             try:
-                response = self.api.ec2(region, "run_instances", **params)
+                from cloudtrain.providers.aws.identity import with_new_profile
+
+                response = with_new_profile(self.api, region, profile, "run_instances", **params)
             except AwsApiError as exc:
                 if exc.code not in CAPACITY_CODES:
                     raise

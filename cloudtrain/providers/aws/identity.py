@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -25,6 +26,8 @@ from cloudtrain.providers.aws.api import AwsApiError, Ec2Api
 log = logging.getLogger(__name__)
 
 ROLE_PATH = "/cloudtrain/"
+# How long an EC2 call waits for a new instance profile to reach EC2 (typically 5-15 s).
+PROFILE_PROPAGATION_S = 60
 POLICY_NAME = "cloudtrain-buckets"
 _TRUST = {"Version": "2012-10-17", "Statement": [
     {"Effect": "Allow", "Principal": {"Service": "ec2.amazonaws.com"}, "Action": "sts:AssumeRole"}]}
@@ -144,4 +147,27 @@ def grant_instances(api: Ec2Api, region: str, cluster: str, tags: Mapping[str, s
     for instance_id, (where, raw) in sorted(instances.items()):
         if raw.get("IamInstanceProfile") or raw["State"]["Name"] not in ("pending", "running", "stopping", "stopped"):
             continue
-        api.ec2(where, "associate_iam_instance_profile", InstanceId=instance_id, IamInstanceProfile={"Name": profile})
+        with_new_profile(api, where, profile, "associate_iam_instance_profile", InstanceId=instance_id,
+                         IamInstanceProfile={"Name": profile})
+
+
+def with_new_profile(api: Ec2Api, region: str, profile: str | None, operation: str, **params: Any) -> dict[str, Any]:
+    """An EC2 call naming an instance profile, waiting out the profile's propagation. IAM is
+    eventually consistent: for several seconds after its creation EC2 refuses a profile with
+    InvalidParameterValue ("Invalid IAM Instance Profile name"), having done nothing, so the same
+    request (run_instances: the same ClientToken) is repeated with backoff, up to
+    PROFILE_PROPAGATION_S, saying what it waits for. The alternative is failing every first
+    launch of a cluster with buckets."""
+    waited, delay = 0.0, 1.0
+    while True:
+        try:
+            return api.ec2(region, operation, **params)
+        except AwsApiError as exc:
+            unknown = exc.code == "InvalidParameterValue" and "iaminstanceprofile" in exc.aws_message.lower()
+            if profile is None or not unknown or waited >= PROFILE_PROPAGATION_S:
+                raise
+        log.warning("aws: waiting for the new IAM instance profile %s to reach EC2 (%.0f s so far, up to %d s): "
+                    "IAM changes take seconds to propagate", profile, waited, PROFILE_PROPAGATION_S)
+        time.sleep(delay)
+        waited += delay
+        delay = min(delay * 2, 8.0)
