@@ -174,9 +174,10 @@ def test_the_cloud_name_check_sees_names(tmp_path: Path, source: str, expected: 
 
 
 def _capabilities() -> tuple[type, ...]:
-    from cloudtrain.providers.base import CreatesMachines, GivenHosts, Schedules, SelfStopping, StopsMachines
+    from cloudtrain.providers import base
 
-    return (CreatesMachines, StopsMachines, SelfStopping, GivenHosts, Schedules)
+    return (base.CreatesMachines, base.StopsMachines, base.SelfStopping, base.GivenHosts, base.Schedules,
+            base.FollowsCaller, base.SaysVmIdentity, base.SaysBucketIdentity)
 
 
 def _members(protocol: type) -> set[str]:
@@ -188,9 +189,9 @@ IS = {
     "local": {"CreatesMachines", "StopsMachines", "SelfStopping"},
     "ssh": {"GivenHosts"},
     "slurm": {"GivenHosts", "Schedules"},
-    "aws": {"CreatesMachines", "StopsMachines", "SelfStopping"},
-    "gcp": {"CreatesMachines", "StopsMachines", "SelfStopping"},
-    "azure": {"CreatesMachines", "StopsMachines", "SelfStopping"},
+    "aws": {"CreatesMachines", "StopsMachines", "SelfStopping", "SaysBucketIdentity"},
+    "gcp": {"CreatesMachines", "StopsMachines", "SelfStopping", "FollowsCaller", "SaysVmIdentity"},
+    "azure": {"CreatesMachines", "StopsMachines", "SelfStopping", "FollowsCaller"},
 }
 
 

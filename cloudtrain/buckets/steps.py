@@ -50,8 +50,9 @@ def identity_of(provider: object, cluster: str) -> tuple[str, str]:
     """("instance" | "configured", the identity in words) for the cluster's nodes."""
     traits = getattr(provider, "traits", None)
     if traits is not None and traits.owns_machines:  # a cloud's own machine: it has an identity
-        describe = getattr(provider, "bucket_identity", None)
-        who = describe(cluster) if describe is not None else "the VM's own identity"
+        from cloudtrain.providers.base import SaysBucketIdentity, supports
+
+        who = provider.bucket_identity(cluster) if supports(provider, SaysBucketIdentity) else "the VM's own identity"  # type: ignore[attr-defined]
         return "instance", who
     return "configured", "the store credentials configured on the node (ssh and local nodes have no cloud identity)"
 

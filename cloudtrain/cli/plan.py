@@ -75,6 +75,7 @@ def plan(recipe_path: str, as_json: bool, alternatives: int) -> None:
     _render(p, alternatives)
     output.info(autostop_line(loaded.recipe))
     from cloudtrain.buckets.egress import egress_for
+    from cloudtrain.providers.base import SaysVmIdentity, supports
 
     for crossing in egress_for(loaded.recipe, p.best.cloud, p.best.region):
         output.warn(crossing.line())
@@ -83,9 +84,9 @@ def plan(recipe_path: str, as_json: bool, alternatives: int) -> None:
     recipe = loaded.recipe
     deletes = bool(recipe.autostop is not None and recipe.autostop.down) or recipe.sweep is not None
     for cloud in dict.fromkeys(c.cloud for c in p.candidates):
-        describe = getattr(usable.providers.get(cloud), "vm_identity", None)
-        if describe is not None:
-            output.info(f"{cloud} VMs run as: {describe(deletes)}")
+        provider = usable.providers.get(cloud)
+        if supports(provider, SaysVmIdentity):
+            output.info(f"{cloud} VMs run as: {provider.vm_identity(deletes)}")  # type: ignore[union-attr]
 
 
 def autostop_line(recipe: Recipe) -> str:

@@ -11,16 +11,16 @@ from collections.abc import Sequence
 
 from cloudtrain.config import Config
 from cloudtrain.errors import ConfigError
-from cloudtrain.providers.base import Provider
+from cloudtrain.providers.base import FollowsCaller, Provider, supports
 from cloudtrain.state.records import NodeRecord
 
 log = logging.getLogger("cloudtrain.ingress")
 
 
 def follow_caller(records: Sequence[NodeRecord], provider: Provider, config: Config) -> None:
-    follow = getattr(provider, "follow_caller", None)
-    if follow is None or not records or not provider.traits.remote:
+    if not supports(provider, FollowsCaller) or not records:
         return
+    follow = provider.follow_caller  # type: ignore[attr-defined]
     cidr = config.ssh.allowed_cidr
     if cidr is None:
         from cloudtrain.netaddr import caller_cidr

@@ -284,11 +284,40 @@ class Schedules(Protocol):
     def cancel_leaked(self, leak: Leak) -> None: ...
 
 
+# Smaller capabilities, of the clouds whose machines have an address to admit and an identity.
+
+
+@runtime_checkable
+class FollowsCaller(Protocol):
+    """A cluster's SSH ingress rule that can follow the caller's address (cluster/ingress.py)."""
+
+    def follow_caller(self, cluster: str, cidr: str) -> str | None:
+        """Before connecting: admit SSH from `cidr`; what changed, in words, or None."""
+        ...
+
+
+@runtime_checkable
+class SaysVmIdentity(Protocol):
+    """Machines with credentials of their own that `plan` describes."""
+
+    def vm_identity(self, watchdog_deletes: bool) -> str:
+        """What code on a VM of this config could do with the VM's own credentials."""
+        ...
+
+
+@runtime_checkable
+class SaysBucketIdentity(Protocol):
+    """Machines that read and write buckets with an identity of their own (buckets/steps.py)."""
+
+    def bucket_identity(self, cluster: str) -> str: ...
+
+
 def supports(backend: object, capability: type) -> bool:
     """Whether `backend` (a provider, or a provider class) implements `capability`, one of the
     capability Protocols above. The one way core code asks what a backend can do."""
-    cls = backend if isinstance(backend, type) else type(backend)
-    return issubclass(cls, capability)
+    if isinstance(backend, type):
+        return issubclass(backend, capability)
+    return isinstance(backend, capability)
 
 
 def can_stop(backend: object, spot: bool) -> bool:
