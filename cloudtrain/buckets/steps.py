@@ -52,7 +52,9 @@ def identity_of(provider: object, cluster: str) -> tuple[str, str]:
     if traits is not None and traits.owns_machines:  # a cloud's own machine: it has an identity
         from cloudtrain.providers.base import SaysBucketIdentity, supports
 
-        who = provider.bucket_identity(cluster) if supports(provider, SaysBucketIdentity) else "the VM's own identity"  # type: ignore[attr-defined]
+        who = "the VM's own identity"
+        if supports(provider, SaysBucketIdentity):
+            who = provider.bucket_identity(cluster)  # type: ignore[attr-defined]
         return "instance", who
     return "configured", "the store credentials configured on the node (ssh and local nodes have no cloud identity)"
 
