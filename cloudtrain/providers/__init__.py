@@ -2,7 +2,8 @@
 
 Adding a cloud: a `providers/<cloud>/` package whose `make_provider(config)` is annotated with its
 provider class (which declares `traits` and implements only the capability Protocols of base.py it
-can), an entry below, catalog rows in catalog_data/, a fake in testing/ and a recipe. Nothing outside providers/, testing/, catalog/ and config names a cloud.
+can), an entry below, catalog rows in catalog_data/, a fake in testing/ and a recipe. Nothing
+outside providers/, testing/, catalog/ and config names a cloud.
 """
 
 from __future__ import annotations

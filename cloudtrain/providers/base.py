@@ -322,7 +322,9 @@ def supports(backend: object, capability: type) -> bool:
 
 def can_stop(backend: object, spot: bool) -> bool:
     """Whether `backend` can stop a cluster's machines (spot ones: `spot`) and start them again."""
-    return supports(backend, StopsMachines) and (not spot or bool(backend.traits.stops_spot))  # type: ignore[attr-defined]
+    if not supports(backend, StopsMachines):
+        return False
+    return not spot or bool(backend.traits.stops_spot)  # type: ignore[attr-defined]
 
 
 class _GivenMachines:
