@@ -65,6 +65,29 @@ class JobError(Exception):
     """Bad input or environment: reported as one line with exit code 2, never a traceback."""
 
 
+# SIGTERM is the cloud's interruption notice (cloudtrain's watchdog sends it, then SIGKILL after a
+# grace: docs/recovery.md). The handler only sets a flag; the loop checks it after every step, saves
+# where it is and exits with this code (128 + SIGTERM, what a shell reports for a TERMed job).
+TERMINATED_EXIT = 143
+
+
+class Terminated(Exception):
+    """SIGTERM arrived and the state at this step is saved: exit TERMINATED_EXIT."""
+
+
+class StopFlag:
+    def __init__(self) -> None:
+        self.set = False
+
+    def install(self) -> None:
+        import signal
+
+        def on_term(signum: int, frame: object) -> None:
+            self.set = True
+
+        signal.signal(signal.SIGTERM, on_term)
+
+
 @dataclass
 class Data:
     x_train: np.ndarray  # uint8 (N, 28, 28, 1), pixel values 0..255
@@ -537,6 +560,8 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
     try:
         return run(args, rep, t_start)
+    except Terminated:
+        return TERMINATED_EXIT
     except JobError as e:
         print(f"mnist_cnn: error: {e}", file=sys.stderr)
         return 2
@@ -614,7 +639,9 @@ class Loop:
                 optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
             optimizer.build(model.trainable_variables)
         self.epoch_var = tf.Variable(0, dtype=tf.int64, trainable=False)
-        self.ckpt = tf.train.Checkpoint(model=model, optimizer=optimizer, epoch=self.epoch_var)
+        # Steps of epoch epoch_var + 1 already in the weights: a checkpoint saved on SIGTERM mid-epoch.
+        self.step_var = tf.Variable(0, dtype=tf.int64, trainable=False)
+        self.ckpt = tf.train.Checkpoint(model=model, optimizer=optimizer, epoch=self.epoch_var, step=self.step_var)
         self.manager = tf.train.CheckpointManager(self.ckpt, str(out / "checkpoints"), max_to_keep=2)
         options = tf.data.Options()
         # In-memory arrays cannot be sharded by file; shard by element so each worker gets its part of every batch.
@@ -652,26 +679,33 @@ class Loop:
         self.first: tuple[Any, Any] | None = None  # (loss, correct) of a step already taken this epoch
         self.first_step_s = 0.0
 
-    def run_first_step(self) -> None:
-        """Train on the first batch; this call traces and places train_step."""
+    def run_first_step(self, skip: int = 0) -> None:
+        """Train on the first batch after `skip` (the steps a mid-epoch checkpoint already holds);
+        this call traces and places train_step."""
         self.iterator = iter(self.dist_train)
+        for _ in range(skip):
+            next(self.iterator)
         t0 = time.perf_counter()
         self.first = self.train_step(self.iterator)
         float(self.first[0])  # wait for the step so its placement is complete
         self.first_step_s = time.perf_counter() - t0
 
-    def restore(self) -> int:
-        """Last completed epoch from the newest checkpoint, 0 without one."""
-        latest = self.manager.latest_checkpoint
+    def restore(self) -> tuple[int, int]:
+        """(last completed epoch, steps of the next one done) from the newest checkpoint; (0, 0) without one."""
+        tf, latest = self.tf, self.manager.latest_checkpoint
         if not latest:
-            return 0
+            return 0, 0
         try:
-            self.ckpt.restore(latest).assert_existing_objects_matched()
-        except (AssertionError, ValueError, self.tf.errors.OpError) as e:
+            ckpt = self.ckpt
+            if not any(name.startswith("step/") for name, _ in tf.train.list_variables(latest)):
+                # Written before checkpoints carried the step: always between epochs.
+                ckpt = tf.train.Checkpoint(model=self.model, optimizer=self.ckpt.optimizer, epoch=self.epoch_var)
+            ckpt.restore(latest).assert_existing_objects_matched()
+        except (AssertionError, ValueError, tf.errors.OpError) as e:
             first = (str(e).strip().splitlines() or [""])[0][:200]
             raise JobError(f"cannot resume from {latest} ({type(e).__name__}: {first}); "
                            "use --force to start over") from None
-        return int(self.epoch_var.numpy())
+        return int(self.epoch_var.numpy()), int(self.step_var.numpy())
 
     def evaluate(self, x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
         # Every worker evaluates everything with identical weights, so all report the same numbers.
@@ -707,6 +741,9 @@ def run(args: argparse.Namespace, rep: Reporter, t_start: float) -> int:
     rep.open_progress(out)
     native_output_to(out / NATIVE_LOG)
     state = previous_state(out, args, config)
+    stop = StopFlag()
+    if num_workers == 1:  # workers TERMed at different steps would wait on each other's collectives forever
+        stop.install()
     if "done" in state:
         done = state["done"]
         rep.log(f"{out} already holds the final result of {args.epochs} epochs; "
@@ -744,11 +781,11 @@ def run(args: argparse.Namespace, rep: Reporter, t_start: float) -> int:
             capture.__enter__()
         strategy = make_strategy(tf, kind, devices)
         loop = Loop(tf, keras, strategy, data, args, mixed, out)
-        initial_epoch = loop.restore()
+        initial_epoch, initial_step = loop.restore()
         if initial_epoch < args.epochs:  # the first step is real training, so only when an epoch remains
             if capture:
                 capture.mark("train_step begin")
-            loop.run_first_step()
+            loop.run_first_step(skip=initial_step)
             if capture:
                 capture.mark("train_step end")
                 tf.debugging.set_log_device_placement(False)  # states intent; see the note where it was set
@@ -770,11 +807,17 @@ def run(args: argparse.Namespace, rep: Reporter, t_start: float) -> int:
     replicas, global_batch, steps = strategy.num_replicas_in_sync, loop.global_batch, loop.steps
     rep.log(f"device {device}, strategy {kind}, replicas {replicas}, global batch {global_batch}, "
             f"mixed precision {'on' if mixed else 'off'}, first step (tracing) {loop.first_step_s:.2f}s")
-    if initial_epoch:
+    if initial_step:
+        rep.log(f"resuming from the checkpoint at step {initial_step} of epoch {initial_epoch + 1} of {args.epochs}")
+    elif initial_epoch:
         rep.log(f"resuming from the checkpoint after epoch {initial_epoch} of {args.epochs}")
 
     history = state.get("history", [])[:initial_epoch]
-    timings = train_epochs(loop, args, rep, out, config, history, initial_epoch)
+    partial = state.get("partial") or {}
+    if (partial.get("epoch"), partial.get("step")) != (initial_epoch + 1, initial_step):
+        partial = {"epoch": initial_epoch + 1, "step": initial_step}  # its sums did not reach the disk: count from here
+        partial["counted"] = 0
+    timings = train_epochs(loop, args, rep, out, config, history, initial_epoch, partial, stop)
     test_loss, test_acc = loop.evaluate(data.x_test, data.y_test)
     loop.model.save(out / "model.tmp.keras")
     os.replace(out / "model.tmp.keras", out / "model.keras")
@@ -805,7 +848,8 @@ def run(args: argparse.Namespace, rep: Reporter, t_start: float) -> int:
         "num_workers": num_workers, "worker_index": task_index, "is_chief": is_chief, "mixed_precision": mixed,
         "data_source": data.source, "data_path": data.path, "data_note": data.note,
         "num_train": len(data.x_train), "num_val": len(data.x_val), "num_test": len(data.x_test),
-        "seed": args.seed, "resumed_from_epoch": initial_epoch, "placement_warnings": placement["warnings"],
+        "seed": args.seed, "resumed_from_epoch": initial_epoch, "resumed_from_step": initial_step,
+        "placement_warnings": placement["warnings"],
         "gpu_peak_memory_bytes": tf.config.experimental.get_memory_info("GPU:0")["peak"] if devices.gpus else None,
         "tensorflow": tf.__version__, "config": config,
     }
@@ -815,8 +859,13 @@ def run(args: argparse.Namespace, rep: Reporter, t_start: float) -> int:
 
 
 def train_epochs(loop: Loop, args: argparse.Namespace, rep: Reporter, out: Path, config: dict[str, Any],
-                 history: list[dict[str, Any]], initial_epoch: int) -> list[tuple[float, int]]:
-    """Run the remaining epochs, checkpointing each; returns (seconds, steps) timed per epoch."""
+                 history: list[dict[str, Any]], initial_epoch: int, partial: dict[str, Any],
+                 stop: StopFlag) -> list[tuple[float, int]]:
+    """Run the remaining epochs, checkpointing each; returns (seconds, steps) timed per epoch.
+
+    `partial` is the epoch a SIGTERM cut: {"epoch", "step"} and, when they reached the disk with the
+    checkpoint, the sums of its steps so far ("loss_sum", "correct_sum", "counted", "time_s"). On
+    SIGTERM the state after the current step is saved the same way and Terminated is raised."""
     from tensorflow.core.framework import summary_pb2
 
     tf, iterator, first = loop.tf, loop.iterator, loop.first
@@ -834,23 +883,36 @@ def train_epochs(loop: Loop, args: argparse.Namespace, rep: Reporter, out: Path,
         if first is None:
             iterator = iter(loop.dist_train)
         t0 = time.perf_counter()
-        results, start_step = ([first], 2) if first else ([], 1)  # the first step ran during the capture
+        done = partial.get("step", 0) if epoch == partial.get("epoch") else 0  # steps a SIGTERM checkpoint holds
+        counted = partial.get("counted", done) if done else 0
+        prior = [(tf.constant(partial.get("loss_sum", 0.0)), tf.constant(partial.get("correct_sum", 0.0)))] \
+            if counted else []
+        results, start_step = ([*prior, first], done + 2) if first else ([*prior], done + 1)  # first: ran in the capture
         t_steady = t0 if not first or warmup == 1 else None
+        if done:
+            t_steady = None  # a resumed part of an epoch is not a steady-state measurement
         for step in range(start_step, steps + 1):
             results.append(loop.train_step(iterator))
             if step % args.progress_every == 0 or step == steps:
                 rep.progress("step", epoch=epoch, epochs=args.epochs, step=step, steps_per_epoch=steps,
                              loss=float(results[-1][0]))
-            if first and step == warmup:
+            if first and step == warmup and not done:
                 float(results[-1][0])  # synchronise so the steady-state clock starts after the warm-up steps
                 t_steady = time.perf_counter()
-        train_loss = float(tf.add_n([r[0] for r in results])) / steps
+            if stop.set and step < steps:
+                save_interrupted(loop, rep, out, config, history, epoch, step, results,
+                                 counted + step - done, partial.get("time_s", 0.0) if done else 0.0,
+                                 time.perf_counter() - t0 + (loop.first_step_s if first else 0.0))
+        # The mean over the steps summed: all of them, unless a SIGTERM checkpoint's sums were lost.
+        summed = counted + steps - done
+        train_loss = float(tf.add_n([r[0] for r in results])) / summed
         t_train = time.perf_counter()
-        train_acc = float(tf.add_n([r[1] for r in results])) / (steps * loop.global_batch)
+        train_acc = float(tf.add_n([r[1] for r in results])) / (summed * loop.global_batch)
         if t_steady is not None and (not first or steps > warmup):
             timings.append((t_train - t_steady, steps - (warmup if first else 0)))
         val_loss, val_acc = loop.evaluate(data.x_val, data.y_val)
-        epoch_time = time.perf_counter() - t0 + (loop.first_step_s if first else 0.0)
+        epoch_time = time.perf_counter() - t0 + (loop.first_step_s if first else 0.0) + \
+            (partial.get("time_s", 0.0) if done else 0.0)
         row = {"epoch": epoch, "loss": train_loss, "accuracy": train_acc, "val_loss": val_loss,
                "val_accuracy": val_acc, "epoch_time_s": epoch_time, "steps": steps}
         history.append(row)
@@ -861,11 +923,36 @@ def train_epochs(loop: Loop, args: argparse.Namespace, rep: Reporter, out: Path,
         # History first, then the checkpoint: a kill in between retrains this epoch instead of losing its row.
         write_json(out / "train_state.json", {"config": config, "history": history})
         loop.epoch_var.assign(epoch)
+        loop.step_var.assign(0)
         loop.manager.save(checkpoint_number=epoch)
         rep.progress("epoch", epoch=epoch, epochs=args.epochs, loss=train_loss, accuracy=train_acc,
                      val_loss=val_loss, val_accuracy=val_acc, epoch_time_s=epoch_time)
         first = None
+        if stop.set and epoch < args.epochs:
+            rep.log(f"SIGTERM: stopping after epoch {epoch} (its checkpoint is saved)")
+            raise Terminated()
     return timings
+
+
+def save_interrupted(loop: Loop, rep: Reporter, out: Path, config: dict[str, Any], history: list[dict[str, Any]],
+                     epoch: int, step: int, results: list[tuple[Any, Any]], counted: int, time_before: float,
+                     time_now: float) -> None:
+    """SIGTERM mid-epoch: save the weights after `step` as ckpt-EPOCH (epoch_var one less, step_var
+    the step; the epoch's own checkpoint later replaces it under the same name) and the sums of the
+    epoch's steps so far, then raise Terminated. The newest ckpt-N is what cloudtrain copies home
+    on an interruption notice (sweep/checkpoints.py pull_newest)."""
+    tf = loop.tf
+    partial = {"epoch": epoch, "step": step, "counted": counted, "time_s": time_before + time_now,
+               "loss_sum": float(tf.add_n([r[0] for r in results])),
+               "correct_sum": float(tf.add_n([r[1] for r in results]))}
+    # The state first, then the checkpoint: resuming matches them by (epoch, step) and, when they
+    # differ (killed in between), trusts the checkpoint and averages only the steps it then runs.
+    write_json(out / "train_state.json", {"config": config, "history": history, "partial": partial})
+    loop.epoch_var.assign(epoch - 1)
+    loop.step_var.assign(step)
+    loop.manager.save(checkpoint_number=epoch)
+    rep.log(f"SIGTERM: checkpoint saved at step {step} of epoch {epoch}; exiting")
+    raise Terminated()
 
 
 if __name__ == "__main__":

@@ -381,6 +381,54 @@ def test_killed_after_epoch_two_resumes_at_three(tmp_path: Path) -> None:
     assert float(rows[3].split(",")[1]) < float(rows[0].split(",")[1])  # training continued, not restarted
 
 
+def _tree(out: Path) -> list[str]:
+    return sorted(str(p.relative_to(out)) for p in out.rglob("*") if "checkpoints" not in p.parts
+                  and "tensorboard" not in p.parts)
+
+
+def test_sigterm_saves_the_step_it_reached_and_the_resumed_run_ends_like_an_uninterrupted_one(tmp_path: Path) -> None:
+    """SIGTERM (the watchdog's on an interruption notice) before the first epoch ends: the job saves
+    the weights after the step it is at (step 2: the flag is set before training, checked after each
+    step) and exits 143; the next run resumes there and ends with the files an uninterrupted run writes."""
+    out = tmp_path / "cut"
+    cmd = [sys.executable, "-m", "cloudtrain.jobs.mnist_cnn", "--output", str(out), *TINY, "--epochs", "3"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        assert proc.stdout
+        said = []
+        for line in proc.stdout:
+            said.append(line.strip())
+            if line.startswith("loading TensorFlow"):  # the handler is in place; no step has run
+                proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=300)
+    finally:
+        proc.kill()
+        proc.wait(timeout=60)
+    assert proc.returncode == job.TERMINATED_EXIT, said
+    assert "SIGTERM: checkpoint saved at step 2 of epoch 1; exiting" in said
+    state = read(out / "train_state.json")
+    assert state["history"] == [] and state["partial"] | {"loss_sum": 0, "correct_sum": 0, "time_s": 0} == {
+        "epoch": 1, "step": 2, "counted": 2, "loss_sum": 0, "correct_sum": 0, "time_s": 0}
+    assert (out / "checkpoints" / "ckpt-1.index").is_file() and not (out / "metrics.json").exists()
+
+    res = run_job(out, *TINY, "--epochs", "3")
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "resuming from the checkpoint at step 2 of epoch 1 of 3" in res.stdout
+    m = read(out / "metrics.json")
+    assert (m["resumed_from_epoch"], m["resumed_from_step"], m["epochs"]) == (0, 2, 3)
+    assert [r["epoch"] for r in read(out / "train_state.json")["history"]] == [1, 2, 3]
+    assert "partial" not in read(out / "train_state.json")
+    assert [e["epoch"] for e in progress_events(out) if e["type"] == "epoch"] == [1, 2, 3]
+
+    plain = tmp_path / "plain"
+    res = run_job(plain, *TINY, "--epochs", "3")
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert _tree(out) == _tree(plain)
+    assert sorted(m) == sorted(read(plain / "metrics.json"))
+    assert (out / "history.csv").read_text().splitlines()[0] == (plain / "history.csv").read_text().splitlines()[0]
+    assert m["test_accuracy"] > 0.1  # it trained: ten classes
+
+
 def test_quality_three_seeds(tmp_path: Path) -> None:
     """Defaults reach >= 0.97 on the 1,000 held-out bundled digits (mean of 3 seeds). The time each
     takes is printed, not asserted: machines are noisy (benchmarks/ measures speed)."""
