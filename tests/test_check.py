@@ -28,15 +28,16 @@ def without_credentials(moto_server: MotoServer, monkeypatch: pytest.MonkeyPatch
 def test_every_known_cloud_gets_one_line(moto_server: MotoServer) -> None:
     statuses = check_clouds(Config(aws=AwsConfig(region="eu-west-1")))
     by_cloud = {s.cloud: s for s in statuses}
-    assert [s.cloud for s in statuses] == ["local", "ssh", "aws", "gcp", "azure"]
-    assert by_cloud["local"].ok and by_cloud["ssh"].ok
+    assert [s.cloud for s in statuses] == ["local", "ssh", "aws", "gcp", "azure", "slurm"]
+    # Backends whose machines are given (ssh hosts, a Slurm login node) need no credentials of their own.
+    assert by_cloud["local"].ok and by_cloud["ssh"].ok and by_cloud["slurm"].ok
     assert by_cloud["aws"].ok and by_cloud["aws"].detail == AWS_OK
     # Without their credentials (or their provider, in this build) the other clouds say why, in one line.
     for cloud in ("gcp", "azure"):
         assert not by_cloud[cloud].ok and by_cloud[cloud].detail
         if cloud not in available():
             assert by_cloud[cloud].detail == NOT_AVAILABLE
-    assert usable(statuses) == ["local", "ssh", "aws"]
+    assert usable(statuses) == ["local", "ssh", "aws", "slurm"]
     assert all("\n" not in s.detail for s in statuses)
 
 
