@@ -205,8 +205,8 @@ class FakeCloud:
           cloud, the machine fields are kept (`machine_fields`, e.g. region, instance_type,
           accelerators, spot; not `image`), then `resources=` overrides are applied;
         - `name` is the test's cluster name (or `name=`);
-        - a relative `workdir` and `data[].source` are made absolute against the source's folder,
-          so the copy syncs the same files;
+        - a relative `workdir` and local `data[].source` are made absolute against the source's
+          folder, so the copy syncs the same files (bucket URLs stay as written);
         - `fields` (top-level recipe keys: envs, run, num_nodes, ...) replace the source's.
         `source` may be a path, a mapping, or None for a recipe made only of `fields` (for those
         two, relative paths are taken from the current directory).
@@ -233,7 +233,8 @@ class FakeCloud:
         if data.get("workdir") is not None:
             data["workdir"] = str((base / str(data["workdir"])).resolve())
         for item in data.get("data") or []:
-            if isinstance(item, dict) and item.get("source"):
+            # A bucket URL (s3://, gs://, az://) stays as written: only local paths are made absolute.
+            if isinstance(item, dict) and item.get("source") and "://" not in str(item["source"]):
                 item["source"] = str((base / str(item["source"])).resolve())
         out = self.root / "recipes" / f"{data['name']}.yaml"
         out.parent.mkdir(parents=True, exist_ok=True)
