@@ -213,12 +213,22 @@ def logs(name: str, job: str | None, follow: bool, resume: bool, watchdog: bool 
         if shown is not None:
             click.echo(shown)
 
+    from cloudtrain.errors import CloudtrainError
+    from cloudtrain.run.recover_logs import attempt_ended, followed_attempt
+
+    # A recovering run's job is followed one attempt at a time (run/recover_logs.py).
+    followed = followed_attempt(lc.store, name) if follow and job is None else None
     try:
         status = print_logs(lc, name, job, follow=follow, resume=resume, write=write)
     except KeyboardInterrupt:
         # Only the printing stops: the job runs on, and print_logs saved where it got to.
         output.interrupted_logs(name, job)
         raise SystemExit(130) from None
+    except CloudtrainError as exc:
+        ended = attempt_ended(followed, name, exc) if followed is not None else None
+        if ended is None:
+            raise
+        raise ended from None
     if follow and status is not None and status.state != JobState.SUCCEEDED:
         raise SystemExit(status.exit_code or 1)
 

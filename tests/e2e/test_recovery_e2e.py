@@ -311,3 +311,40 @@ def test_a_node_preempted_during_setup_is_relaunched_and_setup_runs_again(aws_cl
     assert (marks / "setups").read_text().split() == ["setup", "setup"]
     assert (marks / "starts").read_text().split("\n")[0] == "start 0 -"  # the job ran once, from the start
     assert aws_cloud.leftovers() == []
+
+
+def test_logs_follow_on_a_recovering_run_says_which_attempt_it_followed_and_how_to_follow_the_next(
+        aws_cloud: Any, tmp_path: Path) -> None:
+    """`logs -f NAME` follows one attempt's job. When its node is preempted it ends saying so: the
+    attempt it followed, that the run is recovering, and the command that follows the next attempt."""
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    proc = _start(aws_cloud, _recipe(aws_cloud, marks))
+    follower = None
+    try:
+        wait_until(lambda: (marks / "starts").exists(), 300, "the job started")
+        env = {**os.environ, **aws_cloud.env}
+        follower = subprocess.Popen([sys.executable, "-m", "cloudtrain", "logs", aws_cloud.cluster, "-f"],
+                                    cwd=aws_cloud.root, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    text=True)
+        assert follower.stdout
+        for line in follower.stdout:
+            if line.startswith("epoch 3/"):
+                break
+        _, machine = _placement(aws_cloud)
+        aws_cloud.preempt(machine)
+        rest, err = follower.communicate(timeout=300)
+        out, cli_err = _finish(proc, marks)
+    finally:
+        (marks / "go").touch()
+        for p in (follower, proc):
+            if p is not None and p.poll() is None:
+                p.kill()
+                p.communicate()
+    assert proc.returncode == 0, out[-2000:] + cli_err[-3000:]
+    run_dir = Path(out.strip().splitlines()[-1])
+    assert follower.returncode != 0
+    last = err.strip().splitlines()[-1]  # the one error line (reconnection notes come before it)
+    assert f"stopped following attempt 1 of run {run_dir.name}: preempted" in last, err
+    assert f"cloudtrain logs {aws_cloud.cluster} -f` follows the next attempt" in last and "key" not in last, err
+    assert "epoch 3/" in (run_dir / "job.log").read_text()
