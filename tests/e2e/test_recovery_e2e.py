@@ -13,6 +13,7 @@ from __future__ import annotations
 import calendar
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -348,3 +349,45 @@ def test_logs_follow_on_a_recovering_run_says_which_attempt_it_followed_and_how_
     assert f"stopped following attempt 1 of run {run_dir.name}: preempted" in last, err
     assert f"cloudtrain logs {aws_cloud.cluster} -f` follows the next attempt" in last and "key" not in last, err
     assert "epoch 3/" in (run_dir / "job.log").read_text()
+
+
+def test_the_bundled_cnn_told_by_the_notice_saves_where_it_is_and_the_next_attempt_starts_there(
+        fake_cloud: Any, metadata_server: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """EC2's spot/instance-action: the watchdog SIGTERMs the bundled CNN, which saves the step it
+    reached (or, TERMed in an epoch's last step, that epoch) and exits; the CLI brings that checkpoint
+    home before the machine goes, and the next attempt resumes exactly there: no work lost."""
+    cloud = fake_cloud("aws")
+    cloud.env["CLOUDTRAIN_WATCHDOG_METADATA_URL"] = metadata_server.url
+    monkeypatch.setenv("CLOUDTRAIN_WATCHDOG_METADATA_URL", metadata_server.url)
+    epochs = 60
+    recipe = cloud.recipe(
+        job={"name": "mnist_cnn", "params": {"epochs": epochs, "data": "bundled", "no_placement_log": True,
+                                             "limit_train": 2560, "limit_test": 256, "batch_size": 64}},
+        resources={"spot": True}, recover={"max_restarts": 1, "watch_s": 300}, autostop={"idle_minutes": 30})
+    proc = _start(cloud, recipe)
+    try:
+        wait_until(lambda: next(cloud.runs_dir.glob("*/checkpoint/cloudtrain-checkpoint.json"), None),
+                   600, "the first checkpoint kept on the laptop")
+        metadata_server.interrupt("aws", None)
+        wait_until(lambda: metadata_server.notices_served("aws") >= 1, 60, "the watchdog reading the notice")
+        metadata_server.clear()  # the fake answers every machine: the next one must not see it
+        out, err = proc.communicate(timeout=600)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, out[-3000:] + err[-3000:]
+    run_dir = Path(out.strip().splitlines()[-1])
+    one, two = json.loads((run_dir / "run.json").read_text())["attempts"]
+    assert (one["outcome"], two["outcome"]) == ("preempted", "succeeded") and one["final_checkpoint_at"] is not None
+    log = (run_dir / "job.log").read_text()
+    saved = re.search(r"SIGTERM: (?:checkpoint saved at step (\d+) of epoch (\d+)|stopping after epoch (\d+))", log)
+    assert saved, log[-3000:]
+    if saved.group(1):
+        assert f"resuming from the checkpoint at step {saved.group(1)} of epoch {saved.group(2)} of {epochs}" in log
+    else:
+        assert f"resuming from the checkpoint after epoch {saved.group(3)} of {epochs}" in log
+    metrics = json.loads((run_dir / "outputs" / "metrics.json").read_text())
+    assert metrics["epochs"] == epochs
+    assert len(json.loads((run_dir / "outputs" / "train_state.json").read_text())["history"]) == epochs
+    assert cloud.leftovers() == []
