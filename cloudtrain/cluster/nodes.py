@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from cloudtrain.config import Config
 from cloudtrain.errors import CloudtrainError, RemoteError
@@ -181,3 +181,21 @@ def _clean_up(futures: Sequence[Future], cleanup: Callable[[object], object] | N
 def close_all(nodes: Sequence[Node]) -> None:
     for node in nodes:
         node.transport.close()
+
+
+def open_rank0(lifecycle: Any, name: str) -> tuple[Node, Callable[[], None]]:
+    """A connection of its own to cluster `name`'s rank 0, for a thread beside the run's (the
+    checkpoint puller of a recovering run or a sweep trial): `lifecycle` is that thread's own (its
+    own state connection), closed with the node by the returned function."""
+    try:
+        cluster = lifecycle.get(name)
+        nodes = connect(list(cluster.nodes)[:1], cluster.provider, lifecycle.config)
+    except BaseException:
+        lifecycle.store.close()
+        raise
+
+    def close() -> None:
+        close_all(nodes)
+        lifecycle.store.close()
+
+    return nodes[0], close

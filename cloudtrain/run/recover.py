@@ -406,22 +406,10 @@ class Recovery:
     def _open_rank0(self) -> tuple[Any, Callable[[], None]]:
         """A connection of its own to rank 0, for the checkpoint puller's thread."""
         from cloudtrain.cluster.lifecycle import Lifecycle
-        from cloudtrain.cluster.nodes import close_all, connect
+        from cloudtrain.cluster.nodes import open_rank0
         from cloudtrain.state import StateStore
 
-        own = Lifecycle(StateStore(self.ex.store.path), self.ex.config)
-        try:
-            cluster = own.get(self.name)
-            nodes = connect(list(cluster.nodes)[:1], cluster.provider, own.config)
-        except BaseException:
-            own.store.close()
-            raise
-
-        def close() -> None:
-            close_all(nodes)
-            own.store.close()
-
-        return nodes[0], close
+        return open_rank0(Lifecycle(StateStore(self.ex.store.path), self.ex.config), self.name)
 
 
 def resume(executor: Executor, loaded: Any, run_id: str, teardown: Any, runs_dir: Path,

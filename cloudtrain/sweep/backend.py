@@ -338,21 +338,9 @@ class PipelineBackend:
         name = handle.cluster
 
         def open_node() -> tuple[Any, Callable[[], None]]:
-            from cloudtrain.cluster.nodes import close_all, connect
+            from cloudtrain.cluster.nodes import open_rank0
 
-            own = self._lifecycle()
-            try:
-                cluster = own.get(name)
-                nodes = connect(list(cluster.nodes)[:1], cluster.provider, own.config)
-            except BaseException:
-                own.store.close()
-                raise
-
-            def close() -> None:
-                close_all(nodes)
-                own.store.close()
-
-            return nodes[0], close
+            return open_rank0(self._lifecycle(), name)
 
         handle.puller = checkpoints.Puller(open_node, kept, self.base.recipe.job is not None, trial, self.warn)
 
