@@ -596,6 +596,14 @@ class SSHTransport:
         try:
             return paramiko.PKey.from_path(path)
         except FileNotFoundError:
+            from cloudtrain import paths
+
+            if Path(path).resolve().is_relative_to((paths.home_path() / "keys").resolve()):
+                # Ours: `down` (another terminal's, or a recovering run's teardown of a lost node)
+                # removed it with the cluster. The recipe's `key:` has nothing to do with it.
+                raise SSHAuthError(f"SSH key {path} does not exist: cloudtrain made it for cluster {self.cluster} "
+                                   "and removed it when the cluster was taken down",
+                                   hint=f"`cloudtrain status {self.cluster}` shows what is left") from None
             raise SSHAuthError(f"SSH key {path} does not exist", hint="fix `key:` in the recipe's hosts") from None
         except paramiko.PasswordRequiredException:
             raise SSHAuthError(

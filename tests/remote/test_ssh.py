@@ -233,3 +233,22 @@ def test_hostile_strings_reach_the_node_intact(transport: SSHTransport, sshd_vm:
     leftovers = transport.run(["sh", "-c", 'find "$HOME" -name "pwned*"']).text
     assert leftovers == ""
     assert not list(Path(sshd_vm.home).rglob("pwned*"))
+
+
+@pytest.mark.parametrize(("made_by_cloudtrain", "hint_part"), [
+    (True, "taken down"),
+    (False, "fix `key:` in the recipe's hosts"),
+])
+def test_a_missing_key_says_whose_it_was(tmp_path: Path, made_by_cloudtrain: bool, hint_part: str) -> None:
+    """A key cloudtrain made for a cluster goes with `down` (another terminal's, or a recovering run's
+    teardown of a lost node): a command still reaching that cluster is told so, not to fix the
+    recipe's `key:`, which the user never set."""
+    from cloudtrain import paths
+
+    path = paths.home_path() / "keys" / "gone" / "id_ed25519" if made_by_cloudtrain else tmp_path / "my_key"
+    assert made_by_cloudtrain == path.is_relative_to(paths.home_path())
+    endpoint = Endpoint("i-gone", "127.0.0.1", 22, "u", path, None)
+    transport = SSHTransport(endpoint, cluster="gone", known_hosts=KnownHosts(), connect_timeout=1)
+    with pytest.raises(SSHAuthError) as caught:
+        transport.connect()
+    assert str(path) in caught.value.message and hint_part in caught.value.one_line()
