@@ -268,7 +268,9 @@ class Recovery:
 
     def _final_checkpoint(self) -> bool:
         """The job was told (SIGTERM) and may have written a last checkpoint: bring it home now,
-        while the node is still there (True: a newer one came home)."""
+        while the node is still there. True: the node's newest checkpoint is home (this pull brought
+        it, or the background puller already had: a job TERMed in an epoch's last step saves that
+        epoch, which the puller may fetch first)."""
         if self.puller is None or not self.r.nodes:
             return False
         self.puller.close()
@@ -279,7 +281,7 @@ class Recovery:
             return False
         if epoch is not None:
             self.ex.reporter.info(f"the checkpoint written after the interruption notice is home (as epoch {epoch})")
-        return epoch is not None
+        return epoch is not None or checkpoints.kept_epoch(self.puller.kept) is not None
 
     # the next attempt ---------------------------------------------------------------------------------
 

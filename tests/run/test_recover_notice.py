@@ -63,9 +63,13 @@ def test_a_notice_records_itself_and_terms_the_running_job(metadata_server: Meta
     (root / "runtime" / "runner.sh").write_bytes((paths.templates_dir() / "runner.sh").read_bytes())
     job.mkdir(parents=True)
     mark = tmp_path / "termed"
-    (job / "cmd.sh").write_text(f"trap 'echo yes > {mark}; exit 143' TERM\nwhile true; do sleep 0.1; done\n")
+    ready = tmp_path / "trapping"
+    (job / "cmd.sh").write_text(f"trap 'echo yes > {mark}; exit 143' TERM\ntouch {ready}\n"
+                                "while true; do sleep 0.1; done\n")
     (job / "env.sh").write_text("")
     subprocess.run(["sh", str(root / "runtime" / "runner.sh"), "start", str(job)], check=True, capture_output=True)
+    # A TERM before the job's shell has set its trap would end it without the mark (a loaded machine).
+    wait_until(ready.exists, 30, "the job to set its TERM trap")
     config = root / "watchdog.json"
     config.write_text(json.dumps({"interruption": "gcp", "metadata_url": metadata_server.url, "tick_s": 1}))
     loop = wd.Watchdog(str(config))
