@@ -51,7 +51,7 @@ def test_two_clusters_coexist_and_stop_leaves_no_process(
     try:
         assert other.name != slurm_cluster.name and other.conf.read_text() != slurm_cluster.conf.read_text()
         other.command("sbatch", "--wrap", "sleep 600")
-        wait_until(lambda: any(j.state == "RUNNING" for j in other.queue()), timeout=60, what="a running job")
+        wait_until(lambda: any(j.state == "RUNNING" for j in other.queue()), timeout=180, what="a running job")
         # The first cluster does not see the second one's job.
         assert slurm_cluster.queue() == []
     finally:
