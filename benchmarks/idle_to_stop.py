@@ -121,32 +121,15 @@ def _api_leg(root: Path, idle_s: float, server: Any, clear: Sequence[str], make_
              what: str) -> tuple[float, float]:
     """`cloudtrain up` against a cloud's fake API with the VMs as sshd processes; the stop call is
     the fake seeing the VM's own API call (`stop_seen`), made with the VM's identity token."""
-    import pytest
+    from cloudtrain.testing.cloud import cloud_outside_pytest
 
-    from cloudtrain.testing.cloud import CloudMachines
-    from cloudtrain.testing.sshd import SshdFactory
-
-    factory = SshdFactory(root / "vms")
-    try:
-        with pytest.MonkeyPatch.context() as mp:
-            for name in clear:
-                mp.delenv(name, raising=False)
-            for name, value in server.env().items():
-                mp.setenv(name, value)
-            cloud = make_cloud(root / "cloud", mp, server, CloudMachines(factory), hint="idle-to-stop")
-            cloud.env.update({**_watchdog_env(idle_s), **cloud.watchdog_env()})
-            try:
-                cli_ok(cloud.up(cloud.recipe(run="true", autostop=autostop)))
-                vm = vm_of(cloud)
-                cli_ok(cloud.cli("exec", cloud.cluster, "--detach", "--", "sh", "-c", JOB))
-                ended = float(wait_for(lambda: _read(vm.home_dir / "job-ended"), 120, "the job's end"))
-                stopped = wait_for(lambda: time.time() if stop_seen(cloud) else None, idle_s + 120, what)
-            finally:
-                cloud.down()
-                cloud.close()
-    finally:
-        factory.close()
-        server.stop()
+    with cloud_outside_pytest(root, server, clear, make_cloud, hint="idle-to-stop") as cloud:
+        cloud.env.update({**_watchdog_env(idle_s), **cloud.watchdog_env()})
+        cli_ok(cloud.up(cloud.recipe(run="true", autostop=autostop)))
+        vm = vm_of(cloud)
+        cli_ok(cloud.cli("exec", cloud.cluster, "--detach", "--", "sh", "-c", JOB))
+        ended = float(wait_for(lambda: _read(vm.home_dir / "job-ended"), 120, "the job's end"))
+        stopped = wait_for(lambda: time.time() if stop_seen(cloud) else None, idle_s + 120, what)
     return ended, stopped
 
 

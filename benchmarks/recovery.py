@@ -54,16 +54,6 @@ done
 """
 
 
-def wait_for(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise RuntimeError(f"timed out waiting for {what}")
-
-
 def marks(path: Path) -> list[tuple[str, int, float]]:
     try:
         lines = path.read_text().splitlines()
@@ -78,6 +68,8 @@ def marks(path: Path) -> list[tuple[str, int, float]]:
 
 def measure(cloud: Any, watch_s: float, machine_of: Callable[[Any], tuple[str, str]],
             preempt: Callable[[Any, str, str], None]) -> dict[str, float]:
+    from cloudtrain.testing.wait import wait_until
+
     stamps = cloud.root / "marks"
     recipe = cloud.recipe(run=JOB, envs={"MARKS": str(stamps)}, resources={"spot": True},
                           recover={"watch_s": watch_s}, autostop=False)
@@ -86,7 +78,7 @@ def measure(cloud: Any, watch_s: float, machine_of: Callable[[Any], tuple[str, s
                              "--runs-dir", str(cloud.runs_dir), "--down", "-q"], cwd=cloud.root,
                             env={**os.environ, **cloud.env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        wait_for(lambda: any(k == "epoch" and n >= PREEMPT_AFTER for k, n, _ in marks(stamps)), 300,
+        wait_until(lambda: any(k == "epoch" and n >= PREEMPT_AFTER for k, n, _ in marks(stamps)), 300,
                  f"epoch {PREEMPT_AFTER}")
         where, machine = machine_of(cloud)
         preempted = time.time()
@@ -136,27 +128,10 @@ def _aws(root: Path, watch_s: float) -> dict[str, float]:
 
 def _api(root: Path, server: Any, clear: list[str], make: Callable[..., Any],
          machine: Callable[[Any], tuple[str, str]], preempt: Callable[[Any, str, str], None]) -> dict[str, float]:
-    import pytest
+    from cloudtrain.testing.cloud import cloud_outside_pytest
 
-    from cloudtrain.testing.cloud import CloudMachines
-    from cloudtrain.testing.sshd import SshdFactory
-
-    factory = SshdFactory(root / "vms")
-    try:
-        with pytest.MonkeyPatch.context() as mp:
-            for name in clear:
-                mp.delenv(name, raising=False)
-            for name, value in server.env().items():
-                mp.setenv(name, value)
-            cloud = make(root / "cloud", mp, server, CloudMachines(factory), hint="recovery")
-            try:
-                return measure(cloud, 10.0, machine, preempt)
-            finally:
-                cloud.down()
-                cloud.close()
-    finally:
-        factory.close()
-        server.stop()
+    with cloud_outside_pytest(root, server, clear, make, hint="recovery") as cloud:
+        return measure(cloud, 10.0, machine, preempt)
 
 
 def _gcp(root: Path) -> dict[str, float]:

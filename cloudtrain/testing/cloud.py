@@ -41,6 +41,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -491,3 +492,27 @@ def fake_cloud(request: pytest.FixtureRequest) -> Callable[[str], FakeCloud]:
             raise LookupError(f"no fake for cloud {name!r}: no fixture named {name}_cloud") from None
 
     return get
+
+
+@contextmanager
+def cloud_outside_pytest(root: Path, server: Any, clear: Sequence[str], make: Callable[..., Any],
+                         hint: str) -> Iterator[Any]:
+    """A `<cloud>_cloud` for a script (benchmarks/): `make(root, monkeypatch, server, machines,
+    hint=...)` with `server`'s environment set and `clear`'s variables removed; on the way out the
+    cluster goes down and the VMs and `server` stop, as the fixtures' teardown does."""
+    factory = SshdFactory(root / "vms")
+    try:
+        with pytest.MonkeyPatch.context() as mp:
+            for name in clear:
+                mp.delenv(name, raising=False)
+            for name, value in server.env().items():
+                mp.setenv(name, value)
+            cloud = make(root / "cloud", mp, server, CloudMachines(factory), hint=hint)
+            try:
+                yield cloud
+            finally:
+                cloud.down()
+                cloud.close()
+    finally:
+        factory.close()
+        server.stop()
