@@ -73,6 +73,15 @@ def _recipe(cloud: FakeCloud, marks: Path, watch_s: float = 1, **fields: Any) ->
         **{"autostop": False, **fields})
 
 
+def _kept(cloud: FakeCloud, timeout: float = 300, at_least: int = 0) -> Path:
+    """The run's checkpoint kept on the laptop, once there (and at `at_least` or later)."""
+    kept = wait_until(lambda: next(cloud.runs_dir.glob("*/checkpoint/cloudtrain-checkpoint.json"), None),
+                      timeout, "a checkpoint kept on the laptop")
+    if at_least:
+        wait_until(lambda: json.loads(kept.read_text())["epoch"] >= at_least, 60, f"the checkpoint of step {at_least}")
+    return kept
+
+
 def _start(cloud: FakeCloud, recipe: Path) -> subprocess.Popen:
     env = {**os.environ, **cloud.env}
     return subprocess.Popen(
@@ -126,9 +135,7 @@ def test_a_preempted_run_job_resumes_in_another_zone_with_the_same_results(
     recipe = _recipe(cloud, marks)
     proc = _start(cloud, recipe)
     try:
-        kept = wait_until(lambda: next(cloud.runs_dir.glob("*/checkpoint/cloudtrain-checkpoint.json"), None),
-                          300, "a checkpoint kept on the laptop")
-        wait_until(lambda: json.loads(kept.read_text())["epoch"] >= 3, 60, "the checkpoint of step 3")
+        kept = _kept(cloud, at_least=3)
         first_place, machine = _placement(cloud)
         _preempt(cloud, first_place, machine)
         out, err = _finish(proc, marks)
@@ -189,9 +196,7 @@ def test_a_checkpoint_written_after_the_notice_arrives_home_before_the_node_is_g
     recipe = _recipe(cloud, marks, watch_s=300, autostop={"idle_minutes": 30})
     proc = _start(cloud, recipe)
     try:
-        kept = wait_until(lambda: next(cloud.runs_dir.glob("*/checkpoint/cloudtrain-checkpoint.json"), None),
-                          300, "a checkpoint kept on the laptop")
-        wait_until(lambda: json.loads(kept.read_text())["epoch"] >= 3, 60, "the checkpoint of step 3")
+        kept = _kept(cloud, at_least=3)
         _, machine = _placement(cloud)
         server.interrupt(cloud_name, [machine] if cloud_name == "azure" else None)
         wait_until(lambda: server.notices_served(cloud_name) >= 1, 60, "the watchdog reading the notice")
@@ -233,8 +238,7 @@ def test_the_bundled_cnn_preempted_once_resumes_from_its_own_checkpoint(aws_clou
         resources={"spot": True}, recover={"max_restarts": 1, "watch_s": 1}, autostop=False)
     proc = _start(aws_cloud, recipe)
     try:
-        kept = wait_until(lambda: next(aws_cloud.runs_dir.glob("*/checkpoint/cloudtrain-checkpoint.json"), None),
-                          600, "the first checkpoint kept on the laptop")
+        kept = _kept(aws_cloud, timeout=600)
         zone, machine = _placement(aws_cloud)
         aws_cloud.preempt(machine)
         out, err = proc.communicate(timeout=600)
@@ -262,9 +266,7 @@ def test_run_resume_picks_up_a_run_whose_cli_died_while_its_node_was_preempted(a
     recipe = _recipe(aws_cloud, marks)
     proc = _start(aws_cloud, recipe)
     try:
-        kept = wait_until(lambda: next(aws_cloud.runs_dir.glob("*/checkpoint/cloudtrain-checkpoint.json"), None),
-                          300, "a checkpoint kept on the laptop")
-        wait_until(lambda: json.loads(kept.read_text())["epoch"] >= 3, 60, "the checkpoint of step 3")
+        kept = _kept(aws_cloud, at_least=3)
         wait_until(lambda: (kept.parent.parent / "attempts.json").exists(), 60, "the attempt recorded")
     finally:
         proc.kill()  # the laptop's CLI dies: no cleanup of any kind
@@ -366,8 +368,7 @@ def test_the_bundled_cnn_told_by_the_notice_saves_where_it_is_and_the_next_attem
         resources={"spot": True}, recover={"max_restarts": 1, "watch_s": 300}, autostop={"idle_minutes": 30})
     proc = _start(cloud, recipe)
     try:
-        wait_until(lambda: next(cloud.runs_dir.glob("*/checkpoint/cloudtrain-checkpoint.json"), None),
-                   600, "the first checkpoint kept on the laptop")
+        _kept(cloud, timeout=600)
         metadata_server.interrupt("aws", None)
         wait_until(lambda: metadata_server.notices_served("aws") >= 1, 60, "the watchdog reading the notice")
         metadata_server.clear()  # the fake answers every machine: the next one must not see it
