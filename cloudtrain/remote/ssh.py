@@ -612,6 +612,13 @@ class SSHTransport:
         except (paramiko.SSHException, ValueError, OSError) as exc:
             raise SSHAuthError(f"cannot read SSH key {path}: {exc}") from None
 
+    @property
+    def connected(self) -> bool:
+        """Whether a connection is open and not yet seen to have dropped (a drop is noticed by the
+        transport's reader thread, a moment after it happens)."""
+        with self._lock:
+            return self._conn is not None and self._conn.alive()
+
     def _live_connection(self) -> Connection:
         with self._lock:
             if self._conn is not None and self._conn.alive():

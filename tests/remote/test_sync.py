@@ -20,6 +20,7 @@ from cloudtrain.remote.ssh import ConnectionLostError, SSHTransport, open_transp
 from cloudtrain.remote.sync import sync_tree
 from cloudtrain.testing.sshd import SshdFactory, SshdVM
 from cloudtrain.testing.tcpproxy import TcpProxy
+from cloudtrain.testing.wait import wait_until
 from tests.remote.conftest import fast_config
 
 METHODS = ["rsync", "tar-delta"]
@@ -216,6 +217,9 @@ def test_log_follow_survives_dropped_connections(flaky: tuple[SSHTransport, TcpP
         if cuts_done == 0 and offset > 100:
             proxy.cut_all()  # between two calls: the next call reconnects by itself
             cuts_done = 1
+            # "Between two calls" means the drop was seen before the next one; a call sent in the
+            # moment before the reader notices is a cut mid-call (the third cut covers that).
+            wait_until(lambda: not t.connected, timeout=30, what="the client to notice the cut")
             assert jobs.status(t, layout, "j1").state == "running"  # the job did not notice
         elif cuts_done == 1 and offset > 400:
             timer = threading.Timer(0.01, proxy.cut_all)  # lands whenever it lands, maybe mid-call
