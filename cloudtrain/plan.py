@@ -215,9 +215,7 @@ def make_plan(
                 hint="raise the limit, allow spot, or ask for less",
             )
         placements = within
-    placements.sort(
-        key=lambda p: (p.hourly_price, p.region != default_region, p.cloud, p.region or "", p.instance_type or "")
-    )
+    placements.sort(key=lambda p: _rank(recipe, p, max_hours, default_region))
 
     if max_usd is not None and max_hours is not None:
         affordable = [p for p in placements if p.hourly_price * recipe.num_nodes * max_hours <= max_usd]
@@ -237,6 +235,23 @@ def make_plan(
     recovery = recipe.recovery
     return Plan(res.cloud, recipe.num_nodes, res.spot, tuple(placements), max_usd, max_hours,
                 recovery.max_restarts if recovery is not None else None)
+
+
+def _rank(recipe: Recipe, p: Placement, max_hours: float | None,
+          default_region: str | None) -> tuple[float, int, bool, str, str, str]:
+    """Cheapest first, where the data's transfer is part of the price: moving a bucket's data to
+    another region or cloud is billed by the store's cloud (buckets/egress.py). With the run's
+    length bounded (budget.max_hours) and the data's size known (data[].size_gb), a placement's
+    price is its worst-case compute plus one full copy; otherwise the hourly price decides and a
+    tie goes to the placement whose data crosses fewest regions, then to the user's region."""
+    from cloudtrain.buckets.egress import egress_for
+
+    crossings = egress_for(recipe, p.cloud, p.region)
+    price = p.hourly_price
+    if max_hours is not None:
+        price = p.hourly_price * recipe.num_nodes * max_hours + sum(e.usd or 0.0 for e in crossings)
+    return (round(price, 6), len(crossings), p.region != default_region, p.cloud, p.region or "",
+            p.instance_type or "")
 
 
 def _check_region(catalog: Catalog, clouds: Sequence[str], region: str) -> None:

@@ -257,3 +257,37 @@ def test_the_worst_case_is_over_every_placement_failover_may_use(
     p = Plan("aws", nodes, False, _placements(*prices), max_usd=max_usd, max_hours=max_hours)
     assert p.worst_hourly_cost == pytest.approx(max(prices) * nodes)
     assert p.estimated_cost == (None if worst is None else pytest.approx(worst))
+
+
+def _data(region: str, size_gb: float | None = None, source: str = "s3://bkt-data/set") -> list[dict]:
+    entry: dict[str, Any] = {"source": source, "target": "d", "region": region}
+    if size_gb is not None:
+        entry["size_gb"] = size_gb
+    return [entry]
+
+
+# (case, resources, extra recipe fields, best region): the data's transfer is part of the price.
+NEXT_TO_DATA = [
+    # Equal prices: the data's region wins, even over the user's own region.
+    ("tie goes to the data", {"accelerators": "T4:1"}, {"data": _data("us-west-2")}, "us-west-2"),
+    ("data before home region", {"accelerators": "T4:1"},
+     {"data": _data("us-west-2"), "default_region": "us-east-2"}, "us-west-2"),
+    # 1 TB at $0.02/GB ($20) outweighs 10 h at $0.061/h more in eu-west-1.
+    ("big data moves the run", {"accelerators": "T4:1"},
+     {"data": _data("eu-west-1", 1000), "budget": {"max_hours": 10}}, "eu-west-1"),
+    # 10 GB ($0.20) does not: the cheaper region stays first.
+    ("small data does not", {"accelerators": "T4:1"},
+     {"data": _data("eu-west-1", 10), "budget": {"max_hours": 10}}, "us-east-1"),
+    # Without a bounded length the hourly price decides; the data only breaks ties.
+    ("no max_hours: price first", {"accelerators": "T4:1"}, {"data": _data("eu-west-1", 1000)}, "us-east-1"),
+    # Another cloud's store is internet egress from every region alike: no preference.
+    ("other cloud's store", {"accelerators": "T4:1"},
+     {"data": _data("us-central1", 1000, "gs://bkt-data/set"), "budget": {"max_hours": 10}}, "us-east-1"),
+]
+
+
+@pytest.mark.parametrize(("case", "resources", "top", "region"), NEXT_TO_DATA, ids=[c[0] for c in NEXT_TO_DATA])
+def test_the_plan_prefers_regions_next_to_the_data(case: str, resources: dict, top: dict, region: str) -> None:
+    p = plan(resources, **top)
+    assert p.best.region == region
+    assert len(p.candidates) == len(plan(resources).candidates)  # an order, never a filter

@@ -79,6 +79,12 @@ def plan(recipe_path: str, as_json: bool, alternatives: int) -> None:
 
     for crossing in egress_for(loaded.recipe, p.best.cloud, p.best.region):
         output.warn(crossing.line())
+    cheapest = min(p.candidates, key=lambda c: c.hourly_price)
+    if cheapest.hourly_price < p.best.hourly_price:
+        # The planner counted the data's transfer (plan._rank): say why a dearer hour won.
+        moved = sum(e.usd or 0.0 for e in egress_for(loaded.recipe, cheapest.cloud, cheapest.region))
+        output.info(f"next to the data: {cheapest.describe()} is cheaper per hour, but copying the data there "
+                    f"costs about ${moved:.2f}")
     # What a VM could do with its own credentials, where the provider says (its watchdog deletes it
     # under autostop.down or a sweep's lease; only then does it need an identity).
     recipe = loaded.recipe

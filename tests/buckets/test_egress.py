@@ -60,3 +60,16 @@ def test_region_on_a_local_source_is_refused(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-m", "cloudtrain", "validate", str(recipe)], capture_output=True,
                           text=True, timeout=60, cwd=tmp_path, env=own_home(tmp_path))
     assert proc.returncode == 2 and "region and size_gb describe a bucket source" in proc.stderr
+
+
+def test_plan_says_why_it_runs_next_to_the_data(moto_server, tmp_path: Path) -> None:  # noqa: ANN001
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("name: bk\nresources: {cloud: aws, accelerators: 'T4:1'}\nbudget: {max_hours: 10}\n"
+                      "data: [{source: 's3://far-bkt/x', target: d, region: eu-west-1, size_gb: 1000}]\nrun: 'true'\n")
+    proc = subprocess.run([sys.executable, "-m", "cloudtrain", "plan", str(recipe)], capture_output=True, text=True,
+                          timeout=120, cwd=tmp_path, env=own_home(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    assert "in aws/eu-west-1" in proc.stdout + proc.stderr
+    assert ("next to the data: g4dn.xlarge (T4:1) in aws/us-east-1 at $0.526/h is cheaper per hour, but copying "
+            "the data there costs about $20.00") in proc.stdout
+    assert "is in eu-west-1, the plan runs in" not in proc.stderr  # no transfer where it runs
