@@ -1,0 +1,498 @@
+"""Google Cloud Storage for tests: a wire fake of the XML API (what obstore speaks) and of the
+JSON API's bucket IAM methods (what the gcp provider calls), with identities enforced.
+
+Why our own: obstore's GCSStore (Rust `object_store`) lists with GCS's XML API, S3-style
+`GET /<bucket>?list-type=2`; gcp-storage-emulator implements only the JSON API (501) and
+fake-gcs-server answers that listing 404 (docs/data.md). Modelled on Google's references:
+XML API "List objects" (GET Bucket), "GET Object", "HEAD Object", "PUT Object", "DELETE Object"
+and "XML API error codes"; JSON API `buckets.getIamPolicy` / `buckets.setIamPolicy`
+(`/storage/v1/b/<bucket>/iam`, policy version 3 with conditions) and `buckets.list`.
+
+- Objects: path-style URLs `<url>/<bucket>/<object>`; ETag is the quoted MD5 of a simple upload,
+  `x-goog-hash: crc32c=...,md5=<base64>`, `x-goog-generation`, `Last-Modified`; GET honours `Range`.
+  A listing is `ListBucketResult` (Name, Prefix, KeyCount, MaxKeys, IsTruncated,
+  NextContinuationToken, Contents{Key, Generation, MetaGeneration, LastModified, ETag, Size,
+  StorageClass}, CommonPrefixes with `delimiter`), at most `max-keys` (1000) per page.
+- Errors: `<Error><Code>..</Code><Message>..</Message><Details>..</Details></Error>` with GCS's
+  status codes: 403 AccessDenied (details name the caller and the permission, as GCS words them),
+  404 NoSuchBucket / NoSuchKey, 401 AuthenticationRequired for a token nobody issued; JSON errors
+  as `{"error": {"code", "message", "errors": [{"reason", ...}]}}`.
+- Who asks: a bearer token. `principal(token)` (set by the fixture) says whose it is: the kit's
+  service-account key (the test's own, user credentials) is a project owner, allowed everything;
+  the metadata fake's GCE token is the service account of the running VM (the fake GCE's record,
+  `serviceAccounts[0]`), allowed what the bucket's IAM policy grants it and what its access
+  scopes cover (devstorage.* or cloud-platform), nothing else.
+- Roles (Cloud Storage IAM roles reference): objectViewer (objects.list, objects.get),
+  objectCreator (objects.create), objectAdmin (all object permissions). Writing over an existing
+  object needs storage.objects.delete too, as in GCS. Conditions: `resource.name == "..."` and
+  `resource.name.startsWith("...")` joined by `||`, on buckets with uniform bucket-level access
+  (setIamPolicy refuses conditions elsewhere, 400, as GCS does).
+
+Fixture `gcs_buckets`: a server for the test (`GcsBuckets`), answering the fake GCE's accounts;
+`cli_env()` points the CLI (and through it the nodes) at it.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import re
+import threading
+import time
+import zlib
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import unquote
+from xml.sax.saxutils import escape
+
+import pytest
+
+from cloudtrain.testing.gcp import PROJECT, PROJECT_NUMBER, SERVICE_ACCOUNT, GceServer
+
+OWNER = "owner"  # principal(): a project owner (the kit's own credentials)
+ROLES = {
+    "roles/storage.objectViewer": {"storage.objects.list", "storage.objects.get"},
+    "roles/storage.objectCreator": {"storage.objects.create"},
+    "roles/storage.objectAdmin": {"storage.objects.list", "storage.objects.get", "storage.objects.create",
+                                  "storage.objects.delete"},
+    "roles/storage.legacyBucketReader": {"storage.objects.list"},
+    "roles/storage.legacyBucketOwner": {"storage.objects.list", "storage.objects.create", "storage.objects.delete"},
+}
+STORAGE_SCOPES = frozenset("https://www.googleapis.com/auth/" + s for s in (
+    "devstorage.read_only", "devstorage.read_write", "devstorage.full_control", "cloud-platform",
+    "cloud-platform.read-only"))
+READ_ONLY_SCOPES = frozenset("https://www.googleapis.com/auth/" + s for s in (
+    "devstorage.read_only", "cloud-platform.read-only"))
+PAGE = 1000
+_TERM = re.compile(r'^resource\.name(?:\.startsWith\("(?P<prefix>[^"]*)"\)| == "(?P<exact>[^"]*)")$')
+
+
+@dataclass
+class Blob:
+    data: bytes
+    generation: int
+    updated: float
+
+    @property
+    def md5(self) -> str:
+        return hashlib.md5(self.data, usedforsecurity=False).hexdigest()
+
+    def goog_hash(self) -> str:
+        crc = zlib.crc32(self.data).to_bytes(4, "big")  # not crc32c: no client here checks it
+        return (f"crc32c={base64.b64encode(crc).decode()},"
+                f"md5={base64.b64encode(bytes.fromhex(self.md5)).decode()}")
+
+
+@dataclass
+class Bucket:
+    name: str
+    uniform: bool = True  # uniform bucket-level access (IAM only, conditions allowed)
+    objects: dict[str, Blob] = field(default_factory=dict)
+    version: int = 1
+    policy_version: int = 1
+    bindings: list[dict[str, Any]] = field(default_factory=lambda: [
+        # What GCS gives a new bucket: the project's basic roles as convenience members.
+        {"role": "roles/storage.legacyBucketOwner", "members": [f"projectEditor:{PROJECT}", f"projectOwner:{PROJECT}"]},
+        {"role": "roles/storage.legacyBucketReader", "members": [f"projectViewer:{PROJECT}"]},
+    ])
+
+    def etag(self) -> str:
+        return base64.b64encode(self.version.to_bytes(2, "big")).decode()
+
+    def policy(self) -> dict[str, Any]:
+        return {"kind": "storage#policy", "resourceId": f"projects/_/buckets/{self.name}",
+                "version": self.policy_version, "etag": self.etag(), "bindings": json.loads(json.dumps(self.bindings))}
+
+
+class GcsError(Exception):
+    def __init__(self, status: int, code: str, message: str, details: str = "") -> None:
+        super().__init__(message)
+        self.status, self.code, self.message, self.details = status, code, message, details
+
+
+def condition_allows(expression: str, resource: str) -> bool:
+    """The subset of CEL that cloudtrain writes; anything else is refused when the policy is set."""
+    for term in (t.strip() for t in expression.split("||")):
+        found = _TERM.match(term)
+        if found is None:
+            raise ValueError(f"unsupported condition term {term!r}")
+        if found.group("prefix") is not None and resource.startswith(found.group("prefix")):
+            return True
+        if found.group("exact") is not None and resource == found.group("exact"):
+            return True
+    return False
+
+
+@dataclass(frozen=True)
+class Decision:
+    principal: str
+    permission: str
+    resource: str
+    allowed: bool
+
+
+@dataclass
+class FakeGcs:
+    """The state and the WSGI app; `principal(token)` -> (member, scopes) or None (unknown token)."""
+
+    principal: Callable[[str], tuple[str, frozenset[str]] | None]
+    buckets: dict[str, Bucket] = field(default_factory=dict)
+    decisions: list[Decision] = field(default_factory=list)
+    lock: threading.RLock = field(default_factory=threading.RLock)
+    _generation: int = 1_700_000_000_000_000
+
+    def create(self, name: str, *, uniform: bool = True) -> Bucket:
+        with self.lock:
+            return self.buckets.setdefault(name, Bucket(name, uniform))
+
+    def put(self, bucket: str, name: str, data: bytes) -> Blob:
+        with self.lock:
+            self._generation += 1
+            blob = Blob(data, self._generation, time.time())
+            self.buckets[bucket].objects[name] = blob
+            return blob
+
+    def denied(self) -> list[Decision]:
+        with self.lock:
+            return [d for d in self.decisions if not d.allowed]
+
+    # WSGI ---------------------------------------------------------------------------------------
+
+    def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        from werkzeug.wrappers import Request, Response
+
+        request = Request(environ)
+        json_api = request.path.startswith("/storage/v1/")
+        try:
+            status, headers, body = (self._json(request) if json_api else self._xml(request))
+        except GcsError as exc:
+            status, headers = exc.status, {}
+            if json_api:
+                body = json.dumps({"error": {"code": exc.status, "message": exc.message, "errors": [
+                    {"message": exc.message, "domain": "global", "reason": exc.code}]}}).encode()
+                headers["Content-Type"] = "application/json; charset=UTF-8"
+            else:
+                body = ("<?xml version='1.0' encoding='UTF-8'?><Error><Code>" + escape(exc.code) + "</Code><Message>"
+                        + escape(exc.message) + "</Message>" + (f"<Details>{escape(exc.details)}</Details>"
+                                                                 if exc.details else "") + "</Error>").encode()
+                headers["Content-Type"] = "application/xml; charset=UTF-8"
+        if request.method == "HEAD":
+            response = Response(b"", status=status, headers=headers)
+            response.headers["Content-Length"] = headers.get("Content-Length", str(len(body)))
+            response.automatically_set_content_length = False
+            return response(environ, start_response)
+        return Response(body, status=status, headers=headers)(environ, start_response)
+
+    def _who(self, request: Any) -> tuple[str, frozenset[str]]:
+        header = request.headers.get("Authorization", "")
+        if not header.startswith("Bearer "):
+            return "allUsers", frozenset()
+        found = self.principal(header.removeprefix("Bearer ").strip())
+        if found is None:
+            raise GcsError(401, "AuthenticationRequired", "Authentication required.",
+                           "Invalid Credentials")
+        return found
+
+    def _check(self, who: tuple[str, frozenset[str]], bucket: Bucket, permission: str, resource: str) -> None:
+        member, scopes = who
+        allowed = member == OWNER
+        if not allowed and scopes & STORAGE_SCOPES and not (
+                permission not in ("storage.objects.list", "storage.objects.get") and scopes <= READ_ONLY_SCOPES):
+            for binding in bucket.bindings:
+                if member in binding.get("members", []) and permission in ROLES.get(binding["role"], ()):
+                    condition = binding.get("condition")
+                    if condition is None or condition_allows(condition.get("expression", ""), resource):
+                        allowed = True
+                        break
+        with self.lock:
+            self.decisions.append(Decision(member, permission, resource, allowed))
+        if not allowed:
+            caller = "Anonymous caller" if member == "allUsers" else member.partition(":")[2]
+            if member != "allUsers" and not scopes & STORAGE_SCOPES:
+                raise GcsError(403, "AccessDenied", "Access denied.", "Provided scope(s) are not authorized")
+            what = ("bucket" if permission == "storage.objects.list" else "object")
+            raise GcsError(403, "AccessDenied", "Access denied.",
+                           f"{caller} does not have {permission} access to the Google Cloud Storage {what}. "
+                           f"Permission '{permission}' denied on resource (or it may not exist).")
+
+    def _bucket(self, name: str) -> Bucket:
+        bucket = self.buckets.get(name)
+        if bucket is None:
+            raise GcsError(404, "NoSuchBucket", "The specified bucket does not exist.")
+        return bucket
+
+    # XML API ------------------------------------------------------------------------------------
+
+    def _xml(self, request: Any) -> tuple[int, dict[str, str], bytes]:
+        who = self._who(request)
+        raw = request.environ.get("RAW_URI") or request.environ.get("REQUEST_URI") or request.path
+        name, _, key = unquote(raw.partition("?")[0]).lstrip("/").partition("/")
+        with self.lock:
+            bucket = self._bucket(name)
+            if not key:
+                if request.method != "GET":
+                    raise GcsError(405, "MethodNotAllowed", "The specified method is not allowed against this resource.")
+                self._check(who, bucket, "storage.objects.list", f"projects/_/buckets/{name}")
+                return self._list(bucket, request.args)
+            resource = f"projects/_/buckets/{name}/objects/{key}"
+            if request.method in ("GET", "HEAD"):
+                self._check(who, bucket, "storage.objects.get", resource)
+                blob = bucket.objects.get(key)
+                if blob is None:
+                    raise GcsError(404, "NoSuchKey", "The specified key does not exist.")
+                return self._object(blob, request)
+            if request.method == "PUT":
+                if "uploadId" in request.args or "partNumber" in request.args:
+                    raise GcsError(501, "NotImplemented", "Multipart uploads are not served by this fake.")
+                self._check(who, bucket, "storage.objects.create", resource)
+                if key in bucket.objects:  # an overwrite deletes the old generation
+                    self._check(who, bucket, "storage.objects.delete", resource)
+                blob = self.put(name, key, request.get_data())
+                return 200, {"ETag": f'"{blob.md5}"', "x-goog-generation": str(blob.generation),
+                             "x-goog-hash": blob.goog_hash(), "Content-Length": "0"}, b""
+            if request.method == "DELETE":
+                self._check(who, bucket, "storage.objects.delete", resource)
+                if bucket.objects.pop(key, None) is None:
+                    raise GcsError(404, "NoSuchKey", "The specified key does not exist.")
+                return 204, {}, b""
+        raise GcsError(501, "NotImplemented", f"{request.method} is not served by this fake.")
+
+    def _list(self, bucket: Bucket, args: Any) -> tuple[int, dict[str, str], bytes]:
+        prefix, delimiter = args.get("prefix", ""), args.get("delimiter", "")
+        try:
+            limit = min(int(args.get("max-keys", PAGE)), PAGE)
+        except ValueError:
+            raise GcsError(400, "InvalidArgument", "Invalid argument.", "max-keys must be an integer") from None
+        after = args.get("continuation-token", "")
+        if after:
+            try:
+                after = base64.urlsafe_b64decode(after.encode()).decode()
+            except ValueError:
+                raise GcsError(400, "InvalidArgument", "Invalid argument.", "Invalid continuation token") from None
+        after = max(after, args.get("start-after", ""))
+        contents: list[tuple[str, Blob]] = []
+        prefixes: list[str] = []
+        last = ""
+        truncated = False
+        for key in sorted(k for k in bucket.objects if k.startswith(prefix) and k > after):
+            if len(contents) + len(prefixes) >= limit:
+                truncated = True
+                break
+            if delimiter and delimiter in key[len(prefix):]:
+                common = key[:len(prefix) + key[len(prefix):].index(delimiter) + len(delimiter)]
+                if common not in prefixes:
+                    prefixes.append(common)
+                last = key
+                continue
+            contents.append((key, bucket.objects[key]))
+            last = key
+        parts = [f"<Name>{escape(bucket.name)}</Name>", f"<Prefix>{escape(prefix)}</Prefix>",
+                 f"<KeyCount>{len(contents) + len(prefixes)}</KeyCount>", f"<MaxKeys>{limit}</MaxKeys>",
+                 f"<IsTruncated>{'true' if truncated else 'false'}</IsTruncated>"]
+        if delimiter:
+            parts.append(f"<Delimiter>{escape(delimiter)}</Delimiter>")
+        if truncated:
+            token = base64.urlsafe_b64encode(last.encode()).decode()
+            parts.append(f"<NextContinuationToken>{token}</NextContinuationToken>")
+        for key, blob in contents:
+            parts.append(f"<Contents><Key>{escape(key)}</Key><Generation>{blob.generation}</Generation>"
+                         f"<MetaGeneration>1</MetaGeneration><LastModified>{_iso(blob.updated)}</LastModified>"
+                         f"<ETag>\"{blob.md5}\"</ETag><Size>{len(blob.data)}</Size>"
+                         f"<StorageClass>STANDARD</StorageClass></Contents>")
+        parts.extend(f"<CommonPrefixes><Prefix>{escape(p)}</Prefix></CommonPrefixes>" for p in prefixes)
+        body = ("<?xml version='1.0' encoding='UTF-8'?><ListBucketResult "
+                "xmlns='http://doc.s3.amazonaws.com/2006-03-01'>" + "".join(parts) + "</ListBucketResult>")
+        return 200, {"Content-Type": "application/xml; charset=UTF-8"}, body.encode()
+
+    def _object(self, blob: Blob, request: Any) -> tuple[int, dict[str, str], bytes]:
+        headers = {"ETag": f'"{blob.md5}"', "x-goog-generation": str(blob.generation), "x-goog-metageneration": "1",
+                   "x-goog-hash": blob.goog_hash(), "x-goog-stored-content-length": str(len(blob.data)),
+                   "Last-Modified": time.strftime("%a, %d %b %Y %H:%M:%S GMT", time.gmtime(blob.updated)),
+                   "Content-Type": "application/octet-stream", "Accept-Ranges": "bytes"}
+        data, status = blob.data, 200
+        ranged = re.fullmatch(r"bytes=(\d*)-(\d*)", request.headers.get("Range", ""))
+        if ranged and (ranged.group(1) or ranged.group(2)):
+            size = len(blob.data)
+            if ranged.group(1):
+                start = int(ranged.group(1))
+                end = min(int(ranged.group(2)), size - 1) if ranged.group(2) else size - 1
+            else:
+                start, end = max(size - int(ranged.group(2)), 0), size - 1
+            if start >= size:
+                raise GcsError(416, "InvalidRange", "The requested range cannot be satisfied.")
+            data, status = blob.data[start:end + 1], 206
+            headers["Content-Range"] = f"bytes {start}-{end}/{size}"
+        headers["Content-Length"] = str(len(data))
+        return status, headers, data if request.method == "GET" else b""
+
+    # JSON API: bucket IAM and bucket listing ----------------------------------------------------
+
+    def _json(self, request: Any) -> tuple[int, dict[str, str], bytes]:
+        member, _ = self._who(request)
+        parts = [unquote(p) for p in request.path.split("/") if p][2:]  # after storage/v1
+        ctype = {"Content-Type": "application/json; charset=UTF-8"}
+        with self.lock:
+            if parts == ["b"] and request.method == "GET":
+                self._owner_only(member, "storage.buckets.list", f"projects/{request.args.get('project', '')}")
+                items = [{"kind": "storage#bucket", "name": b.name, "id": b.name, "projectNumber": PROJECT_NUMBER,
+                          "iamConfiguration": {"uniformBucketLevelAccess": {"enabled": b.uniform}}}
+                         for b in sorted(self.buckets.values(), key=lambda b: b.name)]
+                return 200, ctype, json.dumps({"kind": "storage#buckets", "items": items}).encode()
+            if len(parts) != 3 or parts[0] != "b" or parts[2] != "iam":
+                raise GcsError(404, "notFound", f"no route for {request.method} {request.path}")
+            bucket = self.buckets.get(parts[1])
+            if bucket is None:
+                raise GcsError(404, "notFound", "The specified bucket does not exist.")
+            if request.method == "GET":
+                self._owner_only(member, "storage.buckets.getIamPolicy", f"projects/_/buckets/{bucket.name}")
+                wanted = int(request.args.get("optionsRequestedPolicyVersion", "1"))
+                if bucket.policy_version == 3 and wanted < 3:
+                    raise GcsError(400, "invalid", "Policy has conditions: request policy version 3.")
+                return 200, ctype, json.dumps(bucket.policy()).encode()
+            if request.method == "PUT":
+                self._owner_only(member, "storage.buckets.setIamPolicy", f"projects/_/buckets/{bucket.name}")
+                return 200, ctype, json.dumps(self._set_policy(bucket, json.loads(request.get_data() or b"{}"))).encode()
+        raise GcsError(405, "methodNotAllowed", f"{request.method} is not allowed here")
+
+    def _owner_only(self, member: str, permission: str, resource: str) -> None:
+        if member != OWNER:
+            raise GcsError(403, "forbidden", f"{member.partition(':')[2] or 'Anonymous caller'} does not have "
+                                             f"{permission} access to the Google Cloud Storage resource {resource}.")
+
+    def _set_policy(self, bucket: Bucket, body: dict[str, Any]) -> dict[str, Any]:
+        if body.get("etag") and body["etag"] != bucket.etag():
+            raise GcsError(412, "conditionNotMet", "The etag does not match: the policy changed since it was read.")
+        bindings = body.get("bindings") or []
+        conditional = any("condition" in b for b in bindings)
+        if conditional and not bucket.uniform:
+            raise GcsError(400, "invalid", "IAM Conditions can only be set on a bucket with uniform bucket-level "
+                                           "access enabled.")
+        if conditional and int(body.get("version", 1)) < 3:
+            raise GcsError(400, "invalid", "IAM Policy with conditions requires policy version 3.")
+        for binding in bindings:
+            if binding.get("role") not in ROLES and not str(binding.get("role", "")).startswith("roles/"):
+                raise GcsError(400, "invalid", f"Role {binding.get('role')!r} is not a role.")
+            if "condition" in binding:
+                try:
+                    condition_allows(binding["condition"].get("expression", ""), "")
+                except ValueError as exc:
+                    raise GcsError(400, "invalid", f"Invalid condition expression: {exc}") from None
+        bucket.bindings = json.loads(json.dumps(bindings))
+        bucket.policy_version = 3 if conditional else int(body.get("version", 1))
+        bucket.version += 1
+        return bucket.policy()
+
+
+def _iso(seconds: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds)) + f".{int(seconds * 1000) % 1000:03d}Z"
+
+
+class GcsServer(FakeGcs):
+    """FakeGcs served over HTTP on 127.0.0.1 by werkzeug, in a thread."""
+
+    def __init__(self, principal: Callable[[str], tuple[str, frozenset[str]] | None]) -> None:
+        super().__init__(principal)
+        self._server: Any = None
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> GcsServer:
+        from werkzeug.serving import WSGIRequestHandler, make_server
+
+        class Quiet(WSGIRequestHandler):
+            protocol_version = "HTTP/1.1"  # keep-alive: obstore reuses its connections
+
+            def log_request(self, code: int | str = "-", size: int | str = "-") -> None:
+                return None
+
+        self._server = make_server("127.0.0.1", 0, self, threaded=True, request_handler=Quiet)
+        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05},
+                                        name="fake-gcs", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self._server.server_port}"
+
+
+def gce_principal(gce: GceServer) -> Callable[[str], tuple[str, frozenset[str]] | None]:
+    """Whose a token is, as the fake GCE knows it: the kit's own key (a project owner), or the
+    metadata fake's token, standing for the service account of the running VM that holds one."""
+    from google.auth import jwt
+
+    def principal(token: str) -> tuple[str, frozenset[str]] | None:
+        with gce.lock:
+            if token in gce.metadata_tokens:
+                for (_, _), inst in sorted(gce.instances.items()):
+                    accounts = inst.get("serviceAccounts") or []
+                    if inst.get("status") == "RUNNING" and accounts:
+                        return f"serviceAccount:{accounts[0]['email']}", frozenset(accounts[0].get("scopes", []))
+                return None
+            try:
+                key_id = jwt.decode_header(token).get("kid", "")
+                account = gce.accounts[key_id]
+                claims = jwt.decode(token, certs={key_id: account.public_pem}, verify=True)
+            except Exception:  # noqa: BLE001 - an unreadable, unknown, expired or forged token: not ours
+                return None
+        if claims.get("iss") != account.email:
+            return None
+        return (OWNER, STORAGE_SCOPES) if account.email == SERVICE_ACCOUNT else (
+            f"serviceAccount:{account.email}", STORAGE_SCOPES)
+    return principal
+
+
+@dataclass
+class GcsBuckets:
+    """One test's GCS (see the module doc): `create`, `fill`, `read`, `cli_env`."""
+
+    server: GcsServer
+    gce: GceServer
+
+    def create(self, name: str, *, uniform: bool = True) -> str:
+        self.server.create(name, uniform=uniform)
+        return name
+
+    def fill(self, bucket: str, prefix: str, files: int, total_bytes: int, seed: int = 0) -> dict[str, int]:
+        """`files` objects under `prefix` adding up to `total_bytes`, each different (a random
+        head on a zero body), stored directly. Returns name -> size."""
+        import random
+
+        rng = random.Random(seed)
+        base = total_bytes // files
+        sizes = {f"{prefix}/part-{i // 100:03d}/f{i:05d}.bin": base + (total_bytes - base * files if i == 0 else 0)
+                 for i in range(files)}
+        for key, size in sizes.items():
+            self.server.put(bucket, key, rng.randbytes(64) + bytes(size - 64))
+        return sizes
+
+    def names(self, bucket: str) -> list[str]:
+        with self.server.lock:
+            return sorted(self.server.buckets[bucket].objects)
+
+    def bindings(self, bucket: str) -> list[dict[str, Any]]:
+        with self.server.lock:
+            return json.loads(json.dumps(self.server.buckets[bucket].bindings))
+
+    def cli_env(self) -> dict[str, str]:
+        """STORAGE_EMULATOR_HOST: where the provider sets bucket IAM and the nodes copy."""
+        return {"STORAGE_EMULATOR_HOST": self.server.url}
+
+
+@pytest.fixture
+def gcs_buckets(gce_server: GceServer) -> Iterator[GcsBuckets]:
+    """GCS (XML objects, JSON bucket IAM) on loopback for this test, with the fake GCE's
+    identities: the kit's key is the project owner, a VM's metadata token its service account."""
+    server = GcsServer(gce_principal(gce_server)).start()
+    try:
+        yield GcsBuckets(server, gce_server)
+    finally:
+        server.stop()
