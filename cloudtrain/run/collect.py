@@ -50,8 +50,11 @@ def job_ids(run_id: str) -> tuple[tuple[str, str], ...]:
 
 
 def collect(nodes: Sequence[Node], run_id: str, result_paths: Sequence[str], run_dir: Path,
-            window_s: float, warn: Callable[[str], None], results: bool = True) -> Collected:
-    """Fetch logs from every node and results from rank 0 into run_dir. Never raises for the link."""
+            window_s: float, warn: Callable[[str], None], results: bool = True,
+            gone: Callable[[], str | None] | None = None) -> Collected:
+    """Fetch logs from every node and results from rank 0 into run_dir. Never raises for the link.
+    `gone`: why the nodes are known to be gone (a recovering run's cloud watcher), or None: a
+    broken transfer is then not retried until the window ends, since nothing will answer."""
     deadline = time.monotonic() + window_s
     log_files: list[str] = []
     result_files: list[str] = []
@@ -67,7 +70,7 @@ def collect(nodes: Sequence[Node], run_id: str, result_paths: Sequence[str], run
             marker = _results_begin(nodes[0], run_id)
             (names, refused), tries = _retrying(
                 lambda: _fetch_verified(nodes[0], result_paths, run_dir, marker), deadline, warn,
-                "copying the results")
+                "copying the results", gone)
             attempts += tries
             result_files = list(names)
         except CloudtrainError as exc:
@@ -84,7 +87,8 @@ def collect(nodes: Sequence[Node], run_id: str, result_paths: Sequence[str], run
             logs = early
         else:
             try:
-                logs, tries = _retrying(lambda n=node: _read_logs(n, run_id), deadline, warn, "fetching the logs")
+                logs, tries = _retrying(lambda n=node: _read_logs(n, run_id), deadline, warn, "fetching the logs",
+                                        gone)
             except CloudtrainError as exc:
                 for _job_id, name in job_ids(run_id):
                     errors.append(f"{name if node.rank == 0 else f'node-{node.rank}-{name}'}: {exc.one_line()}")
@@ -135,8 +139,10 @@ def _fetch_verified(node: Node, paths: Sequence[str], run_dir: Path,
     return list(got.names), got.refused
 
 
-def _retrying(fn: Callable, deadline: float, warn: Callable[[str], None], doing: str) -> tuple:  # noqa: ANN001
-    """Call fn until it succeeds; retry link failures until the deadline, mismatches a few times."""
+def _retrying(fn: Callable, deadline: float, warn: Callable[[str], None], doing: str,  # noqa: ANN001
+              gone: Callable[[], str | None] | None = None) -> tuple:
+    """Call fn until it succeeds; retry link failures until the deadline (or until the node is
+    known gone), mismatches a few times."""
     from cloudtrain.remote.channel import ConnectionLostError, SSHConnectError
 
     attempt, mismatches, delay = 0, 0, 0.5
@@ -145,6 +151,9 @@ def _retrying(fn: Callable, deadline: float, warn: Callable[[str], None], doing:
         try:
             return fn(), attempt
         except (ConnectionLostError, SSHConnectError) as exc:
+            why = gone() if gone is not None else None
+            if why is not None:
+                raise RemoteError(f"{doing}: {exc.message}; the node is gone ({why})") from exc
             if time.monotonic() + delay > deadline:
                 raise
             warn(f"{doing}: {exc.message}; trying again (attempt {attempt + 1})")

@@ -113,6 +113,9 @@ class _Run:
     error: str | None = None
     uploaded: str | None = None  # the bucket URL the results went to (recipe `upload:`), once tried
     recovery: Any = None  # run/recover.Recovery when the recipe recovers from lost nodes
+    # What a recovering run's last attempt collected (inside the attempt, so that a node lost while
+    # collecting is relaunched like any loss); _finish then does not collect a second time.
+    collected: Collected | None = None
 
     @property
     def job_id(self) -> str:
@@ -211,8 +214,10 @@ class Executor:
             if r.recovery is None:
                 self._attempt(r, cluster_name)
             else:
-                # A lost node relaunches elsewhere and the job resumes from its newest checkpoint.
-                r.recovery.run(lambda: self._attempt(r, cluster_name))
+                # A lost node relaunches elsewhere and the job resumes from its newest checkpoint;
+                # the results are collected inside the attempt, so that a loss while collecting is
+                # one like any other (docs/recovery.md).
+                r.recovery.run(lambda: self._attempt_and_collect(r, cluster_name))
             self._upload(r)
             r.status, r.exit_code = RunStatus.SUCCEEDED, 0
         except KeyboardInterrupt:
@@ -284,6 +289,15 @@ class Executor:
                 script = batch_job(recipe, script, recipe.setup, r.job_id, cluster_name)
             run_job(self.store, self.reporter, r.nodes, run_id, r.job_id, script, recipe, "job", r.jobs_started)
 
+    def _attempt_and_collect(self, r: _Run, cluster_name: str) -> None:
+        """A recovering run's attempt: the job, then its results home while the cloud watcher is
+        still on (run/recover.py decides whether a collect that failed lost its node)."""
+        r.collected = None
+        self._attempt(r, cluster_name)
+        r.collected = self._collect(r)
+        if r.status == RunStatus.INTERRUPTED:  # Ctrl-C while collecting: the run ends, as in _finish
+            raise KeyboardInterrupt
+
     def _copy_in(self, r: _Run) -> None:
         """The recipe's bucket data: every node copies it itself, with its own identity (docs/data.md)."""
         if r.cluster is not None and not r.created:
@@ -310,7 +324,9 @@ class Executor:
     def _finish(self, r: _Run, teardown: Teardown) -> RunResult:
         recipe = r.loaded.recipe
         collected = Collected()
-        if r.nodes:
+        if r.collected is not None:
+            collected = r.collected  # collected inside the recovering run's last attempt
+        elif r.nodes:
             collected = self._collect(r)
         with _no_interrupts() as signals:
             result = self._teardown_and_record(r, teardown, collected, signals)
@@ -321,8 +337,9 @@ class Executor:
         directory deleted) is recorded and never skips teardown; results not home keep the node."""
         try:
             with r.clock.phase("collect") as outcome:
+                gone = r.recovery.node_gone if r.recovery is not None else None
                 collected = collect(r.nodes, r.run_id, r.loaded.recipe.result_paths(), r.run_dir,
-                                    window_s=self.config.ssh.connect_retries_s, warn=self.reporter.warn)
+                                    window_s=self.config.ssh.connect_retries_s, warn=self.reporter.warn, gone=gone)
                 outcome.ok = collected.complete
             return collected
         except KeyboardInterrupt:

@@ -1,8 +1,8 @@
 """A run that survives losing its node: relaunch elsewhere, resume from the newest checkpoint.
 
 With `recover:` (recipe/recover.py; default on for spot) `run` goes through attempts. Each attempt
-is the pipeline's own provision -> sync -> setup -> job (run/pipeline.Executor._attempt) on a new
-incarnation of the run's cluster name (lifecycle makes it; the ledger bills each on its own).
+is the pipeline's own provision -> sync -> setup -> job -> collect (run/pipeline.Executor._attempt,
+`_attempt_and_collect`) on a new incarnation of the run's cluster name (lifecycle makes it; the ledger bills each on its own).
 While an attempt runs:
 
 - a watcher thread asks the cloud (lifecycle's refresh: describe and list by tag, which also puts
@@ -24,7 +24,9 @@ is left of the budget (`budget.max_usd` minus the spend of every attempt so far,
 the time so far): the same region without the preempted zone first, then the next regions and
 clouds in price order; a cloud whose machines have no zone (Azure's regional VMs) moves region.
 Recovery stops (the run fails, saying why) when `max_restarts` relaunches are spent or no
-placement's worst case fits what is left of the budget. Anything else (the job failed on its own,
+placement's worst case fits what is left of the budget. A collect that failed because the node
+went (the job had succeeded) is such a loss too: the next attempt resumes from the kept checkpoint,
+a finished job's last one, so it only writes its results again, and collects them. Anything else (the job failed on its own,
 a bad recipe, Ctrl-C) ends the run as without recovery.
 
 The job gets CLOUDTRAIN_CHECKPOINT_DIR (per run, relative to the workdir; the recipe's own value
@@ -47,6 +49,7 @@ from typing import TYPE_CHECKING, Any
 from cloudtrain.errors import CloudtrainError, UsageError
 from cloudtrain.run.recover_rules import NodeLostError, budget_left, next_candidates, rule_out
 from cloudtrain.run.recover_watch import Tee, Watcher, gone_reason
+from cloudtrain.state import RunStatus
 from cloudtrain.sweep import checkpoints
 from cloudtrain.sweep.checkpoints import CHECKPOINT_ENV
 
@@ -159,6 +162,11 @@ class Recovery:
                 except BaseException as exc:
                     self._end(current, "failed", f"{type(exc).__name__}: {exc}")
                     raise
+                lost = self._lost_while_collecting(current)
+                if lost is not None:
+                    self._end(current, *lost)
+                    self._relaunch(current, NodeLostError(f"collect failed: {lost[1]}"))
+                    continue
                 self._end(current, "succeeded", None)
                 return
         finally:
@@ -247,6 +255,24 @@ class Recovery:
                 current.final_checkpoint_at = time.time()
             return "preempted", f"interruption notice on the node ({notice})"
         return None
+
+    def _lost_while_collecting(self, current: Attempt) -> tuple[str, str] | None:
+        """(outcome, reason) when the attempt's job succeeded but its results could not be
+        collected because the node went: the next attempt resumes from the kept checkpoint (a
+        finished job's last one: it only writes its results again) and collects again."""
+        collected = self.r.collected
+        if collected is None or collected.complete or self.r.status == RunStatus.INTERRUPTED:
+            return None
+        lost = self._lost(current)
+        if lost is None:
+            return None  # the node is there: a collect that failed on its own fails the run as before
+        self.r.collected = None
+        self.ex.reporter.warn(f"the node went while the results were collected ({collected.error})")
+        return lost[0], f"{lost[1]} (while collecting the results)"
+
+    def node_gone(self) -> str | None:
+        """Why the cloud watcher says the attempt's node is gone, or None (collect stops retrying)."""
+        return self.watcher.lost if self.watcher is not None else None
 
     def _notice(self) -> str | None:
         """The interruption notice the node's watchdog recorded, if any (the node is still up)."""

@@ -16,6 +16,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Generic, Protocol, TypeVar
 
 # Bounded, so a test that forgets to release a gate cannot hang a fake server forever.
@@ -168,3 +169,69 @@ def _default_signals() -> None:
     # Started from a test run in the background, SIGINT may be inherited ignored: a user's is not.
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     signal.signal(signal.SIGHUP, signal.SIG_DFL)
+
+
+# ---------------------------------------------------------------------- a node's commands
+
+_COMMAND_GATE = """#!/bin/sh
+# cloudtrain.testing.faults.NodeCommandGate: parks the first {command} whose arguments match, until
+# the test releases it; every other call (and every call after the first match) runs the real one.
+match=1
+for want in {wanted}; do
+  case " $* " in *" $want "*) ;; *) match= ;; esac
+done
+if [ -n "$match" ] && mkdir {held} 2>/dev/null; then
+  i=0
+  while [ ! -e {released} ] && [ "$i" -lt {ticks} ]; do sleep 0.1; i=$((i + 1)); done
+fi
+exec {real} "$@"
+"""
+
+
+@dataclass
+class NodeCommandGate:
+    """Parks one command on a fake node (an sshd VM of cloudtrain/testing/sshd.py) at a chosen
+    point of the conversation: a wrapper of the same name in the VM's bin/ (first on its PATH)
+    holds the first call whose argv has every word of `argv_has`, until `release()`. A transfer
+    that streams a command's output (collect's `tar ... -cf -`) is then parked before its first
+    byte, so a test can preempt the node exactly while that transfer is under way. A VM that is
+    powered off kills the parked command with its session, as a real machine going away would."""
+
+    command: str
+    argv_has: tuple[str, ...]
+    state_dir: Path
+
+    @classmethod
+    def install(cls, bin_dir: Path, command: str, argv_has: Sequence[str], state_dir: Path) -> NodeCommandGate:
+        import shlex
+        import shutil
+
+        # The real command: the first on the VM's PATH after the VM's own bin/ (where the wrapper goes).
+        real = shutil.which(command, path=os.defpath + ":/usr/local/bin:/usr/bin:/bin")
+        if real is None:
+            raise RuntimeError(f"no {command} on this machine to wrap")
+        state_dir.mkdir(parents=True, exist_ok=True)
+        gate = cls(command, tuple(argv_has), state_dir)
+        wrapper = bin_dir / command
+        wrapper.write_text(_COMMAND_GATE.format(
+            command=command, wanted=" ".join(shlex.quote(w) for w in gate.argv_has),
+            held=shlex.quote(str(gate._held)), released=shlex.quote(str(gate._released)),
+            ticks=int(GATE_LIMIT_S * 10), real=shlex.quote(real)))
+        wrapper.chmod(0o755)
+        return gate
+
+    @property
+    def _held(self) -> Path:
+        return self.state_dir / "held"
+
+    @property
+    def _released(self) -> Path:
+        return self.state_dir / "released"
+
+    @property
+    def held(self) -> bool:
+        """True once a matching call is parked (or was: the gate parks only the first)."""
+        return self._held.exists()
+
+    def release(self) -> None:
+        self._released.touch()

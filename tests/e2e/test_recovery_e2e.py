@@ -26,6 +26,7 @@ import pytest
 
 from cloudtrain.testing import sshd
 from cloudtrain.testing.cloud import FakeCloud
+from cloudtrain.testing.faults import NodeCommandGate
 from cloudtrain.testing.wait import wait_until
 
 if not sshd.sshd_available() and not os.environ.get("CI"):
@@ -392,3 +393,62 @@ def test_the_bundled_cnn_told_by_the_notice_saves_where_it_is_and_the_next_attem
     assert metrics["epochs"] == epochs
     assert len(json.loads((run_dir / "outputs" / "train_state.json").read_text())["history"]) == epochs
     assert cloud.leftovers() == []
+
+
+@pytest.mark.parametrize("cloud_name", ["aws", "gcp"])
+def test_a_node_preempted_while_its_results_are_collected_is_relaunched_and_collected_again(
+        fake_cloud: Any, cloud_name: str, tmp_path: Path) -> None:
+    """The job succeeded; while collect copies its results (the node's `tar` of them parked at a
+    gate of the test kit) the spot node is preempted. That is a loss like any other: the next
+    attempt, in another zone, resumes from the job's last checkpoint (it only writes its results
+    again) and collect runs again; the run ends with the files of an uninterrupted run."""
+    cloud = fake_cloud(cloud_name)
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    (marks / "go").touch()  # the job runs through: the loss comes after it
+    proc = _start(cloud, _recipe(cloud, marks))
+    gate = None
+    try:
+        first_place, machine, vm = wait_until(lambda: _running(cloud), 300, "the first machine")
+        # Collect's copy of the results: `tar --no-recursion ... -cf -` (the checkpoint puller's has neither).
+        gate = NodeCommandGate.install(vm.bin_dir, "tar", ["--no-recursion", "-cf"], tmp_path / "gate")
+        wait_until(lambda: gate.held, 300, "collect copying the results")
+        _kept(cloud, at_least=STEPS)  # the job's last checkpoint is home (its puller has its own connection)
+        _preempt(cloud, first_place, machine)
+        out, err = _finish(proc, marks)
+    finally:
+        if gate is not None:
+            gate.release()
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, out[-3000:] + err[-3000:]
+    run_dir = Path(out.strip().splitlines()[-1])
+    record = json.loads((run_dir / "run.json").read_text())
+    one, two = record["attempts"]
+    assert (one["outcome"], two["outcome"]) == ("preempted", "succeeded"), record["attempts"]
+    assert "while collecting the results" in one["reason"], one
+    assert json.loads((run_dir / "attempts.json").read_text())[0]["reason"] == one["reason"]
+    assert one["zone"] == first_place and two["zone"] != first_place, record["attempts"]
+    # The second job started from the first one's last checkpoint: it only wrote its results again.
+    assert (marks / "starts").read_text().split("\n")[:2] == ["start 0 -", f"start {STEPS} -"]
+    assert two["resumed_from_epoch"] == STEPS
+    # An uninterrupted run of this job ends with exactly this file (the first test of this module).
+    assert json.loads((run_dir / "outputs" / "result.json").read_text()) == {
+        "steps": STEPS, "total": sum(i * i for i in range(1, STEPS + 1))}
+    assert record["status"] == "succeeded" and record["collect_error"] is None
+    assert "outputs/result.json" in record["results"]
+    billed = cloud.bill.usd(cloud.cluster, until=record["ended_at"])
+    hourly = max(a["hourly_price_usd"] for a in record["attempts"])
+    assert record["cost_usd"] == pytest.approx(billed, rel=0.01, abs=4 * hourly / 3600), cloud.bill.instances(cloud.cluster)
+    assert len(cloud.bill.instances(cloud.cluster)) == 2
+    assert cloud.leftovers() == []
+
+
+def _running(cloud: FakeCloud) -> tuple[str, str, Any] | None:
+    """(zone, machine, its sshd VM) once the cluster's machine runs and its VM has booted."""
+    try:
+        where, machine = _placement(cloud)
+        return where, machine, cloud.vm(where, machine) if cloud.name == "gcp" else cloud.machines.vm(machine)
+    except (ValueError, KeyError):  # not running, or its VM not booted, yet
+        return None
