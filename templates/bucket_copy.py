@@ -20,6 +20,7 @@ Environment (the CLI sets it; docs/data.md):
   CLOUDTRAIN_BUCKET_WHO        the identity, in words, for error messages
   CLOUDTRAIN_METADATA_URL      the instance metadata endpoint (default: the cloud's own)
   CLOUDTRAIN_S3_ENDPOINT       an S3-compatible endpoint instead of AWS's (and CLOUDTRAIN_S3_REGION)
+  CLOUDTRAIN_GCS_ENDPOINT      another GCS endpoint (XML API) than storage.googleapis.com
   CLOUDTRAIN_BUCKET_CONCURRENCY  transfers at a time (default 16)
   CLOUDTRAIN_BUCKET_VERIFY     md5 (default): sizes, and MD5 where the ETag is one; size: sizes only
                                (MD5 costs CPU: about 20% of the throughput on a 2-core machine)
@@ -44,6 +45,9 @@ _MD5_ETAG = re.compile(r"[0-9a-f]{32}")
 _AWS_CREDENTIAL_VARS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN",
                         "AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_WEB_IDENTITY_TOKEN_FILE", "AWS_ROLE_ARN",
                         "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI", "AWS_CONTAINER_CREDENTIALS_FULL_URI")
+_GCP_CREDENTIAL_VARS = ("GOOGLE_APPLICATION_CREDENTIALS", "GOOGLE_SERVICE_ACCOUNT", "GOOGLE_SERVICE_ACCOUNT_PATH",
+                        "GOOGLE_SERVICE_ACCOUNT_KEY", "GOOGLE_BEARER_TOKEN", "GOOGLE_BASE_URL", "GCE_METADATA_HOST",
+                        "GCE_METADATA_ROOT", "GCE_METADATA_IP")
 # What each operation needs, by store, for the access-denied line.
 _PERMISSIONS = {
     "s3": {"list": "s3:ListBucket", "get": "s3:GetObject", "put": "s3:PutObject"},
@@ -93,7 +97,19 @@ def make_store(scheme: str, account: str, bucket: str):  # noqa: ANN201 - an obs
         region = os.environ.get("CLOUDTRAIN_S3_REGION") or os.environ.get("AWS_REGION") or "us-east-1"
         return S3Store(bucket, region=region, config=config, client_options=options)
     if scheme == "gs":
-        return GCSStore(bucket)
+        gcs: dict[str, str] = {}
+        gcs_endpoint = os.environ.get("CLOUDTRAIN_GCS_ENDPOINT")
+        if gcs_endpoint:
+            gcs["base_url"] = gcs_endpoint.rstrip("/")
+        if instance:
+            # The VM's service account only: object_store asks the GCE metadata server for its token
+            # when no credential is configured, and GCE_METADATA_HOST moves that server (tests).
+            for name in _GCP_CREDENTIAL_VARS:
+                os.environ.pop(name, None)
+            if metadata:
+                os.environ["GCE_METADATA_HOST"] = metadata.split("://", 1)[-1].rstrip("/")
+        gcs_options = {"allow_http": True} if gcs_endpoint and gcs_endpoint.startswith("http://") else None
+        return GCSStore(bucket, config=gcs, client_options=gcs_options)
     return AzureStore(bucket, account_name=account)
 
 

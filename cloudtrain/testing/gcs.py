@@ -22,6 +22,8 @@ and "XML API error codes"; JSON API `buckets.getIamPolicy` / `buckets.setIamPoli
   the metadata fake's GCE token is the service account of the running VM (the fake GCE's record,
   `serviceAccounts[0]`), allowed what the bucket's IAM policy grants it and what its access
   scopes cover (devstorage.* or cloud-platform), nothing else.
+- `deny(bucket)`: an IAM deny policy refusing the bucket's objects to all but the owner (it wins
+  over any allow binding, as IAM evaluates deny before allow).
 - Roles (Cloud Storage IAM roles reference): objectViewer (objects.list, objects.get),
   objectCreator (objects.create), objectAdmin (all object permissions). Writing over an existing
   object needs storage.objects.delete too, as in GCS. Conditions: `resource.name == "..."` and
@@ -140,6 +142,9 @@ class FakeGcs:
     principal: Callable[[str], tuple[str, frozenset[str]] | None]
     buckets: dict[str, Bucket] = field(default_factory=dict)
     decisions: list[Decision] = field(default_factory=list)
+    # Buckets under an IAM deny policy refusing every object permission to every principal but
+    # the project owner: a deny wins over any allow binding, as in IAM's evaluation.
+    denying: set[str] = field(default_factory=set)
     lock: threading.RLock = field(default_factory=threading.RLock)
     _generation: int = 1_700_000_000_000_000
 
@@ -198,7 +203,8 @@ class FakeGcs:
     def _check(self, who: tuple[str, frozenset[str]], bucket: Bucket, permission: str, resource: str) -> None:
         member, scopes = who
         allowed = member == OWNER
-        if not allowed and scopes & STORAGE_SCOPES and not (
+        denied_by_policy = not allowed and bucket.name in self.denying
+        if not allowed and not denied_by_policy and scopes & STORAGE_SCOPES and not (
                 permission not in ("storage.objects.list", "storage.objects.get") and scopes <= READ_ONLY_SCOPES):
             for binding in bucket.bindings:
                 if member in binding.get("members", []) and permission in ROLES.get(binding["role"], ()):
@@ -473,6 +479,11 @@ class GcsBuckets:
         for key, size in sizes.items():
             self.server.put(bucket, key, rng.randbytes(64) + bytes(size - 64))
         return sizes
+
+    def deny(self, bucket: str) -> None:
+        """An IAM deny policy on `bucket` for everyone but the project owner (FakeGcs.denying)."""
+        with self.server.lock:
+            self.server.denying.add(bucket)
 
     def names(self, bucket: str) -> list[str]:
         with self.server.lock:

@@ -12,7 +12,9 @@ What one `launch` creates, in the project's `default` VPC network:
   project's default compute one unless configured), with the `compute` scope only: the watchdog
   deletes its VM with that account's token from the metadata server. Otherwise, or with
   `gcp.service_account: none`, no account: no Google credentials on the VM (a stop is an OS
-  shutdown, which needs none).
+  shutdown, which needs none). A recipe with `gs://` buckets also makes it run as that account,
+  with a devstorage scope, and gives the account bucket-level IAM bindings for exactly those
+  buckets (storage.py), before the VMs exist; they go with the cluster's last instance.
 - firewall rule `cloudtrain-<cluster>-deny`: every other ingress to the tag, outranking the default
   network's rules that open SSH to the internet (see build.firewall_bodies).
 
@@ -37,6 +39,7 @@ polls); this module never sleeps and never opens SSH. The SDK is imported in the
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import Sequence
 from typing import Any
@@ -71,6 +74,7 @@ from cloudtrain.providers.gcp.api import (
     log,
 )
 from cloudtrain.providers.gcp.resources import Disks, Firewalls
+from cloudtrain.providers.gcp.storage import BucketBindings, gcs_grants, scopes_for
 
 __all__ = ["GcpApiError", "GcpProvider", "make_provider"]
 
@@ -80,6 +84,8 @@ class GcpProvider:
     # autostop: an OS shutdown stops a GCE VM (no credentials needed for that); autostop.down: the
     # VM deletes itself through the Compute API with its service account's token (see launch).
     traits = Traits(remote=True, priced=True, owns_machines=True, stops_spot=True, cloud_fields=True)
+    # Stores its VMs get an identity for: the VM's service account with bucket IAM bindings (storage.py).
+    bucket_stores = ("gs",)
 
     @staticmethod
     def image_pins_region(image: str) -> bool:
@@ -97,6 +103,11 @@ class GcpProvider:
         self.catalog = catalog or default_catalog()
         self.firewalls = Firewalls(self.api, self.owner)
         self.disks = Disks(self.api, self.owner)
+        self.bindings = BucketBindings(self.api, self.owner)
+        self._account_email: str | None = None
+        # cluster -> buckets holding its bindings, as this process learnt them (the deleted VMs'
+        # metadata, gc's scan): what release_resources unbinds.
+        self._bound: dict[str, set[str]] = {}
 
     @property
     def default_region(self) -> str | None:
@@ -126,13 +137,26 @@ class GcpProvider:
         image = self._image(spec, machine)
         zones = [spec.zone] if spec.zone else [z for z in self._zones_offering(region, machine, spec.instance_type)
                                                if z not in spec.avoid_zones]
+        grants = gcs_grants(spec.buckets)
+        if grants and self.account_for(spec) == build.NO_SERVICE_ACCOUNT:
+            raise UsageError(f"{grants[0].url}: the VMs have no identity to read it with (gcp.service_account is "
+                             "none)", hint="set gcp.service_account to an account (or `default`); docs/data.md")
         try:
             self.firewalls.ensure(spec.cluster, spec.owner, cidr, count)
+            if grants:  # before the VMs exist: the copy is their first act
+                self.bindings.bind(spec.cluster, spec.owner, f"serviceAccount:{self.account_email()}", grants)
             return self._insert_in_zones(region, zones, spec, count, machine, image)
         except BaseException:
             # No instance of this launch is left (_insert_in_zones deletes its own): the firewall
-            # rules go too unless instances of the cluster still use them.
+            # rules and bucket bindings go too unless instances of the cluster still use them.
             self.firewalls.release_quietly(spec.cluster, lambda: self._live_count(spec.cluster))
+            if grants:
+                try:
+                    live = self._live_count(spec.cluster)
+                except (ProviderError, CredentialsError):
+                    live = 1  # unknown: keep them; down or gc removes them
+                if not live:
+                    self.bindings.unbind_quietly(spec.cluster, [g.url.bucket for g in grants])
             raise
 
     def _insert_in_zones(self, region: str, zones: Sequence[str], spec: InstanceSpec, count: int,
@@ -181,7 +205,8 @@ class GcpProvider:
                 name=name, zone=zone, machine=machine, image=image, disk_gb=disk_gb, ssh_user=user,
                 public_key=spec.ssh_public_key or "", tags=tags, cluster=spec.cluster, spot=spec.spot,
                 shutdown=spec.shutdown_behavior, max_run_s=getattr(spec, "max_run_s", None),
-                service_account=self.account_for(spec))
+                service_account=self.account_for(spec), scopes=self.scopes_for(spec),
+                buckets=sorted({g.url.bucket for g in gcs_grants(spec.buckets)}))
 
             def insert() -> Any:
                 # One requestId per issue: `call` repeats it verbatim (Compute Engine answers a repeat
@@ -260,7 +285,50 @@ class GcpProvider:
         """The service account a VM runs as: one only when its watchdog may have to delete it
         (autostop.down, a sweep's lease), since any process on the VM can use its token. A stop
         needs none: Compute Engine turns an OS shutdown into a stop."""
-        return self.service_account if spec.watchdog_needs() == "delete" else build.NO_SERVICE_ACCOUNT
+        needed = spec.watchdog_needs() == "delete" or gcs_grants(spec.buckets)
+        return self.service_account if needed else build.NO_SERVICE_ACCOUNT
+
+    def scopes_for(self, spec: InstanceSpec) -> list[str]:
+        """The VM's access scopes: compute for a watchdog that deletes, devstorage for buckets."""
+        return ([build.COMPUTE_SCOPE] if spec.watchdog_needs() == "delete" else []) + scopes_for(spec.buckets)
+
+    def account_email(self) -> str:
+        """The VMs' service account's email (`default`: the project's default compute account,
+        as projects.get names it)."""
+        if self._account_email is None:
+            if self.service_account != build.DEFAULT_SERVICE_ACCOUNT:
+                self._account_email = self.service_account
+            else:
+                project = self.api.call("reading the project", self.api.client("projects").get,
+                                        project=self.api.project)
+                if not project.default_service_account:
+                    raise ProviderError(f"project {self.api.project} has no default compute service account",
+                                        hint="set gcp.service_account to an account's email")
+                self._account_email = project.default_service_account
+        return self._account_email
+
+    def bucket_identity(self, cluster: str) -> str:
+        """What the nodes read and write buckets with, in words (cloudtrain/buckets/steps.py)."""
+        try:
+            who = self.account_email()
+        except (ProviderError, CredentialsError):
+            who = self.service_account
+        return f"the VM's service account {who} (metadata server; no user credentials on the VM)"
+
+    def grant_buckets(self, cluster: str, instance_ids: Sequence[str], grants: Sequence[Any]) -> None:
+        """A reused cluster's VMs may reach exactly this recipe's GCS buckets: its bindings move to
+        them. A VM launched without a service account or storage scope cannot be given one while
+        it runs (setServiceAccount needs it stopped): refused in one line."""
+        wanted = gcs_grants(grants)
+        previous: set[str] = set()
+        for zone, name, raw in self._existing(instance_ids, "grant buckets to"):
+            previous |= build.instance_buckets(raw)
+            if wanted and not build.can_use_storage(raw, any(g.write for g in wanted)):
+                raise UsageError(f"instance {name} was launched without a service account and storage scope for "
+                                 f"{wanted[0].url}", hint=f"`cloudtrain down {cluster}` and run again")
+        if wanted or previous:
+            self.bindings.bind(cluster, self.owner or owner_id(), f"serviceAccount:{self.account_email()}", wanted,
+                               previous)
 
     def vm_identity(self, watchdog_deletes: bool) -> str:
         """What code on a VM of this config could do with the VM's own credentials (for `plan`)."""
@@ -290,13 +358,32 @@ class GcpProvider:
     def list_resources(self, cluster: str | None = None) -> list[ClusterResource]:
         """This owner's cloudtrain firewall rules and loose labelled disks, with their sizes (of one
         cluster, or all)."""
-        return self.firewalls.list(cluster) + self.disks.list(cluster)
+        found = self.firewalls.list(cluster) + self.disks.list(cluster)
+        if self._storage_reachable():
+            bound = self.bindings.list(cluster)
+            for binding in bound:
+                self._bound.setdefault(binding.cluster, set()).add(binding.id)
+            found += bound
+        return found
 
     def release_resources(self, cluster: str) -> list[ClusterResource]:
         """Delete the cluster's firewall rules and loose disks unless instances of it still exist
         (then kept, noted)."""
         live = self._live_count(cluster)
-        return self.firewalls.release(cluster, live) + self.disks.release(cluster, live)
+        kept = self.firewalls.release(cluster, live) + self.disks.release(cluster, live)
+        buckets = self._bound.get(cluster, set())
+        if buckets and live:
+            kept += [ClusterResource("gcp", cluster, "bucket-binding", b, note=f"in use by {live} instance(s)")
+                     for b in sorted(buckets)]
+        elif buckets:
+            self.bindings.unbind(cluster, buckets)
+            self._bound.pop(cluster, None)
+        return kept
+
+    def _storage_reachable(self) -> bool:
+        """Whether bucket IAM may be asked: Google's own APIs, or a storage endpoint configured
+        beside a Compute endpoint of one's own (never Google's storage for a private Compute)."""
+        return self.api.endpoint is None or bool(os.environ.get("STORAGE_EMULATOR_HOST"))
 
     def stop(self, ids: Sequence[str]) -> None:
         instances = self.api.client("instances")
@@ -335,9 +422,12 @@ class GcpProvider:
                 continue
             zone, name = parsed
             raw = self._raw(zone, name)
-            clusters.add(dict(raw.labels).get(TAG_CLUSTER, "") if raw is not None else build.cluster_of_name(name))
+            cluster = dict(raw.labels).get(TAG_CLUSTER, "") if raw is not None else build.cluster_of_name(name)
+            clusters.add(cluster)
             if raw is None:
                 continue
+            if build.instance_buckets(raw):  # its bindings go with the cluster's last VM
+                self._bound.setdefault(cluster, set()).update(build.instance_buckets(raw))
             try:
                 pending.append((zone, name, self.api.call(f"deleting {name}", instances.delete_unary,
                                                           project=self.api.project, zone=zone, instance=name)))

@@ -51,6 +51,11 @@ COMPUTE_SCOPE = "https://www.googleapis.com/auth/compute"
 DELETE_SCOPES = frozenset({COMPUTE_SCOPE, "https://www.googleapis.com/auth/cloud-platform"})
 METADATA_TOKEN_URL = "http://metadata.google.internal/computeMetadata/v1/instance/service-accounts/default/token"
 MAX_RUN_SECONDS = 120 * 24 * 3600
+METADATA_BUCKETS = "cloudtrain-buckets"  # instance metadata: the buckets its account is bound to
+STORAGE_READ_SCOPE = "https://www.googleapis.com/auth/devstorage.read_only"
+STORAGE_WRITE_SCOPES = frozenset({"https://www.googleapis.com/auth/devstorage.read_write",
+                                  "https://www.googleapis.com/auth/devstorage.full_control",
+                                  "https://www.googleapis.com/auth/cloud-platform"})
 
 # Instance.status -> ours. A stopped instance is TERMINATED in Compute Engine (it still exists, its
 # disk is billed, `start` brings it back): that is our STOPPED. Deleted instances are simply gone.
@@ -258,8 +263,11 @@ def scheduling(*, spot: bool, gpu: bool, shutdown: str, max_run_s: float | None)
 def instance_body(*, name: str, zone: str, machine: MachineChoice, image: ImageChoice, disk_gb: int,
                   ssh_user: str, public_key: str, tags: Mapping[str, str], cluster: str, spot: bool,
                   shutdown: str, max_run_s: float | None,
-                  service_account: str = DEFAULT_SERVICE_ACCOUNT) -> dict[str, Any]:
-    """The insert body. `service_account`: `default`, an email, or `none` (config gcp.service_account)."""
+                  service_account: str = DEFAULT_SERVICE_ACCOUNT, scopes: list[str] | None = None,
+                  buckets: list[str] | tuple[str, ...] = ()) -> dict[str, Any]:
+    """The insert body. `service_account`: `default`, an email, or `none` (config gcp.service_account);
+    `scopes`: its access scopes (default: compute only); `buckets`: the GCS buckets its account
+    was bound to, kept in the instance's metadata so `down` finds their bindings."""
     instance_labels = labels(tags)
     metadata = [
         {"key": "ssh-keys", "value": f"{ssh_user}:{public_key.strip()}"},
@@ -268,6 +276,8 @@ def instance_body(*, name: str, zone: str, machine: MachineChoice, image: ImageC
     ]
     if machine.gpu:
         metadata.append({"key": "install-nvidia-driver", "value": "True"})
+    if buckets:
+        metadata.append({"key": METADATA_BUCKETS, "value": " ".join(buckets)})
     body: dict[str, Any] = {
         "name": name,
         "machine_type": f"zones/{zone}/machineTypes/{machine.machine_type}",
@@ -289,7 +299,7 @@ def instance_body(*, name: str, zone: str, machine: MachineChoice, image: ImageC
         "scheduling": scheduling(spot=spot, gpu=machine.gpu, shutdown=shutdown, max_run_s=max_run_s),
     }
     if service_account != NO_SERVICE_ACCOUNT:
-        body["service_accounts"] = [{"email": service_account, "scopes": [COMPUTE_SCOPE]}]
+        body["service_accounts"] = [{"email": service_account, "scopes": list(scopes or [COMPUTE_SCOPE])}]
     if machine.accelerator:
         body["guest_accelerators"] = [{"accelerator_type": f"zones/{zone}/acceleratorTypes/{machine.accelerator}",
                                        "accelerator_count": machine.count}]
@@ -311,6 +321,18 @@ def delete_action(api_endpoint: str, project: str, zone: str, name: str) -> dict
 def can_delete_itself(raw: Any) -> bool:
     """Whether an SDK Instance runs as a service account whose scopes allow instances.delete."""
     return any(set(account.scopes) & DELETE_SCOPES for account in raw.service_accounts)
+
+
+def instance_buckets(raw: Any) -> set[str]:
+    """The GCS buckets an SDK Instance's service account was bound to at launch (its metadata)."""
+    items = getattr(getattr(raw, "metadata", None), "items", None) or []
+    return {b for item in items if item.key == METADATA_BUCKETS for b in (item.value or "").split()}
+
+
+def can_use_storage(raw: Any, write: bool) -> bool:
+    """Whether an SDK Instance runs as a service account whose scopes reach GCS (for writing)."""
+    wanted = STORAGE_WRITE_SCOPES if write else STORAGE_WRITE_SCOPES | {STORAGE_READ_SCOPE}
+    return any(set(account.scopes) & wanted for account in raw.service_accounts)
 
 
 def metadata_identity(name: str) -> dict[str, Any]:
