@@ -20,6 +20,8 @@ Environment (the CLI sets it; docs/data.md):
   CLOUDTRAIN_BUCKET_WHO        the identity, in words, for error messages
   CLOUDTRAIN_METADATA_URL      the instance metadata endpoint (default: the cloud's own)
   CLOUDTRAIN_S3_ENDPOINT       an S3-compatible endpoint instead of AWS's (and CLOUDTRAIN_S3_REGION)
+  CLOUDTRAIN_BLOB_ENDPOINT     a Blob endpoint taking path-style URLs (an emulator such as Azurite)
+                               instead of https://<account>.blob.core.windows.net
   CLOUDTRAIN_GCS_ENDPOINT      another GCS endpoint (XML API) than storage.googleapis.com
   CLOUDTRAIN_BUCKET_CONCURRENCY  transfers at a time (default 16)
   CLOUDTRAIN_BUCKET_VERIFY     md5 (default): sizes, and MD5 where the ETag is one; size: sizes only
@@ -110,21 +112,43 @@ def make_store(scheme: str, account: str, bucket: str):  # noqa: ANN201 - an obs
                 os.environ["GCE_METADATA_HOST"] = metadata.split("://", 1)[-1].rstrip("/")
         gcs_options = {"allow_http": True} if gcs_endpoint and gcs_endpoint.startswith("http://") else None
         return GCSStore(bucket, config=gcs, client_options=gcs_options)
-    return AzureStore(bucket, account_name=account)
+    return _azure_store(AzureStore, instance, metadata, account, bucket)
 
 
-def _denied(exc: Exception, scheme: str, bucket_url: str, op: str) -> CopyError:
+def _azure_store(AzureStore, instance: bool, metadata: str | None, account: str,  # noqa: ANN001, ANN202, N803
+                 container: str):
+    """The VM's managed identity (IMDS) on an Azure node; else what the environment configures."""
+    config: dict[str, str] = {}
+    if instance:
+        # No user credentials on the VM: only the managed identity's token from IMDS is used.
+        for name in [n for n in os.environ if n.startswith(("AZURE_", "MSI_", "IDENTITY_"))]:
+            os.environ.pop(name, None)
+        config["credential_type"] = "managed_identity"
+        if metadata:
+            config["msi_endpoint"] = f"{metadata.rstrip('/')}/metadata/identity/oauth2/token"
+    endpoint = os.environ.get("CLOUDTRAIN_BLOB_ENDPOINT")
+    if endpoint:  # an emulator's path-style address (Azurite: http://host:port/<account>/<container>)
+        config["endpoint"] = f"{endpoint.rstrip('/')}/{account}"
+    options = {"allow_http": True} if endpoint and endpoint.startswith("http://") else None
+    return AzureStore(container, account_name=account, config=config, client_options=options)
+
+
+def _denied(exc: Exception, scheme: str, bucket_url: str, op: str, why: str | None = None) -> CopyError:
     who = os.environ.get("CLOUDTRAIN_BUCKET_WHO") or "this node's credentials"
     return CopyError(f"access denied: {bucket_url} refuses {_PERMISSIONS[scheme][op]} to {who} "
-                     f"({type(exc).__name__})", 3)
+                     f"({why or type(exc).__name__})", 3)
 
 
 def _translate(exc: Exception, scheme: str, bucket_url: str, op: str) -> CopyError:
     from obstore.exceptions import NotFoundError, PermissionDeniedError, UnauthenticatedError
 
+    if scheme == "az" and "AuthorizationPermissionMismatch" in str(exc):  # Blob's 403 for a missing role
+        # obstore reports it as a GenericError: the service's own code says more.
+        return _denied(exc, scheme, bucket_url, op, "AuthorizationPermissionMismatch")
     if isinstance(exc, (PermissionDeniedError, UnauthenticatedError)) or " 403 " in str(exc):
         return _denied(exc, scheme, bucket_url, op)
-    if isinstance(exc, (NotFoundError, FileNotFoundError)) or "NoSuchBucket" in str(exc):
+    if isinstance(exc, (NotFoundError, FileNotFoundError)) or "NoSuchBucket" in str(exc) \
+            or (scheme == "az" and "ContainerNotFound" in str(exc)):
         return CopyError(f"{bucket_url}: not found ({str(exc).splitlines()[0][:200]})", 4)
     return CopyError(f"{bucket_url}: {type(exc).__name__}: {str(exc).splitlines()[0][:300]}", 1)
 

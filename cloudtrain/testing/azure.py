@@ -104,7 +104,14 @@ ROLES = {  # built-in role definition GUIDs
     "9980e02c-c2be-4d73-94e8-173b1dc7cf3c": "Virtual Machine Contributor",
     "acdd72a7-3385-48ef-bd42-f606fba81ae7": "Reader",
     "8e3af657-a8ff-443c-a75c-2fe8c4bcb635": "Owner",
+    # Data-plane roles: they give no ARM action (control plane), only blob data (testing/blob.py).
+    "2a2b9908-6ea1-4ae2-8e65-a410df84e7d1": "Storage Blob Data Reader",
+    "ba92f5b4-2d11-453d-a403-e96b0029c9fe": "Storage Blob Data Contributor",
 }
+# What each data role may do with blobs (Azure's built-in role definitions' dataActions, abridged
+# to the fake's three operations: read includes listing).
+BLOB_DATA_ROLES = {"Storage Blob Data Reader": frozenset({"read"}),
+                   "Storage Blob Data Contributor": frozenset({"read", "write", "delete"})}
 RESERVED_ADMIN_USERS = frozenset({  # Azure refuses these as adminUsername
     "administrator", "admin", "user", "user1", "test", "user2", "test1", "user3", "admin1", "1", "123", "a",
     "actuser", "adm", "admin2", "aspnet", "backup", "console", "david", "guest", "john", "owner", "root", "server",
@@ -480,6 +487,9 @@ class FakeArm:
         if len(low) == 2:
             return 200, {"id": sub, "subscriptionId": self.subscription, "tenantId": TENANT,
                          "displayName": "cloudtrain fake subscription", "state": self.subscription_state}, {}
+        deep = _deep_assignment(low)
+        if deep is not None:
+            return self._scoped_assignment(method, parts, deep, body)
         if low[2] == "resourcegroups":
             if len(low) == 3:
                 return 200, {"value": self._filter_tags(self._groups(), args.get("$filter"))}, {}
@@ -611,7 +621,7 @@ class FakeArm:
                 existing: dict[str, Any] | None, fault: Fault | None) -> tuple[int, Any, dict[str, str]]:
         kind = ltype.split("/")[1]
         if kind == "roleassignments":
-            return self._role_assignment(name, key, rg, body)
+            return self._role_assignment(name, key, rg["id"], body)
         pattern = _VM_NAME if kind == "virtualmachines" else _RESOURCE_NAME
         if not pattern.match(name) or name.endswith((".", "-")):
             raise ArmError("InvalidResourceName", f"Resource name {name} is invalid. The name can be up to 80 "
@@ -745,7 +755,74 @@ class FakeArm:
 
     # role assignments --------------------------------------------------------------------------
 
-    def _role_assignment(self, name: str, key: str, rg: dict[str, Any], body: dict[str, Any]
+    def _scoped_assignment(self, method: str, parts: list[str], at: int, body: dict[str, Any]
+                           ) -> tuple[int, Any, dict[str, str]]:
+        """Role assignments on a resource inside a group (a storage account, one of its blob
+        containers): `<resource id>/providers/Microsoft.Authorization/roleAssignments[/<name>]`.
+        The storage account must exist (ARM answers 404 for a scope it cannot find)."""
+        scope = "/" + "/".join(parts[:at])
+        low_scope = scope.lower()
+        account = re.match(r"(/subscriptions/[^/]+/resourcegroups/[^/]+/providers/microsoft\.storage/"
+                           r"storageaccounts/[^/]+)", low_scope)
+        if account is None or account.group(1) not in self.resources:
+            raise ArmError("ResourceNotFound", f"The Resource '{scope}' was not found.", 404)
+        if len(parts) == at + 3:
+            if method != "GET":
+                raise ArmError("MethodNotAllowed", f"{method} on a collection", 405)
+            return 200, {"value": [r for r in self._all("microsoft.authorization/roleassignments")
+                                   if r["properties"]["scope"].lower() == low_scope]}, {}
+        name = parts[at + 3]
+        key = f"{low_scope}/providers/microsoft.authorization/roleassignments/{name.lower()}"
+        existing = self.resources.get(key)
+        if method == "PUT":
+            return self._role_assignment(name, key, scope, body)
+        if existing is None:
+            if method == "DELETE":
+                return 204, None, {}
+            raise ArmError("RoleAssignmentNotFound", f"The role assignment '{name}' is not found.", 404)
+        if method == "DELETE":
+            self.resources.pop(key, None)
+        return 200, existing, {}
+
+    def blob_access(self, account: str, container: str, operation: str) -> str | None:
+        """The principal id of a VM identity allowed `operation` ("read" | "write" | "delete") on
+        blobs of `account`/`container` by a Storage Blob Data role assigned at the account's or the
+        container's scope (or wider: group, subscription); None when none is. Only VMs that exist
+        have an identity (a deleted VM's assignments stay behind in Azure, unusable)."""
+        with self.lock:
+            accounts = [r["id"].lower() for r in self._all("microsoft.storage/storageaccounts")
+                        if r["name"].lower() == account.lower()]
+            if not accounts:
+                return None
+            target = f"{accounts[0]}/blobservices/default/containers/{container.lower()}"
+            principals = {(vm.get("identity") or {}).get("principalId")
+                          for vm in self._all("microsoft.compute/virtualmachines")}
+            for assignment in self._all("microsoft.authorization/roleassignments"):
+                props = assignment["properties"]
+                where = props["scope"].lower().rstrip("/")
+                role = ROLES.get(props["roleDefinitionId"].rsplit("/", 1)[-1].lower(), "")
+                if props["principalId"] in principals and (target == where or target.startswith(where + "/")) \
+                        and operation in BLOB_DATA_ROLES.get(role, ()):
+                    return str(props["principalId"])
+            return None
+
+    def create_storage_account(self, group: str, name: str, *, region: str = "eastus") -> str:
+        """A storage account `name` in resource group `group` (made if missing), the ARM side of a
+        Blob store (testing/blob.py holds its data); returns its resource id."""
+        with self.lock:
+            rg_id = f"/subscriptions/{self.subscription}/resourceGroups/{group}"
+            self.resources.setdefault(rg_id.lower(), {"id": rg_id, "name": group, "location": region, "tags": {},
+                                                      "type": "Microsoft.Resources/resourceGroups",
+                                                      "properties": {"provisioningState": "Succeeded"}})
+            account_id = f"{rg_id}/providers/Microsoft.Storage/storageAccounts/{name}"
+            self.resources[account_id.lower()] = {
+                "id": account_id, "name": name, "type": "Microsoft.Storage/storageAccounts", "location": region,
+                "kind": "StorageV2", "sku": {"name": "Standard_LRS"}, "tags": {},
+                "properties": {"provisioningState": "Succeeded",
+                               "primaryEndpoints": {"blob": f"https://{name}.blob.core.windows.net/"}}}
+            return account_id
+
+    def _role_assignment(self, name: str, key: str, scope: str, body: dict[str, Any]
                          ) -> tuple[int, Any, dict[str, str]]:
         props = body.get("properties") or {}
         try:
@@ -765,12 +842,13 @@ class FakeArm:
         for other in self._all("microsoft.authorization/roleassignments"):
             p = other["properties"]
             if (p["principalId"], p["roleDefinitionId"].lower(), p["scope"].lower()) == (principal, role.lower(),
-                                                                                          rg["id"].lower()):
+                                                                                          scope.lower()):
                 raise ArmError("RoleAssignmentExists", "The role assignment already exists.", 409)
-        assignment = {"id": f"{rg['id']}/providers/Microsoft.Authorization/roleAssignments/{name}", "name": name,
+        assignment = {"id": f"{scope}/providers/Microsoft.Authorization/roleAssignments/{name}", "name": name,
                       "type": "Microsoft.Authorization/roleAssignments",
-                      "properties": {"roleDefinitionId": role, "principalId": principal, "scope": rg["id"],
-                                     "principalType": props.get("principalType", "ServicePrincipal")}}
+                      "properties": {"roleDefinitionId": role, "principalId": principal, "scope": scope,
+                                     "principalType": props.get("principalType", "ServicePrincipal"),
+                                     "description": props.get("description")}}
         self.resources[key] = assignment
         return 201, assignment, {}
 
@@ -1054,6 +1132,10 @@ class FakeArm:
     def _filter_tags(self, items: list[dict[str, Any]], expression: str | None) -> list[dict[str, Any]]:
         if not expression:
             return items
+        by_type = re.fullmatch(r"\s*resourceType eq '([^']*)'(?:\s+and\s+name eq '([^']*)')?\s*", expression)
+        if by_type is not None:  # Resources - List's other documented filter
+            kind, name = by_type.group(1).lower(), (by_type.group(2) or "").lower()
+            return [r for r in items if r["type"].lower() == kind and (not name or r["name"].lower() == name)]
         match = re.fullmatch(r"\s*tagName eq '([^']*)'(?:\s+and\s+tagValue eq '([^']*)')?\s*", expression)
         if match is None:
             raise ArmError("InvalidFilterInQueryString", f"Invalid $filter '{expression}' specified in the query "
@@ -1112,6 +1194,16 @@ def _is_base64(text: str) -> bool:
     except (binascii.Error, ValueError):
         return False
     return True
+
+
+def _deep_assignment(low: list[str]) -> int | None:
+    """Where `.../providers/microsoft.authorization/roleassignments[/name]` starts in a path whose
+    scope is a resource inside a resource group (index of that `providers`), else None."""
+    for at in range(8, len(low) - 2):
+        if low[at:at + 3] == ["providers", "microsoft.authorization", "roleassignments"] and len(low) <= at + 4 \
+                and low[2] == "resourcegroups":
+            return at
+    return None
 
 
 def _rbac_action(request: ArmRequest) -> str:

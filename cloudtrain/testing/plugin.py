@@ -11,6 +11,7 @@ The parts they are made of, for tests of your own:
 - moto_server, moto_server_session: moto's EC2/SSM/STS server with fault injection (testing/aws.py)
 - s3_buckets: S3 on moto with node identities enforced, role credentials from the metadata fake (testing/buckets.py)
 - gcs_buckets: GCS (XML objects, JSON bucket IAM) with the fake GCE's identities enforced (testing/gcs.py)
+- azure_blobs: Azurite with the fake ARM's Storage Blob Data roles enforced by a front (testing/blob.py)
 - metadata_server: instance metadata fakes (GCE, Azure IMDS, EC2 role credentials; testing/metadata.py)
 
 One import line per module, fixtures listed by name: a cloud's fake adds its own line.
@@ -26,3 +27,4 @@ from cloudtrain.testing.tcpproxy import tcp_proxy  # noqa: F401
 from cloudtrain.testing.buckets import s3_buckets  # noqa: F401
 from cloudtrain.testing.gcs import gcs_buckets  # noqa: F401
 from cloudtrain.testing.metadata import metadata_server  # noqa: F401
+from cloudtrain.testing.blob import azure_blobs  # noqa: F401
