@@ -78,8 +78,11 @@ def verify(root, fields):
 
 # ----------------------------------------------------------------------------- serve
 # A frame is a 9-byte header (kind, request id, payload length) and the payload.
-#   laptop -> node  R header (JSON: argv or op+root, timeout, home) | I input bytes | E end of input
+#   laptop -> node  R header (JSON: argv or op+root, timeout, home, after) | I input bytes | E end of input
 #   node -> laptop  H hello (JSON: home, commands found on PATH) | O stdout | X stderr | C exit code
+#                   | S skipped: a request whose `after` (earlier request ids) did not all exit 0 never
+#                   runs; the laptop sent it before knowing they would (exec's start, sent with the
+#                   checks that the node is ready and the workdir unchanged) and sends it again.
 HEADER = struct.Struct(">cII")
 CHUNK = 1 << 18
 CUT = object()  # an input's end when the laptop is gone: never passed on as an end of input
@@ -97,6 +100,8 @@ class Request(object):
         self.root = header.get("root")
         self.timeout = header.get("timeout")
         self.home = header.get("home")  # the home the laptop assumed (cached): refused if not ours
+        self.after = header.get("after") or ()  # run only if these earlier requests exited 0
+        self.expect = bool(header.get("expect"))  # manifest: input is name, expected record pairs
         self.input = []  # chunks, None at the end; guarded by `ready`
         self.held = 0
         self.closed = False  # the laptop is gone: nothing more will come, nothing waits for room
@@ -130,6 +135,7 @@ class Server(object):
         self.child = None
         self.current = None  # the request being run
         self.gone = False
+        self.codes = {}  # request id -> exit code, for the `after` of later requests
 
     def send(self, kind, rid, data=b""):
         with self.out_lock:
@@ -213,10 +219,17 @@ class Server(object):
                 request = self.queue.pop(0)
             if request is None or self.gone:
                 return
+            if any(self.codes.get(rid) != 0 for rid in request.after):
+                self.drain(request)
+                del self.requests[request.rid]
+                self.codes[request.rid] = None
+                self.send(b"S", request.rid)
+                continue
             self.current = request
             code = self.run(request)
             self.current = None
             del self.requests[request.rid]
+            self.codes[request.rid] = code
             self.send(b"C", request.rid, str(code).encode())
 
     def run(self, request):
@@ -232,8 +245,16 @@ class Server(object):
                 if chunk is None:
                     break
                 chunks.append(chunk)
-            fields = [f for f in b"".join(chunks).split(b"\0") if f]
+            fields = b"".join(chunks).split(b"\0")
             root = os.fsencode(request.root)
+            if request.op == "manifest" and request.expect:
+                # The laptop's expected record per name: exit 0 when the node has exactly that (the
+                # workdir did not change), so requests sent `after` this one may run.
+                names, expected = fields[0:-1:2], fields[1:-1:2]
+                records = list(manifest(root, names))
+                self.send(b"O", request.rid, b"".join(record + b"\0" for record in records))
+                return 0 if records == expected else 1
+            fields = [f for f in fields if f]
             records = manifest(root, fields) if request.op == "manifest" else verify(root, fields)
             self.send(b"O", request.rid, b"".join(record + b"\0" for record in records))
             return 0

@@ -141,7 +141,7 @@ class RemoteProcess:
         """Exit status of the command once its output ended."""
         while not self.chan.status_event.is_set():
             if self.counter is not None:
-                self.counter.waiting()
+                self.counter.waiting(self.what)
             if not self.conn.alive():
                 break
             self._check_deadline()
@@ -161,7 +161,7 @@ class RemoteProcess:
 
     def _wait_readable(self) -> None:
         if self.counter is not None:
-            self.counter.waiting()
+            self.counter.waiting(self.what)
         self._check_deadline()
         if not self.conn.alive() and not (self.chan.recv_ready() or self.chan.recv_stderr_ready()):
             if not (self.chan.eof_received or self.chan.closed):

@@ -39,6 +39,7 @@ from cloudtrain import paths
 from cloudtrain.errors import RemoteError
 from cloudtrain.remote.channel import CHUNK, TRANSFER_ERRORS, Connection, ConnectionLostError, InputSource, lost
 from cloudtrain.remote.roundtrips import RoundTrips
+from cloudtrain.remote.transport import SKIPPED
 
 log = logging.getLogger("cloudtrain.remote.ssh")
 
@@ -76,6 +77,8 @@ class NodeHelper:
         self.on_hello: Callable[[str], None] | None = None
         self.hello_timeout = 30.0
         self.owner: int | None = None  # the thread whose requests are in flight
+        # Requests sent now run only if these (earlier requests) exit 0 (SSHTransport.only_if).
+        self.after: tuple[HelperProcess, ...] = ()
         self._next = 1
         self._buffer = bytearray()
         self._open: deque[HelperProcess] = deque()  # started and not yet finished, in request order
@@ -135,20 +138,29 @@ class NodeHelper:
         request: dict[str, object] = {"argv": [str(a) for a in argv], "timeout": timeout}
         return self._submit(request, proc, input, what)
 
-    def submit_op(self, op: str, root: str, input: bytes, what: str = "") -> HelperProcess:
-        """A one-shot sync_helper.py operation (manifest, verify) served in the helper's own process."""
+    def submit_op(self, op: str, root: str, input: bytes, what: str = "", *, expect: bool = False) -> HelperProcess:
+        """A one-shot sync_helper.py operation (manifest, verify) served in the helper's own process.
+        `expect`: a manifest whose input pairs each name with the record expected; exit 0 if all match."""
         rid = self._next
         self._next += 1
         self.owner = threading.get_ident()
         proc = HelperProcess(self, rid, what or op, None)
         self._open.append(proc)
-        return self._submit({"op": op, "root": root}, proc, input, what)
+        request: dict[str, object] = {"op": op, "root": root}
+        if expect:
+            request["expect"] = True
+        return self._submit(request, proc, input, what)
 
     def _submit(self, request: dict[str, object], proc: HelperProcess, input: InputSource | None,
                 what: str) -> HelperProcess:
         rid = proc.rid
         if self.assumed_home is not None:
             request["home"] = self.assumed_home
+        if self.after:
+            # A request of an earlier helper (discarded since) is unknown to this one: id 0 (never a
+            # request's) makes the node skip, never run unchecked.
+            request["after"] = [p.rid if p.helper is self else 0 for p in self.after]
+            proc.after = self.after
         header = json.dumps(request).encode()
         frames = [HEADER.pack(b"R", rid, len(header)) + header]
         if input is None:
@@ -257,7 +269,7 @@ class NodeHelper:
                     raise lost(self.label, what, self.conn.exception())
                 return False
             if not waited:
-                self.counter.waiting()
+                self.counter.waiting(what)
                 waited = True
             if deadline is not None and time.monotonic() > deadline:
                 self.discard()
@@ -293,8 +305,8 @@ class NodeHelper:
         elif kind == b"X":
             owner.err += payload
             del owner.err[:-_STDERR_KEEP]
-        elif kind == b"C":
-            owner.code = int(payload or b"255")
+        elif kind in (b"C", b"S"):
+            owner.code = int(payload or b"255") if kind == b"C" else SKIPPED
             if owner.code == HOME_REFUSED and self.moved_to is not None:
                 owner.moved_to = self.moved_to
             self._open.remove(owner)
@@ -316,6 +328,7 @@ class HelperProcess:
         self.code: int | None = None
         self.moved_to: str | None = None
         self.writer: threading.Thread | None = None
+        self.after: tuple[HelperProcess, ...] = ()  # runs only if these exit 0
 
     @property
     def conn(self) -> Connection:
@@ -360,6 +373,10 @@ class HelperProcess:
         return self.code
 
     def close(self) -> None:
+        if self.code is None and any(p.code not in (None, 0) for p in self.after):
+            # The node skips it (a check it was sent after failed): that answer is on its way.
+            while self.code is None:
+                self._pump()
         if self.code is None:
             # Abandoned mid-way: what the helper still sends for it would confuse the next reader.
             self.helper.discard()

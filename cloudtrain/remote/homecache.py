@@ -1,4 +1,5 @@
-"""Each node's home directory, remembered from its helper's hello (ssh/homes.json in cloudtrain's home).
+"""Each node's home directory, remembered from its helper's hello (ssh/homes.json in cloudtrain's home),
+and other facts of a node a command may act on before the node confirms them (`remember`).
 
 Every command's paths start at the node's home, and asking for it costs a round trip before the
 first real request can go. With the home remembered, the first request goes with the helper's
@@ -43,10 +44,14 @@ def get(instance_id: str, user: str) -> str | None:
 
 def put(instance_id: str, user: str, home: str) -> None:
     """Remember (or correct) a node's home. Losing a concurrent writer's entry costs it one round trip."""
+    _put_key(_key(instance_id, user), home)
+
+
+def _put_key(key: str, value: str) -> None:
     data = _read()
-    if data.get(_key(instance_id, user)) == home:
+    if data.get(key) == value:
         return
-    data[_key(instance_id, user)] = home
+    data[key] = value
     target = _file()
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -55,7 +60,17 @@ def put(instance_id: str, user: str, home: str) -> None:
             json.dump(data, handle)
         os.replace(tmp, target)
     except OSError as exc:  # a cache: the next command asks again
-        log.debug("could not remember the home of %s: %s", instance_id, exc)
+        log.debug("could not remember %s: %s", key, exc)
+
+
+def remembered(instance_id: str, user: str, what: str) -> str | None:
+    """A fact of the node remembered under `what` (run/prepare.py: that a cluster's runtime is ready,
+    and with which python). A guess the node checks before anything acts on it."""
+    return _read().get(f"{what}|{_key(instance_id, user)}")
+
+
+def remember(instance_id: str, user: str, what: str, value: str) -> None:
+    _put_key(f"{what}|{_key(instance_id, user)}", value)
 
 
 def forget(instance_id: str, user: str) -> None:

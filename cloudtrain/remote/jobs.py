@@ -11,7 +11,7 @@ from enum import StrEnum
 
 from cloudtrain import paths
 from cloudtrain.errors import RemoteCommandError, RemoteError
-from cloudtrain.remote.transport import Transport
+from cloudtrain.remote.transport import SKIPPED, Skipped, Transport
 
 class JobState(StrEnum):
     """As templates/runner.sh reports it."""
@@ -89,6 +89,14 @@ def submit(transport: Transport, layout: NodeLayout, job_id: str, script: str, e
     return start_submit(transport, layout, job_id, script, env, deadline_s)()
 
 
+@dataclass(frozen=True)
+class Resent:
+    """What a start's answer returns when the node skipped it and it was sent again (run/attach.py):
+    the follow sent with the skipped start was skipped too; ask it again, then read `answer`."""
+
+    answer: Callable[[], int]
+
+
 def pipelining(transport: Transport) -> bool:
     """Whether requests started one after the other reach the node in order and are answered in
     order (the node helper): only then may a request go before the answer to the one it depends on."""
@@ -125,6 +133,8 @@ def start_submit(transport: Transport, layout: NodeLayout, job_id: str, script: 
             code = proc.wait()
         finally:
             proc.close()
+        if code == SKIPPED:
+            raise Skipped(f"{transport.label}: the job's start was skipped (a check it was sent with failed)")
         if code != 0:
             raise RemoteCommandError(argv, code, proc.stderr.decode(errors="replace"))
         return _pid(transport.label, out)

@@ -8,8 +8,9 @@ of every send and every blocking wait by remote/ssh.py, remote/channel.py and re
 the figure is counted, never estimated.
 
 `CLOUDTRAIN_ROUNDTRIPS_LOG=FILE` appends one JSON line per closed SSH transport (node, connects,
-round_trips after connecting, waits, sessions): how benchmarks/run_loop.py and the tests read a
-CLI subprocess's count.
+round_trips after connecting, waits, sessions, and `turns`: what each round trip waited for): how
+benchmarks/run_loop.py and the tests read a CLI subprocess's count, and how to see which exchange
+a regression added.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ class RoundTripReport:
     round_trips: int  # sequential request -> answer turns after connecting
     waits: int  # blocking waits on the node (>= round_trips: a wait with nothing new sent is no trip)
     sessions: int  # SSH channels opened (each is a session on the node: PAM, a shell)
+    turns: tuple[str, ...] = ()  # what each round trip waited for, in order
 
 
 class RoundTrips:
@@ -40,18 +42,20 @@ class RoundTrips:
         self.round_trips = 0
         self.waits = 0
         self.sessions = 0
+        self.turns: list[str] = []
 
     def sent(self) -> None:
         with self._lock:
             self._pending = True
 
-    def waiting(self) -> None:
-        """The laptop is about to block until the node answers."""
+    def waiting(self, what: str = "") -> None:
+        """The laptop is about to block until the node answers (`what`: for the log of turns)."""
         with self._lock:
             self.waits += 1
             if self._pending:
                 self._pending = False
                 self.round_trips += 1
+                self.turns.append(what or "?")
 
     def session(self) -> None:
         with self._lock:
@@ -59,7 +63,7 @@ class RoundTrips:
 
     def report(self, node: str, connects: int) -> RoundTripReport:
         with self._lock:
-            return RoundTripReport(node, connects, self.round_trips, self.waits, self.sessions)
+            return RoundTripReport(node, connects, self.round_trips, self.waits, self.sessions, tuple(self.turns))
 
 
 def log_report(report: RoundTripReport) -> None:

@@ -410,6 +410,19 @@ class SSHTransport:
             return proc
         return self._start_channel(command, input=input, timeout=timeout, what=what)
 
+    def helper_for_check(self) -> Callable[..., HelperProcess] | None:
+        """The node helper's one-shot operations (remote/sync.start_unchanged_check), None without one."""
+        helper = self._helper_now()
+        return None if helper is None else helper.submit_op
+
+    def only_if(self, procs: Sequence[HelperProcess]) -> None:
+        """Until called again, requests this thread starts run on the node only if each of `procs`
+        (started earlier through the node helper) exited 0; otherwise the node skips them (code
+        helper.SKIPPED, nothing ran). How exec sends its job's start with the checks it depends on."""
+        helper = self._helper_now()
+        if helper is not None:
+            helper.after = tuple(procs)
+
     def pipelining(self) -> bool:
         """Whether commands started now go through the node helper, so they run in the order they
         were started and a later one may be sent before an earlier one's answer (remote/jobs.py)."""
@@ -444,7 +457,7 @@ class SSHTransport:
         conn, chan = self._open_channel()
         try:
             self.round_trips.sent()
-            self.round_trips.waiting()
+            self.round_trips.waiting(f"exec {what or command.split(' ', 1)[0]}")
             chan.exec_command(command)
         except (paramiko.SSHException, EOFError, OSError) as exc:
             chan.close()
@@ -642,7 +655,7 @@ class SSHTransport:
                     raise EOFError("no transport")
                 self.round_trips.session()
                 self.round_trips.sent()
-                self.round_trips.waiting()
+                self.round_trips.waiting("channel open")
                 chan = transport.open_session(window_size=WINDOW_BYTES, timeout=self.connect_timeout)
                 return conn, chan
             except paramiko.ChannelException as exc:

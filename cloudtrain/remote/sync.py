@@ -154,21 +154,25 @@ def sync_tree(
         stats = local_mirror(Path(local), Path(remote_dir), ignore=ignore)
         return SyncReport(stats.files_total, stats.files_sent, stats.bytes_sent, stats.method,
                           seconds=time.monotonic() - started)
-    scan = scan_tree(Path(local), ignore)
+    return _sync_scanned(transport, scan_tree(Path(local), ignore), remote_dir, method, warn_bytes, started)
+
+
+def _sync_scanned(transport, scan: TreeScan, remote_dir: str, method: str, warn_bytes: int,  # noqa: ANN001
+                  started: float, remote: dict[str, tuple] | None = None) -> SyncReport:
     base, entries = scan.base, list(scan.entries)
     total_bytes = sum(e.size for e in entries)
     large = total_bytes > warn_bytes
     if large:
         log.warning(
             "%s is %.1f GB to sync to %s; is that intended? Add what the job doesn't need to .cloudtrainignore",
-            local, total_bytes / 1e9, transport.label,
+            scan.base, total_bytes / 1e9, transport.label,
         )
-    remote = None
     if method == "auto":
         # tar-delta is faster for new and small files (one stream on the open connection: 0.5x
         # rsync's time on a first sync of 5,000 files, 0.3x on a re-sync; docs/sync.md). rsync's
         # delta transfer wins only for large files with small edits: use it when such a file changed.
-        remote = _remote_state(transport, str(remote_dir), entries)
+        if remote is None:
+            remote = _remote_state(transport, str(remote_dir), entries)
         edited_large = any(
             e.link is None and e.size >= RSYNC_DELTA_BYTES and remote.get(e.rel, ("",))[0] == "f"
             and remote[e.rel][1:] != (e.size, e.mtime)
@@ -272,33 +276,85 @@ def _sync_tar_delta(transport, base: Path, entries: list[LocalEntry], remote_dir
     return len(changed), sum(e.size for e in changed)
 
 
+class UnchangedCheck:
+    """A tree's sync, its check sent ahead: the node compares its files with what the laptop expects
+    (one manifest, in the node helper) and exits 0 when nothing changed, so that requests sent
+    `only_if` it (exec's job start) may run in the same round trip. `finish` reads the answer and,
+    when something changed, sends what did (the manifest it got back is the one tar-delta uses)."""
+
+    def __init__(self, transport, scan: TreeScan, remote_dir: str, proc) -> None:  # noqa: ANN001
+        self.transport, self.scan, self.remote_dir, self.proc = transport, scan, remote_dir, proc
+        self.started = time.monotonic()
+
+    def finish(self) -> SyncReport:
+        entries = list(self.scan.entries)
+        try:
+            data = self.proc.read_all()
+            code = self.proc.wait()
+        finally:
+            self.proc.close()
+        if code not in (0, 1):
+            raise RemoteCommandError(["sync_helper", "manifest", self.remote_dir], code,
+                                     self.proc.stderr.decode(errors="replace"))
+        if code == 0:
+            return SyncReport(len(entries), 0, 0, "tar-delta", sum(e.size for e in entries), False,
+                              time.monotonic() - self.started)
+        remote = _parse_manifest(self.transport.label, entries, data)
+        return _sync_scanned(self.transport, self.scan, self.remote_dir, "auto", LARGE_TREE_BYTES, self.started, remote)
+
+
+def start_unchanged_check(transport, local: Path, remote_dir: str,  # noqa: ANN001
+                          ignore: Callable[[str], bool] | None = None) -> UnchangedCheck | None:
+    """Send the check of UnchangedCheck now (nothing is awaited); None where the transport has no
+    node helper to ask (then sync_tree as usual)."""
+    helper = getattr(transport, "helper_for_check", None)
+    submit = helper() if helper is not None else None
+    if submit is None:
+        return None
+    scan = scan_tree(Path(local), ignore)
+    pairs = b"".join(os.fsencode(e.rel) + b"\0" + _expected_record(e) + b"\0" for e in scan.entries)
+    return UnchangedCheck(transport, scan, remote_dir, submit("manifest", remote_dir, pairs,
+                                                              what=f"checking {remote_dir}", expect=True))
+
+
+def _expected_record(entry: LocalEntry) -> bytes:
+    """The manifest record (templates/sync_helper.py) of the node's copy of an entry when in sync."""
+    if entry.link is not None:
+        return b"l " + os.fsencode(entry.link)
+    return b"f %d %d" % (entry.size, entry.mtime)
+
+
 def _remote_state(transport, remote_dir: str, entries: list[LocalEntry]) -> dict[str, tuple]:  # noqa: ANN001
     if not entries:
         return {}
     if transport.has_command("python3"):
         names = b"\0".join(os.fsencode(e.rel) for e in entries) + b"\0"
-        records = _helper_op(transport, "manifest", remote_dir, names).split(b"\0")[: len(entries)]
-        if len(records) != len(entries):
-            raise SyncError(f"{transport.label}: sync helper returned {len(records)} records for {len(entries)} files")
-        state: dict[str, tuple] = {}
-        for entry, record in zip(entries, records):
-            kind, _, rest = record.partition(b" ")
-            if kind == b"f":
-                size, mtime = rest.split(b" ")
-                state[entry.rel] = ("f", int(size), int(mtime))
-            elif kind == b"l":
-                state[entry.rel] = ("l", os.fsdecode(rest))
-            elif kind in (b"d", b"o"):
-                state[entry.rel] = (kind.decode(),)
-        return state
+        return _parse_manifest(transport.label, entries, _helper_op(transport, "manifest", remote_dir, names))
     # No python3 on the node: GNU find lists every regular file (no content comparison then).
     script = '[ -d "$1" ] || exit 0; find "$1" -type f -printf "%s %T@ %P\\0"'
     result = transport.run(["sh", "-c", script, "sh", remote_dir])
-    state = {}
+    state: dict[str, tuple] = {}
     for record in result.stdout.split(b"\0"):
         if record:
             size, mtime, name = record.split(b" ", 2)
             state[os.fsdecode(name)] = ("f", int(size), int(float(mtime)))
+    return state
+
+
+def _parse_manifest(label: str, entries: list[LocalEntry], data: bytes) -> dict[str, tuple]:
+    records = data.split(b"\0")[: len(entries)]
+    if len(records) != len(entries):
+        raise SyncError(f"{label}: sync helper returned {len(records)} records for {len(entries)} files")
+    state: dict[str, tuple] = {}
+    for entry, record in zip(entries, records):
+        kind, _, rest = record.partition(b" ")
+        if kind == b"f":
+            size, mtime = rest.split(b" ")
+            state[entry.rel] = ("f", int(size), int(mtime))
+        elif kind == b"l":
+            state[entry.rel] = ("l", os.fsdecode(rest))
+        elif kind in (b"d", b"o"):
+            state[entry.rel] = (kind.decode(),)
     return state
 
 

@@ -13,8 +13,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
+from cloudtrain.errors import RemoteError
+
 if TYPE_CHECKING:
     from cloudtrain.remote.archive import Extracted
+
+# The exit code of a request the node helper skipped: it was sent `only_if` earlier ones exited 0
+# (remote/helper.py), and one did not. Nothing of it ran; the sender sends it again when ready.
+SKIPPED = -1
+
+
+class Skipped(RemoteError):
+    """A request sent ahead of the checks it depended on was skipped by the node (nothing ran)."""
 
 
 @dataclass(frozen=True)

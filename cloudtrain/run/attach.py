@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import secrets
 import time
+from dataclasses import replace
 from collections.abc import Callable
 from collections.abc import Mapping
 from pathlib import Path
@@ -12,12 +13,13 @@ from typing import TYPE_CHECKING
 from cloudtrain.errors import UsageError
 from cloudtrain.events import NullReporter, Reporter
 from cloudtrain.run.follow import follow as follow_log
-from cloudtrain.run.prepare import prepare
+from cloudtrain.run.prepare import PendingPrepare, prepare
 from cloudtrain.run.prepare import sync as prepare_sync
 from cloudtrain.cluster.lifecycle import Cluster, Lifecycle
-from cloudtrain.cluster.nodes import close_all, connect, on_all
+from cloudtrain.cluster.nodes import Node, close_all, connect, on_all
 from cloudtrain.remote import jobs
 from cloudtrain.remote.jobs import JobState
+from cloudtrain.remote.transport import Skipped
 from cloudtrain.state import ClusterStatus, JobRecord, RunRecord
 
 if TYPE_CHECKING:
@@ -37,7 +39,11 @@ def exec_command(lc: Lifecycle, reporter: Reporter, name: str, script: str, deta
     nodes = connect(list(cluster.nodes[:1]), cluster.provider, lc.config)
     try:
         node = nodes[0]
-        if loaded is not None:
+        ahead = _send_checks(node, loaded) if loaded is not None and sync and not detach else None
+        if ahead is not None:
+            # The job's start goes with the checks (one round trip, docs/sync.md); it runs only if they pass.
+            node = replace(node, python=ahead[0].python)
+        elif loaded is not None:
             node = prepare(node, loaded.recipe, reporter)
             if sync:
                 prepare_sync(node, loaded, reporter)
@@ -57,7 +63,12 @@ def exec_command(lc: Lifecycle, reporter: Reporter, name: str, script: str, deta
         if node.python:
             env["CLOUDTRAIN_PYTHON"] = node.python
         # The start goes with what follows it (the follow, or the state): one round trip (remote/jobs.py).
+        if ahead is not None:
+            node.transport.only_if([check.proc for check in ahead])  # type: ignore[attr-defined]
         submitted = jobs.start_submit(node.transport, node.layout, job_id, script + "\n", env)
+        if ahead is not None:
+            submitted = _after_checks(node, ahead, reporter, submitted, lambda python: jobs.start_submit(
+                node.transport, node.layout, job_id, script + "\n", {**env, "CLOUDTRAIN_PYTHON": python}))
         if detach:
             state = jobs.status(node.transport, node.layout, job_id)
             submitted()
@@ -71,6 +82,43 @@ def exec_command(lc: Lifecycle, reporter: Reporter, name: str, script: str, deta
         return job_id, final
     finally:
         close_all(nodes)
+
+
+def _send_checks(node: Node, loaded: LoadedRecipe) -> tuple | None:
+    """exec's checks, sent now: the node is ready for the recipe with the python this laptop last saw
+    (run/prepare.PendingPrepare) and the workdir is unchanged (remote/sync.UnchangedCheck). None where
+    they cannot go ahead of the start: no node helper, data to sync, or no ready node remembered."""
+    from cloudtrain.remote.ignore import load_ignore
+    from cloudtrain.remote.sync import start_unchanged_check
+
+    if loaded.recipe.data or loaded.workdir is None or not jobs.pipelining(node.transport):
+        return None
+    pending = PendingPrepare(node, loaded.recipe)
+    if pending.python is None:
+        return None
+    pending.send()
+    check = start_unchanged_check(node.transport, loaded.workdir, node.layout.workdir, load_ignore(loaded.workdir))
+    return None if check is None else (pending, check)
+
+
+def _after_checks(node: Node, ahead: tuple, reporter: Reporter, submitted: Callable[[], int],
+                  again: Callable[[str], Callable[[], int]]) -> Callable[[], object]:
+    """The start's answer, read after the checks': what they found missing is done first, and a
+    start the node skipped for it is sent again, with the python the node has now (jobs.Resent: the
+    follow sent with it was skipped too)."""
+    pending, check = ahead
+
+    def answer() -> object:
+        node.transport.only_if(())  # type: ignore[attr-defined]
+        ready = pending.finish(reporter)
+        stats = check.finish()
+        reporter.info(f"workdir: sent {stats.files_sent} of {stats.files_total} files ({stats.method})")
+        try:
+            return submitted()
+        except Skipped:
+            return jobs.Resent(again(ready.python or ""))
+
+    return answer
 
 
 def _require_up(cluster: Cluster) -> None:

@@ -92,10 +92,14 @@ def _follow_streaming(node: Node, job_id: str, offset: int, reporter: Reporter,
                 # submit's own: never retried as a follow) comes first.
                 answer, submitted = submitted, None
                 try:
-                    answer()
+                    answered = answer()
                 except BaseException as exc:
                     following.abort()
                     raise _StartFailed() from exc
+                if isinstance(answered, jobs.Resent):
+                    following.abort()  # skipped with the start: asked again, with the start sent again
+                    submitted = answered.answer
+                    continue
             for chunk in following.chunks:
                 lines, pending = split_lines(pending + chunk)
                 offset = _emit_lines(lines, offset, node.rank, reporter, raw, on_offset)

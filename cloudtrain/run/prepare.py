@@ -18,9 +18,10 @@ from cloudtrain import paths
 from cloudtrain.cluster.lifecycle import Cluster
 from cloudtrain.cluster.nodes import Node
 from cloudtrain.config import Config
-from cloudtrain.errors import BootstrapError, RemoteError
+from cloudtrain.errors import BootstrapError, RemoteCommandError, RemoteError
 from cloudtrain.events import Reporter
 from cloudtrain.recipe import LoadedRecipe, Recipe
+from cloudtrain.remote import homecache, jobs
 from cloudtrain.remote.local import LocalTransport
 
 
@@ -31,28 +32,90 @@ def prepare(node: Node, recipe: Recipe, reporter: Reporter) -> Node:
     A warm node costs one round trip: the files are sent only when their stamp (a hash of what
     would be sent) differs, and a bootstrap that already satisfied this recipe is not run again.
     """
-    t = node.transport
-    files = _runtime_files(node, recipe)
-    stamp = hashlib.sha256(b"".join(f"{path}\0{mode}\0".encode() + data for data, path, mode in files)).hexdigest()
-    stamp_file = f"{node.layout.runtime}/stamp"
-    bootstrap_file = f"{node.layout.root}/bootstrap.json"
-    script = 'mkdir -p "$1" "$2" "$3" || exit 1; cat "$4" 2>/dev/null; echo; cat "$5" 2>/dev/null; exit 0'
-    seen = t.run(["sh", "-c", script, "sh", node.layout.workdir, f"{node.layout.root}/jobs",
-                  f"{node.layout.runtime}/jobs", stamp_file, bootstrap_file], what="preparing the node").text
-    have_stamp, _, have_report = seen.partition("\n")
-    if have_stamp.strip() != stamp:
-        for data, path, mode in files:
-            t.put_file(data, path, mode=mode)
-        t.put_file(stamp.encode(), stamp_file)
-    if isinstance(t, LocalTransport):
-        return node
-    report = _last_json_line(have_report)
-    ensure_tf = recipe.job is not None
-    want_pip = bool(recipe.setup)  # a setup installs packages: a `pip` that installs into the venv
-    if (report is not None and report.get("python") and report.get("venv")
-            and (report.get("tensorflow") or not ensure_tf) and (report.get("pip") or not want_pip)):
-        return replace(node, python=str(report["python"]))
-    return replace(node, python=_bootstrap(node, ensure_tf=ensure_tf, want_pip=want_pip, reporter=reporter))
+    return PendingPrepare(node, recipe).send().finish(reporter)
+
+
+class PendingPrepare:
+    """prepare, its check sent (not awaited). `python` is the interpreter the node had when this
+    laptop last made it ready for this recipe (None: not known); the check exits 0 only when the
+    node's ready file still says so, so a request sent `only_if` it (exec's job start, built with
+    that python) runs only on a node that is ready. `finish` reads the answer and does what is missing."""
+
+    def __init__(self, node: Node, recipe: Recipe) -> None:
+        self.node, self.recipe = node, recipe
+        t = node.transport
+        self.files = _runtime_files(node, recipe)
+        self.stamp = hashlib.sha256(b"".join(f"{path}\0{mode}\0".encode() + data
+                                             for data, path, mode in self.files)).hexdigest()
+        # Ready for this recipe: these runtime files, and a bootstrap that satisfied its needs.
+        self.key = hashlib.sha256(f"{self.stamp}\0{recipe.job is not None}\0{bool(recipe.setup)}".encode()).hexdigest()
+        endpoint = getattr(t, "endpoint", None)
+        self.remembered_as = (None if endpoint is None
+                              else (endpoint.instance_id, endpoint.user, f"ready:{node.layout.root}"))
+        known = homecache.remembered(*self.remembered_as) if self.remembered_as else None
+        self.python = (known.partition(" ")[2] or None) if known and known.startswith(self.key + " ") else None
+        expected = f"{self.key} {self.python}" if self.python else ""
+        self.ready_file = f"{node.layout.runtime}/ready"
+        script = ('mkdir -p "$1" "$2" "$3" || exit 1; cat "$4" 2>/dev/null; echo; cat "$5" 2>/dev/null; '
+                  '[ -n "$7" ] && [ "$(cat "$6" 2>/dev/null)" = "$7" ] && exit 0; exit 3')
+        self.argv = ["sh", "-c", script, "sh", node.layout.workdir, f"{node.layout.root}/jobs",
+                     f"{node.layout.runtime}/jobs", f"{node.layout.runtime}/stamp",
+                     f"{node.layout.root}/bootstrap.json", self.ready_file, expected]
+        self.proc = None
+
+    def send(self) -> PendingPrepare:
+        t = self.node.transport
+        if jobs.pipelining(t):
+            self.proc = t.start(shlex.join(self.argv), what="preparing the node")  # type: ignore[attr-defined]
+        return self
+
+    def finish(self, reporter: Reporter) -> Node:
+        node, t = self.node, self.node.transport
+        if self.proc is not None:
+            try:
+                seen, code, stderr = self.proc.read_all().decode(errors="replace"), self.proc.wait(), self.proc.stderr
+            finally:
+                self.proc.close()
+        else:
+            result = t.run(self.argv, check=False, what="preparing the node")
+            seen, code, stderr = result.text, result.exit_code, result.stderr
+        if code not in (0, 3):
+            raise RemoteCommandError(self.argv, code, stderr.decode(errors="replace"))
+        if code == 0 and self.python:
+            return replace(node, python=self.python)
+        have_stamp, _, have_report = seen.partition("\n")
+        if have_stamp.strip() != self.stamp:
+            for data, path, mode in self.files:
+                t.put_file(data, path, mode=mode)
+            t.put_file(self.stamp.encode(), f"{node.layout.runtime}/stamp")
+        if isinstance(t, LocalTransport):
+            return node
+        report = _last_json_line(have_report)
+        ensure_tf = self.recipe.job is not None
+        want_pip = bool(self.recipe.setup)  # a setup installs packages: a `pip` that installs into the venv
+        if (report is not None and report.get("python") and report.get("venv")
+                and (report.get("tensorflow") or not ensure_tf) and (report.get("pip") or not want_pip)):
+            python = str(report["python"])
+        else:
+            python = _bootstrap(node, ensure_tf=ensure_tf, want_pip=want_pip, reporter=reporter)
+        self._remember_ready(python)
+        return replace(node, python=python)
+
+    def _remember_ready(self, python: str) -> None:
+        """Write the node's ready file (this recipe's key and python), here and there: the next
+        exec may then send its job's start with the check (docs/sync.md)."""
+        if " " in python or "\n" in python or self.remembered_as is None:
+            return  # not a line the check can compare: every exec checks first, as before
+        t, line = self.node.transport, f"{self.key} {python}"
+        write = ('umask 077 && printf %s "$2" > "$1.part" && mv -f "$1.part" "$1"')
+        argv = ["sh", "-c", write, "sh", self.ready_file, line]
+        if jobs.pipelining(t):
+            # Goes with the next request (no round trip of its own); if it fails, the next exec
+            # finds no ready file and checks first: never wrong, one round trip slower.
+            t.start(shlex.join(argv), what="writing the ready file")
+        else:
+            t.run(argv, what="writing the ready file")
+        homecache.remember(*self.remembered_as, line)
 
 
 def _runtime_files(node: Node, recipe: Recipe) -> list[tuple[bytes, str, int]]:

@@ -8,6 +8,7 @@ are the ones docs/sync.md states: a regression that adds a sequential round trip
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -17,12 +18,14 @@ import pytest
 
 from cloudtrain.remote.roundtrips import LOG_ENV
 from cloudtrain.remote.ssh import SSHTransport
+from cloudtrain.remote.transport import SKIPPED
 from cloudtrain.testing.sshd import SshdFactory, SshdVM
 from tests.conftest import cli_env
 
 # docs/sync.md, "Round trips": after connecting, per CLI invocation.
 WARM_RUN_UNCHANGED = 5
-EXEC_UNCHANGED = 4
+EXEC_UNCHANGED = 2  # the helper's channel open, then the checks, the job's start and follow together
+EXEC_EDITED = 4  # ... the checks' answer (the start is skipped), the tar, the start and follow again
 LOGS = 2
 
 
@@ -56,7 +59,7 @@ def warm_cluster(sshd_vm_factory: SshdFactory, tmp_path: Path):  # noqa: ANN201
     _ct("up", str(recipe), env=env, trips=trips)
     # One run first: the node has the runtime, the workdir and a job (what `logs` reads).
     _ct("run", str(recipe), "--keep", "--runs-dir", str(tmp_path / "runs"), env=env, trips=trips)
-    yield recipe, env, trips, tmp_path
+    yield recipe, env, trips, tmp_path, vm
     subprocess.run([sys.executable, "-m", "cloudtrain", "down", "loop"], capture_output=True, timeout=120,
                    env=cli_env(**env))
 
@@ -68,7 +71,7 @@ def warm_cluster(sshd_vm_factory: SshdFactory, tmp_path: Path):  # noqa: ANN201
 ])
 def test_a_warm_command_makes_at_most_the_documented_round_trips(warm_cluster, what: str, args: tuple[str, ...],  # noqa: ANN001
                                                                  bound: int) -> None:
-    recipe, env, trips, tmp_path = warm_cluster
+    recipe, env, trips, tmp_path, _ = warm_cluster
     argv = [a.format(recipe=recipe, runs=tmp_path / "runs") for a in args]
     proc, reports = _ct(*argv, env=env, trips=trips)
     assert len(reports) == 1, reports  # one node, one connection
@@ -77,6 +80,48 @@ def test_a_warm_command_makes_at_most_the_documented_round_trips(warm_cluster, w
     assert report["round_trips"] <= bound, f"{what}: {report} (docs/sync.md promises <= {bound})"
     # One SSH session for the helper; nothing else needed a channel of its own.
     assert report["sessions"] == 1, report
+
+
+def test_exec_after_an_edit_runs_on_the_edited_workdir(warm_cluster) -> None:  # noqa: ANN001
+    # The start went with the checks; the workdir check failed, so the node skipped it, and it ran
+    # again after the edit was sent: the job sees the edit, and ran once.
+    _, env, trips, tmp_path, _ = warm_cluster
+    (tmp_path / "code" / "module_0.py").write_text("VALUE = 'edited'\n")
+    proc, reports = _ct("exec", "loop", "--", "cat module_0.py; echo ran", env=env, trips=trips)
+    assert "VALUE = 'edited'" in proc.stdout and proc.stdout.count("ran") == 1, proc.stdout
+    assert "sent 1 of 50 files" in proc.stdout + proc.stderr
+    assert reports[0]["round_trips"] <= EXEC_EDITED, reports
+
+
+def test_exec_on_a_node_that_lost_its_runtime_makes_it_ready_before_the_job(warm_cluster) -> None:  # noqa: ANN001
+    # What this laptop remembered (ready, with this python) is no longer true on the node: the
+    # node's check says so, the start waits for the runtime, and the next exec goes ahead again.
+    _, env, trips, _, vm = warm_cluster
+    runtime = Path(vm.home) / ".cloudtrain" / "loop" / "runtime"
+    shutil.rmtree(runtime)
+    proc, _ = _ct("exec", "loop", "--", "echo ran", env=env, trips=trips)
+    assert proc.stdout.count("ran") == 1, proc.stdout
+    assert (runtime / "runner.sh").is_file() and (runtime / "ready").is_file()
+    _, reports = _ct("exec", "loop", "--", "true", env=env, trips=trips)
+    assert reports[0]["round_trips"] <= EXEC_UNCHANGED, reports
+
+
+def test_a_request_sent_only_if_a_check_passed_is_skipped_when_it_failed(transport: SSHTransport,
+                                                                          tmp_path: Path) -> None:
+    marker = tmp_path / "ran"
+    assert transport.home
+    for check_code, runs in ((3, False), (0, True)):
+        before = transport.round_trips.round_trips
+        check = transport.start(f"exit {check_code}")
+        transport.only_if([check])
+        guarded = transport.start(f"touch {marker}")
+        transport.only_if(())
+        after = transport.start("echo after")  # not guarded: runs either way
+        assert check.read_all() == b"" and check.wait() == check_code
+        assert guarded.read_all() == b"" and guarded.wait() == (0 if runs else SKIPPED)
+        assert after.read_all() == b"after\n" and after.wait() == 0
+        assert marker.exists() == runs
+        assert transport.round_trips.round_trips == before + 1  # all three in one
 
 
 def test_commands_started_together_cost_one_round_trip(sshd_vm: SshdVM, sshd_vm_factory: SshdFactory) -> None:
