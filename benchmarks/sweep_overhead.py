@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from cloudtrain.sweep.core import Costs, Limits
+from cloudtrain.sweep.model import Costs, Limits
 from cloudtrain.sweep.sim import Scenario, SeededSampler, simulate
 
 BUDGET_MS = 20.0

@@ -15,7 +15,8 @@ from cloudtrain.cli.common import open_lifecycle
 
 if TYPE_CHECKING:
     from cloudtrain.sweep.backend import PipelineBackend
-    from cloudtrain.sweep.core import Action, Event, Scheduler
+    from cloudtrain.sweep.core import Scheduler
+    from cloudtrain.sweep.model import Action, Event
     from cloudtrain.sweep.session import SweepOutcome
     from cloudtrain.sweep.spec import SweepSpec
 
@@ -272,7 +273,7 @@ class SweepDisplay:
 
     def update(self, scheduler: Scheduler, backend: PipelineBackend, events: Sequence[Event],
                actions: Sequence[Action]) -> None:
-        from cloudtrain.sweep.core import AttemptEnded, Progress
+        from cloudtrain.sweep.model import AttemptEnded, Progress
 
         for event in events:
             if isinstance(event, Progress):
@@ -312,16 +313,8 @@ class SweepDisplay:
 
     def _lines(self, scheduler: Scheduler, backend: PipelineBackend, events: Sequence[Event],
                actions: Sequence[Action]) -> list[str]:
-        from cloudtrain.sweep.core import (
-            AttemptEnded,
-            Launch,
-            Release,
-            ReleaseFailed,
-            Start,
-            StopRequested,
-            VmFailed,
-            VmGone,
-            VmReady,
+        from cloudtrain.sweep.model import (
+            AttemptEnded, Launch, Release, ReleaseFailed, Start, StopRequested, VmFailed, VmGone, VmReady,
         )
 
         spec = self._spec

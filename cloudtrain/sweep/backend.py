@@ -51,23 +51,11 @@ from cloudtrain.recipe import LoadedRecipe
 from cloudtrain.sweep import checkpoints
 from cloudtrain.sweep.checkpoints import CHECKPOINT_ENV, Puller, epoch_event
 from cloudtrain.sweep import ledger
-from cloudtrain.sweep.core import (
-    AttemptEnded,
-    Cancel,
-    Event,
-    Launch,
-    Outcome,
-    Progress,
-    Release,
-    ReleaseFailed,
-    Snapshot,
-    Start,
-    VmFailed,
-    VmGone,
-    VmReady,
-    VmState,
-)
 from cloudtrain.sweep.ledger import cluster_name
+from cloudtrain.sweep.model import (
+    AttemptEnded, Cancel, Event, Launch, Outcome, Progress, Release, ReleaseFailed, Snapshot, Start, VmFailed,
+    VmGone, VmReady, VmState,
+)
 from cloudtrain.sweep.spec import DEADLINE_ENV, SweepSpec, lease_note, trial_recipe
 
 RELEASE_TRIES = 4

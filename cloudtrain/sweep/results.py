@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cloudtrain.sweep.core import Attempt, Outcome, Snapshot, Trial, TrialState, Vm
+from cloudtrain.sweep.model import Attempt, Outcome, Snapshot, Trial, TrialState, Vm
 from cloudtrain.sweep.spec import SweepSpec
 
 

@@ -20,23 +20,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from cloudtrain.errors import UsageError
-from cloudtrain.sweep.core import (
-    Action,
-    Event,
-    Scheduler,
-    StopRequested,
-    Trial,
-    TrialState,
-    drive,
-)
+from cloudtrain.sweep.core import Scheduler, drive
+from cloudtrain.sweep.model import Action, Event, StopRequested, Trial, TrialState
 
 if TYPE_CHECKING:
     from cloudtrain.cluster.lifecycle import Lifecycle
     from cloudtrain.recipe import LoadedRecipe
     from cloudtrain.state import SweepRecord
     from cloudtrain.sweep.backend import PipelineBackend
-    from cloudtrain.sweep.core import Vm
     from cloudtrain.sweep.ledger import BillingSource, SweepSpend
+    from cloudtrain.sweep.model import Vm
     from cloudtrain.sweep.results import Written
     from cloudtrain.sweep.spec import SweepSpec
 
@@ -321,7 +314,7 @@ def _interrupts_as_stop(asked: _StopAsk) -> Iterator[None]:
 
 def _release_everything(scheduler: Scheduler, backend: PipelineBackend) -> None:
     """After an internal error: no VM of the sweep may be left running."""
-    from cloudtrain.sweep.core import Cancel, Release
+    from cloudtrain.sweep.model import Cancel, Release
 
     for attempt in scheduler.running_attempts():
         backend.cancel(Cancel(attempt.vm, attempt.trial, attempt.attempt, TrialState.STOPPED.value))

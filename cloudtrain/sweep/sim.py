@@ -28,33 +28,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from cloudtrain.state.records import BillingRecord
-from cloudtrain.sweep.core import (
-    Action,
-    Attempt,
-    AttemptEnded,
-    Cancel,
-    Costs,
-    Counters,
-    Event,
-    Launch,
-    Limits,
-    Outcome,
-    ParamValue,
-    Progress,
-    Release,
-    ReleaseFailed,
-    Scheduler,
-    Snapshot,
-    Start,
-    Trial,
-    TrialState,
-    Vm,
-    VmFailed,
-    VmGone,
-    VmReady,
-    execute,
-)
+from cloudtrain.sweep.core import Scheduler, execute
 from cloudtrain.sweep.ledger import cluster_name, sweep_spend
+from cloudtrain.sweep.model import (
+    Action, Attempt, AttemptEnded, Cancel, Costs, Counters, Event, Launch, Limits, Outcome, ParamValue,
+    Progress, Release, ReleaseFailed, Snapshot, Start, Trial, TrialState, Vm, VmFailed, VmGone, VmReady,
+)
 
 SIM_SWEEP = "sim"
 

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from cloudtrain.sweep.core import ParamValue, TrialState
+from cloudtrain.sweep.model import ParamValue, TrialState
 
 if TYPE_CHECKING:
     from cloudtrain.recipe import Sweep

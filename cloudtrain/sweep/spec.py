@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
 
 from cloudtrain.errors import RecipeError
-from cloudtrain.sweep.core import Costs, Limits, ParamValue
+from cloudtrain.sweep.model import Costs, Limits, ParamValue
 from cloudtrain.yamlfile import did_you_mean, line_of
 
 if TYPE_CHECKING:

@@ -12,16 +12,7 @@ from cloudtrain.state import (
     SweepTrialRow,
     SweepVmRow,
 )
-from cloudtrain.sweep.core import (
-    Attempt,
-    Counters,
-    Outcome,
-    Snapshot,
-    Trial,
-    TrialState,
-    Vm,
-    VmState,
-)
+from cloudtrain.sweep.model import Attempt, Counters, Outcome, Snapshot, Trial, TrialState, Vm, VmState
 
 
 class StoreJournal:

@@ -2,24 +2,10 @@
 
 from __future__ import annotations
 
-from cloudtrain.sweep.core import (
-    AttemptEnded,
-    Cancel,
-    Costs,
-    Launch,
-    Limits,
-    Outcome,
-    Progress,
-    Release,
-    ReleaseFailed,
-    Scheduler,
-    Start,
-    StopRequested,
-    TrialState,
-    VmFailed,
-    VmGone,
-    VmReady,
-    VmState,
+from cloudtrain.sweep.core import Scheduler
+from cloudtrain.sweep.model import (
+    AttemptEnded, Cancel, Costs, Launch, Limits, Outcome, Progress, Release, ReleaseFailed, Start,
+    StopRequested, TrialState, VmFailed, VmGone, VmReady, VmState,
 )
 from cloudtrain.sweep.sim import MemoryJournal, SeededSampler
 

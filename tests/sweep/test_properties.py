@@ -22,7 +22,7 @@ from dataclasses import replace
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from cloudtrain.sweep.core import Costs, Limits, Outcome, TrialState
+from cloudtrain.sweep.model import Costs, Limits, Outcome, TrialState
 from cloudtrain.sweep.sim import Crash, Scenario, SeededSampler, simulate
 
 

@@ -12,7 +12,8 @@ from cloudtrain.config import Config
 from cloudtrain.errors import RecipeError, UsageError
 from cloudtrain.recipe import load_recipe
 from cloudtrain.state import StateStore, SweepRecord
-from cloudtrain.sweep.core import Costs, Limits, Scheduler
+from cloudtrain.sweep.core import Scheduler
+from cloudtrain.sweep.model import Costs, Limits
 from cloudtrain.sweep.sim import Scenario, SeededSampler, SimClock, SimWorld
 from cloudtrain.sweep.spec import SweepSpec, check_sweep, trial_recipe
 from cloudtrain.sweep.store import StoreJournal, load_snapshot
