@@ -112,3 +112,42 @@ def test_gcs_dataset_copied_incrementally_results_uploaded_and_access_denied_in_
     for bucket in (data_bucket, out_bucket, other_bucket):
         assert ours(gcs, bucket, cloud.cluster) == [], bucket
     assert cloud.leftovers() == []
+
+
+def test_gc_finds_and_removes_bucket_bindings_of_clusters_not_in_state(
+        gcp_cloud: GcpCloud, gcs_buckets: GcsBuckets) -> None:
+    """State lost: `gc` finds the cluster's binding by its condition (title and description, the
+    bindings' tags) beside its VM, and an orphan's binding (a launch killed before its VM); `--yes`
+    removes exactly those; a look-alike binding that claims no owner is never touched."""
+    import json
+
+    cloud, gcs = gcp_cloud, gcs_buckets
+    cloud.env.update({**gcs.cli_env(), "CLOUDTRAIN_METADATA_URL": cloud.metadata.url})
+    bucket = gcs.create(f"gc-{cloud.cluster[-8:].lower().strip('-')}")
+    gcs.server.put(bucket, "d/a.bin", b"a")
+    up = cloud.up(bucket_recipe(cloud, [{"source": f"gs://{bucket}/d", "target": "data"}], run="true"))
+    assert up.ok, up.output[-3000:]
+    (mine,) = ours(gcs, bucket, cloud.cluster)
+    orphan, stranger = cloud.new_cluster("orphan"), cloud.new_cluster("stranger")
+    planted = json.loads(json.dumps(mine).replace(cloud.cluster, orphan))
+    look_alike = {**mine, "condition": {**mine["condition"], "title": f"cloudtrain-{stranger}",
+                                        "description": "made by hand"}}
+    with gcs.server.lock:
+        gcs.server.buckets[bucket].bindings += [planted, look_alike]
+    for file in ("state.db", "state.db-wal", "state.db-shm"):
+        (cloud.home / file).unlink(missing_ok=True)
+
+    listed = cloud.cli("gc", "--cloud", "gcp", "--json")
+    assert listed.returncode == 1, listed.output
+    leaks = {(leak["cluster"], leak["kind"]): leak for leak in json.loads(listed.stdout)["leaks"]}
+    bindings = {(c, i["id"], i["hourly_usd"]) for (c, _), leak in leaks.items() for i in leak["items"]
+                if i["kind"] == "bucket-binding"}
+    assert bindings == {(cloud.cluster, bucket, 0.0), (orphan, bucket, 0.0)}
+    assert stranger not in listed.stdout
+
+    removed = cloud.cli("gc", "--cloud", "gcp", "--yes")
+    assert removed.ok, removed.output
+    assert ours(gcs, bucket, cloud.cluster) == [] and ours(gcs, bucket, orphan) == []
+    assert look_alike in gcs.bindings(bucket)
+    after = cloud.cli("gc", "--cloud", "gcp")
+    assert after.ok and after.stdout.strip() == "nothing leaked", after.output

@@ -108,6 +108,7 @@ class GcpProvider:
         # cluster -> buckets holding its bindings, as this process learnt them (the deleted VMs'
         # metadata, gc's scan): what release_resources unbinds.
         self._bound: dict[str, set[str]] = {}
+        self._read_vms: set[str] = set()  # clusters whose VMs terminate() read (their metadata)
 
     @property
     def default_region(self) -> str | None:
@@ -371,6 +372,9 @@ class GcpProvider:
         (then kept, noted)."""
         live = self._live_count(cluster)
         kept = self.firewalls.release(cluster, live) + self.disks.release(cluster, live)
+        if cluster not in self._bound and cluster not in self._read_vms and not live and self._storage_reachable():
+            # No VM said where its bindings are (gc of a cluster whose VMs are gone): scan the project.
+            self._bound[cluster] = {r.id for r in self.bindings.list(cluster)}
         buckets = self._bound.get(cluster, set())
         if buckets and live:
             kept += [ClusterResource("gcp", cluster, "bucket-binding", b, note=f"in use by {live} instance(s)")
@@ -424,6 +428,7 @@ class GcpProvider:
             raw = self._raw(zone, name)
             cluster = dict(raw.labels).get(TAG_CLUSTER, "") if raw is not None else build.cluster_of_name(name)
             clusters.add(cluster)
+            self._read_vms.add(cluster)
             if raw is None:
                 continue
             if build.instance_buckets(raw):  # its bindings go with the cluster's last VM

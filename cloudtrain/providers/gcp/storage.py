@@ -213,5 +213,7 @@ class BucketBindings:
                     continue
                 if self.owner is not None and claimed[1] != self.owner:
                     continue
-                found[(claimed[0], item["name"])] = ClusterResource("gcp", claimed[0], "bucket-binding", item["name"])
+                # A binding costs nothing; listed so that no access outlives its cluster.
+                found[(claimed[0], item["name"])] = ClusterResource("gcp", claimed[0], "bucket-binding", item["name"],
+                                                                    hourly_usd=0.0)
         return list(found.values())
