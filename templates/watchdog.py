@@ -23,7 +23,8 @@ every NOTICE_TICK_S the loop asks the metadata server whether the cloud is takin
 (NOTICES: EC2's spot/instance-action, GCE's instance/preempted, Azure's Scheduled Events Preempt).
 On a notice it writes interruption.json beside the config (the CLI reads it) and ends the running
 jobs with runner.sh kill: TERM now, so a job can write a last checkpoint, KILL after a grace that
-fits inside the cloud's warning (NOTICE_GRACE_S). Once per machine.
+fits inside the cloud's warning (NOTICE_GRACE_S); where the CLI left on_notice.sh beside the config
+(a run with `upload:`), it starts it: the results and checkpoints go to the bucket. Once per machine.
 
 Activity (what restarts the idle clock), by `autostop.wait_for`:
   jobs_and_ssh  a cloudtrain job of this cluster running (or starting) on this node, a new job
@@ -365,6 +366,9 @@ NOTICES = {
 NOTICE_TICK_S = 5.0  # how often a notice is looked for (the shortest warning, GCP's, is about 30 s)
 NOTICE_FILE = "interruption.json"  # beside the config; the CLI reads it (cloudtrain/run/recover.py)
 NOTICE_GRACE_S = {"aws": 100.0, "gcp": 20.0, "azure": 20.0}  # TERM, then KILL after this (inside the warning)
+# Left beside the config by the CLI for a run with `upload:` (cloudtrain/run/recover_upload.py): started
+# on a notice, it waits for the TERMed job's end and uploads the results and checkpoints to the bucket.
+NOTICE_SCRIPT = "on_notice.sh"
 
 
 def interruption_notice(kind: str, cfg: dict) -> tuple[bool, str]:
@@ -726,13 +730,20 @@ class Watchdog:
             return
         self.noticed = True
         running = observe_jobs(self.paths, time.time())["running"]
+        script = os.path.join(self.paths.root, NOTICE_SCRIPT)
+        upload = os.path.exists(script)
         try:
             write_json(os.path.join(self.paths.root, NOTICE_FILE),
-                       {"kind": kind, "detail": detail, "at": time.time(), "jobs": running}, mode=0o644)
+                       {"kind": kind, "detail": detail, "at": time.time(), "jobs": running, "upload": upload},
+                       mode=0o644)
         except OSError as exc:
             self.log("error", f"cannot record the interruption notice: {exc}")
         self.log("interruption", "{}; TERM to {} job(s): {}".format(detail, len(running), ", ".join(running) or "none"))
         end_jobs_on_notice(self.paths, running, NOTICE_GRACE_S.get(kind, 20.0))
+        if upload:  # in the background, in a session of its own: the loop goes on
+            subprocess.Popen(["sh", script], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL, start_new_session=True)
+            self.log("interruption", f"started {NOTICE_SCRIPT}: the results and checkpoints to the bucket")
 
     def activity_ended(self, jobs: dict, sessions_ended: bool, now: float, now_m: float) -> tuple[float, str]:
         """When the activity since the last look ended (monotonic), now that none is left, and what

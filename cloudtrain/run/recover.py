@@ -82,6 +82,9 @@ class Attempt:
     detected_at: float | None = None  # when cloudtrain knew the node was gone (the watcher, or asking after a failure)
     resumed_from_epoch: int | None = None
     final_checkpoint_at: float | None = None  # a checkpoint written after an interruption notice, home at
+    # What node 0 put in the bucket on the notice (recipe `upload:`, run/recover_upload.py): url, paths,
+    # exit_code, ok, at; None when there was no notice, no upload, or no answer before the node went.
+    uploaded_on_notice: dict[str, Any] | None = None
     cost_usd: float = 0.0
 
     def placement(self) -> str:
@@ -119,6 +122,7 @@ class Recovery:
         self.avoid: dict[tuple[str, str | None], tuple[str, ...]] = {}  # (cloud, region) -> zones ruled out
         self.puller: checkpoints.Puller | None = None
         self.watcher: Watcher | None = None
+        self.notice_upload = False  # the last notice read says the node started its upload on notice
         self._log: Any = None
         self.main_thread = threading.get_ident()
         # While a job (setup or the run) is followed the watcher may interrupt the run's thread; the
@@ -253,6 +257,11 @@ class Recovery:
             current.detected_at = time.time()
             if self._final_checkpoint():
                 current.final_checkpoint_at = time.time()
+            if self.r.loaded.recipe.upload and self.r.nodes:
+                if self.notice_upload:
+                    current.uploaded_on_notice = self._uploaded_on_notice()
+                else:
+                    self.ex.reporter.warn("the node's watchdog started no upload on the interruption notice")
             return "preempted", f"interruption notice on the node ({notice})"
         return None
 
@@ -290,6 +299,8 @@ class Recovery:
             data = json.loads(seen.text)
         except ValueError:
             return "unreadable notice"
+        # The watchdog started the upload on notice (run/recover_upload.py): worth waiting for.
+        self.notice_upload = isinstance(data, dict) and bool(data.get("upload"))
         return str(data.get("detail") or data.get("kind") or "notice") if isinstance(data, dict) else "notice"
 
     def _final_checkpoint(self) -> bool:
@@ -308,6 +319,20 @@ class Recovery:
         if epoch is not None:
             self.ex.reporter.info(f"the checkpoint written after the interruption notice is home (as epoch {epoch})")
         return epoch is not None or checkpoints.kept_epoch(self.puller.kept) is not None
+
+    def _uploaded_on_notice(self) -> dict[str, Any] | None:
+        from cloudtrain.run import recover_upload
+
+        done = recover_upload.read(self.r.nodes[0])
+        if done is None:
+            self.ex.reporter.warn("the upload on the interruption notice did not answer before the node went")
+        elif done.get("ok"):
+            self.ex.reporter.info(f"uploaded on the interruption notice: {', '.join(done.get('paths') or [])} "
+                                  f"to {done.get('url')}")
+        else:
+            self.ex.reporter.warn(f"the upload on the interruption notice failed (exit {done.get('exit_code')}; "
+                                  f"see {self.r.nodes[0].layout.root}/{recover_upload.LOG} on the node)")
+        return done
 
     # the next attempt ---------------------------------------------------------------------------------
 
@@ -423,6 +448,7 @@ class Recovery:
         if self.r.cluster is not None:
             self._placed(current, self.r.cluster)  # known from here on, also to a resume after a dead CLI
             self._save()
+        self._arm_upload_on_notice()
         if current.number == 1 or checkpoints.kept_epoch(self.kept) is None or not self.r.nodes:
             return
         try:
@@ -430,6 +456,19 @@ class Recovery:
         except CloudtrainError as exc:
             self.ex.reporter.warn(f"could not upload the checkpoint; the job starts over: {exc.one_line()}")
             current.resumed_from_epoch = None
+
+    def _arm_upload_on_notice(self) -> None:
+        """With `upload:`, node 0's watchdog uploads the results and checkpoints on a notice
+        (run/recover_upload.py); a node that cannot take the script only loses that."""
+        from cloudtrain.run import recover_upload
+
+        if not self.r.loaded.recipe.upload or not self.r.nodes or self.r.cluster is None:
+            return
+        try:
+            recover_upload.arm(self.r.nodes[0], self.r.cluster.provider, self.r.loaded.recipe, self.r.run_id,
+                               self.r.job_id, self.rel)
+        except CloudtrainError as exc:
+            self.ex.reporter.warn(f"no upload on an interruption notice: {exc.one_line()}")
 
     def _open_rank0(self) -> tuple[Any, Callable[[], None]]:
         """A connection of its own to rank 0, for the checkpoint puller's thread."""

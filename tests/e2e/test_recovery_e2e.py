@@ -452,3 +452,47 @@ def _running(cloud: FakeCloud) -> tuple[str, str, Any] | None:
         return where, machine, cloud.vm(where, machine) if cloud.name == "gcp" else cloud.machines.vm(machine)
     except (ValueError, KeyError):  # not running, or its VM not booted, yet
         return None
+
+
+def test_on_the_notice_the_node_uploads_its_results_and_checkpoints_to_the_bucket(
+        aws_cloud: Any, s3_buckets: Any, metadata_server: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A recipe with `upload:`: on EC2's spot/instance-action the node's watchdog TERMs the job and
+    starts the upload the CLI left on the node; after the job wrote its last checkpoint, the node
+    puts the checkpoint directory (and whatever results there are) under the run's upload URL with
+    its own IAM role, and run.json's first attempt says what went up."""
+    cloud, s3 = aws_cloud, s3_buckets
+    cloud.env.update(s3.cli_env())
+    cloud.env["CLOUDTRAIN_WATCHDOG_METADATA_URL"] = metadata_server.url
+    monkeypatch.setenv("CLOUDTRAIN_WATCHDOG_METADATA_URL", metadata_server.url)
+    bucket = s3.create(f"res-{cloud.cluster[-8:].lower().strip('-')}")
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    recipe = _recipe(cloud, marks, watch_s=300, autostop={"idle_minutes": 30}, upload=f"s3://{bucket}/runs")
+    proc = _start(cloud, recipe)
+    try:
+        _kept(cloud, at_least=3)
+        metadata_server.interrupt("aws", None)
+        wait_until(lambda: metadata_server.notices_served("aws") >= 1, 60, "the watchdog reading the notice")
+        metadata_server.clear()  # the fake answers every machine: the next one must not see it
+        out, err = _finish(proc, marks)
+    finally:
+        (marks / "go").touch()
+    assert proc.returncode == 0, out[-3000:] + err[-3000:]
+    run_dir = Path(out.strip().splitlines()[-1])
+    record = json.loads((run_dir / "run.json").read_text())
+    run_id = record["run_id"]
+    one, two = record["attempts"]
+    assert (one["outcome"], two["outcome"]) == ("preempted", "succeeded"), record["attempts"]
+    ckpt = f".cloudtrain-checkpoints/{run_id}"
+    on_notice = one["uploaded_on_notice"]
+    assert on_notice is not None and on_notice["ok"] and on_notice["exit_code"] == 0, one
+    assert on_notice["url"] == f"s3://{bucket}/runs/{run_id}" and on_notice["paths"] == ["outputs", ckpt], on_notice
+    assert two["uploaded_on_notice"] is None
+    body = s3.client().get_object(Bucket=bucket, Key=f"runs/{run_id}/{ckpt}/final")["Body"].read()
+    assert body == b"3\n"  # the checkpoint the job wrote on TERM, after the notice
+    state = s3.client().get_object(Bucket=bucket, Key=f"runs/{run_id}/{ckpt}/state")["Body"].read().split()
+    assert state[0] == b"3"
+    # The run's own upload at its end: the results of the second attempt.
+    result = s3.client().get_object(Bucket=bucket, Key=f"runs/{run_id}/outputs/result.json")["Body"].read()
+    assert json.loads(result)["total"] == sum(i * i for i in range(1, STEPS + 1))
+    assert cloud.leftovers() == []

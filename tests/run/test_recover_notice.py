@@ -85,3 +85,28 @@ def test_a_notice_records_itself_and_terms_the_running_job(metadata_server: Meta
         assert (job / "exit_code").read_text().strip() == "143"
     finally:
         subprocess.run(["sh", str(root / "runtime" / "runner.sh"), "kill", str(job), "1"], capture_output=True)
+
+
+@pytest.mark.parametrize("left", [True, False])
+def test_a_notice_starts_the_upload_the_cli_left_on_the_node(metadata_server: MetadataServer, tmp_path: Path,
+                                                             left: bool) -> None:
+    """With on_notice.sh beside the config (a run with `upload:`, run/recover_upload.py) the notice
+    starts it and interruption.json says so; without it, it says no upload was started."""
+    root = tmp_path / "cluster"
+    (root / "jobs").mkdir(parents=True)
+    ran = tmp_path / "uploaded"
+    if left:
+        (root / wd.NOTICE_SCRIPT).write_text(f"echo up > {ran}\n")
+    config = root / "watchdog.json"
+    config.write_text(json.dumps({"interruption": "aws", "metadata_url": metadata_server.url, "tick_s": 1}))
+    loop = wd.Watchdog(str(config))
+    loop.wake_in = 1.0
+    metadata_server.interrupt("aws")
+    loop.watch_for_notice(json.loads(config.read_text()))
+    notice = json.loads((root / wd.NOTICE_FILE).read_text())
+    assert notice["upload"] is left and notice["jobs"] == []
+    if left:
+        wait_until(lambda: ran.exists() and ran.read_text() == "up\n", 30, "the upload script to run")
+        assert "started on_notice.sh" in (root / "watchdog.log").read_text()
+    else:
+        assert not ran.exists() and "on_notice.sh" not in (root / "watchdog.log").read_text()

@@ -1,0 +1,95 @@
+"""Upload on an interruption notice (a recovering run whose recipe has `upload:`, docs/recovery.md).
+
+Before each attempt's job starts, the CLI leaves a script on node 0 beside the watchdog's config
+(`~/.cloudtrain/<cluster>/on_notice.sh`). On the cloud's interruption notice the watchdog
+(templates/watchdog.py), which TERMs the job, also starts that script: it waits for the job to end
+(so the last checkpoint, written on TERM, is complete), then puts the run's result paths and its
+checkpoint directory under the run's upload URL with the node's own identity (the same copy tool
+and identity as the run's own upload step: buckets/steps.py), and writes what it uploaded, and how
+the copy ended, in `on_notice.json`. The CLI reads that file while the node still runs and records
+it in the attempt (`uploaded_on_notice`). Everything it needs is decided here, on the laptop, so
+the watchdog only starts a file it finds: it needs no bucket logic of its own.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import time
+from typing import TYPE_CHECKING, Any
+
+from cloudtrain.errors import CloudtrainError
+
+if TYPE_CHECKING:
+    from cloudtrain.cluster.nodes import Node
+    from cloudtrain.recipe import Recipe
+
+SCRIPT = "on_notice.sh"  # the watchdog starts it on a notice (templates/watchdog.py NOTICE_SCRIPT)
+RESULT = "on_notice.json"
+LOG = "on_notice.log"
+# How long the script waits for the TERMed job to end before uploading what there is: inside every
+# cloud's warning (GCP's and Azure's 30 s; the watchdog KILLs the job after 20 s there).
+JOB_END_WAIT_S = 25
+# How long the CLI waits for on_notice.json once it found the notice (the job's end, then the copy;
+# bounded by the warning: after that the machine is gone anyway).
+READ_WAIT_S = 120.0
+
+
+def arm(node: Node, provider: object, recipe: Recipe, run_id: str, job_id: str, checkpoint_rel: str) -> str | None:
+    """Leave the script (and the copy tool) on node 0 for this attempt; the upload URL, or None."""
+    from cloudtrain.buckets.steps import identity_of, node_env, put_copy_tool, upload_destination, upload_script
+
+    dest = upload_destination(recipe, run_id)
+    if dest is None:
+        return None
+    identity, who = identity_of(provider, node.record.cluster)
+    paths = list(dict.fromkeys([*recipe.result_paths(), checkpoint_rel]))
+    text = _wrap(node, str(dest), paths, job_id, upload_script(dest, paths, node_env(identity, who)))
+    put_copy_tool([node])
+    node.transport.put_file(text.encode(), f"{node.layout.root}/{SCRIPT}", mode=0o700)
+    return str(dest)
+
+
+def _wrap(node: Node, dest: str, paths: list[str], job_id: str, body: str) -> str:
+    layout = node.layout
+    done = json.dumps({"url": dest, "paths": paths})[:-1] + ', "exit_code": '
+    tmp, result = f"{layout.root}/.{RESULT}.tmp", f"{layout.root}/{RESULT}"
+    return "\n".join([
+        "#!/bin/sh",
+        "# Started by the watchdog on an interruption notice (cloudtrain/run/recover_upload.py).",
+        f"cd {shlex.quote(layout.workdir)} || exit 3",
+        f"export CLOUDTRAIN_RUNTIME={shlex.quote(layout.runtime)}",
+        f"export CLOUDTRAIN_PYTHON={shlex.quote(node.python or 'python3')}",
+        "# The job was TERMed: its last checkpoint is complete once it has ended.",
+        f"i=0; while [ ! -e {shlex.quote(layout.job_dir(job_id) + '/exit_code')} ] && [ \"$i\" -lt {JOB_END_WAIT_S * 10} ]; do",
+        "  sleep 0.1; i=$((i + 1))",
+        "done",
+        f"(\n{body}) > {shlex.quote(f'{layout.root}/{LOG}')} 2>&1",
+        "code=$?",
+        f"printf '%s%s, \"at\": %s}}\\n' {shlex.quote(done)} \"$code\" \"$(date +%s)\" > {shlex.quote(tmp)}",
+        f"mv -f {shlex.quote(tmp)} {shlex.quote(result)}",
+        "",
+    ])
+
+
+def read(node: Node, wait_s: float = READ_WAIT_S) -> dict[str, Any] | None:
+    """What the on-notice upload did, once it has finished (None: no answer before the node went,
+    or `wait_s` passed). Asked while the node still runs, after the notice was found."""
+    deadline = time.monotonic() + wait_s
+    path = f"{node.layout.root}/{RESULT}"
+    while True:
+        try:
+            seen = node.transport.run(["cat", path], check=False, what="reading the upload on notice")
+        except CloudtrainError:
+            return None  # the node went: what it uploaded is in the bucket, unrecorded
+        if seen.exit_code == 0:
+            try:
+                data = json.loads(seen.text)
+            except ValueError:
+                return {"error": f"unreadable {RESULT}"}
+            if isinstance(data, dict):
+                data["ok"] = data.get("exit_code") == 0
+                return data
+        if time.monotonic() > deadline:
+            return None
+        time.sleep(1.0)
