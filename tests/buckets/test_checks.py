@@ -15,6 +15,7 @@ CASES = [
     ("aws", "data: [{source: 'gs://good-bkt/x', target: d}]", 2,
      ":3: data.0.source: gs://good-bkt/x: cloud aws cannot give its machines an identity for gs:// buckets"),
     ("gcp", "data: [{source: 's3://good-bkt/x', target: d}]", 2, "cloud gcp cannot give its machines an identity"),
+    ("gcp", "data: [{source: 'gs://good-bkt/x', target: d}]\nupload: 'gs://out-bkt/runs'", 0, ": ok"),
     ("aws", "data: [{source: 's3://good-bkt/x', target: d}]\nupload: 's3://out-bkt/runs'", 0, ": ok"),
     ("local", "data: [{source: 'gs://good-bkt/x', target: d}]\nupload: 'az://acct01/cont/p'", 0, ": ok"),
 ]
