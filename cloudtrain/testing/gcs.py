@@ -8,6 +8,9 @@ XML API "List objects" (GET Bucket), "GET Object", "HEAD Object", "PUT Object", 
 and "XML API error codes"; JSON API `buckets.getIamPolicy` / `buckets.setIamPolicy`
 (`/storage/v1/b/<bucket>/iam`, policy version 3 with conditions) and `buckets.list`.
 
+- Multipart uploads (XML API "multipart uploads": POST ?uploads, PUT ?partNumber&uploadId, POST
+  ?uploadId with CompleteMultipartUpload, DELETE ?uploadId); the object's ETag is then
+  `"<md5 of the parts' MD5s>-<parts>"`, not an MD5, as GCS answers.
 - Objects: path-style URLs `<url>/<bucket>/<object>`; ETag is the quoted MD5 of a simple upload,
   `x-goog-hash: crc32c=...,md5=<base64>`, `x-goog-generation`, `Last-Modified`; GET honours `Range`.
   A listing is `ListBucketResult` (Name, Prefix, KeyCount, MaxKeys, IsTruncated,
@@ -76,6 +79,11 @@ class Blob:
     data: bytes
     generation: int
     updated: float
+    multipart_etag: str = ""  # a multipart upload's: "<md5 of the parts' MD5s>-<parts>", not an MD5
+
+    @property
+    def etag(self) -> str:
+        return self.multipart_etag or f'"{self.md5}"'
 
     @property
     def md5(self) -> str:
@@ -147,17 +155,23 @@ class FakeGcs:
     denying: set[str] = field(default_factory=set)
     lock: threading.RLock = field(default_factory=threading.RLock)
     _generation: int = 1_700_000_000_000_000
+    _uploads: dict[str, tuple[str, str, dict[int, bytes]]] = field(default_factory=dict)  # id -> bucket, key, parts
 
     def create(self, name: str, *, uniform: bool = True) -> Bucket:
         with self.lock:
             return self.buckets.setdefault(name, Bucket(name, uniform))
 
-    def put(self, bucket: str, name: str, data: bytes) -> Blob:
+    def put(self, bucket: str, name: str, data: bytes, etag: str = "") -> Blob:
         with self.lock:
             self._generation += 1
-            blob = Blob(data, self._generation, time.time())
+            blob = Blob(data, self._generation, time.time(), etag)
             self.buckets[bucket].objects[name] = blob
             return blob
+
+    def uploads_in_progress(self) -> int:
+        """Multipart uploads initiated and neither completed nor aborted."""
+        with self.lock:
+            return len(self._uploads)
 
     def denied(self) -> list[Decision]:
         with self.lock:
@@ -249,14 +263,14 @@ class FakeGcs:
                 if blob is None:
                     raise GcsError(404, "NoSuchKey", "The specified key does not exist.")
                 return self._object(blob, request)
+            if "uploads" in request.args or "uploadId" in request.args:
+                return self._multipart(who, bucket, key, resource, request)
             if request.method == "PUT":
-                if "uploadId" in request.args or "partNumber" in request.args:
-                    raise GcsError(501, "NotImplemented", "Multipart uploads are not served by this fake.")
                 self._check(who, bucket, "storage.objects.create", resource)
                 if key in bucket.objects:  # an overwrite deletes the old generation
                     self._check(who, bucket, "storage.objects.delete", resource)
                 blob = self.put(name, key, request.get_data())
-                return 200, {"ETag": f'"{blob.md5}"', "x-goog-generation": str(blob.generation),
+                return 200, {"ETag": blob.etag, "x-goog-generation": str(blob.generation),
                              "x-goog-hash": blob.goog_hash(), "Content-Length": "0"}, b""
             if request.method == "DELETE":
                 self._check(who, bucket, "storage.objects.delete", resource)
@@ -264,6 +278,53 @@ class FakeGcs:
                     raise GcsError(404, "NoSuchKey", "The specified key does not exist.")
                 return 204, {}, b""
         raise GcsError(501, "NotImplemented", f"{request.method} is not served by this fake.")
+
+    def _multipart(self, who: tuple[str, frozenset[str]], bucket: Bucket, key: str, resource: str,
+                   request: Any) -> tuple[int, dict[str, str], bytes]:
+        """XML API multipart uploads: initiate (POST ?uploads), upload part (PUT ?partNumber&uploadId),
+        complete (POST ?uploadId, a CompleteMultipartUpload list of parts), abort (DELETE ?uploadId)."""
+        xml = {"Content-Type": "application/xml; charset=UTF-8"}
+        self._check(who, bucket, "storage.objects.create", resource)  # objectCreator has multipartUploads.*
+        if request.method == "POST" and "uploads" in request.args:
+            upload_id = f"ABPnzm{len(self._uploads):06d}{self._generation}"
+            self._uploads[upload_id] = (bucket.name, key, {})
+            body = (f"<?xml version='1.0' encoding='UTF-8'?><InitiateMultipartUploadResult "
+                    f"xmlns='http://s3.amazonaws.com/doc/2006-03-01/'><Bucket>{escape(bucket.name)}</Bucket>"
+                    f"<Key>{escape(key)}</Key><UploadId>{upload_id}</UploadId></InitiateMultipartUploadResult>")
+            return 200, xml, body.encode()
+        upload = self._uploads.get(request.args.get("uploadId", ""))
+        if upload is None or upload[:2] != (bucket.name, key):
+            raise GcsError(404, "NoSuchUpload", "The requested upload was not found.")
+        parts = upload[2]
+        if request.method == "PUT":
+            number = int(request.args.get("partNumber", "0"))
+            if not 1 <= number <= 10000:
+                raise GcsError(400, "InvalidArgument", "Invalid argument.", "partNumber must be 1 to 10000")
+            parts[number] = request.get_data()
+            return 200, {"ETag": f'"{hashlib.md5(parts[number], usedforsecurity=False).hexdigest()}"',
+                         "Content-Length": "0"}, b""
+        if request.method == "DELETE":
+            self._uploads.pop(request.args["uploadId"])
+            return 204, {}, b""
+        if request.method == "POST":
+            import xml.etree.ElementTree as ET
+
+            listed = [int(el.text or "0") for el in ET.fromstring(request.get_data()).iter()
+                      if el.tag.rsplit("}", 1)[-1] == "PartNumber"]
+            if not listed or listed != sorted(listed) or any(n not in parts for n in listed):
+                raise GcsError(400, "InvalidPart", "One or more of the specified parts could not be found.")
+            if key in bucket.objects:
+                self._check(who, bucket, "storage.objects.delete", resource)
+            digests = b"".join(hashlib.md5(parts[n], usedforsecurity=False).digest() for n in listed)
+            etag = f'"{hashlib.md5(digests, usedforsecurity=False).hexdigest()}-{len(listed)}"'
+            blob = self.put(bucket.name, key, b"".join(parts[n] for n in listed), etag)
+            self._uploads.pop(request.args["uploadId"])
+            body = (f"<?xml version='1.0' encoding='UTF-8'?><CompleteMultipartUploadResult "
+                    f"xmlns='http://s3.amazonaws.com/doc/2006-03-01/'><Location>/{escape(bucket.name)}/{escape(key)}"
+                    f"</Location><Bucket>{escape(bucket.name)}</Bucket><Key>{escape(key)}</Key>"
+                    f"<ETag>{escape(blob.etag)}</ETag></CompleteMultipartUploadResult>")
+            return 200, {**xml, "x-goog-generation": str(blob.generation)}, body.encode()
+        raise GcsError(405, "MethodNotAllowed", "The specified method is not allowed against this resource.")
 
     def _list(self, bucket: Bucket, args: Any) -> tuple[int, dict[str, str], bytes]:
         prefix, delimiter = args.get("prefix", ""), args.get("delimiter", "")
@@ -305,7 +366,7 @@ class FakeGcs:
         for key, blob in contents:
             parts.append(f"<Contents><Key>{escape(key)}</Key><Generation>{blob.generation}</Generation>"
                          f"<MetaGeneration>1</MetaGeneration><LastModified>{_iso(blob.updated)}</LastModified>"
-                         f"<ETag>\"{blob.md5}\"</ETag><Size>{len(blob.data)}</Size>"
+                         f"<ETag>{escape(blob.etag)}</ETag><Size>{len(blob.data)}</Size>"
                          f"<StorageClass>STANDARD</StorageClass></Contents>")
         parts.extend(f"<CommonPrefixes><Prefix>{escape(p)}</Prefix></CommonPrefixes>" for p in prefixes)
         body = ("<?xml version='1.0' encoding='UTF-8'?><ListBucketResult "
@@ -313,7 +374,7 @@ class FakeGcs:
         return 200, {"Content-Type": "application/xml; charset=UTF-8"}, body.encode()
 
     def _object(self, blob: Blob, request: Any) -> tuple[int, dict[str, str], bytes]:
-        headers = {"ETag": f'"{blob.md5}"', "x-goog-generation": str(blob.generation), "x-goog-metageneration": "1",
+        headers = {"ETag": blob.etag, "x-goog-generation": str(blob.generation), "x-goog-metageneration": "1",
                    "x-goog-hash": blob.goog_hash(), "x-goog-stored-content-length": str(len(blob.data)),
                    "Last-Modified": time.strftime("%a, %d %b %Y %H:%M:%S GMT", time.gmtime(blob.updated)),
                    "Content-Type": "application/octet-stream", "Accept-Ranges": "bytes"}

@@ -215,3 +215,25 @@ def test_obstore_reads_and_writes_with_the_vms_metadata_token(
     assert gcs.names("data")[-1] == "p/f02499" and "out/r.txt" in gcs.names("data")
     assert [r for r in metadata_server.seen("gce") if r.status == 200]
     assert os.environ.get("GOOGLE_APPLICATION_CREDENTIALS") is None
+
+
+def test_obstore_uploads_a_large_file_in_parts(gcs_buckets: GcsBuckets, tmp_path) -> None:  # noqa: ANN001
+    """A file above obstore's multipart threshold goes up as an XML API multipart upload; the
+    object's ETag is then GCS's `"<hash>-<parts>"`, not an MD5, and the bytes are whole."""
+    from obstore.store import GCSStore
+
+    gcs = gcs_buckets
+    gcs.create("big")
+    blob = os.urandom(1024) * (12 * 1024)  # 12 MiB
+    path = tmp_path / "ckpt.bin"
+    path.write_bytes(blob)
+    store = GCSStore("big", config={"base_url": gcs.server.url, "application_credentials": str(gcs.gce.key_file)})
+
+    async def go() -> dict:
+        with open(path, "rb") as f:
+            return await obstore.put_async(store, "ckpt/ckpt.bin", f)
+
+    put = asyncio.run(go())
+    stored = gcs.server.buckets["big"].objects["ckpt/ckpt.bin"]
+    assert stored.data == blob and stored.etag.endswith('-3"') and put["e_tag"] == stored.etag
+    assert gcs.server.uploads_in_progress() == 0
