@@ -14,7 +14,8 @@
   gets credentials exactly as on EC2, and only the role's policy decides what it may read.
   `s3_buckets.cli_env()` is what the CLI needs to point nodes at the fakes.
 
-GCS (gcp-storage-emulator) and Azure Blob (Azurite) fixtures are not built yet (docs/data.md).
+GCS: cloudtrain/testing/gcs.py (`gcs_buckets`, a wire fake of our own: docs/data.md says why).
+Azure Blob (Azurite) fixtures are not built yet (docs/data.md).
 """
 
 from __future__ import annotations
