@@ -3,7 +3,9 @@
 What one `launch` creates, in a resource group of its own per cluster and region (see build.py),
 every resource tagged `cloudtrain-cluster` and `cloudtrain-owner`: an NSG allowing SSH from one
 CIDR only, a VNet/subnet, and per node a public IP, a NIC and the VM (OS disk, NIC and IP deleted
-with it), with a system-assigned managed identity that gets Contributor on that group only.
+with it), with a system-assigned managed identity that gets Contributor on that group only, and a Storage
+Blob Data role on each container the recipe names (storage.py: Reader for data, Contributor for
+the upload; found and removed by `down` and `gc` through their description, as they carry no tags).
 
 Money rules Azure makes easy to break:
 - `stop` deallocates. A VM shut down from inside, or powered off through the API, is "Stopped
@@ -41,7 +43,7 @@ from cloudtrain.errors import (
     ProviderError,
     UsageError,
 )
-from cloudtrain.providers.azure import access, build
+from cloudtrain.providers.azure import access, build, storage
 from cloudtrain.providers.azure.api import ArmApi, AzureApiError, log
 from cloudtrain.providers.azure.records import (
     PLACEMENT_CAPACITY_CODES,
@@ -72,6 +74,8 @@ class AzureProvider:
     name = "azure"
     # autostop: the VM deallocates (or deletes) itself through ARM with its managed identity.
     traits = Traits(remote=True, priced=True, owns_machines=True, stops_spot=True, cloud_fields=True)
+    # Stores its VMs get an identity for (a Storage Blob Data role for the VM's managed identity: storage.py).
+    bucket_stores = ("az",)
 
     @staticmethod
     def image_pins_region(image: str) -> bool:
@@ -128,8 +132,15 @@ class AzureProvider:
                                   group, build.resource_group(region, tags)).id
             if spec.watchdog_needs() is not None:
                 self._require_grant(group)  # in the empty group: nothing billed exists yet
+            if spec.buckets:  # an unknown storage account, or no right to assign roles, before any VM exists
+                storage.require_grant(self.api, storage.find_accounts(
+                    self.api, {a for a, _ in storage.container_roles(spec.buckets)}))
             vms = self._create(spec, region, group, names, image, cidr, tags)
+            # The identities exist once their VMs do: their roles come before the node's data step.
+            self._grant_buckets(spec.cluster, storage.principals_of(vms), spec.buckets)
         except BaseException as exc:
+            if spec.buckets:
+                self._release_buckets_quietly(spec.cluster)
             self._delete_half_created(group, spec.cluster, names, exc)
             raise
         self._grant_identities(group_id, group, vms, tags)
@@ -175,6 +186,27 @@ class AzureProvider:
         if failure is not None:
             raise failure
         return vms
+
+    def _grant_buckets(self, cluster: str, principals: Sequence[str], grants: Sequence[Any]) -> None:
+        if grants or storage.ours(self.api, cluster):
+            storage.grant(self.api, cluster, self.owner or owner_id(), principals, grants)
+
+    def grant_buckets(self, cluster: str, instance_ids: Sequence[str], grants: Sequence[Any]) -> None:
+        """A reused cluster's VM identities get exactly this recipe's containers (storage.grant)."""
+        vms = [self._call("reading a VM", self.api.compute.virtual_machines.get, vm.group, vm.name)
+               for vm in self._existing(instance_ids, "grant buckets to")]
+        self._grant_buckets(cluster, storage.principals_of(vms), grants)
+
+    def bucket_identity(self, cluster: str) -> str:
+        """What the nodes read and write buckets with, in words (cloudtrain/buckets/steps.py)."""
+        return storage.describe()
+
+    def _release_buckets_quietly(self, cluster: str) -> None:
+        try:
+            storage.release(self.api, cluster)
+        except (ProviderError, CredentialsError) as exc:
+            log.warning("azure: could not remove the storage role assignments of cluster %s: %s; `cloudtrain gc` "
+                        "finds them", cluster, exc.one_line())
 
     def _require_grant(self, group: str) -> None:
         """CredentialsError (one line, the role it takes) unless these credentials may grant the VMs'
@@ -354,12 +386,15 @@ class AzureProvider:
         that holds no VM (a launch killed early, a VM deleted alone) what stays billed there: public
         IPs (`public-ip`, priced per hour) and managed disks (`disk`, with their size). Those go with
         their group in `release_resources`, never on their own. A group with VMs is a live cluster's
-        network: it goes with its VMs (`terminate`), and gc prices those VMs."""
+        network: it goes with its VMs (`terminate`), and gc prices those VMs. Also the clusters'
+        Storage Blob Data role assignments (`role-assignment`, free), which live outside their groups."""
         found = []
         for group in self._groups(cluster):
             owner_cluster = (group.tags or {})[TAG_CLUSTER]
             found.append(ClusterResource("azure", owner_cluster, "resource-group", group.name, group.location))
             found += self._billed_without_vms(group.name, owner_cluster)
+        found += [ClusterResource("azure", a.cluster, "role-assignment", a.id, hourly_usd=0.0)
+                  for a in storage.ours(self.api, cluster, self.owner)]
         return found
 
     def _billed_without_vms(self, group: str, cluster: str) -> list[ClusterResource]:
@@ -382,7 +417,8 @@ class AzureProvider:
 
     def release_resources(self, cluster: str) -> list[ClusterResource]:
         """Delete the cluster's resource groups that hold no VM (a launch killed before its VM
-        existed leaves a group with a billed public IP); keep the others. Waits for the deletes."""
+        existed leaves a group with a billed public IP); keep the others. Waits for the deletes.
+        With no VM of the cluster left, its container role assignments go too (storage.release)."""
         left, pollers = [], []
         for group in self._groups(cluster):
             vms = self._list("listing VMs", self.api.compute.virtual_machines.list, group.name)
@@ -394,6 +430,8 @@ class AzureProvider:
                                       group.name))
         for poller in pollers:
             self._wait_gone("deleting a resource group", poller)
+        if not left:  # no VM of the cluster is left whose identity could still use them
+            storage.release(self.api, cluster)
         return left
 
     def stop(self, ids: Sequence[str]) -> None:
