@@ -12,6 +12,7 @@ import click
 from cloudtrain.cli import output
 from cloudtrain.cli.approve import ask, yes_option
 from cloudtrain.cli.common import open_lifecycle
+from cloudtrain.events import NullReporter
 
 if TYPE_CHECKING:
     from cloudtrain.sweep.backend import PipelineBackend
@@ -216,7 +217,7 @@ def _short(value: Any) -> str:
     return str(value)
 
 
-class SweepDisplay:
+class SweepDisplay(NullReporter):
     """The live view: a table redrawn in place on a terminal, one line per change otherwise.
     Also the Reporter for the CLI's own lifecycle (warnings only)."""
 
@@ -230,22 +231,7 @@ class SweepDisplay:
         self._store: Any = None
         self._spent = (0.0, 0.0)  # (when read, USD): the ledger is read at most once a second
 
-    # Reporter (the lifecycle's) ------------------------------------------------------------------
-
-    def phase_start(self, phase: str, detail: str = "") -> None:
-        return None
-
-    def phase_end(self, phase: str, seconds: float, detail: str = "", ok: bool = True) -> None:
-        return None
-
-    def log_line(self, line: str, node: int = 0) -> None:
-        return None
-
-    def progress(self, event: dict[str, Any]) -> None:
-        return None
-
-    def info(self, message: str) -> None:
-        return None
+    # Reporter (the lifecycle's): the live table shows phases and progress; only warnings print.
 
     def warn(self, message: str) -> None:
         if self._live is not None:
