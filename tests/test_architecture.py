@@ -190,8 +190,8 @@ IS = {
     "ssh": {"GivenHosts"},
     "slurm": {"GivenHosts", "Schedules"},
     "aws": {"CreatesMachines", "StopsMachines", "SelfStopping", "SaysBucketIdentity"},
-    "gcp": {"CreatesMachines", "StopsMachines", "SelfStopping", "FollowsCaller", "SaysVmIdentity"},
-    "azure": {"CreatesMachines", "StopsMachines", "SelfStopping", "FollowsCaller"},
+    "gcp": {"CreatesMachines", "StopsMachines", "SelfStopping", "FollowsCaller", "SaysVmIdentity", "SaysBucketIdentity"},
+    "azure": {"CreatesMachines", "StopsMachines", "SelfStopping", "FollowsCaller", "SaysBucketIdentity"},
 }
 
 
