@@ -28,12 +28,20 @@ if [ "$want_test" = 1 ]; then
     # A real Slurm for the slurm backend's tests (cloudtrain/testing/slurm.py): controller, nodes, munge.
     command -v slurmctld >/dev/null || [ -x /usr/sbin/slurmctld ] || missing+=(slurm-wlm)
     command -v munged >/dev/null || [ -x /usr/sbin/munged ] || missing+=(munge)
+    # Node.js for Azurite, the Azure Blob emulator of the Blob tests (cloudtrain/testing/blob.py).
+    command -v npm >/dev/null || missing+=(nodejs npm)
     if [ ${#missing[@]} -gt 0 ]; then
         SUDO=""
         [ "$(id -u)" = 0 ] || SUDO="sudo"
         echo "installing apt packages: ${missing[*]}"
         $SUDO apt-get update -qq
         DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
+    fi
+    # Azurite into this checkout (.venv/azurite, where the test kit looks), never npm's global prefix.
+    azurite_version=3.37.0
+    if ! grep -qs "\"version\": \"$azurite_version\"" .venv/azurite/node_modules/azurite/package.json; then
+        echo "setup: installing azurite $azurite_version (npm) into .venv/azurite"
+        npm install --silent --no-audit --no-fund --prefix .venv/azurite "azurite@$azurite_version" >/dev/null
     fi
 fi
 

@@ -18,12 +18,16 @@ CASES = [
     ("gcp", "data: [{source: 'gs://good-bkt/x', target: d}]\nupload: 'gs://out-bkt/runs'", 0, ": ok"),
     ("aws", "data: [{source: 's3://good-bkt/x', target: d}]\nupload: 's3://out-bkt/runs'", 0, ": ok"),
     ("local", "data: [{source: 'gs://good-bkt/x', target: d}]\nupload: 'az://acct01/cont/p'", 0, ": ok"),
+    ("azure", "data: [{source: 'az://acct01/cont/p', target: d}]\nupload: 'az://acct01/out/runs'", 0, ": ok"),
+    ("azure", "data: [{source: 's3://good-bkt/x', target: d}]", 2,
+     "cloud azure cannot give its machines an identity for s3:// buckets (it can for: az://)"),
 ]
 
 
 @pytest.mark.parametrize("cloud, body, code, says", CASES)
 def test_validate(tmp_path: Path, cloud: str, body: str, code: int, says: str) -> None:
-    machine = {"aws": ", instance_type: t3.medium", "gcp": ", instance_type: n1-standard-4", "local": ""}[cloud]
+    machine = {"aws": ", instance_type: t3.medium", "gcp": ", instance_type: n1-standard-4", "local": "",
+               "azure": ", instance_type: Standard_D2s_v5"}[cloud]
     recipe = tmp_path / "r.yaml"
     recipe.write_text(f"name: bk\nresources: {{cloud: {cloud}{machine}}}\n{body}\nrun: 'true'\n")
     env = {"HOME": str(tmp_path), "CLOUDTRAIN_HOME": str(tmp_path / "ct"), "PATH": "/usr/bin:/bin"}

@@ -142,3 +142,28 @@ def test_gc_finds_role_assignments_of_a_cluster_no_longer_in_state(
     after = cloud.cli("gc", "--cloud", "azure")
     assert after.ok and after.stdout.strip() == "nothing leaked", after.output
     assert cloud.leftovers() == []
+
+
+def test_an_unknown_account_or_credentials_that_may_not_assign_roles_are_refused_before_any_vm(
+        azure_cloud: AzureCloud, azure_blobs: AzureBlobs) -> None:
+    cloud, blobs = azure_cloud, azure_blobs
+    cloud.env.update({**blobs.cli_env(), "CLOUDTRAIN_METADATA_URL": cloud.metadata.url})
+    data = blobs.create("refused")
+    unknown = bucket_recipe(cloud, cloud.cluster, [{"source": "az://nosuchaccount/data/x", "target": "d"}], run="true")
+    result = cloud.up(unknown)
+    assert result.returncode == 2, result.output
+    assert len(result.stderr.strip().splitlines()) == 1, result.output
+    assert "az://nosuchaccount: no storage account 'nosuchaccount' in subscription" in result.stderr
+    assert cloud.faults.count("vm.create") == 0
+    # Contributor may create everything but role assignments (its notActions): refused, one line,
+    # before anything billed (the buckets' roles are asked about first, then the watchdog's).
+    cloud.server.principal_role = "Contributor"
+    recipe = bucket_recipe(cloud, cloud.cluster, [{"source": f"az://{blobs.account}/{data}/x", "target": "d"}],
+                           run="true")
+    refused = cloud.up(recipe)
+    assert refused.returncode == 2, refused.output
+    assert len(refused.stderr.strip().splitlines()) == 1, refused.output
+    assert "may not assign one in resource group cloudtrain-test-data (Microsoft.Authorization/roleAssignments/" \
+        "write)" in refused.stderr
+    assert cloud.faults.count("vm.create") == cloud.faults.count("ip.create") == 0
+    assert cloud.leftovers() == []

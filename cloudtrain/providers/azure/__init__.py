@@ -130,11 +130,11 @@ class AzureProvider:
         try:
             group_id = self._call("creating resource group", self.api.resource.resource_groups.create_or_update,
                                   group, build.resource_group(region, tags)).id
-            if spec.watchdog_needs() is not None:
-                self._require_grant(group)  # in the empty group: nothing billed exists yet
             if spec.buckets:  # an unknown storage account, or no right to assign roles, before any VM exists
                 storage.require_grant(self.api, storage.find_accounts(
                     self.api, {a for a, _ in storage.container_roles(spec.buckets)}))
+            if spec.watchdog_needs() is not None:
+                self._require_grant(group)  # in the empty group: nothing billed exists yet
             vms = self._create(spec, region, group, names, image, cidr, tags)
             # The identities exist once their VMs do: their roles come before the node's data step.
             self._grant_buckets(spec.cluster, storage.principals_of(vms), spec.buckets)
