@@ -30,10 +30,7 @@ def end_work_on_hosts(provider: Provider, nodes: Sequence[NodeRecord], config: C
             failures.append(f"{where}: {exc.one_line()}")
             continue
         try:
-            jobs.install_runtime(node.transport, node.layout)
-            jobs.kill_all(node.transport, node.layout)
-            if provider.traits.remote:
-                node.transport.run(["rm", "-rf", node.layout.root], what="removing cloudtrain's files")
+            jobs.end_all(node.transport, node.layout, remove=provider.traits.remote)
         except CloudtrainError as exc:
             failures.append(f"{where}: {exc.one_line()}")
         finally:

@@ -8,6 +8,7 @@ import shlex
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Any
 
 from cloudtrain import paths
 from cloudtrain.errors import RemoteCommandError, RemoteError
@@ -202,6 +203,42 @@ def kill_all(transport: Transport, layout: NodeLayout, grace_s: int = KILL_GRACE
     script = '[ -f "$1" ] || exit 0; exec sh "$1" kill-all "$2" "$3"'
     transport.run(["sh", "-c", script, "sh", layout.runner, f"{layout.root}/jobs", str(grace_s)], timeout=None,
                   what="stopping the cluster's jobs")
+
+
+def end_all(transport: Transport, layout: NodeLayout, *, remove: bool, grace_s: int = KILL_GRACE_S) -> None:
+    """`down` on a machine that outlives the cluster: the runner (the node may never have had ours),
+    every job of the cluster ended, then (`remove`) the cluster's files gone. Through the node helper
+    all three go in one round trip, each sent `only_if` the ones before it succeeded: a file is never
+    removed under a job that was not ended."""
+    kill_script = '[ -f "$1" ] || exit 0; exec sh "$1" kill-all "$2" "$3"'
+    kill_argv = ["sh", "-c", kill_script, "sh", layout.runner, f"{layout.root}/jobs", str(grace_s)]
+    remove_argv = ["rm", "-rf", layout.root]
+    if not pipelining(transport):
+        install_runtime(transport, layout)
+        transport.run(kill_argv, timeout=None, what="stopping the cluster's jobs")
+        if remove:
+            transport.run(remove_argv, what="removing cloudtrain's files")
+        return
+    t: Any = transport  # an SSHTransport with its node helper (pipelining)
+    runner = (paths.templates_dir() / "runner.sh").read_bytes()
+    steps = [(["put", layout.runner], t.start_put_file(runner, layout.runner, mode=0o755))]
+    t.only_if([p for _, p in steps])
+    steps.append((kill_argv, t.start(shlex.join(kill_argv), what="stopping the cluster's jobs")))
+    if remove:
+        t.only_if([p for _, p in steps])
+        steps.append((remove_argv, t.start(shlex.join(remove_argv), what="removing cloudtrain's files")))
+    t.only_if(())
+    failed = None
+    for argv, proc in steps:
+        try:
+            proc.read_all()
+            code = proc.wait()
+        finally:
+            proc.close()
+        if code != SKIPPED and code != 0 and failed is None:
+            failed = RemoteCommandError(argv, code, proc.stderr.decode(errors="replace"))
+    if failed is not None:
+        raise failed
 
 
 def stream_log(transport: Transport, layout: NodeLayout, job_id: str, offset: int) -> Iterator[bytes]:

@@ -266,15 +266,21 @@ class SSHTransport:
         if code != 0:
             raise RemoteCommandError(args, code, proc.stderr.decode(errors="replace"))
 
+    # mktemp creates the temp file 0600, so a secret is never readable by others, and the rename
+    # makes the new content appear whole or not at all.
+    _PUT_FILE = (
+        'd=$(dirname -- "$1") && mkdir -p -- "$d" && t=$(mktemp "$d/.ct-put.XXXXXX") || exit 1; '
+        'if cat > "$t" && chmod "$2" "$t" && mv -f -- "$t" "$1"; then exit 0; fi; rm -f -- "$t"; exit 1'
+    )
+
     def put_file(self, data: bytes, remote_path: str, mode: int = 0o644) -> None:
-        # mktemp creates the temp file 0600, so a secret is never readable by others, and the
-        # rename makes the new content appear whole or not at all.
-        script = (
-            'd=$(dirname -- "$1") && mkdir -p -- "$d" && t=$(mktemp "$d/.ct-put.XXXXXX") || exit 1; '
-            'if cat > "$t" && chmod "$2" "$t" && mv -f -- "$t" "$1"; then exit 0; fi; rm -f -- "$t"; exit 1'
-        )
-        self.run(["sh", "-c", script, "sh", remote_path, format(mode, "o")], input=data,
+        self.run(["sh", "-c", self._PUT_FILE, "sh", remote_path, format(mode, "o")], input=data,
                  what=f"writing {remote_path.rsplit('/', 1)[-1]}")
+
+    def start_put_file(self, data: bytes, remote_path: str, mode: int = 0o644) -> RemoteProcess | HelperProcess:
+        """put_file, sent now (start's rules: read the answer in order; exit 0 when written)."""
+        return self.start(shlex.join(["sh", "-c", self._PUT_FILE, "sh", remote_path, format(mode, "o")]), input=data,
+                          what=f"writing {remote_path.rsplit('/', 1)[-1]}")
 
     def put_tree(self, local: Path, remote_dir: str, *, ignore: Callable[[str], bool] | None = None) -> SyncStats:
         from cloudtrain.remote.sync import sync_tree

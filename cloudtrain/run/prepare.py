@@ -13,6 +13,7 @@ import posixpath
 import shlex
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from cloudtrain import paths
 from cloudtrain.cluster.lifecycle import Cluster
@@ -84,10 +85,9 @@ class PendingPrepare:
         if code == 0 and self.python:
             return replace(node, python=self.python)
         have_stamp, _, have_report = seen.partition("\n")
+        puts = _PutFiles(t)
         if have_stamp.strip() != self.stamp:
-            for data, path, mode in self.files:
-                t.put_file(data, path, mode=mode)
-            t.put_file(self.stamp.encode(), f"{node.layout.runtime}/stamp")
+            puts.send([*self.files, (self.stamp.encode(), f"{node.layout.runtime}/stamp", 0o644)])
         if isinstance(t, LocalTransport):
             return node
         report = _last_json_line(have_report)
@@ -97,7 +97,9 @@ class PendingPrepare:
                 and (report.get("tensorflow") or not ensure_tf) and (report.get("pip") or not want_pip)):
             python = str(report["python"])
         else:
-            python = _bootstrap(node, ensure_tf=ensure_tf, want_pip=want_pip, reporter=reporter)
+            # The runtime's files go with the bootstrap's script and the probe: one round trip.
+            python = _bootstrap(node, ensure_tf=ensure_tf, want_pip=want_pip, reporter=reporter, puts=puts)
+        puts.check()
         self._remember_ready(python)
         return replace(node, python=python)
 
@@ -116,6 +118,36 @@ class PendingPrepare:
         else:
             t.run(argv, what="writing the ready file")
         homecache.remember(*self.remembered_as, line)
+
+
+class _PutFiles:
+    """Files to write on a node, sent together through the node helper (one round trip for all,
+    answered when `check` reads them, raising the first failure); one by one without it."""
+
+    def __init__(self, transport: object) -> None:
+        self.t: Any = transport
+        self.sent: list[tuple[str, Any]] = []
+
+    def send(self, files: list[tuple[bytes, str, int]]) -> None:
+        for data, path, mode in files:
+            if jobs.pipelining(self.t):
+                self.sent.append((path, self.t.start_put_file(data, path, mode=mode)))
+            else:
+                self.t.put_file(data, path, mode=mode)
+
+    def check(self) -> None:
+        sent, self.sent = self.sent, []
+        failed: RemoteError | None = None
+        for path, proc in sent:
+            try:
+                proc.read_all()
+                code = proc.wait()
+            finally:
+                proc.close()
+            if code != 0 and failed is None:
+                failed = RemoteError(f"{self.t.label}: writing {path} failed (exit {code}): {proc.stderr_tail()}")
+        if failed is not None:
+            raise failed
 
 
 def _runtime_files(node: Node, recipe: Recipe) -> list[tuple[bytes, str, int]]:
@@ -185,7 +217,7 @@ def write_ssh_config(cluster: Cluster, config: Config, reporter: Reporter) -> No
 BOOTSTRAP_TAIL_LINES = 15  # of the failing step's output, in the error; the whole log stays on the node
 
 
-def _bootstrap(node: Node, ensure_tf: bool, want_pip: bool, reporter: Reporter) -> str:
+def _bootstrap(node: Node, ensure_tf: bool, want_pip: bool, reporter: Reporter, puts: _PutFiles) -> str:
     """Probe the VM, make the venv that setup and run use (with pip when `want_pip`) and, for the
     bundled job, make TensorFlow importable; return the python to use. A failure says why: the
     failing step's last lines, and where the whole log is (kept on the node, and on the error as
@@ -193,13 +225,14 @@ def _bootstrap(node: Node, ensure_tf: bool, want_pip: bool, reporter: Reporter) 
     from cloudtrain.remote.facts import probe_host
 
     t = node.transport
+    script = f"{node.layout.runtime}/bootstrap.sh"
+    puts.send([((paths.templates_dir() / "bootstrap.sh").read_bytes(), script, 0o755)])
     facts = probe_host(t)
+    puts.check()
     if not facts.python3:
         raise RemoteError(f"{t.label}: no python3 on the node", hint="use an image with python3 or install it in setup")
     if node.rank == 0:
         reporter.info(f"node: {facts.summary()}")
-    script = f"{node.layout.runtime}/bootstrap.sh"
-    t.put_file((paths.templates_dir() / "bootstrap.sh").read_bytes(), script, mode=0o755)
     # Beside the venv it builds, not in the cluster's directory: the node's own history, which
     # `down` (that removes our files from a machine we do not own) leaves for a look afterwards.
     log = f"{posixpath.dirname(node.layout.root.rstrip('/'))}/bootstrap.log"
