@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 SCRIPT = "on_notice.sh"  # the watchdog starts it on a notice (templates/watchdog.py NOTICE_SCRIPT)
 RESULT = "on_notice.json"
 LOG = "on_notice.log"
+NOTICE_FILE = "interruption.json"  # the watchdog's record of the notice, with the jobs it TERMed
 # How long the script waits for the TERMed job to end before uploading what there is: inside every
 # cloud's warning (GCP's and Azure's 30 s; the watchdog KILLs the job after 20 s there).
 JOB_END_WAIT_S = 25
@@ -57,6 +58,8 @@ def _wrap(node: Node, dest: str, paths: list[str], job_id: str, body: str) -> st
     return "\n".join([
         "#!/bin/sh",
         "# Started by the watchdog on an interruption notice (cloudtrain/run/recover_upload.py).",
+        "# Only for the job the notice TERMed: a script an earlier run left on a reused cluster uploads nothing.",
+        f"grep -q {shlex.quote(json.dumps(job_id))} {shlex.quote(f'{layout.root}/{NOTICE_FILE}')} || exit 0",
         f"cd {shlex.quote(layout.workdir)} || exit 3",
         f"export CLOUDTRAIN_RUNTIME={shlex.quote(layout.runtime)}",
         f"export CLOUDTRAIN_PYTHON={shlex.quote(node.python or 'python3')}",

@@ -1,0 +1,46 @@
+"""The on-notice upload script (run/recover_upload.py) run with sh in a node layout on this
+machine: it uploads only for the job the notice TERMed, after that job ended, and records how the
+copy went in on_notice.json. The copy itself is a stand-in command here (the body the script is
+given); the real bucket copy is tested end to end in tests/e2e/test_recovery_e2e.py."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from cloudtrain.remote.jobs import NodeLayout
+from cloudtrain.run import recover_upload
+
+
+def _script(tmp_path: Path, job_id: str, body: str) -> tuple[Path, Path]:
+    root = tmp_path / "cluster"
+    for sub in ("workdir", "runtime", f"jobs/{job_id}"):
+        (root / sub).mkdir(parents=True, exist_ok=True)
+    node = SimpleNamespace(layout=NodeLayout(str(root)), python=sys.executable)
+    text = recover_upload._wrap(node, "s3://b/runs/r1", ["outputs", ".ckpt/r1"], job_id, body)  # type: ignore[arg-type]
+    path = root / recover_upload.SCRIPT
+    path.write_text(text)
+    return root, path
+
+
+@pytest.mark.parametrize("code", [0, 7])
+def test_it_copies_after_the_termed_job_ended_and_records_how_it_went(tmp_path: Path, code: int) -> None:
+    root, script = _script(tmp_path, "r1-run", f"cat ../jobs/r1-run/exit_code > copied\nexit {code}\n")
+    (root / recover_upload.NOTICE_FILE).write_text(json.dumps({"jobs": ["r1-run"]}))
+    (root / "jobs" / "r1-run" / "exit_code").write_text("143\n")
+    subprocess.run(["sh", str(script)], check=True, timeout=60)
+    assert (root / "workdir" / "copied").read_text() == "143\n"  # it ran in the workdir, after the job's end
+    done = json.loads((root / recover_upload.RESULT).read_text())
+    assert (done["url"], done["paths"], done["exit_code"]) == ("s3://b/runs/r1", ["outputs", ".ckpt/r1"], code)
+
+
+def test_a_script_left_by_an_earlier_run_uploads_nothing(tmp_path: Path) -> None:
+    root, script = _script(tmp_path, "old-run", "touch copied\n")
+    (root / recover_upload.NOTICE_FILE).write_text(json.dumps({"jobs": ["new-run"]}))
+    subprocess.run(["sh", str(script)], check=True, timeout=60)
+    assert not (root / "workdir" / "copied").exists() and not (root / recover_upload.RESULT).exists()
