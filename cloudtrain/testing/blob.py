@@ -116,10 +116,11 @@ class Azurite:
     key: str = field(default_factory=lambda: base64.b64encode(os.urandom(32)).decode())
     port: int = 0
     process: subprocess.Popen[str] | None = None
+    _log: Any = None
 
     def start(self, executable: str) -> Azurite:
         self.directory.mkdir(parents=True, exist_ok=True)
-        log = open(self.directory / "azurite.log", "w+")  # noqa: SIM115 - read while it runs
+        self._log = log = open(self.directory / "azurite.log", "w+")  # noqa: SIM115 - closed by stop()
         env = {**os.environ, "AZURITE_ACCOUNTS": f"{self.account}:{self.key}"}
         # --skipApiVersionCheck: obstore may send a newer x-ms-version than this Azurite knows.
         self.process = subprocess.Popen(
@@ -148,6 +149,8 @@ class Azurite:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
+        if self._log is not None:
+            self._log.close()
 
 
 class BlobFront(ThreadingHTTPServer):
@@ -215,7 +218,7 @@ class _FrontHandler(BaseHTTPRequestHandler):
             for name, value in answer.getheaders():
                 if name.lower() not in ("connection", "transfer-encoding", "keep-alive"):
                     self.send_header(name, value)
-            payload = answer.read()
+            payload = answer.read()  # whole: the kit's blobs are small (a dataset of many files)
             if answer.getheader("Content-Length") is None:
                 self.send_header("Content-Length", str(len(payload)))
             self.end_headers()
