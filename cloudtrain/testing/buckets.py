@@ -15,7 +15,7 @@
   `s3_buckets.cli_env()` is what the CLI needs to point nodes at the fakes.
 
 GCS: cloudtrain/testing/gcs.py (`gcs_buckets`, a wire fake of our own: docs/data.md says why).
-Azure Blob (Azurite) fixtures are not built yet (docs/data.md).
+Azure Blob: cloudtrain/testing/blob.py (`azure_blobs`, Azurite behind an RBAC front of ours).
 """
 
 from __future__ import annotations

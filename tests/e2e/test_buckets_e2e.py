@@ -6,7 +6,7 @@ the instance profile cloudtrain attached (STS AssumeRole on moto); every S3 requ
 them goes through the test kit's S3Authorizer, so the role's policy, made by cloudtrain from the
 recipe, is what decides. Nothing of cloudtrain is mocked.
 
-GCS: tests/e2e/test_buckets_gcs_e2e.py. Azure Blob e2e is not built yet (docs/data.md says so).
+GCS: tests/e2e/test_buckets_gcs_e2e.py. Azure Blob: tests/e2e/test_buckets_azure_e2e.py.
 """
 
 from __future__ import annotations
