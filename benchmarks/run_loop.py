@@ -11,6 +11,8 @@ repetition, so a busy machine slows them alike:
   warm      `cloudtrain run --keep` on a cluster that is already up
   warm, one channel per command   the same with the node helper off (CLOUDTRAIN_SSH_HELPER=0)
   cold      `cloudtrain run --down` with a new cluster name each time (up on the ssh host, down after)
+  exec      `cloudtrain exec NAME -- JOB` after the edit, and with the workdir unchanged; its ratio is
+            to `rsync + ssh` by hand (the same without the results' copy back)
 
 Round trips: the sequential request -> answer turns cloudtrain made after connecting, COUNTED by
 the transport (cloudtrain/remote/roundtrips.py, read from CLOUDTRAIN_ROUNDTRIPS_LOG), summed over
@@ -37,6 +39,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 TARGETS = {"warm": 1.0, "cold": 1.5}
+# The by-hand figure each row is compared with (default: "by hand").
+BASES = {"exec, one file edited": "rsync + ssh", "exec, unchanged": "rsync + ssh"}
 JOB = "mkdir -p out && echo done > out/ok.txt"
 ROUNDTRIPS_ENV = "CLOUDTRAIN_ROUNDTRIPS_LOG"
 
@@ -63,6 +67,7 @@ def main() -> int:
     parser.add_argument("--rtt-ms", default="0,50,150", help="comma-separated round-trip times to add (ms)")
     parser.add_argument("--no-cold", action="store_true", help="skip the cold runs")
     parser.add_argument("--no-channels", action="store_true", help="skip the one-channel-per-command variant")
+    parser.add_argument("--no-exec", action="store_true", help="skip the exec variants")
     args = parser.parse_args()
     rtts = [float(x) for x in args.rtt_ms.split(",") if x.strip()]
 
@@ -124,6 +129,19 @@ def main() -> int:
                         subprocess.run(["rsync", "-a", "-e", e, f"{target}:{remote}/out/", f"{back}/"], check=True)
                         return time.perf_counter() - started, None
 
+                    def rsync_ssh(i: int) -> tuple[float, int | None]:
+                        touch(i)
+                        started = time.perf_counter()
+                        subprocess.run(["rsync", "-a", "-e", shlex.join(ssh), f"{work}/", f"{target}:{remote}/"],
+                                       check=True)
+                        subprocess.run([*ssh, target, f"cd {shlex.quote(remote)} && {JOB}"], check=True)
+                        return time.perf_counter() - started, None
+
+                    def exec_(i: int, edit: bool) -> tuple[float, int | None]:
+                        if edit:
+                            touch(10_000 + i)  # another size than the runs' edit: a change whatever the clock
+                        return timed([*cli, "exec", f"loop-{int(rtt)}", "--", JOB], env, root, trips)
+
                     def warm(i: int, extra: dict[str, str] | None = None) -> tuple[float, int | None]:
                         touch(i)
                         return timed([*cli, "run", str(recipe), "--keep", "--runs-dir", runs], {**env, **(extra or {})},
@@ -143,6 +161,9 @@ def main() -> int:
                                         lambda i: warm(i, {"CLOUDTRAIN_SSH_HELPER": "0"})))
                     if not args.no_cold:
                         actions.append(("cold", cold))
+                    if not args.no_exec:
+                        actions += [("rsync + ssh", rsync_ssh), ("exec, one file edited", lambda i: exec_(i, True)),
+                                    ("exec, unchanged", lambda i: exec_(i, False))]
                     # Interleaved (each repetition runs every variant once): load from elsewhere on a
                     # shared machine then falls on all of them alike.
                     samples: dict[str, list[tuple[float, int | None]]] = {name: [] for name, _ in actions}
@@ -162,10 +183,10 @@ def main() -> int:
     print(f"\nedit-run loop through a latency proxy, stock sshd, median of {args.repeat}\n")
     print(f"{'RTT':>6}  {'what':<31} {'median':>8}  {'ratio':>6}  {'round trips':>11}  target")
     for rtt in rtts:
-        base = next(s for r, n, s, _ in rows if r == rtt and n == "by hand")
         for r, name, seconds, trips_n in rows:
             if r != rtt:
                 continue
+            base = next(s for r2, n, s, _ in rows if r2 == rtt and n == BASES.get(name, "by hand"))
             target = TARGETS.get(name)
             mark = "" if target is None else f"<= {target}x {'ok' if seconds / base <= target else 'MISSED'}"
             counted = "-" if trips_n is None else str(trips_n)

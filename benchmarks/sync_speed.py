@@ -7,12 +7,17 @@ time (cloudtrain.testing.tcpproxy; one table per RTT), three scenarios:
   small-resync  the same tree again after changing one file
   big-first     one 200 MB random file into an empty directory
 
+With --cli, the same at the command line (issue 25's loop; target <= 0.7x for both):
+  up            `cloudtrain up` of a recipe whose workdir is the 5,000 files (a new cluster on the
+                ssh host each time) vs `rsync -a -e ssh` + `ssh HOST true` by hand
+  edit-exec     one file edited, then `cloudtrain exec NAME -- true` vs the same rsync + ssh
+
 Each measurement is the median of --repeat runs. cloudtrain's time is one sync_tree call on an
 open transport (as lifecycle calls it); rsync's is one `rsync -a -e ssh` process, handshake included
 (cloudtrain's rsync method also starts one ssh per sync, so both pay it).
 Targets: small-first <= 1.3x rsync's time, small-resync <= 1.5x, big-first >= 0.8x rsync's throughput.
 
-    python benchmarks/sync_speed.py [--repeat 3] [--files 5000] [--big-mb 200] [--rtt-ms 0,50,150]
+    python benchmarks/sync_speed.py [--repeat 3] [--files 5000] [--big-mb 200] [--rtt-ms 0,50,150] [--cli]
 """
 
 from __future__ import annotations
@@ -55,11 +60,92 @@ def main() -> int:
     parser.add_argument("--files", type=int, default=5000)
     parser.add_argument("--big-mb", type=int, default=200)
     parser.add_argument("--rtt-ms", default="0", help="comma-separated round-trip times to add (ms)")
+    parser.add_argument("--cli", action="store_true", help="measure `cloudtrain up` and `exec` instead of sync_tree")
     args = parser.parse_args()
     failed = False
     for rtt in [float(x) for x in args.rtt_ms.split(",") if x.strip()]:
-        failed |= measure(args, rtt)
+        failed |= measure_cli(args, rtt) if args.cli else measure(args, rtt)
     return 1 if failed else 0
+
+
+CLI_TARGET = 0.7
+
+
+def measure_cli(args: argparse.Namespace, rtt: float) -> bool:
+    """`cloudtrain up` and edit + `exec` of a 5,000-file workdir vs rsync + ssh by hand, at one RTT."""
+    import textwrap
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from stock_sshd import StockSshd
+
+    from cloudtrain.testing.tcpproxy import TcpProxy
+
+    work = Path(tempfile.mkdtemp(prefix="ct-syncbench-cli-"))
+    key = work / "client_key"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
+    vm = StockSshd(work / "vm", key.with_suffix(".pub").read_text()).start()
+    proxy = TcpProxy(vm.port, rtt_ms=rtt)
+    home = work / "home"
+    (home / ".ct").mkdir(parents=True)
+    (home / ".ct" / "config.yaml").write_text("ssh: {add_include: false}\n")
+    env = {**os.environ, "HOME": str(home), "CLOUDTRAIN_HOME": str(home / ".ct")}
+    code = work / "project" / "code"
+    make_small_tree(code, args.files)
+    recipe = work / "project" / "sync.yaml"
+    recipe.write_text(textwrap.dedent(f"""\
+        name: sync
+        workdir: code
+        resources:
+          cloud: ssh
+          hosts: [{{address: 127.0.0.1, port: {proxy.port}, user: {vm.user}, key: "{key}"}}]
+        run: "true"
+    """))
+    ssh = ["ssh", "-i", str(key), "-p", str(proxy.port), "-o", "StrictHostKeyChecking=no", "-o",
+           "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR", "-o", "BatchMode=yes"]
+    target = f"{vm.user}@127.0.0.1"
+    cli = [sys.executable, "-m", "cloudtrain"]
+    victim = code / "pkg07" / "mod7.py"
+
+    def ct(*argv: str) -> None:
+        subprocess.run([*cli, *argv], env=env, check=True, capture_output=True)
+
+    def by_hand(dest: str) -> None:
+        subprocess.run(["rsync", "-a", "-e", " ".join(ssh), f"{code}/", f"{target}:{dest}/"], check=True)
+        subprocess.run([*ssh, target, f"cd {dest} && true"], check=True)
+
+    times: dict[str, list[float]] = {"rsync + ssh, first": [], "cloudtrain up": [], "rsync + ssh, edit": [],
+                                     "edit, cloudtrain exec": []}
+
+    def timed(name: str, action: Callable[[], None]) -> None:
+        started = time.perf_counter()
+        action()
+        times[name].append(time.perf_counter() - started)
+        print(f"  {name}: {times[name][-1]:.2f}s", flush=True)
+
+    try:
+        ct("up", str(recipe), "--cluster", "warm")  # the node's venv exists from here on, as on a used VM
+        for i in range(args.repeat):
+            timed("rsync + ssh, first", lambda: by_hand(f"byhand-{i}"))
+            timed("cloudtrain up", lambda: ct("up", str(recipe), "--cluster", f"first-{i}"))
+            ct("down", f"first-{i}")
+            victim.write_bytes(os.urandom(700 + i))
+            timed("rsync + ssh, edit", lambda: by_hand("byhand-0"))
+            victim.write_bytes(os.urandom(800 + i))
+            timed("edit, cloudtrain exec", lambda: ct("exec", "warm", "--", "true"))
+        ct("down", "warm")
+    finally:
+        proxy.close()
+        vm.close()
+    med = {name: statistics.median(values) for name, values in times.items()}
+    print(f"\ncli sync, stock sshd, {rtt:.0f} ms RTT, median of {args.repeat}; {args.files} small files\n")
+    failed = False
+    for ours, base in (("cloudtrain up", "rsync + ssh, first"), ("edit, cloudtrain exec", "rsync + ssh, edit")):
+        ratio = med[ours] / med[base]
+        failed |= ratio > CLI_TARGET
+        print(f"  {base:<20} {med[base]:6.2f}s   {ours:<22} {med[ours]:6.2f}s   {ratio:.2f}x "
+              f"(<= {CLI_TARGET}x {'ok' if ratio <= CLI_TARGET else 'MISSED'})")
+    subprocess.run(["rm", "-rf", str(work)], check=False)
+    return failed
 
 
 def measure(args: argparse.Namespace, rtt: float) -> bool:
