@@ -13,7 +13,7 @@ What it serves, in Compute Engine's JSON shapes (camelCase, int64 as strings, se
 projects.get, zones (list/get), machineTypes and acceleratorTypes (list/get/aggregatedList, with
 realistic per-zone availability), images (get, getFromFamily, list; public DLVM and Ubuntu families
 plus `create_image`), networks (`default`), instances (insert/get/list/aggregatedList/delete/
-stop/start), disks (insert/get/list/aggregatedList/delete, with labels and `users`: boot disks
+stop/start/setMetadata), disks (insert/get/list/aggregatedList/delete, with labels and `users`: boot disks
 follow their instance, a disk in use refuses deletion with resourceInUseByAnotherResource),
 firewalls (insert/get/list/patch/delete), zone and global operations (get and `wait`). `filter`
 works as the API documents it: `(labels.k = "v") (labels.o:*)`, `!=`, and the regex form
@@ -720,6 +720,8 @@ class FakeGce:
             return 200, self._delete(key, fault, request)
         if method == "POST" and verb in ("stop", "start"):
             return 200, (self._stop(key, fault, request) if verb == "stop" else self._start(key, fault, request))
+        if method == "POST" and verb == "setMetadata":
+            return 200, self._set_metadata(key, request.body or {}, request)
         raise GceError(404, "notFound", f"no route for {method} {request.path}")
 
     def _operation(self, name: str, zone: str | None) -> _Op:
@@ -986,6 +988,19 @@ class FakeGce:
             on_done = None  # already running (or on its way): nothing to do
         return self._op(request.project, key[0], "start", inst["selfLink"].removeprefix(API), on_done,
                         fault=fault, request=request, on_error=lambda: inst.__setitem__("status", "TERMINATED"))
+
+    def _set_metadata(self, key: tuple[str, str], body: dict[str, Any], request: GceRequest) -> _Op:
+        """instances.setMetadata: the whole item list, guarded by the fingerprint read before (a
+        stale or missing one is 412 conditionNotMet, as Compute Engine answers)."""
+        inst = self.instances[key]
+        if body.get("fingerprint") != inst["metadata"]["fingerprint"]:
+            raise GceError(412, "conditionNotMet", "Supplied fingerprint does not match current metadata fingerprint.")
+        items = list(body.get("items") or [])
+        for index, item in enumerate(items):
+            if not isinstance(item, dict) or not item.get("key"):
+                raise _invalid(f"metadata.items[{index}].key", item, "Required field 'key' not specified")
+        inst["metadata"] = {"kind": "compute#metadata", "fingerprint": _fingerprint(), "items": items}
+        return self._op(request.project, key[0], "setMetadata", inst["selfLink"].removeprefix(API))
 
     # disks --------------------------------------------------------------------------------------
 

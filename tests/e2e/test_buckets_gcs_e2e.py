@@ -97,6 +97,8 @@ def test_gcs_dataset_copied_incrementally_results_uploaded_and_access_denied_in_
     assert "copied 1 files" in moved.output
     assert ours(gcs, data_bucket, cloud.cluster) == [] and ours(gcs, out_bucket, cloud.cluster) == []
     assert [b["role"] for b in ours(gcs, other_bucket, cloud.cluster)] == ["roles/storage.objectViewer"]
+    ((_, inst),) = cloud.instances()  # the VM's metadata names where its bindings are, for `down`
+    assert {"key": "cloudtrain-buckets", "value": other_bucket} in inst["metadata"]["items"]
 
     # An IAM deny policy on the bucket (it wins over the binding): GCS refuses, one line says so.
     gcs.deny(other_bucket)

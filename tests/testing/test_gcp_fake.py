@@ -290,6 +290,20 @@ def test_stop_start_delete_and_the_machine_behind(gce: Gce, gce_server: GceServe
         {"key": "ssh-keys", "value": f"me:{KEY}"}, {"key": "enable-oslogin", "value": "FALSE"}]}}) == [KEY]
 
 
+def test_set_metadata_replaces_the_items_guarded_by_the_fingerprint(gce: Gce) -> None:
+    created = gce.create()
+    stale = compute_v1.Metadata(fingerprint="not-the-one", items=[compute_v1.Items(key="k", value="v")])
+    with pytest.raises(api_exceptions.PreconditionFailed, match="fingerprint does not match"):
+        gce.instances.set_metadata(project=PROJECT, zone=ZONE, instance="vm", metadata_resource=stale)
+    fresh = compute_v1.Metadata(fingerprint=created.metadata.fingerprint, items=[
+        *created.metadata.items, compute_v1.Items(key="cloudtrain-buckets", value="a b")])
+    done = gce.wait(gce.instances.set_metadata(project=PROJECT, zone=ZONE, instance="vm", metadata_resource=fresh))
+    assert done.status == DONE and not done.error.errors
+    after = gce.instances.get(project=PROJECT, zone=ZONE, instance="vm").metadata
+    assert {(i.key, i.value) for i in after.items} >= {("cloudtrain-buckets", "a b"), ("ssh-keys", f"me:{KEY}")}
+    assert after.fingerprint != created.metadata.fingerprint
+
+
 def test_max_run_duration_and_preemption_follow_the_termination_action(gce: Gce, gce_server: GceServer) -> None:
     gce.create(name="limited", scheduling={"max_run_duration": {"seconds": 3600},
                                            "instance_termination_action": "STOP"})

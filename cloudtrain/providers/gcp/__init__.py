@@ -318,18 +318,38 @@ class GcpProvider:
 
     def grant_buckets(self, cluster: str, instance_ids: Sequence[str], grants: Sequence[Any]) -> None:
         """A reused cluster's VMs may reach exactly this recipe's GCS buckets: its bindings move to
-        them. A VM launched without a service account or storage scope cannot be given one while
-        it runs (setServiceAccount needs it stopped): refused in one line."""
+        them, and each VM's metadata names them (first with the old ones too, so that a `down`
+        after an interruption still finds every binding). A VM launched without a service account
+        or storage scope cannot be given one while it runs (setServiceAccount needs it stopped):
+        refused in one line."""
         wanted = gcs_grants(grants)
+        vms = self._existing(instance_ids, "grant buckets to")
         previous: set[str] = set()
-        for zone, name, raw in self._existing(instance_ids, "grant buckets to"):
+        for _, name, raw in vms:
             previous |= build.instance_buckets(raw)
             if wanted and not build.can_use_storage(raw, any(g.write for g in wanted)):
                 raise UsageError(f"instance {name} was launched without a service account and storage scope for "
                                  f"{wanted[0].url}", hint=f"`cloudtrain down {cluster}` and run again")
-        if wanted or previous:
-            self.bindings.bind(cluster, self.owner or owner_id(), f"serviceAccount:{self.account_email()}", wanted,
-                               previous)
+        now = {g.url.bucket for g in wanted}
+        if not (now or previous):
+            return
+        self._name_buckets(vms, previous | now)
+        self.bindings.bind(cluster, self.owner or owner_id(), f"serviceAccount:{self.account_email()}", wanted,
+                           previous)
+        self._name_buckets([(z, n, self._raw(z, n)) for z, n, _ in vms], now)
+
+    def _name_buckets(self, vms: Sequence[tuple[str, str, Any]], buckets: set[str]) -> None:
+        """Write `buckets` as each VM's `cloudtrain-buckets` metadata (instances.setMetadata with the
+        fingerprint read, so a concurrent change is refused rather than lost)."""
+        client = self.api.client("instances")
+        for zone, name, raw in vms:
+            if raw is None or build.instance_buckets(raw) == buckets:
+                continue
+            items = build.metadata_with_buckets(raw, sorted(buckets))
+            metadata = self.api.v1.Metadata(fingerprint=raw.metadata.fingerprint, items=items)
+            operation = self.api.call(f"naming the buckets in {name}'s metadata", client.set_metadata_unary,
+                                      project=self.api.project, zone=zone, instance=name, metadata_resource=metadata)
+            self.api.wait(f"naming the buckets in {name}'s metadata", operation, zone)
 
     def vm_identity(self, watchdog_deletes: bool) -> str:
         """What code on a VM of this config could do with the VM's own credentials (for `plan`)."""
@@ -374,7 +394,8 @@ class GcpProvider:
         kept = self.firewalls.release(cluster, live) + self.disks.release(cluster, live)
         if cluster not in self._bound and cluster not in self._read_vms and not live and self._storage_reachable():
             # No VM said where its bindings are (gc of a cluster whose VMs are gone): scan the project.
-            self._bound[cluster] = {r.id for r in self.bindings.list(cluster)}
+            # A scan that fails (credentials that may not list buckets) never fails a `down`: gc says more.
+            self._bound[cluster] = self.bindings.scanned(cluster)
         buckets = self._bound.get(cluster, set())
         if buckets and live:
             kept += [ClusterResource("gcp", cluster, "bucket-binding", b, note=f"in use by {live} instance(s)")

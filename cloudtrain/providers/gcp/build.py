@@ -329,6 +329,13 @@ def instance_buckets(raw: Any) -> set[str]:
     return {b for item in items if item.key == METADATA_BUCKETS for b in (item.value or "").split()}
 
 
+def metadata_with_buckets(raw: Any, buckets: list[str]) -> list[dict[str, str]]:
+    """An SDK Instance's metadata items with `cloudtrain-buckets` set to `buckets` (gone if none)."""
+    items = [{"key": item.key, "value": item.value} for item in (raw.metadata.items or [])
+             if item.key != METADATA_BUCKETS]
+    return items + ([{"key": METADATA_BUCKETS, "value": " ".join(buckets)}] if buckets else [])
+
+
 def can_use_storage(raw: Any, write: bool) -> bool:
     """Whether an SDK Instance runs as a service account whose scopes reach GCS (for writing)."""
     wanted = STORAGE_WRITE_SCOPES if write else STORAGE_WRITE_SCOPES | {STORAGE_READ_SCOPE}

@@ -156,22 +156,23 @@ class BucketBindings:
                             hint="try again")
 
     def bind(self, cluster: str, owner: str, member: str, grants: Sequence[BucketGrant],
-             previous: Iterable[str] = ()) -> None:
+             previous: Iterable[str] = (), scan: bool = False) -> None:
         """`member` may reach exactly `grants`' GCS buckets as this cluster: its bindings are added
-        there and taken off `previous` buckets (and the project's) the grants no longer name."""
+        there and taken off `previous` buckets (and with `scan` the project's) the grants no
+        longer name."""
         wanted: dict[str, list[dict[str, Any]]] = {}
         for grant in gcs_grants(grants):
             wanted.setdefault(grant.url.bucket, []).append(binding_for(grant, cluster, owner, member))
         for bucket, add in wanted.items():
             self._rewrite(bucket, cluster, add)
-        for bucket in sorted(set(previous) | self._scanned(cluster)):
+        for bucket in sorted(set(previous) | (self.scanned(cluster) if scan else set())):
             if bucket not in wanted:
                 self._rewrite(bucket, cluster, [])
 
-    def unbind(self, cluster: str, buckets: Iterable[str] = ()) -> list[str]:
-        """Remove this cluster's bindings from `buckets` and the project's buckets; returns where."""
+    def unbind(self, cluster: str, buckets: Iterable[str]) -> list[str]:
+        """Remove this cluster's bindings from `buckets`; returns where there were some."""
         removed = []
-        for bucket in sorted(set(buckets) | self._scanned(cluster)):
+        for bucket in sorted(set(buckets)):
             try:
                 if self._rewrite(bucket, cluster, []):
                     removed.append(bucket)
@@ -180,20 +181,22 @@ class BucketBindings:
                     raise
         return removed
 
-    def unbind_quietly(self, cluster: str, buckets: Iterable[str] = ()) -> None:
+    def unbind_quietly(self, cluster: str, buckets: Iterable[str]) -> None:
         try:
             self.unbind(cluster, buckets)
         except (ProviderError, CredentialsError) as exc:
             log.warning("gcp: could not remove the bucket bindings of cluster %s: %s; `cloudtrain gc` finds them "
                         "on the project's buckets", cluster, exc.one_line())
 
-    def _scanned(self, cluster: str) -> set[str]:
-        """The project's buckets holding this cluster's bindings; none when the credentials may
-        not list buckets (the buckets the caller names are still handled)."""
+    def scanned(self, cluster: str) -> set[str]:
+        """The project's buckets holding this cluster's bindings; none when they cannot be listed
+        (credentials that may not list buckets, an unreachable endpoint), said in a warning: the
+        buckets the caller names are still handled, and `gc` lists what is left."""
         try:
             return {r.id for r in self.list(cluster)}
-        except CredentialsError as exc:
-            log.info("gcp: cannot list the project's buckets: %s", exc.one_line())
+        except (CredentialsError, ProviderError) as exc:
+            log.warning("gcp: cannot scan the project's buckets for bindings of cluster %s: %s", cluster,
+                        exc.one_line())
             return set()
 
     def list(self, cluster: str | None = None) -> list[ClusterResource]:
