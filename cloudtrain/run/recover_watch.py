@@ -131,7 +131,8 @@ class Tee:
         self.inner.phase_start(phase, detail)
         if phase == "run":
             self.recovery.job_starting()
-        if phase in ("setup", "run"):
+        # (collect too: a transfer whose link broke may be inside a reconnect loop when the node goes)
+        if phase in ("setup", "run", "collect"):
             with self.recovery.follow_lock:
                 self.recovery.following = True
 
