@@ -3,7 +3,9 @@
 Each step lives in its own module (run/prepare.py, run/job.py, run/follow.py, run/collect.py); this
 one orders them and owns what a run is: its record, its phases, and cleanup that always happens.
 Teardown and collection happen in `finally`, so a failed job, an error or Ctrl-C still brings the
-logs home and leaves nothing running that the policy says should be gone.
+logs home and leaves nothing running that the policy says should be gone. A recovering run
+collects inside each attempt instead (run/recover.py: a node lost while collecting is relaunched),
+and its `finally` uses that collection.
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 
 - `Watcher`: a thread with its own store and lifecycle that asks the cloud every `recover.watch_s`
   whether the attempt's nodes are still there (`gone_reason`). Seeing them gone, it records why,
-  makes the attempt's connections give up at once and, while a job is being followed, raises
-  `NodeGone` in the run's thread: the follower may be inside a reconnect loop that began before
+  makes the attempt's connections give up at once and, while a job is being followed (or its
+  results collected), raises `NodeGone` in the run's thread: the follower may be inside a reconnect loop that began before
   the loss and would otherwise wait out its SSH retries.
 - `Tee`: the run's reporter while it recovers: everything goes on to the user's reporter; epochs
   feed the checkpoint puller, job lines the attempt's log, the job's phase uploads the checkpoint.
