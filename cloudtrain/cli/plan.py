@@ -89,10 +89,11 @@ def plan(recipe_path: str, as_json: bool, alternatives: int) -> None:
     # under autostop.down or a sweep's lease; only then does it need an identity).
     recipe = loaded.recipe
     deletes = bool(recipe.autostop is not None and recipe.autostop.down) or recipe.sweep is not None
+    buckets = any(m.is_bucket for m in recipe.data) or recipe.upload is not None
     for cloud in dict.fromkeys(c.cloud for c in p.candidates):
         provider = usable.providers.get(cloud)
         if supports(provider, SaysVmIdentity):
-            output.info(f"{cloud} VMs run as: {provider.vm_identity(deletes)}")  # type: ignore[union-attr]
+            output.info(f"{cloud} VMs run as: {provider.vm_identity(deletes, buckets)}")  # type: ignore[union-attr]
 
 
 def autostop_line(recipe: Recipe) -> str:

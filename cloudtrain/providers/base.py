@@ -300,8 +300,9 @@ class FollowsCaller(Protocol):
 class SaysVmIdentity(Protocol):
     """Machines with credentials of their own that `plan` describes."""
 
-    def vm_identity(self, watchdog_deletes: bool) -> str:
-        """What code on a VM of this config could do with the VM's own credentials."""
+    def vm_identity(self, watchdog_deletes: bool, buckets: bool = False) -> str:
+        """What code on a VM of this config could do with the VM's own credentials (`buckets`: the
+        recipe names buckets its nodes read or write with that identity)."""
         ...
 
 

@@ -102,3 +102,11 @@ def test_refusals_are_one_line_and_leave_nothing(provider: GcpProvider, gce_serv
         nobody.launch(spec(gce_server, ["gs://dsx/x"]), 1)
     with pytest.raises(ProviderError, match="GCS reading the IAM policy of gs://missing: HTTP 404"):
         provider.launch(spec(gce_server, ["gs://missing/x"]), 1)
+
+
+def test_plan_says_the_vms_account_reaches_the_recipes_buckets(provider: GcpProvider) -> None:
+    said = provider.vm_identity(False, buckets=True)
+    assert said.startswith("the project's default compute service account with a devstorage scope and IAM bindings "
+                           "on exactly the recipe's gs:// buckets")
+    assert "compute scope" not in said and "compute scope" in provider.vm_identity(True, buckets=True)
+    assert provider.vm_identity(False).startswith("no service account (no feature needs one)")

@@ -351,16 +351,23 @@ class GcpProvider:
                                       project=self.api.project, zone=zone, instance=name, metadata_resource=metadata)
             self.api.wait(f"naming the buckets in {name}'s metadata", operation, zone)
 
-    def vm_identity(self, watchdog_deletes: bool) -> str:
+    def vm_identity(self, watchdog_deletes: bool, buckets: bool = False) -> str:
         """What code on a VM of this config could do with the VM's own credentials (for `plan`)."""
-        account = self.account_for(InstanceSpec("", "", watchdog="delete" if watchdog_deletes else None))
+        needs = InstanceSpec("", "", watchdog="delete" if watchdog_deletes else None)
+        account = self.service_account if (watchdog_deletes or buckets) else build.NO_SERVICE_ACCOUNT
         if account == build.NO_SERVICE_ACCOUNT:
-            why = "gcp.service_account is none" if watchdog_deletes else "no feature needs one"
+            why = "gcp.service_account is none" if (watchdog_deletes or buckets) else "no feature needs one"
             return (f"no service account ({why}): code on the VM gets no Google credentials; "
                     "autostop stops it by an OS shutdown")
         who = "the project's default compute service account" if account == "default" else account
-        return (f"{who} with the compute scope, so its watchdog can delete it: code on the VM can use the "
-                "Compute Engine API with that account's roles (Editor for the default account)")
+        said = []
+        if self.account_for(needs) != build.NO_SERVICE_ACCOUNT:
+            said.append("the compute scope, so its watchdog can delete it: code on the VM can use the Compute "
+                        "Engine API with that account's roles (Editor for the default account)")
+        if buckets:
+            said.append("a devstorage scope and IAM bindings on exactly the recipe's gs:// buckets (docs/data.md): "
+                        "code on the VM can read the data prefixes and write the upload prefix")
+        return f"{who} with " + "; and ".join(said)
 
     # describe, list, stop, start, terminate --------------------------------------------------
 
