@@ -65,6 +65,7 @@ import pytest
 from cloudtrain.testing.bill import FakeBill
 from cloudtrain.testing.cloud import CloudMachines, FakeCloud, cluster_hint
 from cloudtrain.testing.faults import Gate, RequestBook
+from cloudtrain.testing.serving import serve, stop_serving
 from cloudtrain.testing.sshd import SshdFactory
 
 _SCOPE_RE = re.compile(r"Credential=[^/]+/\d{8}/(?P<region>[^/]+)/(?P<service>[^/]+)/aws4_request")
@@ -416,16 +417,11 @@ class MotoServer:
 
         self.faults = FaultInjector(DomainDispatcherApplication(create_backend_app))
         self._server = make_server(self.host, self._port, self.faults, threaded=True, request_handler=QuietHandler)
-        self._thread = threading.Thread(target=self._server.serve_forever, name="moto-server", daemon=True)
-        self._thread.start()
+        self._thread = serve(self._server, "moto-server")
         return self
 
     def stop(self) -> None:
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-        if self._thread is not None:
-            self._thread.join(timeout=10)
+        stop_serving(self._server, self._thread)
 
     @property
     def port(self) -> int:

@@ -80,6 +80,7 @@ from cloudtrain.testing.bill import FakeBill
 from cloudtrain.testing.cloud import CloudMachines, FakeCloud, cluster_hint
 from cloudtrain.testing.faults import Gate, RequestBook
 from cloudtrain.testing.metadata import MetadataServer
+from cloudtrain.testing.serving import serve, stop_serving
 from cloudtrain.testing.sshd import SshdFactory
 
 SUBSCRIPTION = "00000000-0000-4000-8000-0000000c1a0d"
@@ -1326,10 +1327,7 @@ class ArmServer(FakeArm):
         context.load_cert_chain(str(cert), str(key))
         self._server = make_server("127.0.0.1", 0, self, threaded=True, ssl_context=context, request_handler=Quiet)
         self._base = self.url
-        # A short poll interval: shutdown() waits for it (the default 0.5 s, per test).
-        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05},
-                                        name="fake-arm", daemon=True)
-        self._thread.start()
+        self._thread = serve(self._server, "fake-arm")
         # ARM finishes an operation whether or not anyone polls it (a CLI killed after its PUT still
         # leaves a VM that boots): end due operations in the background too, not only on requests.
         self._ticking = threading.Event()
@@ -1349,11 +1347,7 @@ class ArmServer(FakeArm):
         if getattr(self, "_ticker", None) is not None:
             self._ticking.set()
             self._ticker.join(timeout=10)
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-        if self._thread is not None:
-            self._thread.join(timeout=10)
+        stop_serving(self._server, self._thread)
 
     @property
     def url(self) -> str:

@@ -44,6 +44,7 @@ from xml.sax.saxutils import escape
 
 import pytest
 
+from cloudtrain.testing.serving import serve, stop_serving
 from cloudtrain.testing.wait import wait_until
 
 ACCOUNT = "cloudtraindata"  # storage account names: 3-24 lowercase letters and digits
@@ -324,15 +325,11 @@ class AzureBlobs:
         return {"AZURE_STORAGE_ACCOUNT_KEY": self.azurite.key}
 
     def start(self) -> AzureBlobs:
-        self._thread = threading.Thread(target=self.front.serve_forever, name="blob-front", daemon=True)
-        self._thread.start()
+        self._thread = serve(self.front, "blob-front")
         return self
 
     def stop(self) -> None:
-        self.front.shutdown()
-        self.front.server_close()
-        if self._thread is not None:
-            self._thread.join(timeout=10)
+        stop_serving(self.front, self._thread)
         self.azurite.stop()
 
 

@@ -92,6 +92,7 @@ from cloudtrain.testing.bill import FakeBill
 from cloudtrain.testing.cloud import CloudMachines, FakeCloud, cluster_hint
 from cloudtrain.testing.faults import Gate, RequestBook
 from cloudtrain.testing.metadata import MetadataServer
+from cloudtrain.testing.serving import serve, stop_serving
 from cloudtrain.testing.sshd import SshdFactory
 
 PROJECT = "cloudtrain-test"
@@ -1437,18 +1438,12 @@ class GceServer(FakeGce):
         self.directory.mkdir(parents=True, exist_ok=True)
         self.add_service_account(self.key_file)
         self._server = make_server("127.0.0.1", 0, self, threaded=True, request_handler=Quiet)
-        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05},
-                                        name="fake-gce", daemon=True)
-        self._thread.start()
+        self._thread = serve(self._server, "fake-gce")
         return self
 
     def stop(self) -> None:
         self.faults.clear()
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-        if self._thread is not None:
-            self._thread.join(timeout=10)
+        stop_serving(self._server, self._thread)
 
     @property
     def url(self) -> str:

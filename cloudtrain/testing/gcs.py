@@ -65,6 +65,7 @@ from cloudtrain.testing.gcs_iam import (  # noqa: F401 - condition_allows and OW
     condition_allows,
     gce_principal,
 )
+from cloudtrain.testing.serving import serve, stop_serving
 
 PAGE = 1000
 
@@ -392,17 +393,11 @@ class GcsServer(FakeGcs):
                 return None
 
         self._server = make_server("127.0.0.1", 0, self, threaded=True, request_handler=Quiet)
-        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05},
-                                        name="fake-gcs", daemon=True)
-        self._thread.start()
+        self._thread = serve(self._server, "fake-gcs")
         return self
 
     def stop(self) -> None:
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-        if self._thread is not None:
-            self._thread.join(timeout=10)
+        stop_serving(self._server, self._thread)
 
     @property
     def url(self) -> str:

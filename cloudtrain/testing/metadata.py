@@ -57,6 +57,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
+from cloudtrain.testing.serving import serve, stop_serving
 
 GCE_TOKEN_PATH = "/computeMetadata/v1/instance/service-accounts/default/token"
 EC2_TOKEN_PATH = "/latest/api/token"
@@ -114,16 +115,11 @@ class MetadataServer:
 
         self._server = ThreadingHTTPServer((self.host, 0), Handler)
         self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever, name="metadata-server", daemon=True)
-        self._thread.start()
+        self._thread = serve(self._server, "metadata-server")
         return self
 
     def stop(self) -> None:
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-        if self._thread is not None:
-            self._thread.join(timeout=10)
+        stop_serving(self._server, self._thread)
 
     @property
     def url(self) -> str:
