@@ -2,8 +2,8 @@
 
 - `Watcher`: a thread with its own store and lifecycle that asks the cloud every `recover.watch_s`
   whether the attempt's nodes are still there (`gone_reason`). Seeing them gone, it records why,
-  makes the attempt's connections give up at once and, while a job is being followed (or its
-  results collected), raises `NodeGone` in the run's thread: the follower may be inside a reconnect loop that began before
+  makes the attempt's connections give up at once and, while a job is being followed, raises
+  `NodeGone` in the run's thread: the follower may be inside a reconnect loop that began before
   the loss and would otherwise wait out its SSH retries.
 - `Tee`: the run's reporter while it recovers: everything goes on to the user's reporter; epochs
   feed the checkpoint puller, job lines the attempt's log, the job's phase uploads the checkpoint.
@@ -131,8 +131,10 @@ class Tee:
         self.inner.phase_start(phase, detail)
         if phase == "run":
             self.recovery.job_starting()
-        # (collect too: a transfer whose link broke may be inside a reconnect loop when the node goes)
-        if phase in ("setup", "run", "collect"):
+        # Not collect: an exception landing in a transfer's lock handling could leave a lock held
+        # (a run hung so once under load); a collect whose link broke before the watcher saw the
+        # loss waits out the transport's reconnect window instead (ssh.connect_retries_s).
+        if phase in ("setup", "run"):
             with self.recovery.follow_lock:
                 self.recovery.following = True
 
