@@ -26,6 +26,11 @@ Environment (the CLI sets it; docs/data.md):
   CLOUDTRAIN_BUCKET_CONCURRENCY  transfers at a time (default 16)
   CLOUDTRAIN_BUCKET_VERIFY     md5 (default): sizes, and MD5 where the ETag is one; size: sizes only
                                (MD5 costs CPU: about 20% of the throughput on a 2-core machine)
+  CLOUDTRAIN_BUCKET_GRANT_WAIT_S  with the instance identity: how long this node's FIRST copy from
+                               (get) or to (put) a bucket retries access denied, because a grant
+                               just made takes the cloud's IAM propagation time to reach the store
+                               (Azure RBAC up to 10 min, GCP IAM up to 7); a bucket this node has
+                               copied before is denied at once
 
 Progress goes to stdout, at most once a second: files, bytes, rate. Exit codes: 0 done, 2 usage,
 3 access denied (one line naming the bucket and the permission), 4 missing bucket or prefix,
@@ -300,7 +305,7 @@ async def get(url: str, dest: str, state_path: str) -> int:
 # ---------------------------------------------------------------------------------------------- put
 
 
-async def put(url: str, base: str, paths: list[str]) -> int:
+async def put(url: str, base: str, paths: list[str], state_path: str | None = None) -> int:
     import obstore
 
     scheme, account, bucket, prefix = parse_url(url)
@@ -334,6 +339,8 @@ async def put(url: str, base: str, paths: list[str]) -> int:
         progress.add(size)
 
     await asyncio.gather(*(one(*item) for item in files))
+    if state_path is not None:  # this node's identity may write here: a later denial is no propagation
+        _save_state(state_path, url, {})
     print(f"{label}: uploaded {len(files)} files ({_mb(total)} MB) in {time.monotonic() - progress.start:.1f} s, "
           f"{_mb(progress.rate())} MB/s", flush=True)
     return 0
@@ -349,15 +356,50 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("put")
     p.add_argument("url")
     p.add_argument("--base", required=True)
+    p.add_argument("--state", help="a record that this node has written to the bucket")
     p.add_argument("paths", nargs="+")
     args = parser.parse_args(argv)
+    # A first copy: no record of this node ever reaching the bucket (get: the copy's own record).
+    first = args.state is None or not os.path.exists(args.state)
     try:
         if args.command == "get":
-            return asyncio.run(get(args.url, args.dest, args.state))
-        return asyncio.run(put(args.url, args.base, args.paths))
+            return _waiting_out_a_new_grant(lambda: asyncio.run(get(args.url, args.dest, args.state)), first,
+                                            args.url)
+        return _waiting_out_a_new_grant(lambda: asyncio.run(put(args.url, args.base, args.paths, args.state)),
+                                        first, args.url)
     except CopyError as exc:
         print(f"bucket copy: {exc}", file=sys.stderr, flush=True)
         return exc.code
+
+
+def _waiting_out_a_new_grant(attempt, first: bool, url: str) -> int:  # noqa: ANN001 - a callable
+    """`attempt()`, again while the store denies access and a grant may still be propagating: the
+    CLI grants the node's identity a bucket just before the copy, and the cloud says so only
+    seconds to minutes later. Incremental copies lose nothing by starting over."""
+    wait = 0.0
+    if first and os.environ.get("CLOUDTRAIN_BUCKET_IDENTITY") == "instance":
+        try:
+            wait = max(0.0, float(os.environ.get("CLOUDTRAIN_BUCKET_GRANT_WAIT_S") or 0))
+        except ValueError:
+            wait = 0.0
+    started = time.monotonic()
+    delay = 2.0
+    while True:
+        try:
+            return attempt()
+        except CopyError as exc:
+            waited = time.monotonic() - started
+            if exc.code != 3 or waited + delay > wait:
+                if exc.code == 3 and waited >= 1:
+                    raise CopyError(f"{exc}; still denied after {waited:.0f} s, longer than a new grant takes "
+                                    "to reach the store", 3) from None
+                raise
+            # Not the error line (that comes once, at the end, if the store never allows it).
+            print(f"bucket copy: {url}: the store does not let this node in yet; a grant made for this run can "
+                  f"take up to {wait:.0f} s to reach it: trying again in {delay:.0f} s ({waited:.0f} s so far)",
+                  flush=True)
+            time.sleep(delay)
+            delay = min(delay * 2, 30.0)
 
 
 if __name__ == "__main__":

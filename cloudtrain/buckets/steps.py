@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from cloudtrain import paths
 from cloudtrain.buckets.url import BucketUrl, parse_bucket_url
 from cloudtrain.cluster.nodes import Node, on_all
+from cloudtrain.errors import UsageError
 from cloudtrain.events import Reporter
 from cloudtrain.recipe import LoadedRecipe, Recipe
 from cloudtrain.state import StateStore
@@ -33,6 +34,9 @@ _PASSED_ENV = (
     ("CLOUDTRAIN_BLOB_ENDPOINT", "CLOUDTRAIN_BLOB_ENDPOINT"),  # an Azure Blob emulator (path-style URLs)
     ("STORAGE_EMULATOR_HOST", "CLOUDTRAIN_GCS_ENDPOINT"),  # Google's clients' variable for another GCS
 )
+
+
+GRANT_WAIT_ENV = "CLOUDTRAIN_GRANT_PROPAGATION_S"
 
 
 def bucket_mounts(recipe: Recipe) -> list[tuple[BucketUrl, str]]:
@@ -61,9 +65,28 @@ def identity_of(provider: object, cluster: str) -> tuple[str, str]:
     return "configured", "the store credentials configured on the node (ssh and local nodes have no cloud identity)"
 
 
-def node_env(identity: str, who: str, environ: Mapping[str, str] | None = None) -> dict[str, str]:
+def grant_wait_s(provider: object, environ: Mapping[str, str] | None = None) -> float:
+    """How long a node's first copy of a bucket retries access denied: the cloud's IAM propagation
+    (Traits.grant_propagation_s), or CLOUDTRAIN_GRANT_PROPAGATION_S where set (the test kit's fakes
+    apply grants in seconds; a store you know to be quicker or slower)."""
+    environ = os.environ if environ is None else environ
+    override = environ.get(GRANT_WAIT_ENV, "").strip()
+    if override:
+        try:
+            return max(0.0, float(override))
+        except ValueError:
+            raise UsageError(f"{GRANT_WAIT_ENV}={override!r} is not a number of seconds",
+                             hint=f"unset it, or e.g. {GRANT_WAIT_ENV}=120") from None
+    traits = getattr(provider, "traits", None)
+    return float(getattr(traits, "grant_propagation_s", 0.0))
+
+
+def node_env(identity: str, who: str, environ: Mapping[str, str] | None = None,
+             grant_wait: float = 0.0) -> dict[str, str]:
     environ = os.environ if environ is None else environ
     env = {"CLOUDTRAIN_BUCKET_IDENTITY": identity, "CLOUDTRAIN_BUCKET_WHO": who}
+    if identity == "instance" and grant_wait > 0:
+        env["CLOUDTRAIN_BUCKET_GRANT_WAIT_S"] = f"{grant_wait:g}"
     for source, target in _PASSED_ENV:
         if environ.get(source) and target not in env:
             env[target] = environ[source]
@@ -99,9 +122,13 @@ def copy_in_script(mounts: Sequence[tuple[BucketUrl, str]], env: Mapping[str, st
 def upload_script(dest: BucketUrl, result_paths: Sequence[str], env: Mapping[str, str]) -> str:
     # Result paths the job did not write are skipped, not an error: collect treats them alike.
     quoted = " ".join(shlex.quote(p) for p in result_paths)
+    # One record per bucket on each node: whether this node's identity has written there before
+    # (a first upload may meet a grant still propagating, bucket_copy.py).
+    key = hashlib.sha256(dest.bucket_url.encode()).hexdigest()[:16]
     return (_prelude(env) + f"set --\nfor p in {quoted}; do [ -e \"$p\" ] && set -- \"$@\" \"$p\"; done\n"
             f'[ $# -gt 0 ] || {{ echo "upload {dest}: no results to upload"; exit 0; }}\n'
-            f'"$CLOUDTRAIN_PYTHON" "$CLOUDTRAIN_RUNTIME/{COPY_SCRIPT}" put {shlex.quote(str(dest))} --base . "$@"\n')
+            f'"$CLOUDTRAIN_PYTHON" "$CLOUDTRAIN_RUNTIME/{COPY_SCRIPT}" put {shlex.quote(str(dest))} --base . '
+            f'--state "$CLOUDTRAIN_RUNTIME/../buckets/put-{key}.json" "$@"\n')
 
 
 def put_copy_tool(nodes: Sequence[Node]) -> None:
@@ -120,8 +147,9 @@ def copy_in(store: StateStore, reporter: Reporter, nodes: Sequence[Node], provid
     identity, who = identity_of(provider, nodes[0].record.cluster)
     reporter.info(f"data: the nodes read {', '.join(str(u) for u, _ in mounts)} with {who}")
     put_copy_tool(nodes)
-    run_job(store, reporter, nodes, run_id, f"{run_id}-data", copy_in_script(mounts, node_env(identity, who)),
-            recipe, "data copy", started)
+    env = node_env(identity, who, grant_wait=grant_wait_s(provider))
+    run_job(store, reporter, nodes, run_id, f"{run_id}-data", copy_in_script(mounts, env), recipe, "data copy",
+            started)
 
 
 def refresh_grants(cluster: object, recipe: Recipe) -> None:
@@ -151,5 +179,6 @@ def upload(store: StateStore, reporter: Reporter, nodes: Sequence[Node], provide
     reporter.info(f"upload: node 0 writes the results to {dest} with {who}")
     put_copy_tool(nodes[:1])
     run_job(store, reporter, nodes[:1], run_id, f"{run_id}-upload",
-            upload_script(dest, recipe.result_paths(), node_env(identity, who)), recipe, "upload", started)
+            upload_script(dest, recipe.result_paths(), node_env(identity, who, grant_wait=grant_wait_s(provider))),
+            recipe, "upload", started)
     return dest

@@ -56,6 +56,10 @@ class Traits:
     honours_fields: tuple[str, ...] = ()
     # The backend enforces budget.max_hours itself (Slurm's --time): no watchdog is needed for it.
     limits_time: bool = False
+    # How long a new bucket grant to the machines' identity may take to reach the store (the
+    # cloud's documented IAM propagation): a node's first copy of a bucket retries access denied
+    # for this long (buckets/steps.py) instead of failing a run the cloud would allow a minute later.
+    grant_propagation_s: float = 0.0
 
 
 @dataclass(frozen=True)

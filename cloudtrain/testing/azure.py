@@ -267,6 +267,10 @@ class FakeArm:
         # calls they made: (vm id, method, HTTP status).
         self.deadline_timers: list[threading.Timer] = []
         self.deadline_calls: list[tuple[str, str, int]] = []
+        # Azure RBAC is eventually consistent: a role assignment gives its data access only some
+        # time after its PUT succeeded (up to 10 minutes in Azure; 0 turns the delay off).
+        self.rbac_propagation_s = 2.0
+        self._assigned_at: dict[str, float] = {}
 
     # WSGI --------------------------------------------------------------------------------------
 
@@ -798,8 +802,11 @@ class FakeArm:
             target = f"{accounts[0]}/blobservices/default/containers/{container.lower()}"
             principals = {(vm.get("identity") or {}).get("principalId")
                           for vm in self._all("microsoft.compute/virtualmachines")}
+            now = time.monotonic()
             for assignment in self._all("microsoft.authorization/roleassignments"):
                 props = assignment["properties"]
+                if now - self._assigned_at.get(assignment["id"].lower(), 0.0) < self.rbac_propagation_s:
+                    continue  # not yet in effect at the data plane
                 where = props["scope"].lower().rstrip("/")
                 role = ROLES.get(props["roleDefinitionId"].rsplit("/", 1)[-1].lower(), "")
                 if props["principalId"] in principals and (target == where or target.startswith(where + "/")) \
@@ -849,8 +856,10 @@ class FakeArm:
                       "type": "Microsoft.Authorization/roleAssignments",
                       "properties": {"roleDefinitionId": role, "principalId": principal, "scope": scope,
                                      "principalType": props.get("principalType", "ServicePrincipal"),
-                                     "description": props.get("description")}}
+                                     "description": props.get("description"),
+                                     "createdOn": time.strftime("%Y-%m-%dT%H:%M:%S.0000000Z", time.gmtime())}}
         self.resources[key] = assignment
+        self._assigned_at[assignment["id"].lower()] = time.monotonic()
         return 201, assignment, {}
 
     # virtual machines --------------------------------------------------------------------------

@@ -318,7 +318,10 @@ class AzureBlobs:
 
     def cli_env(self) -> dict[str, str]:
         """For the CLI's environment: nodes (and `collect --from-bucket`) reach the store here."""
-        return {"CLOUDTRAIN_BLOB_ENDPOINT": self.front.url}
+        # A node's first copy waits out this fake's RBAC delay (FakeArm.rbac_propagation_s), not
+        # Azure's 10 minutes (buckets/steps.py).
+        wait = max(15.0, 5 * self.front.arm.rbac_propagation_s)
+        return {"CLOUDTRAIN_BLOB_ENDPOINT": self.front.url, "CLOUDTRAIN_GRANT_PROPAGATION_S": f"{wait:g}"}
 
     def user_env(self) -> dict[str, str]:
         """The user's own configured credentials for the store (obstore reads these)."""

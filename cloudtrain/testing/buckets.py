@@ -204,7 +204,8 @@ class S3Buckets:
 
     def cli_env(self) -> dict[str, str]:
         """For the CLI's environment: nodes find the instance metadata (and so their role) here."""
-        return {"CLOUDTRAIN_METADATA_URL": self.metadata.url}
+        # moto applies a role's policy at once: a node need not wait out IAM's propagation here.
+        return {"CLOUDTRAIN_METADATA_URL": self.metadata.url, "CLOUDTRAIN_GRANT_PROPAGATION_S": "0"}
 
 
 @pytest.fixture

@@ -443,7 +443,8 @@ class GcsBuckets:
 
     def cli_env(self) -> dict[str, str]:
         """STORAGE_EMULATOR_HOST: where the provider sets bucket IAM and the nodes copy."""
-        return {"STORAGE_EMULATOR_HOST": self.server.url}
+        # This fake applies a bucket binding at once: a node need not wait out IAM's propagation.
+        return {"STORAGE_EMULATOR_HOST": self.server.url, "CLOUDTRAIN_GRANT_PROPAGATION_S": "0"}
 
 
 @pytest.fixture

@@ -9,8 +9,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from cloudtrain.buckets.steps import copy_in_script, identity_of, node_env, upload_script, without_buckets
+from cloudtrain.buckets.steps import (
+    copy_in_script, grant_wait_s, identity_of, node_env, upload_script, without_buckets,
+)
 from cloudtrain.buckets.url import parse_bucket_url
+from cloudtrain.errors import UsageError
 from cloudtrain.providers.base import Traits
 from cloudtrain.recipe import load_recipe
 
@@ -44,6 +47,28 @@ def test_node_env_passes_endpoints_not_credentials() -> None:
                    "CLOUDTRAIN_S3_ENDPOINT": "http://127.0.0.1:9", "CLOUDTRAIN_METADATA_URL": "http://127.0.0.1:8"}
     assert node_env("configured", "x", {"AWS_ENDPOINT_URL_S3": "http://a:1", "AWS_ENDPOINT_URL": "http://b:2"})[
         "CLOUDTRAIN_S3_ENDPOINT"] == "http://a:1"
+
+
+@pytest.mark.parametrize(("cloud", "environ", "wait"), [
+    ("aws", {}, 60.0),  # IAM: seconds, rarely a minute
+    ("gcp", {}, 420.0),  # "in some cases 7 minutes or more"
+    ("azure", {}, 600.0),  # RBAC: "up to 10 minutes"
+    ("ssh", {}, 0.0),  # the node's configured credentials: nothing is granted
+    ("azure", {"CLOUDTRAIN_GRANT_PROPAGATION_S": "20"}, 20.0),
+    ("gcp", {"CLOUDTRAIN_GRANT_PROPAGATION_S": "0"}, 0.0),
+])
+def test_a_first_copy_waits_out_the_clouds_iam_propagation(cloud: str, environ: dict, wait: float) -> None:
+    from cloudtrain.providers import provider_class
+
+    assert grant_wait_s(provider_class(cloud), environ) == wait
+    env = node_env("instance", "x", {}, grant_wait=wait)
+    assert env.get("CLOUDTRAIN_BUCKET_GRANT_WAIT_S") == (f"{wait:g}" if wait else None)
+    assert "CLOUDTRAIN_BUCKET_GRANT_WAIT_S" not in node_env("configured", "x", {}, grant_wait=wait)
+
+
+def test_a_bad_propagation_override_is_one_line() -> None:
+    with pytest.raises(UsageError, match="CLOUDTRAIN_GRANT_PROPAGATION_S='soon' is not a number of seconds"):
+        grant_wait_s(object(), {"CLOUDTRAIN_GRANT_PROPAGATION_S": "soon"})
 
 
 def _run(script: str, python: str, cwd: Path) -> subprocess.CompletedProcess[str]:

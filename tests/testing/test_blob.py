@@ -69,6 +69,7 @@ def _node_copy(blobs: AzureBlobs, metadata: MetadataServer, tmp: Path, *args: st
 def test_a_managed_identity_reads_and_writes_only_where_its_roles_say(
         arm_server: ArmServer, azure_blobs: AzureBlobs, metadata_server: MetadataServer, tmp_path: Path) -> None:
     arm, blobs = Arm(arm_server), azure_blobs
+    arm_server.rbac_propagation_s = 0  # the roles' table here; their delay: the next test
     arm_server.accept_identity_token(metadata_server.token_for("imds"))
     for container in ("data", "out", "other"):
         blobs.create(container)
@@ -113,9 +114,52 @@ def test_a_managed_identity_reads_and_writes_only_where_its_roles_say(
     assert {r.query.get("resource") for r in metadata_server.seen("imds")} == {"https://storage.azure.com"}
 
 
+def test_a_new_role_takes_effect_later_and_a_first_copy_waits_for_it(
+        arm_server: ArmServer, azure_blobs: AzureBlobs, metadata_server: MetadataServer, tmp_path: Path) -> None:
+    arm, blobs = Arm(arm_server), azure_blobs
+    arm_server.rbac_propagation_s = 3.0
+    arm_server.accept_identity_token(metadata_server.token_for("imds"))
+    blobs.create("data")
+    blobs.put("data", "train/a.bin", b"A" * 100)
+    arm.group("cluster")
+    vm = arm.vm("cluster", "vm0")
+    _grant(arm, f"{blobs.account_id}/blobServices/default/containers/data", vm.identity.principal_id, READER)
+    source = f"az://{blobs.account}/data/train"
+    # Right after the PUT the role is not in effect yet: a copy that does not wait is refused.
+    early = _node_copy(blobs, metadata_server, tmp_path, "get", source, "in", "--state", "early.json")
+    assert early.returncode == 3 and "refuses" in early.stderr
+    # A first copy told to wait out a new grant tries again until the role takes effect.
+    waited = subprocess.run(
+        [sys.executable, str(COPY), "get", source, "in", "--state", "s.json"], capture_output=True, text=True,
+        timeout=120, cwd=tmp_path,
+        env={**os.environ, **blobs.cli_env(), "CLOUDTRAIN_BUCKET_IDENTITY": "instance",
+             "CLOUDTRAIN_BUCKET_WHO": "the VM's managed identity", "CLOUDTRAIN_METADATA_URL": metadata_server.url,
+             "CLOUDTRAIN_BUCKET_GRANT_WAIT_S": "60"})
+    assert waited.returncode == 0, waited.stderr
+    assert "the store does not let this node in yet" in waited.stdout
+    assert (tmp_path / "in" / "a.bin").read_bytes() == b"A" * 100
+    # A bucket this node has copied before is denied at once, whatever the wait says.
+    arm.authorization.role_assignments.delete(f"{blobs.account_id}/blobServices/default/containers/data",
+                                              _only_assignment(arm_server))
+    again = subprocess.run(
+        [sys.executable, str(COPY), "get", source, "in", "--state", "s.json"], capture_output=True, text=True,
+        timeout=120, cwd=tmp_path,
+        env={**os.environ, **blobs.cli_env(), "CLOUDTRAIN_BUCKET_IDENTITY": "instance",
+             "CLOUDTRAIN_BUCKET_WHO": "the VM's managed identity", "CLOUDTRAIN_METADATA_URL": metadata_server.url,
+             "CLOUDTRAIN_BUCKET_GRANT_WAIT_S": "60"})
+    assert again.returncode == 3 and "does not let this node in yet" not in again.stdout, again.stdout
+
+
+def _only_assignment(arm_server: ArmServer) -> str:
+    (assignment,) = [r for r in arm_server.resources.values()
+                     if r["type"].lower() == "microsoft.authorization/roleassignments"]
+    return str(assignment["name"])
+
+
 def test_tokens_nobody_issued_get_401_and_a_role_in_another_account_gives_nothing(
         arm_server: ArmServer, azure_blobs: AzureBlobs) -> None:
     blobs = azure_blobs
+    arm_server.rbac_propagation_s = 0
     blobs.create("data")
     url = f"{blobs.front.url}/{blobs.account}/data?restype=container&comp=list"
     forged = requests.get(url, headers={"Authorization": "Bearer forged", "x-ms-version": "2021-08-06"}, timeout=10)

@@ -84,7 +84,8 @@ _SHUTTING_DOWN = "instances still shutting down"
 
 class AwsProvider:
     name = "aws"
-    traits = Traits(remote=True, priced=True, owns_machines=True, cloud_fields=True)
+    # IAM is eventually consistent: a role policy or instance profile takes seconds, rarely a minute.
+    traits = Traits(remote=True, priced=True, owns_machines=True, cloud_fields=True, grant_propagation_s=60)
     # Stores its instances get an identity for (an IAM role scoped to the recipe's buckets: identity.py).
     bucket_stores = ("s3",)
 

@@ -73,7 +73,9 @@ __all__ = ["AzureApiError", "AzureProvider", "make_provider"]
 class AzureProvider:
     name = "azure"
     # autostop: the VM deallocates (or deletes) itself through ARM with its managed identity.
-    traits = Traits(remote=True, priced=True, owns_machines=True, stops_spot=True, cloud_fields=True)
+    # Azure RBAC: a new role assignment "can take up to 10 minutes" to take effect (RBAC troubleshooting docs).
+    traits = Traits(remote=True, priced=True, owns_machines=True, stops_spot=True, cloud_fields=True,
+                    grant_propagation_s=600)
     # Stores its VMs get an identity for (a Storage Blob Data role for the VM's managed identity: storage.py).
     bucket_stores = ("az",)
 

@@ -83,7 +83,9 @@ class GcpProvider:
     name = "gcp"
     # autostop: an OS shutdown stops a GCE VM (no credentials needed for that); autostop.down: the
     # VM deletes itself through the Compute API with its service account's token (see launch).
-    traits = Traits(remote=True, priced=True, owns_machines=True, stops_spot=True, cloud_fields=True)
+    # IAM access change propagation: "typically 2 minutes", "in some cases 7 minutes or more".
+    traits = Traits(remote=True, priced=True, owns_machines=True, stops_spot=True, cloud_fields=True,
+                    grant_propagation_s=420)
     # Stores its VMs get an identity for: the VM's service account with bucket IAM bindings (storage.py).
     bucket_stores = ("gs",)
 
