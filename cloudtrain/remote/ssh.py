@@ -143,6 +143,9 @@ class SSHTransport:
         self.round_trips = RoundTrips()
         self._helper: NodeHelper | None = None
         self._helper_off = os.environ.get(HELPER_ENV, "1") == "0"
+        # Set by give_up() from another thread (the node is known gone): ends a reconnect loop
+        # between attempts without its lock, which that loop holds.
+        self._given_up = threading.Event()
 
     # ------------------------------------------------------------------ Transport contract
 
@@ -360,6 +363,15 @@ class SSHTransport:
             raise RemoteCommandError(listing_argv, code, lister.stderr.decode(errors="replace"))
         return parse_file_listing(listing), self._extract(copier, local, tar_newer_argv(remote_dir, paths, newer_than))
 
+    def give_up(self) -> None:
+        """The node is gone (the cloud says so): a reconnect loop in progress ends after its current
+        attempt, and every later connect fails at once. Safe from any thread."""
+        self.retry_for = 0.0
+        self.reconnect_for = 0.0
+        # An address the cloud already gave back may still accept and never speak: don't wait on it.
+        self.connect_timeout = min(self.connect_timeout, 1.0)
+        self._given_up.set()
+
     def close(self) -> None:
         with self._lock:
             if self._helper is not None:
@@ -490,6 +502,9 @@ class SSHTransport:
         attempts = 0
         notice = WaitNotice(f"SSH on {self.label} (instance {self.endpoint.instance_id})", budget)
         while True:
+            if self._given_up.is_set():
+                raise SSHConnectError(f"gave up on {self.label} (instance {self.endpoint.instance_id}): "
+                                      "the cloud says the machine is gone")
             attempts += 1
             try:
                 conn = self._attempt(notice if attempts == 1 else None)
@@ -521,7 +536,7 @@ class SSHTransport:
             log.debug("%s: connect attempt %d failed (%s); retrying in %.2fs", self.label, attempts, last, delay)
             notice.tick(time.monotonic() - started, last)
             remaining = budget - (time.monotonic() - started)
-            time.sleep(max(0.0, min(delay, remaining)))
+            self._given_up.wait(max(0.0, min(delay, remaining)))  # a sleep that give_up() ends
             delay = min(delay * 2, 5.0)
 
     def _attempt(self, notice: WaitNotice | None) -> Connection:

@@ -109,13 +109,13 @@ def raise_in(thread_id: int, error: type[BaseException]) -> None:
 
 def give_up_connections(nodes: list) -> None:
     """The node is gone: every later command on it fails at its first connect attempt."""
+    from cloudtrain.remote.ssh import SSHTransport
+
     for node in list(nodes):
         transport = node.transport
-        if hasattr(transport, "reconnect_for"):
-            transport.retry_for = 0.0
-            transport.reconnect_for = 0.0
-            # An address the cloud already gave back may still accept and never speak: don't wait on it.
-            transport.connect_timeout = min(transport.connect_timeout, 1.0)
+        if isinstance(transport, SSHTransport):
+            # First, without the transport's lock: a reconnect loop (a collect's, a sync's) holds it.
+            transport.give_up()
         transport.close()
 
 

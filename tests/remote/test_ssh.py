@@ -252,3 +252,44 @@ def test_a_missing_key_says_whose_it_was(tmp_path: Path, made_by_cloudtrain: boo
     with pytest.raises(SSHAuthError) as caught:
         transport.connect()
     assert str(path) in caught.value.message and hint_part in caught.value.one_line()
+
+
+def test_give_up_ends_a_reconnect_loop_that_holds_the_transport(sshd_vm_factory: SshdFactory) -> None:
+    """The node is gone (the cloud said so): a command inside a reconnect loop ends with that, not
+    after the loop's whole budget, and later commands fail at once (run/recover_watch.py)."""
+    from cloudtrain.testing.wait import wait_until
+
+    vm = sshd_vm_factory.start()
+    t = open_transport(cluster="c", instance=vm.instance(), config=fast_config(connect_retries_s=600),
+                       key_path=sshd_vm_factory.client_key.private_path)
+    outcome: list[BaseException | str] = []
+
+    def command() -> None:
+        try:
+            outcome.append(t.run(["echo", "up"]).text)
+        except BaseException as exc:  # noqa: BLE001 - handed to the test's thread
+            outcome.append(exc)
+
+    try:
+        assert t.run(["true"]).exit_code == 0
+        vm.stop()
+        wait_until(lambda: not t.connected, timeout=30, what="the client to see sshd gone")
+        worker = threading.Thread(target=command)
+        worker.start()
+
+        def loop_holds_the_lock() -> bool:
+            free = t._lock.acquire(blocking=False)  # noqa: SLF001 - the reconnect loop holds it
+            if free:
+                t._lock.release()  # noqa: SLF001
+            return not free
+
+        wait_until(loop_holds_the_lock, timeout=30, what="the command's reconnect loop")
+        t.give_up()
+        worker.join(timeout=60)
+        assert not worker.is_alive()
+        (error,) = outcome
+        assert isinstance(error, SSHConnectError) and "the cloud says the machine is gone" in error.message
+        with pytest.raises(SSHConnectError, match="gave up"):
+            t.run(["true"])
+    finally:
+        t.close()
