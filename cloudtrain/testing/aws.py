@@ -849,8 +849,12 @@ class AwsCloud(FakeCloud):
         if not tags:
             described = self._ec2(region).describe_instances(InstanceIds=[raw["InstanceId"]])["Reservations"]
             tags = {t["Key"]: t["Value"] for r in described for i in r["Instances"] for t in i.get("Tags", [])}
+        # From EC2's own launch time, not from when this observer got to it (the describe calls
+        # above take seconds on a loaded machine; EC2 bills from the launch).
+        launched = raw.get("LaunchTime")
         self.bill.created(raw["InstanceId"], tags.get("cloudtrain-cluster", ""), hourly or 0.0,
-                          (disk_price("aws") or 0.0) * size / HOURS_PER_MONTH)
+                          (disk_price("aws") or 0.0) * size / HOURS_PER_MONTH,
+                          at=launched.timestamp() if hasattr(launched, "timestamp") else None)
 
     def _public_key(self, region: str, name: str | None) -> str | None:
         if not name:
