@@ -55,6 +55,10 @@ def preflight(loaded: LoadedRecipe, config: Config) -> Plan | None:
     if problem is not None:
         field, message, hint = problem
         raise NotAvailableError(_located(loaded, field, message), hint=hint)
+    if recipe.upload or any(m.is_bucket for m in recipe.data):
+        from cloudtrain.buckets.checks import propagation_override
+
+        propagation_override()  # a malformed CLOUDTRAIN_GRANT_PROPAGATION_S is said now, not after launch
     if recipe.job is not None:
         _check_job_params(loaded)
         if cloud != ANY and not _cloud_traits(loaded).remote:

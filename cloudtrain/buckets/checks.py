@@ -8,7 +8,27 @@ own (local, ssh, a scheduler's) use the store credentials configured on them, fo
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
+
 from cloudtrain.buckets.url import parse_bucket_url
+from cloudtrain.errors import UsageError
+
+GRANT_WAIT_ENV = "CLOUDTRAIN_GRANT_PROPAGATION_S"
+
+
+def propagation_override(environ: Mapping[str, str] | None = None) -> float | None:
+    """CLOUDTRAIN_GRANT_PROPAGATION_S in seconds, None when unset; malformed: one line (preflight
+    asks before anything exists, so a typo never fails a run after its machines are up)."""
+    environ = os.environ if environ is None else environ
+    text = environ.get(GRANT_WAIT_ENV, "").strip()
+    if not text:
+        return None
+    try:
+        return max(0.0, float(text))
+    except ValueError:
+        raise UsageError(f"{GRANT_WAIT_ENV}={text!r} is not a number of seconds",
+                         hint=f"unset it, or e.g. {GRANT_WAIT_ENV}=120") from None
 
 
 def _stores_of(cloud: str) -> tuple[str, ...] | None:

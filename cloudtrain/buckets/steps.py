@@ -15,9 +15,9 @@ import shlex
 from collections.abc import Mapping, Sequence
 
 from cloudtrain import paths
+from cloudtrain.buckets.checks import propagation_override
 from cloudtrain.buckets.url import BucketUrl, parse_bucket_url
 from cloudtrain.cluster.nodes import Node, on_all
-from cloudtrain.errors import UsageError
 from cloudtrain.events import Reporter
 from cloudtrain.recipe import LoadedRecipe, Recipe
 from cloudtrain.state import StateStore
@@ -34,9 +34,6 @@ _PASSED_ENV = (
     ("CLOUDTRAIN_BLOB_ENDPOINT", "CLOUDTRAIN_BLOB_ENDPOINT"),  # an Azure Blob emulator (path-style URLs)
     ("STORAGE_EMULATOR_HOST", "CLOUDTRAIN_GCS_ENDPOINT"),  # Google's clients' variable for another GCS
 )
-
-
-GRANT_WAIT_ENV = "CLOUDTRAIN_GRANT_PROPAGATION_S"
 
 
 def bucket_mounts(recipe: Recipe) -> list[tuple[BucketUrl, str]]:
@@ -69,14 +66,9 @@ def grant_wait_s(provider: object, environ: Mapping[str, str] | None = None) -> 
     """How long a node's first copy of a bucket retries access denied: the cloud's IAM propagation
     (Traits.grant_propagation_s), or CLOUDTRAIN_GRANT_PROPAGATION_S where set (the test kit's fakes
     apply grants in seconds; a store you know to be quicker or slower)."""
-    environ = os.environ if environ is None else environ
-    override = environ.get(GRANT_WAIT_ENV, "").strip()
-    if override:
-        try:
-            return max(0.0, float(override))
-        except ValueError:
-            raise UsageError(f"{GRANT_WAIT_ENV}={override!r} is not a number of seconds",
-                             hint=f"unset it, or e.g. {GRANT_WAIT_ENV}=120") from None
+    override = propagation_override(environ)
+    if override is not None:
+        return override
     traits = getattr(provider, "traits", None)
     return float(getattr(traits, "grant_propagation_s", 0.0))
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -38,3 +39,15 @@ def test_validate(tmp_path: Path, cloud: str, body: str, code: int, says: str) -
     assert says in out
     if code:
         assert len(proc.stderr.strip().splitlines()) == 1, out
+
+
+def test_a_malformed_propagation_override_is_refused_before_anything_exists(tmp_path: Path) -> None:
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("name: bk\nresources: {cloud: aws, instance_type: t3.medium}\n"
+                      "data: [{source: 's3://bkt-data/x', target: d}]\nrun: 'true'\n")
+    env = {**os.environ, "HOME": str(tmp_path / "home"), "CLOUDTRAIN_HOME": str(tmp_path / "ct"),
+           "CLOUDTRAIN_GRANT_PROPAGATION_S": "soon"}
+    proc = subprocess.run([sys.executable, "-m", "cloudtrain", "validate", str(recipe)], capture_output=True,
+                          text=True, timeout=60, cwd=tmp_path, env=env)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "CLOUDTRAIN_GRANT_PROPAGATION_S='soon' is not a number of seconds" in proc.stderr
