@@ -27,7 +27,6 @@ import hashlib
 import hmac
 import http.client
 import os
-import random
 import shutil
 import subprocess
 import threading
@@ -44,6 +43,7 @@ from xml.sax.saxutils import escape
 
 import pytest
 
+from cloudtrain.testing.objects import put_dataset
 from cloudtrain.testing.serving import serve, stop_serving
 from cloudtrain.testing.wait import wait_until
 
@@ -290,26 +290,10 @@ class AzureBlobs:
              workers: int = 8) -> dict[str, int]:
         """`files` blobs under `prefix` adding up to `total_bytes`: random heads on zero bodies, so
         every blob differs and making them costs little. Returns key -> size."""
-        rng = random.Random(seed)
-        base = total_bytes // files
-        sizes = {f"{prefix}/part-{i // 100:03d}/f{i:05d}.bin": base + (total_bytes - base * files if i == 0 else 0)
-                 for i in range(files)}
-        heads = {k: rng.randbytes(64) for k in sizes}
+        import obstore
+
         store = self.store()(container)
-        keys = list(sizes)
-
-        def put(chunk: list[str]) -> None:
-            import obstore
-
-            for k in chunk:
-                obstore.put(store, k, heads[k] + bytes(sizes[k] - 64))
-
-        threads = [threading.Thread(target=put, args=(keys[i::workers],)) for i in range(workers)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        return sizes
+        return put_dataset(lambda k, body: obstore.put(store, k, body), prefix, files, total_bytes, seed, workers)
 
     def keys(self, container: str, prefix: str | None = None) -> list[str]:
         import obstore

@@ -21,7 +21,6 @@ Azure Blob: cloudtrain/testing/blob.py (`azure_blobs`, Azurite behind an RBAC fr
 from __future__ import annotations
 
 import io
-import random
 import re
 import threading
 import time
@@ -35,6 +34,7 @@ import pytest
 
 from cloudtrain.testing.aws import MotoServer
 from cloudtrain.testing.metadata import MetadataServer
+from cloudtrain.testing.objects import put_dataset
 
 _CREDENTIAL = re.compile(r"Credential=(?P<key>[^/]+)/\d{8}/(?P<region>[^/]+)/(?P<service>[^/]+)/aws4_request")
 ACCOUNT_ID = "123456789012"  # moto's default account
@@ -153,24 +153,9 @@ class S3Buckets:
              workers: int = 8) -> dict[str, int]:
         """`files` objects under `prefix` adding up to `total_bytes`: random heads on sparse
         (zero) bodies, so every object differs and making them costs little. Returns key -> size."""
-        rng = random.Random(seed)
-        base = total_bytes // files
-        sizes = {f"{prefix}/part-{i // 100:03d}/f{i:05d}.bin": base + (total_bytes - base * files if i == 0 else 0)
-                 for i in range(files)}
-        heads = {k: rng.randbytes(64) for k in sizes}
         client = self.client()
-        keys = list(sizes)
-
-        def put(chunk: list[str]) -> None:
-            for k in chunk:
-                client.put_object(Bucket=bucket, Key=k, Body=heads[k] + bytes(sizes[k] - 64))
-
-        threads = [threading.Thread(target=put, args=(keys[i::workers],)) for i in range(workers)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        return sizes
+        return put_dataset(lambda k, body: client.put_object(Bucket=bucket, Key=k, Body=body), prefix, files,
+                           total_bytes, seed, workers)
 
     def role_credentials(self) -> tuple[str, dict[str, str]] | None:
         """What EC2's instance metadata hands the VM: the credentials of the role in the instance

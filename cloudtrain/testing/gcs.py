@@ -65,6 +65,7 @@ from cloudtrain.testing.gcs_iam import (  # noqa: F401 - condition_allows and OW
     condition_allows,
     gce_principal,
 )
+from cloudtrain.testing.objects import put_dataset
 from cloudtrain.testing.serving import serve, stop_serving
 
 PAGE = 1000
@@ -418,15 +419,9 @@ class GcsBuckets:
     def fill(self, bucket: str, prefix: str, files: int, total_bytes: int, seed: int = 0) -> dict[str, int]:
         """`files` objects under `prefix` adding up to `total_bytes`, each different (a random
         head on a zero body), stored directly. Returns name -> size."""
-        import random
-
-        rng = random.Random(seed)
-        base = total_bytes // files
-        sizes = {f"{prefix}/part-{i // 100:03d}/f{i:05d}.bin": base + (total_bytes - base * files if i == 0 else 0)
-                 for i in range(files)}
-        for key, size in sizes.items():
-            self.server.put(bucket, key, rng.randbytes(64) + bytes(size - 64))
-        return sizes
+        # Stored directly (one thread: the fake's own dict, no HTTP to overlap).
+        return put_dataset(lambda k, body: self.server.put(bucket, k, body), prefix, files, total_bytes, seed,
+                           workers=1)
 
     def deny(self, bucket: str) -> None:
         """An IAM deny policy on `bucket` for everyone but the project owner (FakeGcs.denying)."""
