@@ -1,0 +1,123 @@
+"""Recovery and the run's bucket upload (`upload:` with `recover:`, docs/recovery.md), through the
+CLI, against the cloud fakes and their stores: S3 (moto, the instance role), GCS (the kit's wire
+fake, the VM's service account) and Azure Blob (Azurite behind the kit's RBAC front, the VM's
+managed identity). The node's copy gets its identity only from the cloud's metadata fake; the
+laptop's, where the CLI copies or lists itself, is the user's own configured credentials.
+
+- On the interruption notice the node uploads the checkpoint its TERMed job wrote, and the
+  results, and run.json's attempt says what went up (the AWS leg is in test_recovery_e2e.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+
+from cloudtrain.testing import recovery as rk
+from cloudtrain.testing import sshd
+from cloudtrain.testing.wait import wait_until
+
+pytest.importorskip("obstore")
+if not sshd.sshd_available() and not os.environ.get("CI"):
+    pytest.skip("OpenSSH sshd is not installed (apt-get install openssh-server)", allow_module_level=True)
+
+
+@dataclass
+class Store:
+    """One test's bucket on the cloud's own store: its upload URL and how the test reads it."""
+
+    url: str  # the recipe's `upload:` (the bucket and a `runs` prefix)
+    get: Callable[[str], bytes]  # a key under the bucket -> its bytes
+    keys: Callable[[], list[str]]  # every key in the bucket
+
+
+def _store(cloud: Any, request: pytest.FixtureRequest, metadata: Any, monkeypatch: pytest.MonkeyPatch) -> Store:
+    """A new bucket on `cloud`'s store, the CLI's environment pointed at it, the user's own
+    credentials for it in the CLI's environment (what the laptop copies or lists with)."""
+    suffix = cloud.cluster[-8:].lower().strip("-")
+    if cloud.name == "aws":
+        s3 = request.getfixturevalue("s3_buckets")
+        cloud.env.update(s3.cli_env())
+        cloud.env["CLOUDTRAIN_WATCHDOG_METADATA_URL"] = metadata.url
+        monkeypatch.setenv("CLOUDTRAIN_WATCHDOG_METADATA_URL", metadata.url)
+        bucket = s3.create(f"res-{suffix}")
+
+        def keys() -> list[str]:
+            return sorted(o["Key"] for o in s3.client().list_objects_v2(Bucket=bucket).get("Contents", []))
+        return Store(f"s3://{bucket}/runs", lambda k: s3.client().get_object(Bucket=bucket, Key=k)["Body"].read(), keys)
+    if cloud.name == "gcp":
+        gcs = request.getfixturevalue("gcs_buckets")
+        cloud.env.update({**gcs.cli_env(), "CLOUDTRAIN_METADATA_URL": cloud.metadata.url})
+        bucket = gcs.create(f"res-{suffix}")
+
+        def gcs_get(key: str) -> bytes:
+            with gcs.server.lock:
+                return gcs.server.buckets[bucket].objects[key].data
+        return Store(f"gs://{bucket}/runs", gcs_get, lambda: gcs.names(bucket))
+    import obstore
+
+    blobs = request.getfixturevalue("azure_blobs")
+    cloud.env.update({**blobs.cli_env(), **blobs.user_env(), "CLOUDTRAIN_METADATA_URL": cloud.metadata.url})
+    container = blobs.create(f"res-{suffix}")
+    return Store(f"az://{blobs.account}/{container}/runs",
+                 lambda k: bytes(obstore.get(blobs.store()(container), k).bytes()), lambda: blobs.keys(container))
+
+
+def _notice(cloud: Any, metadata: Any) -> None:
+    """The cloud announces the interruption of the cluster's machine; once a watchdog has read it,
+    the fake stops announcing (it answers every machine alike: the next one must not see it)."""
+    _, machine = rk.placement(cloud)
+    metadata.interrupt(cloud.name, [machine] if cloud.name == "azure" else None)
+    wait_until(lambda: metadata.notices_served(cloud.name) >= 1, 60, "the watchdog reading the notice")
+    metadata.clear()
+
+
+def _metadata(cloud: Any, request: pytest.FixtureRequest) -> Any:
+    """The metadata server the cluster's watchdog reads notices from (GCP's and Azure's fixtures
+    have their VMs' own; on AWS the session's, which the S3 fixture also gives the nodes' role)."""
+    return request.getfixturevalue("metadata_server") if cloud.name == "aws" else cloud.metadata
+
+
+@pytest.mark.parametrize("cloud_name", ["gcp", "azure"])
+def test_on_the_notice_the_node_uploads_its_checkpoint_with_its_own_identity(
+        fake_cloud: Any, cloud_name: str, request: pytest.FixtureRequest, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """GCE's instance/preempted, Azure's Scheduled Events Preempt: the watchdog TERMs the job and
+    starts the upload the CLI left on the node; after the job wrote its last checkpoint the node
+    puts it (and whatever results there are) under the run's upload URL with its own identity (the
+    VM's service account; its managed identity), and run.json's first attempt says what went up."""
+    cloud = fake_cloud(cloud_name)
+    metadata = _metadata(cloud, request)
+    store = _store(cloud, request, metadata, monkeypatch)
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    recipe = rk.recipe(cloud, marks, watch_s=300, autostop={"idle_minutes": 30}, upload=store.url)
+    proc = rk.start(cloud, recipe)
+    try:
+        rk.kept(cloud, at_least=3)
+        _notice(cloud, metadata)
+        out, err = rk.finish(proc, marks)
+    finally:
+        (marks / "go").touch()
+    assert proc.returncode == 0, out[-3000:] + err[-3000:]
+    run_dir = Path(out.strip().splitlines()[-1])
+    record = json.loads((run_dir / "run.json").read_text())
+    run_id = record["run_id"]
+    one, two = record["attempts"]
+    assert (one["outcome"], two["outcome"]) == ("preempted", "succeeded"), record["attempts"]
+    ckpt = f".cloudtrain-checkpoints/{run_id}"
+    on_notice = one["uploaded_on_notice"]
+    assert on_notice is not None and on_notice["ok"] and on_notice["exit_code"] == 0, one
+    assert on_notice["url"] == f"{store.url}/{run_id}" and on_notice["paths"] == ["outputs", ckpt], on_notice
+    assert two["uploaded_on_notice"] is None
+    prefix = store.url.split("/", 3 if cloud_name == "gcp" else 4)[-1]
+    assert store.get(f"{prefix}/{run_id}/{ckpt}/final") == b"3\n"  # the checkpoint the job wrote on TERM
+    assert store.get(f"{prefix}/{run_id}/{ckpt}/state").split()[0] == b"3"
+    # The run's own upload at its end: the results of the second attempt.
+    assert json.loads(store.get(f"{prefix}/{run_id}/outputs/result.json"))["total"] == rk.TOTAL
+    assert cloud.leftovers() == []
