@@ -30,6 +30,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "autostop": ("cloudtrain.cli.autostop", "autostop", "Make a cluster stop (or --down delete) itself after MIN idle minutes; --cancel turns it off."),
     "plan": ("cloudtrain.cli.plan", "plan", "Show where a recipe would run, the price and the worst case; creates nothing."),
     "cost": ("cloudtrain.cli.cost", "cost", "What was spent, per cluster and per run (billed time x price)."),
+    "driver": ("cloudtrain.cli.driver", "driver", "A run started with `run --driver HOST`: status, log, fetch, cancel."),
     "compare": ("cloudtrain.cli.compare", "compare", "Compare runs: device, sec/batch, images/s, speed-up, cost."),
 }
 

@@ -60,9 +60,16 @@ env_option = click.option("--env", "-e", "env", multiple=True, metavar="KEY=VALU
               help="Print only what went wrong, the summary and the run directory.")
 @click.option("--resume", "resume_run", metavar="RUN",
               help="Pick up RUN, a recovering run whose CLI died: relaunch from its kept checkpoint (docs/recovery.md).")
+@click.option("--driver", "driver_host", metavar="HOST",
+              help="Drive the run from HOST ([user@]host[:port], an SSH host with cloudtrain) instead of here; "
+                   "returns once it has started (docs/driver.md).")
+@click.option("--driver-key", metavar="PATH", help="The SSH key for --driver HOST (default: agent, ~/.ssh keys).")
+@click.option("--driver-cloudtrain", metavar="PATH", default="cloudtrain", show_default=True,
+              help="cloudtrain on the --driver host, found on its login shell's PATH.")
 @yes_option
 def run(recipe_path: str, cluster: str | None, env: dict[str, str], down_: bool, stop_: bool, keep_: bool,
-        runs_dir: str | None, quiet: bool, resume_run: str | None, yes: bool) -> None:
+        runs_dir: str | None, quiet: bool, resume_run: str | None, yes: bool, driver_host: str | None = None,
+        driver_key: str | None = None, driver_cloudtrain: str = "cloudtrain") -> None:
     """Run RECIPE: up if needed, sync, setup, run, collect into runs/<run-id>/, tear down.
 
     On a priced cloud, a new cluster (or a stopped one started again) is priced first and, on a
@@ -82,6 +89,10 @@ def run(recipe_path: str, cluster: str | None, env: dict[str, str], down_: bool,
     if len(chosen) > 1:
         raise UsageError(f"--{' and --'.join(chosen)} contradict each other", hint="give at most one of --down, --stop, --keep")
     teardown = chosen[0] if chosen else None
+    if driver_host is not None:
+        _run_driven(recipe_path, cluster, env, chosen, runs_dir, quiet, resume_run, yes, driver_host, driver_key,
+                    driver_cloudtrain)
+        return
     loaded = load_recipe(recipe_path)
     output.recipe_warnings(loaded.warnings)
     display = output.RunDisplay(quiet=quiet)
@@ -107,6 +118,45 @@ def run(recipe_path: str, cluster: str | None, env: dict[str, str], down_: bool,
         raise SystemExit(130)
     if result.status != RunStatus.SUCCEEDED:
         raise SystemExit(result.exit_code if result.exit_code not in (None, 0) else 1)
+
+
+def _run_driven(recipe_path: str, cluster: str | None, env: dict[str, str], teardown: list[str],
+                runs_dir: str | None, quiet: bool, resume_run: str | None, yes: bool, host_text: str,
+                key: str | None, command: str) -> None:
+    """`run --driver HOST`: start the run on HOST and return (run/driver.py)."""
+    from cloudtrain.config import load_config
+    from cloudtrain.errors import UsageError
+    from cloudtrain.recipe import load_recipe
+    from cloudtrain.run.driver import DriveRequest, parse_host, start
+
+    if resume_run:
+        raise UsageError("--resume and --driver: a driven run is resumed on its driver host",
+                         hint=f"there: cd ~/.cloudtrain-driver/<drive> && cloudtrain run recipe.yaml --resume {resume_run} "
+                              "--runs-dir runs -y (docs/driver.md)")
+    host = parse_host(host_text, key)
+    config = load_config()
+    if not yes and config.confirm:
+        # The host's `run` has no terminal to ask on; the price is this command's to approve.
+        raise UsageError("--driver: the driven run has no terminal to approve its price on: pass -y/--yes",
+                         hint=f"`cloudtrain plan {recipe_path}` shows the price and the worst case first")
+    loaded = load_recipe(recipe_path)
+    output.recipe_warnings(loaded.warnings)
+    base = Path(runs_dir or config.runs_dir).expanduser()
+    check_runs_dir(base, "--runs-dir" if runs_dir else "runs_dir (config)")
+    from cloudtrain.names import check_cluster_name
+
+    name = check_cluster_name(cluster or loaded.recipe.name)
+    flags = tuple(f"--{flag}" for flag in teardown) + (("-q",) if quiet else ())
+    request = DriveRequest(host, command, name, flags, env)
+    record = start(config, loaded, request, base, output.info)
+    output.info(f"run {record.run_id} is driven by {record.host} (process {record.pid}, in {record.remote_dir}); "
+                "this machine may sleep now")
+    output.info(f"  cloudtrain driver status {record.run_id}    where it stands")
+    output.info(f"  cloudtrain driver log {record.run_id} -f    its output, until it ends")
+    output.info(f"  cloudtrain driver fetch {record.run_id}     its run directory, here, once it has ended")
+    output.info(f"  cloudtrain driver cancel {record.run_id}    stop it (its cluster is taken down)")
+    # Last line, as for every run: its directory here (driver.json now; everything after a fetch).
+    output.echo(str(base.resolve() / record.run_id))
 
 
 def failed_log(run_dir: Path, error: str | None) -> Path | None:

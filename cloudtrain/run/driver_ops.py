@@ -1,0 +1,144 @@
+"""`cloudtrain driver status|log|fetch|cancel RUN`: a driven run (run/driver.py), seen from the laptop.
+
+Each opens one SSH connection to the driver host named in `runs/<run id>/driver.json` and reads
+the drive's directory there; nothing here touches a cloud: the driven `cloudtrain run` on the host
+owns the cluster, as the laptop's own `run` would.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from cloudtrain.errors import CloudtrainError, UsageError
+from cloudtrain.run.driver import DriveState, DriverRecord, Probe, connect, probe
+
+LOG_CHUNK = 1 << 20  # bytes of driver.log read per request: a log without newlines cannot fill memory
+FOLLOW_POLL_S = 1.0
+# `cancel` waits this long for the driven run to end: it ends its job, brings the logs home and
+# takes its cluster down (a cloud's terminate call and its confirmation: a minute or two).
+CANCEL_WAIT_S = 600.0
+POLL_S = 0.5
+
+
+@dataclass(frozen=True)
+class DriveStatus:
+    record: DriverRecord
+    probe: Probe
+    attempts: tuple[dict[str, Any], ...]  # the run's attempts.json so far (a recovering run)
+    run_json: dict[str, Any] | None  # once the run has ended
+
+
+def _read_json(transport, path: str) -> Any:  # noqa: ANN001
+    result = transport.run(["head", "-c", str(LOG_CHUNK), path], check=False, timeout=60)
+    if result.exit_code != 0:
+        return None
+    try:
+        return json.loads(result.stdout)
+    except (ValueError, RecursionError):
+        return None
+
+
+def status(config, record: DriverRecord) -> DriveStatus:  # noqa: ANN001
+    transport = connect(record.driver_host(), config)
+    try:
+        seen = probe(transport, record.remote_dir)
+        attempts = _read_json(transport, f"{record.remote_run_dir}/attempts.json")
+        run_json = _read_json(transport, f"{record.remote_run_dir}/run.json") if seen.state != DriveState.RUNNING else None
+    finally:
+        transport.close()
+    listed = tuple(a for a in attempts if isinstance(a, dict)) if isinstance(attempts, list) else ()
+    return DriveStatus(record, seen, listed, run_json if isinstance(run_json, dict) else None)
+
+
+def follow_log(config, record: DriverRecord, write: Callable[[str], None], *, follow: bool,  # noqa: ANN001
+               sleep: Callable[[float], None] = time.sleep) -> Probe:
+    """Print the driven `cloudtrain run`'s own output (driver.log: its phases, the job's lines, its
+    summary); with `follow`, until it ends. Returns how it stands at the end."""
+    transport = connect(record.driver_host(), config)
+    offset, pending = 0, b""
+    try:
+        while True:
+            seen = probe(transport, record.remote_dir)  # before the read: what ended is read whole
+            while True:
+                chunk = transport.run(["sh", "-c", 'tail -c +"$2" "$1" 2>/dev/null | head -c "$3"', "sh",
+                                       f"{record.remote_dir}/driver.log", str(offset + 1), str(LOG_CHUNK)],
+                                      check=False, timeout=120, what="reading the driven run's log").stdout
+                offset += len(chunk)
+                lines = (pending + chunk).split(b"\n")
+                pending = lines.pop()
+                for line in lines:
+                    write(line.decode(errors="replace"))
+                if len(chunk) < LOG_CHUNK:
+                    break
+            if not follow or seen.state in (DriveState.ENDED, DriveState.GONE):
+                if pending:
+                    write(pending.decode(errors="replace"))
+                return seen
+            sleep(FOLLOW_POLL_S)
+    finally:
+        transport.close()
+
+
+@dataclass(frozen=True)
+class Fetched:
+    run_dir: Path
+    files: int
+    refused: tuple[str, ...]
+    state: DriveState
+
+
+def fetch(config, record: DriverRecord, runs_dir: Path) -> Fetched:  # noqa: ANN001
+    """The driven run's directory brought home into `runs/<run id>/` (beside driver.json), verified
+    against a listing made on the host; only once the run has ended (it is still being written)."""
+    transport = connect(record.driver_host(), config)
+    try:
+        seen = probe(transport, record.remote_dir)
+        if seen.state in (DriveState.RUNNING, DriveState.STARTING):
+            raise UsageError(f"run {record.run_id} is still running on {record.host}",
+                             hint=f"`cloudtrain driver log {record.run_id} -f` follows it; "
+                                  f"`cloudtrain driver cancel {record.run_id}` stops it")
+        names = transport.run(["ls", "-A", record.remote_run_dir], timeout=60,
+                              what="listing the driven run's directory").stdout.decode(errors="surrogateescape").split("\n")
+        names = [n for n in names if n and n != "driver.json"]  # the laptop's own record stays as it is
+        local = runs_dir / record.run_id
+        local.mkdir(parents=True, exist_ok=True)
+        listing, got = transport.get_tree_listed(record.remote_run_dir, names, local)
+    finally:
+        transport.close()
+    refused = {r.member for r in got.refused}
+    wrong = sorted(n for n, size in listing.items() if n not in refused and got.sizes.get(n) != size)
+    if wrong:
+        raise CloudtrainError(f"run {record.run_id}: {len(wrong)} file(s) did not arrive whole, e.g. {wrong[0]}",
+                              hint=f"`cloudtrain driver fetch {record.run_id}` again")
+    return Fetched(local, len(got.sizes), tuple(sorted(refused)), seen.state)
+
+
+def cancel(config, record: DriverRecord, say: Callable[[str], None],  # noqa: ANN001
+           sleep: Callable[[float], None] = time.sleep) -> Probe:
+    """SIGTERM to the driven `cloudtrain run`, which takes it as Ctrl-C (cli/run.sigterm_as_interrupt):
+    it ends the job, brings the logs home and tears its cluster down. Waits until it has ended."""
+    transport = connect(record.driver_host(), config)
+    try:
+        seen = probe(transport, record.remote_dir)
+        if seen.state != DriveState.RUNNING or seen.pid is None:
+            return seen
+        # Signalled only when it is still the driven run (probe matched its arguments just now).
+        transport.run(["kill", "-TERM", str(seen.pid)], check=False, timeout=60, what="stopping the driven run")
+        say(f"waiting for run {record.run_id} on {record.host} to end: it stops the job and takes its cluster "
+            f"down (up to {CANCEL_WAIT_S:.0f} s)")
+        deadline = time.monotonic() + CANCEL_WAIT_S
+        while seen.state == DriveState.RUNNING:
+            if time.monotonic() > deadline:
+                raise CloudtrainError(f"run {record.run_id} on {record.host} has not ended {CANCEL_WAIT_S:.0f} s after "
+                                      "SIGTERM", hint=f"`cloudtrain driver status {record.run_id}` shows where it is")
+            sleep(POLL_S)
+            seen = probe(transport, record.remote_dir)
+        return seen
+    finally:
+        transport.close()
+
