@@ -29,11 +29,12 @@ class DriverHostVM:
     home: Path  # the VM's HOME
     cloudtrain_home: Path  # its CLOUDTRAIN_HOME (state, keys of the clusters it drives)
     config_path: Path
+    address: str | None = None  # a name the laptop's `ssh.proxy_command` routes to the VM
 
     @property
     def label(self) -> str:
-        """`user@127.0.0.1:port`, as `--driver` takes it."""
-        return f"{self.vm.user}@{self.vm.host}:{self.vm.port}"
+        """`user@127.0.0.1:port` (or `user@ADDRESS`, routed), as `--driver` takes it."""
+        return f"{self.vm.user}@{self.address}" if self.address else f"{self.vm.user}@{self.vm.host}:{self.vm.port}"
 
     def drives(self) -> list[Path]:
         """The drive directories `run --driver` made on it."""
@@ -46,12 +47,15 @@ class DriverHostVM:
 
 
 def driver_host(factory: SshdFactory, *, env: Mapping[str, str] | None = None,
-                config: Mapping[str, Any] | None = None, path: str | None = None) -> DriverHostVM:
+                config: Mapping[str, Any] | None = None, path: str | None = None,
+                address: str | None = None) -> DriverHostVM:
     """Start a driver host. `path`: the PATH its profile sets (default: this interpreter's directory,
-    then the system's); `env`: more variables its profile exports; `config`: its cloudtrain config."""
+    then the system's); `env`: more variables its profile exports; `config`: its cloudtrain config;
+    `address`: a name the factory's `proxy_command` routes to it (for a laptop whose config has one,
+    as a fake cloud's does: it reaches the host through it, as through a bastion)."""
     import yaml
 
-    vm = factory.start()
+    vm = factory.start(address=address)
     home = vm.home_dir
     ct_home = home / ".local" / "share" / "cloudtrain"
     ct_home.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -63,4 +67,4 @@ def driver_host(factory: SshdFactory, *, env: Mapping[str, str] | None = None,
                "CLOUDTRAIN_WATCHDOG_PERSIST": "none", **(env or {})}
     exports.pop("HOME", None)  # sshd sets the VM's own
     (home / ".profile").write_text("".join(f"export {k}={shlex.quote(v)}\n" for k, v in exports.items()))
-    return DriverHostVM(vm, home, ct_home, config_path)
+    return DriverHostVM(vm, home, ct_home, config_path, address)

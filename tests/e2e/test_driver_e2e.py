@@ -1,0 +1,139 @@
+"""A spot run driven from a host the user already has, with the laptop gone (issue 26, docs/driver.md).
+
+The laptop starts `cloudtrain run RECIPE --driver HOST` without any AWS credentials of its own and
+the command returns; HOST is a kit sshd VM whose own login profile points its own cloudtrain (this
+checkout's) at the AWS fake (cloudtrain/testing/driver.py). The job is tests/e2e/test_recovery_e2e.py's
+(checkpoints every step, waits after step 3 until released). With no laptop process left, the node
+is preempted in the fake: the driver host's `cloudtrain run` relaunches in another zone, the job
+resumes from the checkpoint kept on that host and finishes; `cloudtrain driver fetch` brings home a
+run directory with the result files of an uninterrupted run and a cost equal to the fake's own bill.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cloudtrain.run.driver import DriverRecord
+from cloudtrain.testing import sshd
+from cloudtrain.testing.driver import DriverHostVM, driver_host
+from cloudtrain.testing.wait import wait_until
+from tests.e2e.test_recovery_e2e import STEPS, _placement, _recipe
+
+if not sshd.sshd_available() and not os.environ.get("CI"):
+    pytest.skip("OpenSSH sshd is not installed (apt-get install openssh-server)", allow_module_level=True)
+
+LAPTOP_KEEPS = ("HOME", "CLOUDTRAIN_HOME", "CLOUDTRAIN_CONFIG", "CLOUDTRAIN_WATCHDOG_PERSIST")
+
+
+def _host(aws_cloud: Any, factory: Any) -> DriverHostVM:
+    """The fake cloud's endpoint and keys in the host's own profile, the fixture's config as its own."""
+    env = {k: v for k, v in aws_cloud.env.items() if k not in LAPTOP_KEEPS}
+    return driver_host(factory, env=env, config={k: v for k, v in aws_cloud.config.items() if k != "runs_dir"},
+                       address="build-box")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def _stop_driver(record: DriverRecord | None) -> None:
+    """Teardown: a driven run still going (a failed assertion) is ended as `driver cancel` would,
+    SIGTERM, so it takes its cluster down; KILLed if it has not ended in 120 s."""
+    if record is None or not _alive(record.pid):
+        return
+    os.kill(record.pid, signal.SIGTERM)
+    deadline = time.monotonic() + 120
+    while _alive(record.pid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    if _alive(record.pid):
+        os.kill(record.pid, signal.SIGKILL)
+
+
+def test_a_driven_spot_run_recovers_with_the_laptop_gone(aws_cloud: Any, sshd_vm_factory: Any, tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    host = _host(aws_cloud, sshd_vm_factory)
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    recipe = _recipe(aws_cloud, marks)
+    # The laptop has no AWS credentials at all: the driver host's are the ones that launch.
+    for name in [k for k in os.environ if k.startswith("AWS_")]:
+        monkeypatch.delenv(name)
+    aws_cloud.env = {k: v for k, v in aws_cloud.env.items() if not k.startswith("AWS_")}
+    record: DriverRecord | None = None
+    try:
+        started = aws_cloud.cli("run", str(recipe), "--cluster", aws_cloud.cluster, "--runs-dir", str(aws_cloud.runs_dir),
+                                "--driver", host.label, "--driver-key", str(sshd_vm_factory.client_key.private_path),
+                                "--down", "-y", timeout=600)
+        # The laptop's CLI has exited (cli() waited for it), having started the run.
+        assert started.ok, started.output
+        run_id = Path(started.stdout.strip().splitlines()[-1]).name
+        record = DriverRecord.read(aws_cloud.runs_dir, run_id)
+        assert _alive(record.pid)
+        remote_run = Path(record.remote_run_dir)
+
+        # The checkpoint of step 3 is kept on the driver host, then the node is preempted.
+        kept = wait_until(lambda: (remote_run / "checkpoint" / "cloudtrain-checkpoint.json").exists() or None, 300,
+                          "a checkpoint kept on the driver host")
+        wait_until(lambda: json.loads((remote_run / "checkpoint" / "cloudtrain-checkpoint.json").read_text())["epoch"] >= 3,
+                   120, "the checkpoint of step 3 on the driver host")
+        assert kept
+        first_zone, machine = _placement(aws_cloud)
+        aws_cloud.preempt(machine)
+
+        followed = aws_cloud.cli("driver", "log", run_id, "-f", "--runs-dir", str(aws_cloud.runs_dir), timeout=600)
+        assert followed.ok, followed.output
+        status = aws_cloud.cli("driver", "status", run_id, "--runs-dir", str(aws_cloud.runs_dir))
+        assert status.ok and "ended (exit code 0)" in status.stdout and "preempted" in status.stdout, status.output
+        fetched = aws_cloud.cli("driver", "fetch", run_id, "--runs-dir", str(aws_cloud.runs_dir))
+        assert fetched.ok, fetched.output
+    finally:
+        (marks / "go").touch()
+        _stop_driver(record)
+    run_dir = aws_cloud.runs_dir / run_id
+    assert Path(fetched.stdout.strip().splitlines()[-1]) == run_dir
+    run = json.loads((run_dir / "run.json").read_text())
+    attempts = run["attempts"]
+    assert [(a["number"], a["outcome"]) for a in attempts] == [(1, "preempted"), (2, "succeeded")], attempts
+    assert attempts[0]["zone"] == first_zone and attempts[1]["zone"] != first_zone, attempts
+    assert attempts[1]["resumed_from_epoch"] >= 3
+    log = (run_dir / "job.log").read_text()
+    assert "--- cloudtrain: attempt 1" in log and "--- cloudtrain: attempt 2" in log
+    # The layout of a run the laptop drove, plus driver.json.
+    for name in ("run.json", "job.log", "attempts.json", "outputs/result.json", "driver.json"):
+        assert (run_dir / name).is_file(), name
+
+    # The same result files as an uninterrupted run (driven by the laptop, with its credentials back).
+    for name, value in aws_cloud.server.env().items():
+        monkeypatch.setenv(name, value)
+        aws_cloud.env[name] = value
+    plain = aws_cloud.run(_recipe(aws_cloud, marks), "--down", cluster=aws_cloud.new_cluster("plain"))
+    assert plain.ok, plain.output
+    assert sorted(p.relative_to(run_dir / "outputs") for p in (run_dir / "outputs").rglob("*")) == \
+        sorted(p.relative_to(plain.run_dir / "outputs") for p in (plain.run_dir / "outputs").rglob("*"))
+    assert (run_dir / "outputs" / "result.json").read_text() == (plain.run_dir / "outputs" / "result.json").read_text()
+    assert json.loads((run_dir / "outputs" / "result.json").read_text()) == {
+        "steps": STEPS, "total": sum(i * i for i in range(1, STEPS + 1))}
+
+    # Both machines billed; the run's cost is the fake's own bill for them.
+    billed = aws_cloud.bill.usd(aws_cloud.cluster, until=run["ended_at"])
+    hourly = max(a["hourly_price_usd"] for a in attempts)
+    assert run["cost_usd"] == pytest.approx(billed, rel=0.01, abs=4 * hourly / 3600), aws_cloud.bill.instances(aws_cloud.cluster)
+    assert len(aws_cloud.bill.instances(aws_cloud.cluster)) == 2
+
+    # The laptop's state never held the driven cluster; nothing is left running or billing.
+    laptop = json.loads(aws_cloud.cli("status", "--json").stdout)
+    assert aws_cloud.cluster not in {c["name"] for c in laptop["clusters"]}
+    assert aws_cloud.bill.running() == []
+    assert aws_cloud.leftovers() == []
+    assert not _alive(record.pid)
