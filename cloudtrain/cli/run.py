@@ -148,6 +148,7 @@ def _run_driven(recipe_path: str, cluster: str | None, env: dict[str, str], tear
     name = check_cluster_name(cluster or loaded.recipe.name)
     flags = tuple(f"--{flag}" for flag in teardown) + (("-q",) if quiet else ())
     request = DriveRequest(host, command, name, flags, env)
+    sigterm_as_interrupt()  # `kill` or a closed terminal while it starts stops it there, as Ctrl-C does
     record = start(config, loaded, request, base, output.info)
     output.info(f"run {record.run_id} is driven by {record.host} (process {record.pid}, in {record.remote_dir}); "
                 "this machine may sleep now")

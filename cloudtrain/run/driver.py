@@ -31,6 +31,9 @@ RECORD_FILE = "driver.json"  # in the laptop's runs/<run id>/
 # the recipe and its credentials and plans first (seconds; a cloud's pricing call at most).
 START_WAIT_S = 300.0
 POLL_S = 0.5
+# How long a stop waits for the driven run to end: it ends its job, brings the logs home and takes
+# its cluster down (a cloud's terminate call and its confirmation: a minute or two).
+STOP_WAIT_S = 600.0
 _HOST = re.compile(r"^(?:(?P<user>[^@\s]+)@)?(?P<address>[^@:\s\[\]]+)(?::(?P<port>\d{1,5}))?$")
 _VERSION = re.compile(r"^cloudtrain (\S+)$")
 # Exactly what a run's id looks like (run/pipeline.new_run_id): nothing else in runs/ is taken for one.
@@ -303,12 +306,47 @@ def start(config, loaded, request: DriveRequest, runs_dir: Path, say: Callable[[
                       timeout=120, what="starting the driven run")
         say(f"waiting for `cloudtrain run` on {host.label} to start the run (it checks the recipe, its credentials "
             f"and the plan there; up to {START_WAIT_S:.0f} s; its log: {remote_dir}/driver.log)")
-        run_id, pid = _wait_for_run(transport, host, remote_dir)
+        try:
+            run_id, pid = _wait_for_run(transport, host, remote_dir)
+        except KeyboardInterrupt:
+            # Ctrl-C (or TERM) while it starts: the user wants no run, as for any interrupted command.
+            say(f"interrupted: stopping the driven run on {host.label}")
+            _stop_starting(transport, remote_dir, say)
+            raise
         record = DriverRecord(run_id, host.label, host.key, remote_dir, pid, request.command, time.time())
         record.write(runs_dir / run_id)
         return record
     finally:
         transport.close()
+
+
+def _stop_starting(transport, remote_dir: str, say: Callable[[str], None]) -> None:  # noqa: ANN001
+    # The wrapper writes the run's pid a moment after it starts: wait for it (bounded) to TERM it.
+    deadline = time.monotonic() + 30
+    while probe(transport, remote_dir).state == DriveState.STARTING and time.monotonic() < deadline:
+        time.sleep(POLL_S)
+    terminate(transport, remote_dir, say, "the driven run")
+
+
+def terminate(transport, remote_dir: str, say: Callable[[str], None], what: str,  # noqa: ANN001
+              sleep: Callable[[float], None] = time.sleep) -> Probe:
+    """SIGTERM to the driven `cloudtrain run`, which takes it as Ctrl-C (cli/run.sigterm_as_interrupt):
+    it ends the job, brings the logs home and takes its cluster down. Waits until it has ended."""
+    seen = probe(transport, remote_dir)
+    if seen.state != DriveState.RUNNING or seen.pid is None:
+        return seen
+    # Signalled only while it is the driven run (the probe matched its arguments just now).
+    transport.run(["kill", "-TERM", str(seen.pid)], check=False, timeout=60, what="stopping the driven run")
+    say(f"waiting for {what} on {transport.label} to end: it stops the job and takes its cluster down "
+        f"(up to {STOP_WAIT_S:.0f} s)")
+    deadline = time.monotonic() + STOP_WAIT_S
+    while seen.state == DriveState.RUNNING:
+        if time.monotonic() > deadline:
+            raise CloudtrainError(f"{what} on {transport.label} has not ended {STOP_WAIT_S:.0f} s after SIGTERM",
+                                  hint=f"its log: {remote_dir}/driver.log on the host")
+        sleep(POLL_S)
+        seen = probe(transport, remote_dir)
+    return seen
 
 
 def _wait_for_run(transport, host: DriverHost, remote_dir: str) -> tuple[str, int]:  # noqa: ANN001

@@ -15,14 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from cloudtrain.errors import CloudtrainError, UsageError
-from cloudtrain.run.driver import DriveState, DriverRecord, Probe, connect, probe
+from cloudtrain.run.driver import DriveState, DriverRecord, Probe, connect, probe, terminate
 
 LOG_CHUNK = 1 << 20  # bytes of driver.log read per request: a log without newlines cannot fill memory
 FOLLOW_POLL_S = 1.0
-# `cancel` waits this long for the driven run to end: it ends its job, brings the logs home and
-# takes its cluster down (a cloud's terminate call and its confirmation: a minute or two).
-CANCEL_WAIT_S = 600.0
-POLL_S = 0.5
 
 
 @dataclass(frozen=True)
@@ -118,27 +114,10 @@ def fetch(config, record: DriverRecord, runs_dir: Path) -> Fetched:  # noqa: ANN
     return Fetched(local, len(got.sizes), tuple(sorted(refused)), seen.state)
 
 
-def cancel(config, record: DriverRecord, say: Callable[[str], None],  # noqa: ANN001
-           sleep: Callable[[float], None] = time.sleep) -> Probe:
-    """SIGTERM to the driven `cloudtrain run`, which takes it as Ctrl-C (cli/run.sigterm_as_interrupt):
-    it ends the job, brings the logs home and tears its cluster down. Waits until it has ended."""
+def cancel(config, record: DriverRecord, say: Callable[[str], None]) -> Probe:  # noqa: ANN001
+    """Stop the driven run (run/driver.terminate: SIGTERM, then its own teardown); waits until it has ended."""
     transport = connect(record.driver_host(), config)
     try:
-        seen = probe(transport, record.remote_dir)
-        if seen.state != DriveState.RUNNING or seen.pid is None:
-            return seen
-        # Signalled only when it is still the driven run (probe matched its arguments just now).
-        transport.run(["kill", "-TERM", str(seen.pid)], check=False, timeout=60, what="stopping the driven run")
-        say(f"waiting for run {record.run_id} on {record.host} to end: it stops the job and takes its cluster "
-            f"down (up to {CANCEL_WAIT_S:.0f} s)")
-        deadline = time.monotonic() + CANCEL_WAIT_S
-        while seen.state == DriveState.RUNNING:
-            if time.monotonic() > deadline:
-                raise CloudtrainError(f"run {record.run_id} on {record.host} has not ended {CANCEL_WAIT_S:.0f} s after "
-                                      "SIGTERM", hint=f"`cloudtrain driver status {record.run_id}` shows where it is")
-            sleep(POLL_S)
-            seen = probe(transport, record.remote_dir)
-        return seen
+        return terminate(transport, record.remote_dir, say, f"run {record.run_id}")
     finally:
         transport.close()
-

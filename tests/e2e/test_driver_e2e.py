@@ -60,21 +60,31 @@ def _stop_driver(record: DriverRecord | None) -> None:
         os.kill(record.pid, signal.SIGKILL)
 
 
+def _drive(aws_cloud: Any, factory: Any, host: DriverHostVM, recipe: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """`run --driver` from a laptop without any AWS credentials: the driver host's are the ones that launch."""
+    for name in [k for k in os.environ if k.startswith("AWS_")]:
+        monkeypatch.delenv(name)
+    aws_cloud.env = {k: v for k, v in aws_cloud.env.items() if not k.startswith("AWS_")}
+    return aws_cloud.cli("run", str(recipe), "--cluster", aws_cloud.cluster, "--runs-dir", str(aws_cloud.runs_dir),
+                         "--driver", host.label, "--driver-key", str(factory.client_key.private_path),
+                         "--down", "-y", timeout=600)
+
+
+def _checkpoint_at_step_3(remote_run: Path) -> None:
+    kept = remote_run / "checkpoint" / "cloudtrain-checkpoint.json"
+    wait_until(kept.exists, 300, "a checkpoint kept on the driver host")
+    wait_until(lambda: json.loads(kept.read_text())["epoch"] >= 3, 120, "the checkpoint of step 3 on the driver host")
+
+
 def test_a_driven_spot_run_recovers_with_the_laptop_gone(aws_cloud: Any, sshd_vm_factory: Any, tmp_path: Path,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     host = _host(aws_cloud, sshd_vm_factory)
     marks = tmp_path / "marks"
     marks.mkdir()
     recipe = _recipe(aws_cloud, marks)
-    # The laptop has no AWS credentials at all: the driver host's are the ones that launch.
-    for name in [k for k in os.environ if k.startswith("AWS_")]:
-        monkeypatch.delenv(name)
-    aws_cloud.env = {k: v for k, v in aws_cloud.env.items() if not k.startswith("AWS_")}
     record: DriverRecord | None = None
     try:
-        started = aws_cloud.cli("run", str(recipe), "--cluster", aws_cloud.cluster, "--runs-dir", str(aws_cloud.runs_dir),
-                                "--driver", host.label, "--driver-key", str(sshd_vm_factory.client_key.private_path),
-                                "--down", "-y", timeout=600)
+        started = _drive(aws_cloud, sshd_vm_factory, host, recipe, monkeypatch)
         # The laptop's CLI has exited (cli() waited for it), having started the run.
         assert started.ok, started.output
         run_id = Path(started.stdout.strip().splitlines()[-1]).name
@@ -83,11 +93,7 @@ def test_a_driven_spot_run_recovers_with_the_laptop_gone(aws_cloud: Any, sshd_vm
         remote_run = Path(record.remote_run_dir)
 
         # The checkpoint of step 3 is kept on the driver host, then the node is preempted.
-        kept = wait_until(lambda: (remote_run / "checkpoint" / "cloudtrain-checkpoint.json").exists() or None, 300,
-                          "a checkpoint kept on the driver host")
-        wait_until(lambda: json.loads((remote_run / "checkpoint" / "cloudtrain-checkpoint.json").read_text())["epoch"] >= 3,
-                   120, "the checkpoint of step 3 on the driver host")
-        assert kept
+        _checkpoint_at_step_3(remote_run)
         first_zone, machine = _placement(aws_cloud)
         aws_cloud.preempt(machine)
 
@@ -137,3 +143,30 @@ def test_a_driven_spot_run_recovers_with_the_laptop_gone(aws_cloud: Any, sshd_vm
     assert aws_cloud.bill.running() == []
     assert aws_cloud.leftovers() == []
     assert not _alive(record.pid)
+
+
+def test_driver_cancel_takes_the_driven_cluster_down(aws_cloud: Any, sshd_vm_factory: Any, tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """`cloudtrain driver cancel` SIGTERMs the host's `cloudtrain run`, which takes it as Ctrl-C: the
+    job ends, the logs come home (to the host), the spot machine is terminated; nothing bills."""
+    host = _host(aws_cloud, sshd_vm_factory)
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    record: DriverRecord | None = None
+    try:
+        started = _drive(aws_cloud, sshd_vm_factory, host, _recipe(aws_cloud, marks), monkeypatch)
+        assert started.ok, started.output
+        record = DriverRecord.read(aws_cloud.runs_dir, Path(started.stdout.strip().splitlines()[-1]).name)
+        _checkpoint_at_step_3(Path(record.remote_run_dir))  # the job is parked after step 3
+        assert len(aws_cloud.instances(aws_cloud.cluster, states=["running"])) == 1
+        cancelled = aws_cloud.cli("driver", "cancel", record.run_id, "--runs-dir", str(aws_cloud.runs_dir))
+        assert cancelled.ok and "ended (exit code 130)" in cancelled.stdout, cancelled.output
+    finally:
+        (marks / "go").touch()
+        _stop_driver(record)
+    assert not _alive(record.pid)
+    assert aws_cloud.bill.running() == [] and aws_cloud.leftovers() == []
+    fetched = aws_cloud.cli("driver", "fetch", record.run_id, "--runs-dir", str(aws_cloud.runs_dir))
+    assert fetched.ok, fetched.output
+    run = json.loads((aws_cloud.runs_dir / record.run_id / "run.json").read_text())
+    assert run["status"] == "interrupted" and run["teardown"].startswith("down"), run
