@@ -37,7 +37,7 @@ def status(run_id: str, runs_dir: str | None) -> None:
     got = drive_status(config, record)
     seen = got.probe
     state = seen.state.value + (f" (exit code {seen.exit_code})" if seen.exit_code is not None else "")
-    rows = [("run", record.run_id), ("driver host", record.host), ("directory there", record.remote_dir),
+    rows = [("run", record.run_id), ("cluster", record.cluster), ("driver host", record.host), ("directory there", record.remote_dir),
             ("process", f"{seen.pid}" if seen.pid else "-"), ("state", state)]
     if got.run_json:
         rows += [("status", got.run_json.get("status")), ("cost", output.money(got.run_json.get("cost_usd")))]
@@ -47,10 +47,13 @@ def status(run_id: str, runs_dir: str | None) -> None:
         output.table(["ATTEMPT", "WHERE", "OUTCOME", "REASON"],
                      [(a.get("number"), " ".join(str(a.get(k) or "") for k in ("cloud", "zone") if a.get(k)),
                        a.get("outcome") or "running", a.get("reason") or "") for a in got.attempts])
-    if seen.state.value == "gone":
-        output.warn(f"the driven `cloudtrain run` on {record.host} is gone without an exit code (killed, or the "
-                    f"host restarted): nothing relaunches its run; on the host, `cd {record.remote_dir} && "
-                    f"cloudtrain run recipe.yaml --resume {record.run_id} --runs-dir runs -y` picks it up")
+    # Killed (SIGKILL: 137, or any signal but Ctrl-C's and TERM's, which it handles), or gone with
+    # its wrapper (the host restarted): nothing drives the run, as with a laptop CLI that died.
+    killed = seen.exit_code is not None and seen.exit_code > 128 and seen.exit_code != 130
+    if seen.state.value == "gone" or killed:
+        output.warn(f"the driven `cloudtrain run` on {record.host} died "
+                    + (f"(exit code {seen.exit_code})" if killed else "without an exit code (the host restarted?)")
+                    + f": nothing relaunches its run; `cloudtrain driver resume {record.run_id}` starts it again there")
 
 
 @driver.command()
@@ -103,3 +106,15 @@ def cancel(run_id: str, runs_dir: str | None) -> None:
                     f"`cloudtrain driver fetch {run_id}` brings it home")
     else:
         output.info(f"run {run_id}: {seen.state.value}: nothing to stop")
+
+
+@driver.command()
+@click.argument("run_id", metavar="RUN")
+@runs_dir_option
+def resume(run_id: str, runs_dir: str | None) -> None:
+    """Start RUN's `cloudtrain run` again on its driver host after it died: `run --resume` there."""
+    from cloudtrain.run.driver_ops import resume as resume_run
+
+    config, base, record = _open(run_id, runs_dir)
+    resumed = resume_run(config, record, base, output.info)
+    output.info(f"run {run_id} is driven by {record.host} again (process {resumed.pid})")

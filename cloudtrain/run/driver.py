@@ -86,6 +86,7 @@ class DriverRecord:
     """`runs/<run id>/driver.json` on the laptop: where the run is driven from."""
 
     run_id: str
+    cluster: str  # the driven run's cluster, in the host's state (not this machine's)
     host: str  # [user@]address[:port], as given
     key: str | None
     remote_dir: str  # the drive's directory on the host (recipe, workdir, runs/, driver.log, pid, exit_code)
@@ -153,7 +154,7 @@ def local_version() -> str:
 def check_cloudtrain(transport, host: DriverHost, command: str) -> str:  # noqa: ANN001
     """The host's cloudtrain version, which must be this one; refused in one line otherwise."""
     mine = local_version()
-    install = (f"install cloudtrain {mine} there (in a checkout of this version: pip install '.[aws,gcp,azure]'), "
+    install = (f"install cloudtrain {mine} there, with the extras of the clouds it will drive (README), "
                f"or name it with --driver-cloudtrain PATH")
     q = shlex.quote(command)
     result = transport.run(login(f"command -v {q} >/dev/null 2>&1 || {{ echo cloudtrain-missing; exit 0; }}; "
@@ -194,7 +195,8 @@ def driven_recipe(loaded, remote_workdir: str | None) -> bytes:  # noqa: ANN001 
 
 def drive_script(command: str, cluster: str, run_args: Sequence[str], env: Mapping[str, str]) -> bytes:
     """The wrapper the host runs detached: the run (its pid in `pid`), then its exit code in
-    `exit_code` (written last, atomically: present means the run and its teardown are over)."""
+    `exit_code` (written last, atomically: present means the run and its teardown are over).
+    Its arguments go to the run (`driver resume`: `--resume RUN`)."""
     argv = [command, "run", "recipe.yaml", "--cluster", cluster, "--yes", *run_args]
     for key, value in env.items():
         argv += ["--env", f"{key}={value}"]
@@ -204,7 +206,7 @@ def drive_script(command: str, cluster: str, run_args: Sequence[str], env: Mappi
         "# Written by `cloudtrain run --driver`; started with setsid through the user's login shell.\n"
         'cd "$(dirname "$0")" || exit 1\n'
         "unset CLOUDTRAIN_ASKED_BY  # the node helper's mark: this run is no command the laptop waits on\n"
-        f'{shlex.join(argv)} --runs-dir "$PWD/runs" &\n'
+        f'{shlex.join(argv)} --runs-dir "$PWD/runs" "$@" &\n'
         'echo $! > pid.tmp && mv pid.tmp pid\n'
         'wait $!\n'
         'echo $? > exit_code.tmp && mv exit_code.tmp exit_code\n'
@@ -313,7 +315,8 @@ def start(config, loaded, request: DriveRequest, runs_dir: Path, say: Callable[[
             say(f"interrupted: stopping the driven run on {host.label}")
             _stop_starting(transport, remote_dir, say)
             raise
-        record = DriverRecord(run_id, host.label, host.key, remote_dir, pid, request.command, time.time())
+        record = DriverRecord(run_id, request.cluster, host.label, host.key, remote_dir, pid, request.command,
+                              time.time())
         record.write(runs_dir / run_id)
         return record
     finally:

@@ -8,14 +8,16 @@ owns the cluster, as the laptop's own `run` would.
 from __future__ import annotations
 
 import json
+import shlex
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from cloudtrain.errors import CloudtrainError, UsageError
-from cloudtrain.run.driver import DriveState, DriverRecord, Probe, connect, probe, terminate
+from cloudtrain.run.driver import (START_WAIT_S, DriverError, DriveState, DriverRecord, Probe, connect, log_tail,
+                                   login, probe, terminate)
 
 LOG_CHUNK = 1 << 20  # bytes of driver.log read per request: a log without newlines cannot fill memory
 FOLLOW_POLL_S = 1.0
@@ -121,3 +123,48 @@ def cancel(config, record: DriverRecord, say: Callable[[str], None]) -> Probe:  
         return terminate(transport, record.remote_dir, say, f"run {record.run_id}")
     finally:
         transport.close()
+
+
+def resume(config, record: DriverRecord, runs_dir: Path, say: Callable[[str], None],  # noqa: ANN001
+           sleep: Callable[[float], None] = time.sleep) -> DriverRecord:
+    """The driven run's process died (killed, the host restarted): start it again on the host as
+    `cloudtrain run recipe.yaml --resume RUN` (run/recover.resume: relaunch from the checkpoint kept
+    there), in the same drive directory, and wait until it has started a new attempt."""
+    transport = connect(record.driver_host(), config)
+    try:
+        seen = probe(transport, record.remote_dir)
+        if seen.state in (DriveState.RUNNING, DriveState.STARTING):
+            raise UsageError(f"run {record.run_id} is still driven on {record.host} (process {seen.pid})",
+                             hint=f"`cloudtrain driver status {record.run_id}` shows where it is")
+        attempts = _read_json(transport, f"{record.remote_run_dir}/attempts.json")
+        before = len(attempts) if isinstance(attempts, list) else 0
+        quoted = shlex.quote(record.remote_dir)
+        # The old process's pid and exit code go: they describe a process that is over.
+        transport.run(login(f"cd {quoted} || exit 1; rm -f pid exit_code; "
+                            f"setsid nohup sh drive.sh --resume {shlex.quote(record.run_id)} >>driver.log 2>&1 </dev/null &"),
+                      timeout=120, what="resuming the driven run")
+        say(f"waiting for `cloudtrain run --resume {record.run_id}` on {record.host} to start a new attempt "
+            f"(up to {START_WAIT_S:.0f} s)")
+        deadline = time.monotonic() + START_WAIT_S
+        while True:
+            seen = probe(transport, record.remote_dir)
+            if seen.state in (DriveState.ENDED, DriveState.GONE):
+                if seen.exit_code == 0:
+                    break
+                lines = [line for line in log_tail(transport, record.remote_dir) if line.startswith("error:")]
+                raise DriverError(f"run {record.run_id}: `cloudtrain run --resume` on {record.host} ended (exit "
+                                  f"{seen.exit_code}): {lines[-1] if lines else 'see its log'}",
+                                  exit_code=seen.exit_code or 1,
+                                  hint=f"`cloudtrain driver log {record.run_id}` prints its log")
+            now = _read_json(transport, f"{record.remote_run_dir}/attempts.json")
+            if seen.state == DriveState.RUNNING and isinstance(now, list) and len(now) > before:
+                break
+            if time.monotonic() > deadline:
+                raise CloudtrainError(f"run {record.run_id}: no new attempt on {record.host} within "
+                                      f"{START_WAIT_S:.0f} s", hint=f"`cloudtrain driver log {record.run_id}`")
+            sleep(0.5)
+    finally:
+        transport.close()
+    resumed = replace(record, pid=seen.pid or record.pid, started_at=time.time())
+    resumed.write(runs_dir / record.run_id)
+    return resumed

@@ -170,3 +170,45 @@ def test_driver_cancel_takes_the_driven_cluster_down(aws_cloud: Any, sshd_vm_fac
     assert fetched.ok, fetched.output
     run = json.loads((aws_cloud.runs_dir / record.run_id / "run.json").read_text())
     assert run["status"] == "interrupted" and run["teardown"].startswith("down"), run
+
+
+def test_a_driver_killed_mid_run_is_resumed_from_the_laptop(aws_cloud: Any, sshd_vm_factory: Any, tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """The driver host's `cloudtrain run` is SIGKILLed (no cleanup of any kind) and, while nothing
+    drives the run, its spot node is preempted: the same as a dead laptop CLI. `cloudtrain driver
+    resume RUN` starts `run --resume` there: the dead cluster is taken down, the run relaunches and
+    resumes from the checkpoint kept on the host, in the same run directory."""
+    host = _host(aws_cloud, sshd_vm_factory)
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    record: DriverRecord | None = None
+    try:
+        started = _drive(aws_cloud, sshd_vm_factory, host, _recipe(aws_cloud, marks), monkeypatch)
+        assert started.ok, started.output
+        record = DriverRecord.read(aws_cloud.runs_dir, Path(started.stdout.strip().splitlines()[-1]).name)
+        _checkpoint_at_step_3(Path(record.remote_run_dir))
+        os.kill(record.pid, signal.SIGKILL)
+        wait_until(lambda: not _alive(record.pid), 30, "the killed driver process to be gone")
+        (machine,) = aws_cloud.instances(aws_cloud.cluster, states=["running"])
+        aws_cloud.preempt(machine["InstanceId"])
+        status = aws_cloud.cli("driver", "status", record.run_id, "--runs-dir", str(aws_cloud.runs_dir))
+        assert status.ok and "exit code 137" in status.stdout and "driver resume" in status.stderr, status.output
+        resumed = aws_cloud.cli("driver", "resume", record.run_id, "--runs-dir", str(aws_cloud.runs_dir), timeout=600)
+        assert resumed.ok, resumed.output
+        record = DriverRecord.read(aws_cloud.runs_dir, record.run_id)  # the resumed process's pid
+        followed = aws_cloud.cli("driver", "log", record.run_id, "-f", "--runs-dir", str(aws_cloud.runs_dir), timeout=600)
+        assert followed.ok, followed.output
+        fetched = aws_cloud.cli("driver", "fetch", record.run_id, "--runs-dir", str(aws_cloud.runs_dir))
+        assert fetched.ok, fetched.output
+    finally:
+        (marks / "go").touch()
+        _stop_driver(record)
+    run = json.loads((aws_cloud.runs_dir / record.run_id / "run.json").read_text())
+    one, two = run["attempts"]
+    assert (one["outcome"], two["outcome"]) == ("lost", "succeeded") and "run --resume" in one["reason"], run["attempts"]
+    assert (marks / "starts").read_text().split("\n")[:2] == ["start 0 -", "start 3 -"]
+    assert json.loads((aws_cloud.runs_dir / record.run_id / "outputs" / "result.json").read_text()) == {
+        "steps": STEPS, "total": sum(i * i for i in range(1, STEPS + 1))}
+    billed = aws_cloud.bill.usd(aws_cloud.cluster, until=run["ended_at"])
+    assert run["cost_usd"] == pytest.approx(billed, rel=0.01, abs=4 * one["hourly_price_usd"] / 3600)
+    assert aws_cloud.bill.running() == [] and aws_cloud.leftovers() == []
