@@ -315,9 +315,16 @@ class Executor:
         if not recipe.upload or r.cluster is None or not r.nodes:
             return
         r.uploaded = str(upload_destination(recipe, r.run_id))
+        provider = r.cluster.provider
+
+        def step() -> None:
+            upload(self.store, self.reporter, r.nodes, provider, r.run_id, recipe, r.jobs_started)
         try:
             with r.clock.phase("upload"):
-                upload(self.store, self.reporter, r.nodes, r.cluster.provider, r.run_id, recipe, r.jobs_started)
+                if r.recovery is not None and not failed_job:
+                    r.recovery.final_upload(step)  # a node lost meanwhile: the laptop finishes the upload
+                else:
+                    step()
         except CloudtrainError as exc:
             if not failed_job:
                 raise

@@ -6,6 +6,12 @@ laptop's, where the CLI copies or lists itself, is the user's own configured cre
 
 - On the interruption notice the node uploads the checkpoint its TERMed job wrote, and the
   results, and run.json's attempt says what went up (the AWS leg is in test_recovery_e2e.py).
+- The node goes before the CLI has read what the upload on the notice did (`on_notice.json`'s
+  rename parked at a gate of the test kit, then the machine preempted): run.json's attempt says
+  what the bucket holds under the run's prefix, listed from the laptop.
+- The node goes during the run's own upload at its end (the upload job's shell parked at a gate,
+  then the machine preempted): the results are home, so the laptop finishes the upload, the run
+  succeeds, and the last attempt's `final_upload` says what happened.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import pytest
 
 from cloudtrain.testing import recovery as rk
 from cloudtrain.testing import sshd
+from cloudtrain.testing.faults import NodeCommandGate
 from cloudtrain.testing.wait import wait_until
 
 pytest.importorskip("obstore")
@@ -115,9 +122,118 @@ def test_on_the_notice_the_node_uploads_its_checkpoint_with_its_own_identity(
     assert on_notice is not None and on_notice["ok"] and on_notice["exit_code"] == 0, one
     assert on_notice["url"] == f"{store.url}/{run_id}" and on_notice["paths"] == ["outputs", ckpt], on_notice
     assert two["uploaded_on_notice"] is None
-    prefix = store.url.split("/", 3 if cloud_name == "gcp" else 4)[-1]
+    prefix = _prefix(store)
     assert store.get(f"{prefix}/{run_id}/{ckpt}/final") == b"3\n"  # the checkpoint the job wrote on TERM
     assert store.get(f"{prefix}/{run_id}/{ckpt}/state").split()[0] == b"3"
     # The run's own upload at its end: the results of the second attempt.
     assert json.loads(store.get(f"{prefix}/{run_id}/outputs/result.json"))["total"] == rk.TOTAL
+    assert cloud.leftovers() == []
+
+
+def _prefix(store: Store) -> str:
+    """The key prefix of the store's upload URL (the part after the bucket or container)."""
+    return store.url.split("/", 4 if store.url.startswith("az://") else 3)[-1]
+
+
+def _run_id(cloud: Any) -> str:
+    return wait_until(lambda: next((p.name for p in cloud.runs_dir.iterdir() if p.is_dir()), None), 120,
+                      "the run's directory")
+
+
+@pytest.mark.parametrize("cloud_name", ["aws", "gcp", "azure"])
+def test_a_node_preempted_during_the_runs_upload_step_has_its_upload_finished_by_the_laptop(
+        fake_cloud: Any, cloud_name: str, request: pytest.FixtureRequest, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The job succeeded and its results are home; while node 0 runs the run's own upload (its
+    job's shell parked at a gate), the spot machine is preempted. The run does not fail for it:
+    the laptop puts the results it collected under the run's upload URL with the user's own
+    credentials, and run.json's last attempt says the node went and who finished the upload."""
+    cloud = fake_cloud(cloud_name)
+    store = _store(cloud, request, _metadata(cloud, request), monkeypatch)
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    (marks / "go").touch()  # the job runs through: the loss comes after it
+    proc = rk.start(cloud, rk.recipe(cloud, marks, upload=store.url))
+    gate = None
+    try:
+        where, machine, vm = wait_until(lambda: rk.running(cloud), 300, "the first machine")
+        run_id = _run_id(cloud)
+        cmd = f"{vm.home_dir}/.cloudtrain/{cloud.cluster}/jobs/{run_id}-upload/cmd.sh"
+        gate = NodeCommandGate.install(vm.bin_dir, "sh", [cmd], tmp_path / "gate")
+        wait_until(lambda: gate.held, 300, "the node's upload starting")
+        rk.preempt(cloud, where, machine)
+        out, err = rk.finish(proc, marks)
+    finally:
+        if gate is not None:
+            gate.release()
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, out[-3000:] + err[-3000:]
+    run_dir = Path(out.strip().splitlines()[-1])
+    record = json.loads((run_dir / "run.json").read_text())
+    assert record["status"] == "succeeded" and record["error"] is None, record
+    assert record["upload"] == f"{store.url}/{run_id}"
+    (only,) = record["attempts"]  # no relaunch for a copy: the results were home
+    assert only["outcome"] == "succeeded", only
+    final = only["final_upload"]
+    assert final is not None and final["ok"] and final["by"] == "this machine", only
+    assert final["url"] == f"{store.url}/{run_id}" and final["paths"] == ["outputs"] and final["finish"] is None
+    assert "reports" in final["node_lost"] and final["detected_at"] <= record["ended_at"], final
+    assert json.loads(store.get(f"{_prefix(store)}/{run_id}/outputs/result.json")) == {
+        "steps": rk.STEPS, "total": rk.TOTAL}
+    assert json.loads((run_dir / "outputs" / "result.json").read_text())["total"] == rk.TOTAL
+    assert "finishing the upload from this machine" in err
+    assert len(cloud.bill.instances(cloud.cluster)) == 1
+    assert cloud.leftovers() == []
+
+
+@pytest.mark.parametrize("cloud_name", ["aws", "gcp", "azure"])
+def test_a_node_gone_before_the_cli_read_its_upload_on_notice_leaves_a_listing_of_the_bucket(
+        fake_cloud: Any, cloud_name: str, request: pytest.FixtureRequest, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """On the notice the node uploads the TERMed job's checkpoint, but the machine goes before the
+    CLI can read `on_notice.json` (its rename parked at a gate, then the machine preempted). The
+    bucket has the files; run.json's attempt says so: the run's prefix listed from the laptop."""
+    cloud = fake_cloud(cloud_name)
+    metadata = _metadata(cloud, request)
+    store = _store(cloud, request, metadata, monkeypatch)
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    recipe = rk.recipe(cloud, marks, watch_s=300, autostop={"idle_minutes": 30}, upload=store.url)
+    proc = rk.start(cloud, recipe)
+    gate = None
+    try:
+        kept = rk.kept(cloud, at_least=3)
+        where, machine, vm = wait_until(lambda: rk.running(cloud), 60, "the machine")
+        root = f"{vm.home_dir}/.cloudtrain/{cloud.cluster}"
+        gate = NodeCommandGate.install(vm.bin_dir, "mv", [f"{root}/.on_notice.json.tmp"], tmp_path / "gate")
+        _notice(cloud, metadata)
+        wait_until(lambda: gate.held, 120, "the upload on the notice done, its record not yet written")
+        # The CLI has brought the final checkpoint home (it reads the upload's record after that).
+        wait_until(lambda: next(kept.parent.rglob("final"), None), 120, "the final checkpoint home")
+        rk.preempt(cloud, where, machine)
+        out, err = rk.finish(proc, marks)
+    finally:
+        (marks / "go").touch()
+        if gate is not None:
+            gate.release()
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, out[-3000:] + err[-3000:]
+    run_dir = Path(out.strip().splitlines()[-1])
+    record = json.loads((run_dir / "run.json").read_text())
+    run_id = record["run_id"]
+    one, two = record["attempts"]
+    assert (one["outcome"], two["outcome"]) == ("preempted", "succeeded"), record["attempts"]
+    ckpt = f".cloudtrain-checkpoints/{run_id}"
+    listed = one["uploaded_on_notice"]
+    assert listed is not None and listed["answered"] is False and listed["ok"] is None, one
+    assert listed["url"] == f"{store.url}/{run_id}" and "error" not in listed, listed
+    paths = {o["path"]: o for o in listed["objects"]}
+    assert {f"{ckpt}/final", f"{ckpt}/state"} <= set(paths) and listed["count"] == len(paths), listed
+    assert paths[f"{ckpt}/final"]["size"] == 2 and paths[f"{ckpt}/final"]["modified"] <= listed["listed_at"] + 5
+    assert store.get(f"{_prefix(store)}/{run_id}/{ckpt}/final") == b"3\n"
+    assert "could not be listed" not in err and "listed from this machine" in err
     assert cloud.leftovers() == []
