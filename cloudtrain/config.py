@@ -26,6 +26,10 @@ class SshConfig(StrictModel):
     add_include: bool = Field(
         default=True, description="add `Include` of cloudtrain's generated ssh config to ~/.ssh/config"
     )
+    persist_s: Annotated[float, Field(ge=0)] = Field(
+        default=60.0, description="keep a node's SSH connection open this long after a command (a local "
+        "process per node, like OpenSSH's ControlPersist) so the next command skips the handshake; 0: off",
+    )
 
 
 class AwsConfig(StrictModel):

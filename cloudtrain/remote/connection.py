@@ -13,7 +13,7 @@ from typing import IO
 
 import paramiko
 
-from cloudtrain.remote.keys import Endpoint, KnownHosts
+from cloudtrain.remote.keys import Endpoint, HostKeyMismatchError, KnownHosts
 
 log = logging.getLogger("cloudtrain.remote.ssh")
 
@@ -24,11 +24,15 @@ WINDOW_BYTES = 16 << 20
 class PinPolicy(paramiko.MissingHostKeyPolicy):
     """Every server key goes through the pins (paramiko's own host key store stays empty)."""
 
-    def __init__(self, known_hosts: KnownHosts, endpoint: Endpoint) -> None:
+    def __init__(self, known_hosts: KnownHosts, endpoint: Endpoint, *, learn: bool = True) -> None:
         self.known_hosts = known_hosts
         self.endpoint = endpoint
+        self.learn = learn  # False: only a key pinned already is accepted (remote/mux.py)
 
     def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
+        if not self.learn and self.known_hosts.get(self.endpoint.instance_id) is None:
+            raise HostKeyMismatchError(f"no pinned host key for instance {self.endpoint.instance_id} "
+                                       f"({self.endpoint.address}): not learning one here")
         self.known_hosts.check(self.endpoint.instance_id, key.get_name(), key.asbytes(), self.endpoint.address)
 
 

@@ -63,6 +63,23 @@ class HomeMoved(RemoteError):
 HOME_REFUSED = 125  # the helper's exit code for a request built for another home
 
 
+def helper_source() -> str:
+    return (paths.templates_dir() / "sync_helper.py").read_text()
+
+
+def launch(chan: paramiko.Channel, source: str | None = None) -> None:
+    """Send the exec request that starts the helper on `chan`, asking for no reply: the hello
+    answers, and paramiko's exec_command would wait a turn more."""
+    command = f"exec python3 -c {shlex.quote(source or helper_source())} serve"
+    message = Message()
+    message.add_byte(cMSG_CHANNEL_REQUEST)
+    message.add_int(chan.remote_chanid)
+    message.add_string("exec")
+    message.add_boolean(False)
+    message.add_string(command)
+    chan.transport._send_user_message(message)  # noqa: SLF001 - see above
+
+
 class NodeHelper:
     def __init__(self, label: str, conn: Connection, chan: paramiko.Channel, counter: RoundTrips) -> None:
         self.label = label
@@ -89,16 +106,8 @@ class NodeHelper:
               timeout: float, *, assumed_home: str | None = None,
               on_hello: Callable[[str], None] | None = None) -> NodeHelper:
         """Start the helper; wait for its hello unless `assumed_home` lets requests go first."""
-        source = (paths.templates_dir() / "sync_helper.py").read_text()
-        command = f"exec python3 -c {shlex.quote(source)} serve"
-        message = Message()
-        message.add_byte(cMSG_CHANNEL_REQUEST)
-        message.add_int(chan.remote_chanid)
-        message.add_string("exec")
-        message.add_boolean(False)  # the hello answers; paramiko's exec_command would wait a turn more
-        message.add_string(command)
         counter.sent()
-        chan.transport._send_user_message(message)  # noqa: SLF001 - see above
+        launch(chan)
         helper = cls(label, conn, chan, counter)
         helper.on_hello = on_hello
         if assumed_home is not None:
@@ -106,6 +115,16 @@ class NodeHelper:
             helper.hello_timeout = timeout
         else:
             helper._hello(timeout)
+        return helper
+
+    @classmethod
+    def attach(cls, label: str, conn: Connection, chan: paramiko.Channel, counter: RoundTrips, timeout: float, *,
+               on_hello: Callable[[str], None] | None = None) -> NodeHelper:
+        """A helper started earlier by someone else (remote/mux.py): its hello is the first frame
+        and is already on its way, so reading it here waits for no turn of the node's."""
+        helper = cls(label, conn, chan, counter)
+        helper.on_hello = on_hello
+        helper._hello(timeout)
         return helper
 
     @property
@@ -122,6 +141,11 @@ class NodeHelper:
     @property
     def alive(self) -> bool:
         return not self.broken and not self.chan.closed and self.conn.alive()
+
+    @property
+    def idle(self) -> bool:
+        """Alive with nothing in flight: another transport may take it over (remote/muxlink.py park)."""
+        return self.alive and not self._open and not self.hello_pending
 
     def usable_by(self, thread: int) -> bool:
         return self.alive and (self.owner in (None, thread))

@@ -207,13 +207,18 @@ class KnownHosts:
             return pin
 
     def forget(self, instance_id: str) -> bool:
-        """Drop a pin (the instance was terminated). Returns whether one existed."""
+        """Drop a pin (the instance was terminated). Returns whether one existed. Then the node's
+        kept connections (remote/muxlink.py) end: none outlives the pin it was checked against,
+        and one still logging in finds no pin to log in with."""
+        from cloudtrain.remote import muxlink
+
         with _locked(self.path.with_name(self.path.name + ".lock")):
             pins = self._read()
-            if pins.pop(instance_id, None) is None:
-                return False
-            self._write(pins)
-            return True
+            existed = pins.pop(instance_id, None) is not None
+            if existed:
+                self._write(pins)
+        muxlink.stop(instance_id)
+        return existed
 
     def ensure_openssh_file(self) -> Path:
         if not self.openssh_file.exists():

@@ -31,6 +31,7 @@ class RoundTripReport:
     waits: int  # blocking waits on the node (>= round_trips: a wait with nothing new sent is no trip)
     sessions: int  # SSH channels opened (each is a session on the node: PAM, a shell)
     turns: tuple[str, ...] = ()  # what each round trip waited for, in order
+    reused: str = ""  # the connection was kept from an earlier command: "mux" (its process), "process" (parked)
 
 
 class RoundTrips:
@@ -61,9 +62,10 @@ class RoundTrips:
         with self._lock:
             self.sessions += 1
 
-    def report(self, node: str, connects: int) -> RoundTripReport:
+    def report(self, node: str, connects: int, reused: str = "") -> RoundTripReport:
         with self._lock:
-            return RoundTripReport(node, connects, self.round_trips, self.waits, self.sessions, tuple(self.turns))
+            return RoundTripReport(node, connects, self.round_trips, self.waits, self.sessions, tuple(self.turns),
+                                   reused)
 
 
 def log_report(report: RoundTripReport) -> None:

@@ -51,7 +51,7 @@ from cloudtrain.remote.channel import (
     lost,
     reader,
 )
-from cloudtrain.remote import homecache
+from cloudtrain.remote import homecache, muxlink
 from cloudtrain.remote.connection import WINDOW_BYTES, Connection, PinPolicy, abandon, make_transport, tune_tcp
 from cloudtrain.remote.helper import HelperProcess, HelperUnavailable, NodeHelper, NotDelivered
 from cloudtrain.remote.keys import Endpoint, HostKeyMismatchError, KnownHosts, node_config, resolve_endpoint
@@ -74,6 +74,8 @@ BOOT_GRACE_S = 900.0
 _WARM_RETRY_S = 10.0
 # CLOUDTRAIN_SSH_HELPER=0: every command on its own exec channel (how benchmarks compare the two).
 HELPER_ENV = "CLOUDTRAIN_SSH_HELPER"
+# Overrides ssh.persist_s (seconds a node's connection is kept after a command; 0: not kept).
+PERSIST_ENV = "CLOUDTRAIN_SSH_PERSIST_S"
 
 __all__ = ["ConnectionLostError", "SSHAuthError", "SSHConnectError", "SSHTransport", "open_transport"]
 
@@ -109,9 +111,23 @@ def open_transport(
         retry_auth=retry_auth,
         # A link that drops between two commands is a blip on any machine, booting or not.
         reconnect_for=min(retries, _RECONNECT_BUDGET_S),
+        persist_s=persist_seconds(config),
     )
     transport.connect()
     return transport
+
+
+def persist_seconds(config: Config) -> float:
+    raw = os.environ.get(PERSIST_ENV)
+    if raw is None:
+        return config.ssh.persist_s
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value <= 86400:  # NaN fails too
+        raise RemoteError(f"{PERSIST_ENV}={raw!r} is not a number of seconds from 0 to 86400")
+    return value
 
 
 class SSHTransport:
@@ -127,6 +143,7 @@ class SSHTransport:
         retry_for: float = 0.0,
         retry_auth: bool = False,
         reconnect_for: float | None = None,
+        persist_s: float = 0.0,
     ) -> None:
         self.endpoint = endpoint
         self.cluster = cluster
@@ -146,6 +163,12 @@ class SSHTransport:
         # Set by give_up() from another thread (the node is known gone): ends a reconnect loop
         # between attempts without its lock, which that loop holds.
         self._given_up = threading.Event()
+        # Connection reuse (remote/muxlink.py): the node's mux, when one served this transport,
+        # and how the connection came ("mux", "process": parked by an earlier transport, "").
+        self.persist_s = persist_s
+        self.learn_host_keys = True  # False: a node without a pinned key is refused (remote/mux.py)
+        self._link: muxlink.MuxLink | None = None
+        self.reused = ""
 
     # ------------------------------------------------------------------ Transport contract
 
@@ -373,17 +396,27 @@ class SSHTransport:
         self._given_up.set()
 
     def close(self) -> None:
+        """Close, or park the connection with its idle node helper for the next command
+        (ssh.persist_s > 0: remote/muxlink.py); the mux's helper stream is closed either way."""
         with self._lock:
-            if self._helper is not None:
-                self._helper.discard()
-                self._helper = None
-            if self.connects:
-                report = self.round_trips.report(self.label, self.connects)
+            helper, self._helper = self._helper, None
+            link, self._link = self._link, None
+            conn, self._conn = self._conn, None
+            if self.connects or self.reused:
+                report = self.round_trips.report(self.label, self.connects, self.reused)
                 log.debug("%s: round trips %s", self.label, report)
                 log_report(report)
-            if self._conn is not None:
-                self._conn.close()
-                self._conn = None
+            if helper is not None and (link is not None or not helper.idle):
+                helper.discard()
+                helper = None
+            if link is not None:
+                link.close()
+            if conn is not None:
+                kept = not self._given_up.is_set() and muxlink.park(self.mux_spec(), conn, helper)
+                if not kept:
+                    if helper is not None:
+                        helper.discard()
+                    conn.close()
 
     def __enter__(self) -> SSHTransport:
         return self
@@ -458,6 +491,10 @@ class SSHTransport:
                 return helper
             if helper is not None and helper.alive:
                 return None
+            if self._link is not None:
+                helper = self._mux_helper()
+                if helper is not None:
+                    return helper
             conn, chan = self._open_channel()
             try:
                 self._helper = NodeHelper.start(
@@ -468,6 +505,27 @@ class SSHTransport:
                 self._helper, self._helper_off = None, True
                 return None
             return self._helper
+
+    def _mux_helper(self) -> NodeHelper | None:
+        """A node helper the mux started ahead; None (and the mux is dropped): connect ourselves."""
+        assert self._link is not None
+        got = self._link.helper_channel()
+        if got is not None:
+            chan, fresh = got
+            if fresh:  # the mux had none ready and opened the channel while we waited
+                self.round_trips.session()
+                self.round_trips.sent()
+                self.round_trips.waiting("channel open (mux)")
+            try:
+                self._helper = NodeHelper.attach(
+                    self.label, self._link, chan, self.round_trips, self.connect_timeout + 10,  # type: ignore[arg-type]
+                    on_hello=lambda home: homecache.put(self.endpoint.instance_id, self.endpoint.user, home))
+                return self._helper
+            except (HelperUnavailable, ConnectionLostError) as exc:
+                log.debug("%s: the mux's helper: %s", self.label, exc.message)
+        self._link.close()
+        self._link = None
+        return None
 
     def _start_channel(
         self, command: str, *, input: InputSource | None = None, timeout: float | None = None, what: str = ""
@@ -495,7 +553,45 @@ class SSHTransport:
         """Open the connection, retrying with capped exponential backoff for up to retry_for s.
 
         A wait that outlasts WAIT_NOTICE_S says what it waits for, and again every
-        _WAIT_REPEAT_S with how long it has waited: minutes of silence read as a hang."""
+        _WAIT_REPEAT_S with how long it has waited: minutes of silence read as a hang.
+
+        First, a connection kept from an earlier command (remote/muxlink.py): parked by a
+        transport of this process, or the node's mux."""
+        if self._reuse():
+            return
+        self._connect_direct(retry_for)
+
+    def _reuse(self) -> bool:
+        if self.persist_s <= 0 or self._helper_off or self._conn is not None or self._link is not None:
+            return False
+        spec = self.mux_spec()
+        parked = muxlink.take_parked(spec)
+        with self._lock:
+            if parked is not None:
+                self._conn, helper = parked
+                if helper is not None:
+                    helper.counter, helper.after = self.round_trips, ()
+                    self._helper = helper
+                self.reused = "process"
+                return True
+            self._link = muxlink.find(spec)
+            if self._link is not None:
+                self.reused = "mux"
+            return self._link is not None
+
+    def mux_spec(self) -> muxlink.MuxSpec:
+        return muxlink.MuxSpec.of(self.endpoint, cluster=self.cluster, known_hosts=self.known_hosts.path,
+                                  connect_timeout=self.connect_timeout, persist_s=self.persist_s)
+
+    def detach_connection(self) -> Connection:
+        """Connect (one attempt) and hand the connection over: remote/mux.py keeps it, not this transport."""
+        self._connect_direct(0.0)
+        with self._lock:
+            conn, self._conn = self._conn, None
+        assert conn is not None
+        return conn
+
+    def _connect_direct(self, retry_for: float | None = None) -> None:
         budget = self.retry_for if retry_for is None else retry_for
         started = time.monotonic()
         delay = 0.25
@@ -558,7 +654,7 @@ class SSHTransport:
         pkey = self._load_key()
         sock, proxy, proxy_err = self._open_socket()
         client = paramiko.SSHClient()
-        client.set_missing_host_key_policy(PinPolicy(self.known_hosts, ep))
+        client.set_missing_host_key_policy(PinPolicy(self.known_hosts, ep, learn=self.learn_host_keys))
         try:
             client.connect(
                 hostname=ep.address,
@@ -651,6 +747,8 @@ class SSHTransport:
         """Whether a connection is open and not yet seen to have dropped (a drop is noticed by the
         transport's reader thread, a moment after it happens)."""
         with self._lock:
+            if self._link is not None and self._link.alive():
+                return True
             return self._conn is not None and self._conn.alive()
 
     def _live_connection(self) -> Connection:
@@ -661,9 +759,9 @@ class SSHTransport:
                 log.info("%s: connection dropped; reconnecting", self.label)
                 self._conn.close()
                 self._conn = None
-                self.connect(retry_for=self.reconnect_for)
+                self._connect_direct(retry_for=self.reconnect_for)
             else:
-                self.connect()
+                self._connect_direct()
             assert self._conn is not None
             return self._conn
 

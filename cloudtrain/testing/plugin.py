@@ -13,6 +13,7 @@ The parts they are made of, for tests of your own:
 - gcs_buckets: GCS (XML objects, JSON bucket IAM) with the fake GCE's identities enforced (testing/gcs.py)
 - azure_blobs: Azurite with the fake ARM's Storage Blob Data roles enforced by a front (testing/blob.py)
 - metadata_server: instance metadata fakes (GCE, Azure IMDS, EC2 role credentials; testing/metadata.py)
+- ssh_persist_off (autouse), no_mux_left: no SSH connection kept after a command, unless asked (testing/mux.py)
 
 One import line per module, fixtures listed by name: a cloud's fake adds its own line.
 """
@@ -28,3 +29,4 @@ from cloudtrain.testing.buckets import s3_buckets  # noqa: F401
 from cloudtrain.testing.gcs import gcs_buckets  # noqa: F401
 from cloudtrain.testing.metadata import metadata_server  # noqa: F401
 from cloudtrain.testing.blob import azure_blobs  # noqa: F401
+from cloudtrain.testing.mux import no_mux_left, ssh_persist_off  # noqa: F401

@@ -8,11 +8,13 @@ import pytest
 
 from cloudtrain.config import Config
 from cloudtrain.remote.ssh import SSHTransport, open_transport
+from cloudtrain.testing.mux import no_mux_left  # noqa: F401 - a fixture
 from cloudtrain.testing.sshd import SshdFactory, SshdVM
 
 
 def fast_config(**ssh: object) -> Config:
-    return Config(ssh={"connect_timeout_s": 5, "connect_retries_s": 0, **ssh})
+    # persist_s 0: a transport closes its connection (tests/remote/test_mux.py turns reuse on).
+    return Config(ssh={"connect_timeout_s": 5, "connect_retries_s": 0, "persist_s": 0, **ssh})
 
 
 @pytest.fixture

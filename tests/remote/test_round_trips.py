@@ -19,12 +19,15 @@ import pytest
 from cloudtrain.remote.roundtrips import LOG_ENV
 from cloudtrain.remote.ssh import SSHTransport
 from cloudtrain.remote.transport import SKIPPED
+from cloudtrain.testing.mux import mux_pids
 from cloudtrain.testing.sshd import SshdFactory, SshdVM
+from cloudtrain.testing.wait import wait_until
 from tests.conftest import cli_env
 
 # docs/sync.md, "Round trips": after connecting, per CLI invocation.
 WARM_RUN_UNCHANGED = 5
 EXEC_UNCHANGED = 2  # the helper's channel open, then the checks, the job's start and follow together
+EXEC_UNCHANGED_REUSED = 1  # through the node's mux (ssh.persist_s): its helper is open already
 EXEC_EDITED = 4  # ... the checks' answer (the start is skipped), the tar, the start and follow again
 LOGS = 2
 
@@ -37,8 +40,19 @@ def _ct(*args: str, env: dict[str, str], trips: Path) -> tuple[subprocess.Comple
     return proc, [json.loads(line) for line in trips.read_text().splitlines() if line.strip()]
 
 
+def _config(home: Path, persist_s: float) -> None:
+    home.mkdir(parents=True, exist_ok=True)
+    (home / "config.yaml").write_text(f"ssh: {{persist_s: {persist_s}}}\n")
+
+
 @pytest.fixture
-def warm_cluster(sshd_vm_factory: SshdFactory, tmp_path: Path):  # noqa: ANN201
+def warm_cluster(sshd_vm_factory: SshdFactory, tmp_path: Path, cloudtrain_home: Path):  # noqa: ANN201
+    # Every command connects itself here (what a first command costs); reuse: test_exec_through_the_mux...
+    _config(cloudtrain_home, 0)
+    yield from _warm_cluster(sshd_vm_factory, tmp_path)
+
+
+def _warm_cluster(sshd_vm_factory: SshdFactory, tmp_path: Path):  # noqa: ANN202
     vm = sshd_vm_factory.start()
     code = tmp_path / "code"
     code.mkdir()
@@ -146,3 +160,21 @@ def test_commands_started_together_cost_one_round_trip(sshd_vm: SshdVM, sshd_vm_
         assert transport.round_trips.round_trips == before + 3
     finally:
         transport.close()
+
+
+def test_exec_through_the_nodes_mux_makes_one_round_trip(sshd_vm_factory: SshdFactory, tmp_path: Path,
+                                                         no_mux_left: Path) -> None:
+    # ssh.persist_s on (the default): `up` connected itself and, exiting, left the node's mux.
+    _config(no_mux_left, 30)
+    cluster = _warm_cluster(sshd_vm_factory, tmp_path)
+    _, env, trips, _, _ = next(cluster)
+    try:
+        wait_until(lambda: list((no_mux_left / "mux").glob("*.sock")), timeout=60, what="the node's mux to serve")
+        proc, reports = _ct("exec", "loop", "--", "echo ran", env=env, trips=trips)
+        assert proc.stdout.count("ran") == 1, proc.stdout
+        assert len(reports) == 1 and reports[0]["reused"] == "mux" and reports[0]["connects"] == 0, reports
+        assert reports[0]["round_trips"] <= EXEC_UNCHANGED_REUSED, reports
+        assert reports[0]["sessions"] == 0, reports  # the mux opened the helper's session ahead
+    finally:
+        next(cluster, None)  # `down`: stops the mux too
+    assert not mux_pids(no_mux_left)

@@ -1,0 +1,505 @@
+"""Reusing a node's SSH connection across commands: the laptop side of remote/mux.py.
+
+A CLI command that connected to a node itself leaves its connection PARKED when its transport
+closes (a later transport in the same process, e.g. `run --down`'s teardown, takes it with its
+node helper: no handshake, no channel open), and at exit hands the node to a mux: a small local
+process of its own (`python -m cloudtrain.remote.mux`) that logs in again, keeps one node helper
+started ahead, and serves it to the next command over a unix socket. That command then sends its
+first request at once: one round trip instead of the handshake, the channel open and the request.
+
+Why a process started at exit rather than the first command becoming the mux: a paramiko
+connection cannot move between processes (its keys and sequence numbers live in Python objects
+and a reader thread), and a mux started before the first command's work would put its Python
+start and handshake in that command's way (measured: docs/sync.md). Started at exit, its
+handshake happens while the user reads the output.
+
+Security, as OpenSSH's ControlMaster: the socket lives in $CLOUDTRAIN_HOME/mux (0700, ours), is
+0600, and the mux checks each peer's uid (SO_PEERCRED). Its name is a digest of everything the
+connection was made with (address, port, user, key file and its inode/size/mtime, proxy command,
+the pinned host key, the helper's source): a changed pin or key gives another name, and the old
+mux sees the change and exits within a second. `down` (KnownHosts.forget) stops the node's muxes
+and waits for them. A mux exits by itself after ssh.persist_s without a client.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import errno
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from cloudtrain import paths
+from cloudtrain.errors import RemoteError
+
+if TYPE_CHECKING:
+    from cloudtrain.remote.connection import Connection
+    from cloudtrain.remote.helper import NodeHelper
+    from cloudtrain.remote.keys import Endpoint
+
+log = logging.getLogger("cloudtrain.remote.ssh")
+
+_CHUNK = 1 << 18
+# AF_UNIX paths are limited to 108 bytes; a longer one is reached through /proc/self/fd/N/NAME.
+_SUN_PATH_MAX = 100
+_PEERCRED = struct.Struct("3i")
+
+
+@dataclass(frozen=True)
+class MuxSpec:
+    """What a mux needs to log in to one node (sent to it on stdin, never on its command line)."""
+
+    instance_id: str
+    address: str
+    port: int
+    user: str
+    identity_file: str | None
+    proxy_command: str | None
+    cluster: str
+    known_hosts: str
+    connect_timeout: float
+    persist_s: float
+
+    @classmethod
+    def of(cls, endpoint: Endpoint, *, cluster: str, known_hosts: Path, connect_timeout: float,
+           persist_s: float) -> MuxSpec:
+        return cls(endpoint.instance_id, endpoint.address, endpoint.port, endpoint.user,
+                   None if endpoint.identity_file is None else str(endpoint.identity_file),
+                   endpoint.proxy_command, cluster, str(known_hosts), connect_timeout, persist_s)
+
+    def endpoint(self) -> Endpoint:
+        from cloudtrain.remote.keys import Endpoint
+
+        return Endpoint(self.instance_id, self.address, self.port, self.user,
+                        None if self.identity_file is None else Path(self.identity_file), self.proxy_command)
+
+
+def available() -> bool:
+    """Unix sockets with peer credentials (Linux): elsewhere every command connects itself."""
+    return hasattr(socket, "SO_PEERCRED") and hasattr(socket, "AF_UNIX")
+
+
+def mux_dir(create: bool = True) -> Path | None:
+    """$CLOUDTRAIN_HOME/mux, 0700 and ours; None if it is not (then nothing is reused)."""
+    path = paths.home() / "mux" if create else paths.home_path() / "mux"
+    if create:
+        path.mkdir(mode=0o700, exist_ok=True)
+    try:
+        st = path.lstat()
+    except FileNotFoundError:
+        return None
+    import stat
+
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+        log.warning("%s is not a directory only you can use: SSH connections are not reused", path)
+        return None
+    return path
+
+
+def identity(spec: MuxSpec, helper_source: str | None = None) -> str | None:
+    """A digest of what a connection made from `spec` was made with; None: no pinned host key yet."""
+    from cloudtrain.remote.helper import helper_source as read_source
+    from cloudtrain.remote.keys import KnownHosts
+
+    pin = KnownHosts(Path(spec.known_hosts)).get(spec.instance_id)
+    if pin is None:
+        return None
+    if spec.identity_file is None:
+        key_state: object = ["agent", os.environ.get("SSH_AUTH_SOCK", "")]
+    else:
+        try:
+            st = os.stat(spec.identity_file)
+        except OSError:
+            return None
+        key_state = [st.st_ino, st.st_size, st.st_mtime_ns]
+    source = helper_source if helper_source is not None else read_source()
+    material = [asdict(spec) | {"persist_s": None, "connect_timeout": None}, pin.key_type, pin.key_base64, key_state,
+                hashlib.sha256(source.encode()).hexdigest(), sys.version_info[:2]]
+    return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()
+
+
+def _prefix(instance_id: str) -> str:
+    return hashlib.sha256(instance_id.encode()).hexdigest()[:10]
+
+
+def socket_name(spec: MuxSpec, digest: str) -> str:
+    return f"{_prefix(spec.instance_id)}-{digest[:20]}.sock"
+
+
+@contextlib.contextmanager
+def sun_path(path: Path) -> Iterator[str]:
+    """An address for `path` short enough for AF_UNIX."""
+    if len(os.fsencode(str(path))) <= _SUN_PATH_MAX:
+        yield str(path)
+        return
+    fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        yield f"/proc/self/fd/{fd}/{path.name}"
+    finally:
+        os.close(fd)
+
+
+def peer_uid(sock: socket.socket) -> int:
+    return _PEERCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size))[1]
+
+
+@contextlib.contextmanager
+def held_lock(path: Path, *, wait: bool = False) -> Iterator[bool]:
+    """flock on `path` (a mux holds its lock file for its whole life): yields whether it was got."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+        except BlockingIOError:
+            yield False
+            return
+        yield True
+    finally:
+        os.close(fd)
+
+
+def _remove_stale(path: Path) -> None:
+    """The socket is there but nobody listens: remove it, unless a mux is just starting (its lock)."""
+    with held_lock(path.with_suffix(".lock")) as free:
+        if free:
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+            log.debug("removed a stale mux socket %s", path.name)
+
+
+def _connect(path: Path, timeout: float) -> socket.socket | None:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(timeout)
+    try:
+        with sun_path(path) as address:
+            sock.connect(address)
+        if peer_uid(sock) != os.getuid():
+            raise RemoteError(f"{path} is served by another user's process: not using it")
+    except (ConnectionRefusedError, FileNotFoundError):
+        sock.close()
+        if path.exists():
+            _remove_stale(path)
+        return None
+    except OSError as exc:
+        sock.close()
+        log.debug("mux %s: %s", path.name, exc)
+        return None
+    return sock
+
+
+def _ask(sock: socket.socket, op: str) -> tuple[dict, bytes]:
+    """One request line, one answer line (what follows the line belongs to the stream after it)."""
+    sock.sendall(json.dumps({"op": op}).encode() + b"\n")
+    data = b""
+    while b"\n" not in data:
+        piece = sock.recv(4096)
+        if not piece:
+            raise EOFError("the mux closed the connection")
+        data += piece
+        if len(data) > 65536:
+            raise ValueError("the mux's answer is too long")
+    line, rest = data.split(b"\n", 1)
+    return json.loads(line), rest
+
+
+class MuxChannel:
+    """The node helper's byte stream relayed by a mux, as the part of paramiko.Channel NodeHelper uses."""
+
+    def __init__(self, link: MuxLink, sock: socket.socket, buffered: bytes) -> None:
+        self.link = link
+        self.sock = sock
+        self.sock.setblocking(True)
+        self.sock.settimeout(None)
+        self._buffer = bytearray(buffered)
+        self.eof_received = False
+        self.closed = False
+
+    def fileno(self) -> int:
+        return self.sock.fileno()
+
+    def recv_stderr_ready(self) -> bool:
+        return False  # the mux drops the helper's stderr (debug chatter): nothing of it is logged
+
+    def recv_stderr(self, size: int) -> bytes:
+        return b""
+
+    def recv_ready(self) -> bool:
+        if self._buffer:
+            return True
+        if self.eof_received or self.closed:
+            return False
+        try:
+            data = self.sock.recv(_CHUNK, socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            return False
+        except OSError as exc:
+            self._ended(exc)
+            return False
+        if not data:
+            self._ended(EOFError("cloudtrain's connection process for this node (its mux) went away"))
+            return False
+        self._buffer += data
+        return True
+
+    def recv(self, size: int) -> bytes:
+        if not self._buffer:
+            self.recv_ready()
+        data = bytes(self._buffer[:size])
+        del self._buffer[:size]
+        return data
+
+    def sendall(self, data: bytes | memoryview) -> None:
+        try:
+            self.sock.sendall(data)
+        except OSError as exc:
+            self._ended(exc)
+            raise
+
+    def close(self) -> None:
+        self.closed = True
+        self.sock.close()
+
+    def _ended(self, exc: BaseException) -> None:
+        self.eof_received = True
+        self.link.lost(exc)
+
+
+class MuxLink:
+    """A node reached through its mux: what NodeHelper calls its connection (alive, exception)."""
+
+    def __init__(self, path: Path, timeout: float) -> None:
+        self.path = path
+        self.timeout = timeout
+        self._error: BaseException | None = None
+        self._channels: list[MuxChannel] = []
+
+    def alive(self) -> bool:
+        return self._error is None
+
+    def exception(self) -> BaseException | None:
+        return self._error
+
+    def lost(self, exc: BaseException) -> None:
+        if self._error is None:
+            self._error = exc
+
+    def helper_channel(self) -> tuple[MuxChannel, bool] | None:
+        """A started node helper's stream, and whether the mux had to open it now (a round trip:
+        normally one waits, opened ahead). None: no mux answers (the caller connects itself)."""
+        if not self.alive():
+            return None
+        sock = _connect(self.path, self.timeout)
+        if sock is None:
+            return None
+        try:
+            answer, rest = _ask(sock, "helper")
+        except (OSError, EOFError, ValueError) as exc:
+            sock.close()
+            log.debug("mux %s: %s", self.path.name, exc)
+            return None
+        if not answer.get("ok"):
+            sock.close()
+            return None
+        channel = MuxChannel(self, sock, rest)
+        self._channels.append(channel)
+        return channel, bool(answer.get("fresh"))
+
+    def close(self) -> None:
+        for channel in self._channels:
+            if not channel.closed:
+                channel.close()
+        self._channels.clear()
+
+
+def find(spec: MuxSpec) -> MuxLink | None:
+    """The node's mux, if one runs for exactly this connection's identity."""
+    if spec.persist_s <= 0 or not available():
+        return None
+    directory = mux_dir(create=False)
+    if directory is None:
+        return None
+    digest = identity(spec)
+    if digest is None:
+        return None
+    path = directory / socket_name(spec, digest)
+    if not path.exists():
+        return None
+    return MuxLink(path, spec.connect_timeout + 10)
+
+
+def stop(instance_id: str, timeout: float = 10.0) -> int:
+    """Stop every mux of the node (`down`, a forgotten host key) and wait until each has closed
+    its connection. Returns how many answered."""
+    forget_parked(instance_id)
+    directory = mux_dir(create=False)
+    if directory is None:
+        return 0
+    stopped = 0
+    for path in sorted(directory.glob(f"{_prefix(instance_id)}-*.sock")):
+        sock = _connect(path, timeout)
+        if sock is None:
+            continue
+        try:
+            answer, _ = _ask(sock, "stop")
+            stopped += bool(answer.get("ok"))
+        except (OSError, EOFError, ValueError) as exc:
+            log.debug("stopping mux %s: %s", path.name, exc)
+        finally:
+            sock.close()
+    # Each mux answers once its SSH connection is closed and holds its lock until it exits; one
+    # still logging in has no socket yet, and sees the forgotten pin within a second of its check.
+    for lock in sorted(directory.glob(f"{_prefix(instance_id)}-*.lock")):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with held_lock(lock) as free:
+                if free:
+                    break
+            time.sleep(0.05)
+    return stopped
+
+
+# ---------------------------------------------------------------------- in this process: parked connections
+
+
+@dataclass
+class _Parked:
+    conn: Connection
+    helper: NodeHelper | None
+    spec: MuxSpec
+    timer: threading.Timer
+
+
+_parked: dict[MuxSpec, _Parked] = {}
+_forgotten: set[str] = set()
+_parked_lock = threading.Lock()
+
+
+def park(spec: MuxSpec, conn: Connection, helper: NodeHelper | None) -> bool:
+    """Keep a closed transport's connection for a later one in this process, for spec.persist_s;
+    at exit, a mux takes over. False: not kept (the caller closes it)."""
+    if spec.persist_s <= 0 or spec.instance_id in _forgotten or not conn.alive():
+        return False
+    with _parked_lock:
+        old = _parked.pop(spec, None)
+        timer = threading.Timer(spec.persist_s, _expire, args=(spec, conn))
+        timer.daemon = True
+        _parked[spec] = _Parked(conn, helper, spec, timer)
+        if len(_parked) == 1:
+            _register_exit()
+    timer.start()
+    if old is not None:
+        _close(old)
+    return True
+
+
+def take_parked(spec: MuxSpec) -> tuple[Connection, NodeHelper | None] | None:
+    with _parked_lock:
+        entry = _parked.pop(spec, None)
+    if entry is None:
+        return None
+    entry.timer.cancel()
+    if not entry.conn.alive():
+        _close(entry)
+        return None
+    if entry.helper is not None and not entry.helper.alive:
+        entry.helper = None
+    return entry.conn, entry.helper
+
+
+def forget_parked(instance_id: str) -> None:
+    """The node is being taken down: no parked connection or mux for it from this process."""
+    _forgotten.add(instance_id)
+    with _parked_lock:
+        gone = [entry for spec, entry in _parked.items() if spec.instance_id == instance_id]
+        for entry in gone:
+            del _parked[entry.spec]
+    for entry in gone:
+        _close(entry)
+
+
+def _expire(spec: MuxSpec, conn: Connection) -> None:
+    with _parked_lock:
+        entry = _parked.get(spec)
+        if entry is None or entry.conn is not conn:
+            return
+        del _parked[spec]
+    _close(entry)
+
+
+def _close(entry: _Parked) -> None:
+    entry.timer.cancel()
+    if entry.helper is not None:
+        entry.helper.discard()
+    entry.conn.close()
+
+
+_exit_registered = False
+
+
+def _register_exit() -> None:
+    global _exit_registered
+    if not _exit_registered:
+        _exit_registered = True
+        atexit.register(_at_exit)
+
+
+def _at_exit() -> None:
+    """Close what is parked; for each node still reachable a mux takes over (started detached)."""
+    with _parked_lock:
+        entries = list(_parked.values())
+        _parked.clear()
+    for entry in entries:
+        handover = entry.conn.alive() and entry.spec.instance_id not in _forgotten
+        _close(entry)
+        if handover:
+            try:
+                spawn(entry.spec)
+            except OSError as exc:
+                log.debug("could not start a mux for %s: %s", entry.spec.address, exc)
+
+
+def spawn(spec: MuxSpec) -> subprocess.Popen[bytes] | None:
+    """Start a mux for `spec` in a session of its own; it logs in by itself. None: not possible."""
+    if not available() or mux_dir() is None:
+        return None
+    proc = subprocess.Popen([sys.executable, "-m", "cloudtrain.remote.mux"], stdin=subprocess.PIPE,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+                            close_fds=True, cwd="/")
+    assert proc.stdin is not None
+    try:
+        proc.stdin.write(json.dumps(asdict(spec)).encode())
+        proc.stdin.close()
+    except BrokenPipeError as exc:
+        log.debug("the mux for %s ended at once: %s", spec.address, exc)
+    return proc
+
+
+def wait_for(spec: MuxSpec, timeout: float) -> MuxLink | None:
+    """Poll until the node's mux serves (for tests and benchmarks that start one and use it)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        link = find(spec)
+        if link is not None and link.path.exists():
+            sock = _connect(link.path, 1.0)
+            if sock is not None:
+                sock.close()
+                return link
+        time.sleep(0.05)
+    return None
+
+
+def socket_errno_refused(exc: OSError) -> bool:
+    return exc.errno in (errno.ECONNREFUSED, errno.ENOENT)
