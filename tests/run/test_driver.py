@@ -86,7 +86,7 @@ def _job_recipe(cloud: Any, marks: Path) -> Path:
     work = cloud.root / "work"
     work.mkdir(exist_ok=True)
     # Records its pid, then waits for the test's go; writes its result after.
-    (work / "job.sh").write_text('echo $$ > "$MARKS/pid"\necho "job started"\n'
+    (work / "job.sh").write_text('echo $$ > "$MARKS/pid"\necho "job started, GREETING=${GREETING:-}"\n'
                                  'while [ ! -f "$MARKS/go" ]; do sleep 0.1; done\n'
                                  'mkdir -p outputs && echo done > outputs/result.txt\n')
     return cloud.recipe(workdir=str(work), run="sh job.sh", results=["outputs"], envs={"MARKS": str(marks)})
@@ -106,7 +106,7 @@ def test_a_driven_run_starts_returns_finishes_and_comes_home(local_cloud: Any, s
     host = driver_host(sshd_vm_factory)
     marks = tmp_path / "marks"
     marks.mkdir()
-    started = _drive(local_cloud, host, _job_recipe(local_cloud, marks), "-y")
+    started = _drive(local_cloud, host, _job_recipe(local_cloud, marks), "-y", "--env", "GREETING=hello there")
     assert started.ok, started.output
     run_dir = Path(started.stdout.strip().splitlines()[-1])
     record = DriverRecord.read(local_cloud.runs_dir, run_dir.name)
@@ -122,13 +122,17 @@ def test_a_driven_run_starts_returns_finishes_and_comes_home(local_cloud: Any, s
     (marks / "go").touch()
     followed = local_cloud.cli("driver", "log", record.run_id, "-f", "--runs-dir", str(local_cloud.runs_dir))
     assert followed.ok, followed.output
-    assert "job started" in followed.stdout and followed.stdout.strip().splitlines()[-1].endswith(record.run_id)
+    assert "job started, GREETING=hello there" in followed.stdout, followed.output
+    assert followed.stdout.strip().splitlines()[-1].endswith(record.run_id)
 
     fetched = local_cloud.cli("driver", "fetch", record.run_id, "--runs-dir", str(local_cloud.runs_dir))
     assert fetched.ok, fetched.output
     assert (run_dir / "outputs" / "result.txt").read_text() == "done\n"
     assert json.loads((run_dir / "run.json").read_text())["status"] == "succeeded"
     assert (run_dir / "driver.json").exists() and "job started" in (run_dir / "job.log").read_text()
+    again = local_cloud.cli("driver", "fetch", record.run_id, "--runs-dir", str(local_cloud.runs_dir))
+    assert again.ok and (run_dir / "outputs" / "result.txt").read_text() == "done\n", again.output
+    assert DriverRecord.read(local_cloud.runs_dir, record.run_id) == record  # the laptop's record is its own
     # The recipe went over; the laptop's keys and state did not.
     drive = Path(record.remote_dir)
     assert (drive / "recipe.yaml").exists() and (drive / "workdir" / "job.sh").exists()
