@@ -13,6 +13,12 @@ repetition, so a busy machine slows them alike:
   cold      `cloudtrain run --down` with a new cluster name each time (up on the ssh host, down after)
   exec      `cloudtrain exec NAME -- JOB` after the edit, and with the workdir unchanged; its ratio is
             to `rsync + ssh` by hand (the same without the results' copy back)
+  exec, unchanged, no reuse   the same with connection reuse off (CLOUDTRAIN_SSH_PERSIST_S=0): every
+            command connects itself, as before remote/mux.py
+
+Connection reuse (ssh.persist_s, on by default) applies to every cloudtrain row except the cold
+runs: the node's mux, left by the previous command, serves warm runs and exec. By hand is plain
+OpenSSH without ControlMaster (what the issue compares with).
 
 Round trips: the sequential request -> answer turns cloudtrain made after connecting, COUNTED by
 the transport (cloudtrain/remote/roundtrips.py, read from CLOUDTRAIN_ROUNDTRIPS_LOG), summed over
@@ -40,9 +46,11 @@ from pathlib import Path
 
 TARGETS = {"warm": 1.0, "cold": 1.5}
 # The by-hand figure each row is compared with (default: "by hand").
-BASES = {"exec, one file edited": "rsync + ssh", "exec, unchanged": "rsync + ssh"}
+BASES = {"exec, one file edited": "rsync + ssh", "exec, unchanged": "rsync + ssh",
+         "exec, unchanged, no reuse": "rsync + ssh"}
 JOB = "mkdir -p out && echo done > out/ok.txt"
 ROUNDTRIPS_ENV = "CLOUDTRAIN_ROUNDTRIPS_LOG"
+PERSIST_ENV = "CLOUDTRAIN_SSH_PERSIST_S"
 
 
 def timed(argv: list[str], env: dict[str, str], cwd: Path, trips: Path | None = None) -> tuple[float, int | None]:
@@ -137,10 +145,11 @@ def main() -> int:
                         subprocess.run([*ssh, target, f"cd {shlex.quote(remote)} && {JOB}"], check=True)
                         return time.perf_counter() - started, None
 
-                    def exec_(i: int, edit: bool) -> tuple[float, int | None]:
+                    def exec_(i: int, edit: bool, extra: dict[str, str] | None = None) -> tuple[float, int | None]:
                         if edit:
                             touch(10_000 + i)  # another size than the runs' edit: a change whatever the clock
-                        return timed([*cli, "exec", f"loop-{int(rtt)}", "--", JOB], env, root, trips)
+                        return timed([*cli, "exec", f"loop-{int(rtt)}", "--", JOB], {**env, **(extra or {})}, root,
+                                     trips)
 
                     def warm(i: int, extra: dict[str, str] | None = None) -> tuple[float, int | None]:
                         touch(i)
@@ -163,7 +172,8 @@ def main() -> int:
                         actions.append(("cold", cold))
                     if not args.no_exec:
                         actions += [("rsync + ssh", rsync_ssh), ("exec, one file edited", lambda i: exec_(i, True)),
-                                    ("exec, unchanged", lambda i: exec_(i, False))]
+                                    ("exec, unchanged", lambda i: exec_(i, False)),
+                                    ("exec, unchanged, no reuse", lambda i: exec_(i, False, {PERSIST_ENV: "0"}))]
                     # Interleaved (each repetition runs every variant once): load from elsewhere on a
                     # shared machine then falls on all of them alike.
                     samples: dict[str, list[tuple[float, int | None]]] = {name: [] for name, _ in actions}

@@ -371,7 +371,47 @@ def stop(instance_id: str, timeout: float = 10.0) -> int:
     return stopped
 
 
-# ---------------------------------------------------------------------- in this process: parked connections
+# ---------------------------------------------------------------------- in this process: shared and parked
+
+
+class _Shared:
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+        self.users = 1
+
+
+_live: dict[MuxSpec, _Shared] = {}
+
+
+def register(spec: MuxSpec, conn: Connection) -> None:
+    """A transport of this process connected: others opened meanwhile share it (`run --down`'s
+    teardown while the run's transport is still open), each with a helper channel of its own."""
+    if spec.persist_s > 0 and spec.instance_id not in _forgotten:
+        with _parked_lock:
+            _live[spec] = _Shared(conn)
+
+
+def share(spec: MuxSpec) -> Connection | None:
+    with _parked_lock:
+        entry = _live.get(spec)
+        if entry is None or not entry.conn.alive():
+            return None
+        entry.users += 1
+        return entry.conn
+
+
+def release(spec: MuxSpec, conn: Connection) -> bool:
+    """A transport is done with `conn`: True if another transport still uses it (keep it open)."""
+    with _parked_lock:
+        entry = _live.get(spec)
+        if entry is None or entry.conn is not conn:
+            return False
+        entry.users -= 1
+        if entry.users > 0:
+            return True
+        del _live[spec]
+        return False
+
 
 
 @dataclass
@@ -416,6 +456,7 @@ def take_parked(spec: MuxSpec) -> tuple[Connection, NodeHelper | None] | None:
         return None
     if entry.helper is not None and not entry.helper.alive:
         entry.helper = None
+    register(spec, entry.conn)
     return entry.conn, entry.helper
 
 
@@ -423,6 +464,8 @@ def forget_parked(instance_id: str) -> None:
     """The node is being taken down: no parked connection or mux for it from this process."""
     _forgotten.add(instance_id)
     with _parked_lock:
+        for spec in [spec for spec in _live if spec.instance_id == instance_id]:
+            del _live[spec]  # its users close it when they are done
         gone = [entry for spec, entry in _parked.items() if spec.instance_id == instance_id]
         for entry in gone:
             del _parked[entry.spec]

@@ -411,7 +411,10 @@ class SSHTransport:
                 helper = None
             if link is not None:
                 link.close()
-            if conn is not None:
+            if conn is not None and muxlink.release(self.mux_spec(), conn):
+                if helper is not None:
+                    helper.discard()  # another transport of this process still uses the connection
+            elif conn is not None:
                 kept = not self._given_up.is_set() and muxlink.park(self.mux_spec(), conn, helper)
                 if not kept:
                     if helper is not None:
@@ -565,6 +568,11 @@ class SSHTransport:
         if self.persist_s <= 0 or self._helper_off or self._conn is not None or self._link is not None:
             return False
         spec = self.mux_spec()
+        shared = muxlink.share(spec)
+        if shared is not None:
+            with self._lock:
+                self._conn, self.reused = shared, "process"
+            return True
         parked = muxlink.take_parked(spec)
         with self._lock:
             if parked is not None:
@@ -627,6 +635,8 @@ class SSHTransport:
                         self._conn.close()
                     self._conn = conn
                     self.connects += 1
+                if self.persist_s > 0:
+                    muxlink.register(self.mux_spec(), conn)
                 notice.done()
                 return
             log.debug("%s: connect attempt %d failed (%s); retrying in %.2fs", self.label, attempts, last, delay)

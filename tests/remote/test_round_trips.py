@@ -19,7 +19,7 @@ import pytest
 from cloudtrain.remote.roundtrips import LOG_ENV
 from cloudtrain.remote.ssh import SSHTransport
 from cloudtrain.remote.transport import SKIPPED
-from cloudtrain.testing.mux import mux_pids
+from cloudtrain.testing.mux import mux_pids, stop_muxes
 from cloudtrain.testing.sshd import SshdFactory, SshdVM
 from cloudtrain.testing.wait import wait_until
 from tests.conftest import cli_env
@@ -178,3 +178,21 @@ def test_exec_through_the_nodes_mux_makes_one_round_trip(sshd_vm_factory: SshdFa
     finally:
         next(cluster, None)  # `down`: stops the mux too
     assert not mux_pids(no_mux_left)
+
+
+def test_a_cold_run_and_its_down_share_one_connection(sshd_vm_factory: SshdFactory, tmp_path: Path,
+                                                      no_mux_left: Path) -> None:
+    # `run --down`: the teardown connects while the run's transport is still open; with reuse on
+    # it opens a channel on that connection instead of a second handshake, and leaves no mux.
+    _config(no_mux_left, 30)
+    cluster = _warm_cluster(sshd_vm_factory, tmp_path)
+    recipe, env, trips, _, _ = next(cluster)
+    try:
+        stop_muxes(no_mux_left)  # what `up` left: this run connects itself
+        proc, reports = _ct("run", str(recipe), "--cluster", "cold", "--down", "--runs-dir", str(tmp_path / "runs"),
+                            env=env, trips=trips)
+        assert sum(r["connects"] for r in reports) == 1, reports
+        assert [r["reused"] for r in reports].count("process") == len(reports) - 1, reports
+        assert not list((no_mux_left / "mux").glob("*.sock"))  # nothing kept for a cluster that is gone
+    finally:
+        next(cluster, None)
