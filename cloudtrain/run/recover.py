@@ -83,7 +83,8 @@ class Attempt:
     resumed_from_epoch: int | None = None
     final_checkpoint_at: float | None = None  # a checkpoint written after an interruption notice, home at
     # What node 0 put in the bucket on the notice (recipe `upload:`, run/recover_upload.py): url, paths,
-    # exit_code, ok, at; None when there was no notice, no upload, or no answer before the node went.
+    # exit_code, ok, at; without the node's answer, what the bucket holds under the run's prefix
+    # (answered false: objects, count, listed_at, or error); None when there was no notice or upload.
     uploaded_on_notice: dict[str, Any] | None = None
     # The run's own upload at its end (the last attempt), when this node went during it: the results
     # were home, this machine finished it or could not (run/recover_upload.FinalUpload).
@@ -198,7 +199,7 @@ class Recovery:
                 attempt.ended_at = attempt.ended_at or time.time()
             self.attempts.append(attempt)
 
-    def _save(self) -> None:
+    def save(self) -> None:
         path = self.r.run_dir / ATTEMPTS_FILE
         tmp = path.with_name(f".{ATTEMPTS_FILE}.tmp")
         tmp.write_text(json.dumps([asdict(a) for a in self.attempts], indent=1))
@@ -227,7 +228,7 @@ class Recovery:
         if self._log is not None:
             self._log.close()
             self._log = None
-        self._save()
+        self.save()
 
     @staticmethod
     def _placed(current: Attempt, cluster: Cluster) -> None:
@@ -262,7 +263,9 @@ class Recovery:
                 current.final_checkpoint_at = time.time()
             if self.r.loaded.recipe.upload and self.r.nodes:
                 if self.notice_upload:
-                    current.uploaded_on_notice = self._uploaded_on_notice()
+                    from cloudtrain.run.recover_upload import after_notice
+
+                    current.uploaded_on_notice = after_notice(self)
                 else:
                     self.ex.reporter.warn("the node's watchdog started no upload on the interruption notice")
             return "preempted", f"interruption notice on the node ({notice})"
@@ -323,78 +326,14 @@ class Recovery:
             self.ex.reporter.info(f"the checkpoint written after the interruption notice is home (as epoch {epoch})")
         return epoch is not None or checkpoints.kept_epoch(self.puller.kept) is not None
 
-    def _uploaded_on_notice(self) -> dict[str, Any] | None:
-        from cloudtrain.run import recover_upload
-
-        done = recover_upload.read(self.r.nodes[0])
-        if done is None:
-            return self._listed_after_notice()
-        if done.get("ok"):
-            self.ex.reporter.info(f"uploaded on the interruption notice: {', '.join(done.get('paths') or [])} "
-                                  f"to {done.get('url')}")
-        else:
-            self.ex.reporter.warn(f"the upload on the interruption notice failed (exit {done.get('exit_code')}; "
-                                  f"see {self.r.nodes[0].layout.root}/{recover_upload.LOG} on the node)")
-        return done
-
-    def _listed_after_notice(self) -> dict[str, Any]:
-        """The node did not say what it uploaded (it went first, or never finished): what the
-        bucket holds under the run's prefix, listed with the user's own credentials. The prefix is
-        the run's, so an earlier attempt's upload is listed too (`modified` tells them apart)."""
-        from cloudtrain.buckets.steps import upload_destination
-        from cloudtrain.run import recover_upload
-
-        url = str(upload_destination(self.r.loaded.recipe, self.r.run_id))
-        listed = recover_upload.list_uploaded(url)
-        record: dict[str, Any] = {"url": url, "ok": None, "answered": False, "listed_at": time.time(), **listed}
-        if "error" in listed:
-            self.ex.reporter.warn(f"the upload on the interruption notice did not answer before the node went, and "
-                                  f"{url} could not be listed from this machine: {listed['error']}")
-        else:
-            self.ex.reporter.warn(f"the upload on the interruption notice did not answer before the node went; "
-                                  f"{url} holds {listed['count']} object(s) (listed from this machine)")
-        return record
-
     def final_upload(self, step: Callable[[], object]) -> None:
-        """The run's own upload at its end (`upload:`, after the last attempt collected), with the
-        cloud watcher on again. Its node lost meanwhile (the watcher saw it, or the cloud, asked
-        now, says so) while the results are home: the run does not fail for it. Relaunching a
-        node for a copy would be overkill: this machine has the results and the user's credentials,
-        so it finishes the upload itself (recover_upload.put_from_laptop) and the last attempt's
-        `final_upload` says so; where it cannot, that record names the one command that does, and
-        the run fails for the upload as an upload that failed on the node would."""
+        """The run's own upload at its end, a node lost meanwhile finished from this machine
+        (run/recover_upload.final_upload)."""
         from cloudtrain.run import recover_upload
-        from cloudtrain.buckets.steps import upload_destination
 
-        last = self.attempts[-1]
-        self.watcher = Watcher(self, last)
-        self.watcher.start()
-        try:
-            step()
-            return
-        except CloudtrainError as exc:
-            collected = self.r.collected
-            why, detected_at = self._gone_now()
-            if why is None or collected is None or not collected.complete:
-                raise  # the node is there (or the results are not home): it failed on its own
-            failure = exc
-        finally:
-            self.watcher.stop()
-        url = str(upload_destination(self.r.loaded.recipe, self.r.run_id))
-        self.ex.reporter.warn(f"the node went while it uploaded the results ({why}); the results are home: "
-                              "finishing the upload from this machine")
-        done = recover_upload.put_from_laptop(url, self.r.run_dir, self.r.loaded.recipe.result_paths(), why,
-                                              detected_at, self.ex.reporter.info)
-        last.final_upload = asdict(done)
-        self._save()
-        if done.ok:
-            self.ex.reporter.info(f"uploaded the results to {url} from this machine")
-            return
-        raise NodeLostError(f"upload {url} not done: the node went while it uploaded ({why}) and this machine "
-                            f"could not finish it: {done.error}",
-                            hint=f"the results are in {self.r.run_dir}; finish it with: {done.finish}") from failure
+        recover_upload.final_upload(self, step)
 
-    def _gone_now(self) -> tuple[str | None, float]:
+    def gone_now(self) -> tuple[str | None, float]:
         """Why the node is gone (the watcher's word, or the cloud's now) and when that was known."""
         watcher = self.watcher
         if watcher is not None and watcher.lost is not None:
@@ -520,7 +459,7 @@ class Recovery:
         current = self.attempts[-1]
         if self.r.cluster is not None:
             self._placed(current, self.r.cluster)  # known from here on, also to a resume after a dead CLI
-            self._save()
+            self.save()
         self._arm_upload_on_notice()
         if current.number == 1 or checkpoints.kept_epoch(self.kept) is None or not self.r.nodes:
             return

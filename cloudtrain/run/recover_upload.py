@@ -10,28 +10,18 @@ the copy ended, in `on_notice.json`. The CLI reads that file while the node stil
 it in the attempt (`uploaded_on_notice`). Everything it needs is decided here, on the laptop, so
 the watchdog only starts a file it finds: it needs no bucket logic of its own.
 
-Two things the laptop does itself, with the user's own configured store credentials (as `collect
---from-bucket` does, buckets/fetch.py), running the same copy tool (templates/bucket_copy.py) here:
-
-- `list_uploaded`: when the node went before the CLI could read `on_notice.json`, what the bucket
-  holds under the run's prefix, so run.json says what is there even without the node's answer;
-- `put_from_laptop`: when the node went during the run's own upload at its end (the results are
-  home by then, collected inside the last attempt), the upload is finished from the run directory,
-  which holds the result paths in the layout the node would have uploaded (relative to the workdir).
+When the node is gone before it said what it uploaded, or during the run's own upload at its end,
+the laptop lists or finishes the upload itself (run/recover_bucket.py); the Recovery's side of
+both is here (`after_notice`, `final_upload`).
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
 import shlex
-import subprocess
-import sys
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from pathlib import Path
+from collections.abc import Callable
+from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
 from cloudtrain.errors import CloudtrainError
@@ -39,6 +29,7 @@ from cloudtrain.errors import CloudtrainError
 if TYPE_CHECKING:
     from cloudtrain.cluster.nodes import Node
     from cloudtrain.recipe import Recipe
+    from cloudtrain.run.recover import Recovery
 
 SCRIPT = "on_notice.sh"  # the watchdog starts it on a notice (templates/watchdog.py NOTICE_SCRIPT)
 RESULT = "on_notice.json"
@@ -50,12 +41,6 @@ JOB_END_WAIT_S = 25
 # How long the CLI waits for on_notice.json once it found the notice (the job's end, then the copy;
 # bounded by the warning: after that the machine is gone anyway).
 READ_WAIT_S = 120.0
-# What the laptop's own copy says it copies with (bucket_copy.py's error lines name it).
-LAPTOP_WHO = "your configured store credentials"
-# A listing recorded in run.json names at most this many objects (it says how many there were).
-LISTED_MAX = 1000
-# The laptop's bucket list: bounded, a store that does not answer must not hold a run's end.
-LIST_TIMEOUT_S = 120.0
 
 
 def arm(node: Node, provider: object, recipe: Recipe, run_id: str, job_id: str, checkpoint_rel: str) -> str | None:
@@ -120,120 +105,76 @@ def read(node: Node, wait_s: float = READ_WAIT_S) -> dict[str, Any] | None:
         time.sleep(1.0)
 
 
-# ------------------------------------------------------------------------------------------ the laptop
+# ------------------------------------------------------------------------- what a Recovery does with it
 
 
-@dataclass(frozen=True)
-class FinalUpload:
-    """The run's own upload at its end when the node went during it (run.json: the last attempt's
-    `final_upload`): the results were home, so this machine finished the upload, or could not."""
+def after_notice(rec: Recovery) -> dict[str, Any]:
+    """What the upload on the notice did (on_notice.json, once written), or, when the node did not
+    say (it went first, or never finished), what the bucket holds under the run's prefix, listed
+    from this machine. The prefix is the run's, so an earlier attempt's upload is listed too
+    (`modified` tells them apart)."""
+    from cloudtrain.buckets.steps import upload_destination
+    from cloudtrain.run.recover_bucket import list_uploaded
 
-    url: str
-    node_lost: str  # why the node is gone (what the cloud, or the watcher, said)
-    detected_at: float
-    by: str  # "this machine" (the node's copy was cut by the loss)
-    ok: bool
-    paths: tuple[str, ...]
-    exit_code: int | None
-    error: str | None = None
-    # Where it did not finish: the one command that does, from the run directory.
-    finish: str | None = None
-
-
-def _copy_tool() -> str:
-    from cloudtrain import paths
-
-    from cloudtrain.buckets.steps import COPY_SCRIPT
-
-    return str(paths.templates_dir() / COPY_SCRIPT)
-
-
-def _laptop_env() -> dict[str, str]:
-    from cloudtrain.buckets.steps import node_env
-
-    return {**os.environ, **node_env("configured", LAPTOP_WHO)}
+    reporter, node = rec.ex.reporter, rec.r.nodes[0]
+    done = read(node)
+    if done is not None:
+        if done.get("ok"):
+            reporter.info(f"uploaded on the interruption notice: {', '.join(done.get('paths') or [])} "
+                          f"to {done.get('url')}")
+        else:
+            reporter.warn(f"the upload on the interruption notice failed (exit {done.get('exit_code')}; "
+                          f"see {node.layout.root}/{LOG} on the node)")
+        return done
+    url = str(upload_destination(rec.r.loaded.recipe, rec.r.run_id))
+    listed = list_uploaded(url)
+    if "error" in listed:
+        reporter.warn(f"the upload on the interruption notice did not answer before the node went, and {url} could "
+                      f"not be listed from this machine: {listed['error']}")
+    else:
+        reporter.warn(f"the upload on the interruption notice did not answer before the node went; {url} holds "
+                      f"{listed['count']} object(s) (listed from this machine)")
+    return {"url": url, "ok": None, "answered": False, "listed_at": time.time(), **listed}
 
 
-def _no_obstore() -> str | None:
-    if importlib.util.find_spec("obstore") is None:
-        return "obstore is not installed here (pip install 'cloudtrain[buckets]')"
-    return None
+def final_upload(rec: Recovery, step: Callable[[], object]) -> None:
+    """The run's own upload at its end (`upload:`, after the last attempt collected) with the cloud
+    watcher on again. Its node lost meanwhile (the watcher saw it, or the cloud, asked now, says
+    so) while the results are home: the run does not fail for the lost node. A relaunch would be
+    overkill for a copy: this machine has the results and the user's credentials, so it finishes
+    the upload itself and the last attempt's `final_upload` says so; where it cannot, that record
+    names the one command that does, and the run fails for the upload, as an upload that failed on
+    a node that is still there does."""
+    from cloudtrain.buckets.steps import upload_destination
+    from cloudtrain.errors import CloudtrainError
+    from cloudtrain.run.recover_bucket import put_from_laptop
+    from cloudtrain.run.recover_rules import NodeLostError
+    from cloudtrain.run.recover_watch import Watcher
 
-
-def finish_command(url: str, run_dir: Path, result_paths: Sequence[str]) -> str:
-    """One shell line that uploads the run directory's results to `url` with your credentials."""
-    words = ["CLOUDTRAIN_BUCKET_IDENTITY=configured", sys.executable, _copy_tool(), "put", url,
-             "--base", str(run_dir), *result_paths]
-    return " ".join(shlex.quote(w) if i else w for i, w in enumerate(words))
-
-
-def put_from_laptop(url: str, run_dir: Path, result_paths: Sequence[str], node_lost: str, detected_at: float,
-                    say: Callable[[str], None]) -> FinalUpload:
-    """Upload the result paths the run directory holds to `url` from this machine."""
-    present = [p for p in result_paths if (run_dir / p).exists()]
-    finish = finish_command(url, run_dir, present or list(result_paths))
-
-    def record(ok: bool, code: int | None, error: str | None) -> FinalUpload:
-        return FinalUpload(url, node_lost, detected_at, "this machine", ok, tuple(present), code, error,
-                           None if ok else finish)
-
-    if not present:
-        return record(True, 0, None)  # nothing to upload: what collect brought is nothing either
-    missing = _no_obstore()
-    if missing is not None:
-        return record(False, None, missing)
-    say(f"upload {url} from this machine with {LAPTOP_WHO}")
-    proc = subprocess.Popen([sys.executable, _copy_tool(), "put", url, "--base", str(run_dir), *present],
-                            env=_laptop_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    assert proc.stdout is not None and proc.stderr is not None
-    for line in proc.stdout:
-        say(line.rstrip("\n"))
-    error = proc.stderr.read().strip()
-    code = proc.wait()
-    if code != 0:
-        return record(False, code, error.splitlines()[-1] if error else f"bucket copy exit {code}")
-    return record(True, 0, None)
-
-
-_LIST = """
-import json, os, sys
-sys.path.insert(0, sys.argv[1])
-import bucket_copy, obstore
-def main():
-    scheme, account, bucket, prefix = bucket_copy.parse_url(sys.argv[2])
-    store = bucket_copy.make_store(scheme, account, bucket)
-    found = []
+    last = rec.attempts[-1]
+    rec.watcher = Watcher(rec, last)
+    rec.watcher.start()
     try:
-        for batch in obstore.list(store, prefix=prefix or None, chunk_size=1000):
-            for m in batch:
-                found.append({"path": m["path"][len(prefix) + 1:] if prefix else m["path"], "size": m["size"],
-                              "modified": round(m["last_modified"].timestamp(), 3)})
-    except Exception as exc:
-        bucket_url = f"{scheme}://{account + '/' if account else ''}{bucket}"
-        return {"error": str(bucket_copy._translate(exc, scheme, bucket_url, "list"))}
-    return {"objects": found}
-print(json.dumps(main()), flush=True)
-os._exit(0)
-"""
-
-
-def list_uploaded(url: str) -> dict[str, Any]:
-    """What the bucket holds under `url`, listed from this machine: `objects` (path relative to
-    `url`, size, modified; at most LISTED_MAX) and `count`, or `error`."""
-    missing = _no_obstore()
-    if missing is not None:
-        return {"error": missing}
-    try:
-        done = subprocess.run([sys.executable, "-c", _LIST, str(Path(_copy_tool()).parent), url], env=_laptop_env(),
-                              capture_output=True, text=True, timeout=LIST_TIMEOUT_S, check=False)
-    except subprocess.TimeoutExpired:
-        return {"error": f"the store did not answer the listing within {LIST_TIMEOUT_S:.0f} s"}
-    try:
-        answer = json.loads(done.stdout.strip().splitlines()[-1])
-    except (ValueError, IndexError):
-        tail = done.stderr.strip().splitlines()
-        return {"error": tail[-1] if tail else f"the listing ended with exit {done.returncode}"}
-    if "error" in answer:
-        return {"error": str(answer["error"])}
-    objects = sorted(answer["objects"], key=lambda o: o["path"])
-    return {"objects": objects[:LISTED_MAX], "count": len(objects)}
+        step()
+        return
+    except CloudtrainError as exc:
+        collected = rec.r.collected
+        why, detected_at = rec.gone_now()
+        if why is None or collected is None or not collected.complete:
+            raise  # the node is there (or the results are not home): it failed on its own
+        failure = exc
+    finally:
+        rec.watcher.stop()
+    url = str(upload_destination(rec.r.loaded.recipe, rec.r.run_id))
+    rec.ex.reporter.warn(f"the node went while it uploaded the results ({why}); the results are home: "
+                         "finishing the upload from this machine")
+    done = put_from_laptop(url, rec.r.run_dir, rec.r.loaded.recipe.result_paths(), why, detected_at,
+                           rec.ex.reporter.info)
+    last.final_upload = asdict(done)
+    rec.save()
+    if done.ok:
+        rec.ex.reporter.info(f"uploaded the results to {url} from this machine")
+        return
+    raise NodeLostError(f"upload {url} not done: the node went while it uploaded ({why}) and this machine could "
+                        f"not finish it: {done.error}",
+                        hint=f"the results are in {rec.r.run_dir}; finish it with: {done.finish}") from failure

@@ -1,11 +1,14 @@
 """The on-notice upload script (run/recover_upload.py) run with sh in a node layout on this
 machine: it uploads only for the job the notice TERMed, after that job ended, and records how the
 copy went in on_notice.json. The copy itself is a stand-in command here (the body the script is
-given); the real bucket copy is tested end to end in tests/e2e/test_recovery_e2e.py."""
+given); the real bucket copy is tested end to end in tests/e2e/test_recovery_e2e.py and
+tests/e2e/test_recovery_upload_e2e.py (which also covers the laptop's own listing and upload,
+run/recover_bucket.py, against the stores' fakes)."""
 
 from __future__ import annotations
 
 import json
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -14,7 +17,7 @@ from types import SimpleNamespace
 import pytest
 
 from cloudtrain.remote.jobs import NodeLayout
-from cloudtrain.run import recover_upload
+from cloudtrain.run import recover_bucket, recover_upload
 
 
 def _script(tmp_path: Path, job_id: str, body: str) -> tuple[Path, Path]:
@@ -44,3 +47,20 @@ def test_a_script_left_by_an_earlier_run_uploads_nothing(tmp_path: Path) -> None
     (root / recover_upload.NOTICE_FILE).write_text(json.dumps({"jobs": ["new-run"]}))
     subprocess.run(["sh", str(script)], check=True, timeout=60)
     assert not (root / "workdir" / "copied").exists() and not (root / recover_upload.RESULT).exists()
+
+
+def test_the_command_that_finishes_an_upload_is_one_shell_line_naming_the_run_directory(tmp_path: Path) -> None:
+    run_dir = tmp_path / "runs" / "a run's dir"
+    line = recover_bucket.finish_command("gs://b/runs/r1", run_dir, ["outputs", "my results"])
+    assert "\n" not in line
+    words = shlex.split(line)
+    assert words[0] == "CLOUDTRAIN_BUCKET_IDENTITY=configured" and words[1] == sys.executable
+    assert words[2].endswith("bucket_copy.py") and Path(words[2]).is_file()
+    assert words[3:] == ["put", "gs://b/runs/r1", "--base", str(run_dir), "outputs", "my results"]
+
+
+def test_a_run_whose_results_are_nothing_has_nothing_left_to_upload(tmp_path: Path) -> None:
+    said: list[str] = []
+    done = recover_bucket.put_from_laptop("s3://b/runs/r1", tmp_path, ["outputs"], "aws reports i-1 terminated",
+                                          1.0, said.append)
+    assert (done.ok, done.paths, done.exit_code, done.finish, said) == (True, (), 0, None, [])
