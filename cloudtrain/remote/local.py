@@ -86,8 +86,9 @@ class LocalTransport:
             if tmp is not None and not published:
                 tmp.unlink(missing_ok=True)
 
-    def put_tree(self, local: Path, remote_dir: str, *, ignore: Callable[[str], bool] | None = None) -> SyncStats:
-        from cloudtrain.remote.sync import local_mirror
+    def put_tree(self, local: Path, remote_dir: str, *, ignore: Callable[[str], bool] | None = None,
+                 new_dir: bool = False) -> SyncStats:
+        from cloudtrain.remote.sync import local_mirror  # compares local stats: nothing to skip with new_dir
 
         return local_mirror(local, Path(remote_dir), ignore=ignore)
 

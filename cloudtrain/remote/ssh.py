@@ -308,10 +308,11 @@ class SSHTransport:
         return self.start(shlex.join(["sh", "-c", self._PUT_FILE, "sh", remote_path, format(mode, "o")]), input=data,
                           what=f"writing {remote_path.rsplit('/', 1)[-1]}")
 
-    def put_tree(self, local: Path, remote_dir: str, *, ignore: Callable[[str], bool] | None = None) -> SyncStats:
+    def put_tree(self, local: Path, remote_dir: str, *, ignore: Callable[[str], bool] | None = None,
+                 new_dir: bool = False) -> SyncStats:
         from cloudtrain.remote.sync import sync_tree
 
-        return sync_tree(self, local, remote_dir, ignore)
+        return sync_tree(self, local, remote_dir, ignore, new_dir=new_dir)
 
     def get_tree(self, remote_dir: str, paths: Sequence[str], local: Path,
                  newer_than: str | None = None) -> Extracted:

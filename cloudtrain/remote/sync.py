@@ -145,8 +145,12 @@ def sync_tree(
     *,
     method: str = "auto",
     warn_bytes: int = LARGE_TREE_BYTES,
+    new_dir: bool = False,
 ) -> SyncReport:
-    """Make remote_dir hold local's files (a file: remote_dir/<name>); send only changes."""
+    """Make remote_dir hold local's files (a file: remote_dir/<name>); send only changes.
+    `new_dir`: the caller saw remote_dir created empty in this command (a first `up`): the node
+    is not asked what it has, a round trip that would list an empty directory. Always safe:
+    sending a file the node has already only writes it again."""
     if method not in METHODS:
         raise ValueError(f"sync method must be one of {METHODS}, got {method!r}")
     started = time.monotonic()
@@ -154,7 +158,8 @@ def sync_tree(
         stats = local_mirror(Path(local), Path(remote_dir), ignore=ignore)
         return SyncReport(stats.files_total, stats.files_sent, stats.bytes_sent, stats.method,
                           seconds=time.monotonic() - started)
-    return _sync_scanned(transport, scan_tree(Path(local), ignore), remote_dir, method, warn_bytes, started)
+    return _sync_scanned(transport, scan_tree(Path(local), ignore), remote_dir, method, warn_bytes, started,
+                         {} if new_dir else None)
 
 
 def _sync_scanned(transport, scan: TreeScan, remote_dir: str, method: str, warn_bytes: int,  # noqa: ANN001

@@ -75,7 +75,11 @@ class Transport(Protocol):
 
     def put_file(self, data: bytes, remote_path: str, mode: int = 0o644) -> None: ...
 
-    def put_tree(self, local: Path, remote_dir: str, *, ignore: Callable[[str], bool] | None = None) -> SyncStats: ...
+    def put_tree(self, local: Path, remote_dir: str, *, ignore: Callable[[str], bool] | None = None,
+                 new_dir: bool = False) -> SyncStats:
+        """Make remote_dir hold local's files. `new_dir`: the caller saw remote_dir created empty
+        in this command, so everything is sent without asking the node what it has (a round trip)."""
+        ...
 
     def get_tree(self, remote_dir: str, paths: Sequence[str], local: Path,
                  newer_than: str | None = None) -> Extracted:

@@ -244,3 +244,19 @@ def test_ignored_names_that_look_like_wildcards_stay_exact(method: str, transpor
     sync_tree(transport, src, f"{transport.home}/w", ignore, method=method)
     assert sorted(_remote_digests(transport, f"{transport.home}/w")) == [
         ".cloudtrainignore", "data1.csv", "keep.txt", "starX.txt"]
+
+
+def test_a_new_directory_is_filled_without_listing_it_first(transport: SSHTransport, tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    (src / "pkg").mkdir(parents=True)
+    for i in range(20):
+        (src / "pkg" / f"m{i}.py").write_text(f"V = {i}\n")
+    dest = f"{transport.home}/fresh"
+    transport.run(["mkdir", "-p", dest])  # as the node's preparation did, in the same command
+    before = list(transport.round_trips.turns)
+    stats = sync_tree(transport, src, dest, new_dir=True)
+    turns = transport.round_trips.turns[len(before):]
+    assert stats.files_sent == 20 and stats.method == "tar-delta"
+    assert not any(t.startswith("manifest") for t in turns), turns  # nothing asked: one round trip, the tar
+    assert len(turns) == 1, turns
+    assert transport.run(["cat", f"{dest}/pkg/m7.py"]).text == "V = 7\n"
