@@ -172,6 +172,15 @@ _supervise)
     finish() {
         code=$1
         trap '' TERM INT HUP USR1
+        # Killed (runner.sh kill): what is left of the job gets the kill's grace, which `kill` left
+        # in kill_grace before its TERM, not only this supervisor's start grace. The child is often
+        # a wrapper shell (dash runs a `run:` line's command as a child of `sh cmd.sh`) that dies at
+        # once on TERM while the real job still writes its last checkpoint: its death is not the
+        # job's end. (Read here, not in the TERM trap: the child may die of the kill's TERM before
+        # ours arrives, and then `wait` below returns without the trap.)
+        asked=""
+        read -r asked < kill_grace 2>/dev/null || true
+        case $asked in '' | *[!0-9]*) ;; *) grace=$asked ;; esac
         # Whatever the job left behind (background processes, daemons of its own) ends with it.
         # Done while this supervisor lives, so the session id cannot have been reused.
         end_processes $$ 1
@@ -255,6 +264,8 @@ status)
 kill)
     [ -d "$jobdir" ] || exit 0
     [ -f "$jobdir/exit_code" ] || : > "$jobdir/cancelled"
+    # The supervisor gives what is left of the job this grace (see finish in _supervise).
+    case $grace in '' | *[!0-9]*) ;; *) [ -f "$jobdir/exit_code" ] || echo "$grace" > "$jobdir/kill_grace" ;; esac
     # A start may be under way (Ctrl-C while `start` ran): `cancelled` is written before the pid is
     # read, and the supervisor writes its pid before it looks for `cancelled`, so one of us acts.
     pid=$(cat "$jobdir/pid" 2>/dev/null || true)
