@@ -69,10 +69,16 @@ def _no_obstore() -> str | None:
 
 
 def finish_command(url: str, run_dir: Path, result_paths: Sequence[str]) -> str:
-    """One shell line that uploads the run directory's results to `url` with your credentials."""
-    words = ["CLOUDTRAIN_BUCKET_IDENTITY=configured", sys.executable, _copy_tool(), "put", url,
-             "--base", str(run_dir), *result_paths]
-    return " ".join(shlex.quote(w) if i else w for i, w in enumerate(words))
+    """One shell line that uploads the run directory's results to `url` with your credentials.
+    It carries the copy tool's settings this CLI had (the identity, and a store endpoint other
+    than the cloud's own where one was configured: addresses, never credentials)."""
+    from cloudtrain.buckets.steps import node_env
+
+    settings = {k: v for k, v in node_env("configured", LAPTOP_WHO).items() if k != "CLOUDTRAIN_BUCKET_WHO"}
+    words = [*(f"{k}={shlex.quote(v)}" for k, v in sorted(settings.items())),
+             *(shlex.quote(w) for w in (sys.executable, _copy_tool(), "put", url, "--base", str(run_dir),
+                                        *result_paths))]
+    return " ".join(words)
 
 
 def put_from_laptop(url: str, run_dir: Path, result_paths: Sequence[str], node_lost: str, detected_at: float,

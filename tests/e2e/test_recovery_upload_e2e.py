@@ -11,13 +11,15 @@ laptop's, where the CLI copies or lists itself, is the user's own configured cre
   what the bucket holds under the run's prefix, listed from the laptop.
 - The node goes during the run's own upload at its end (the upload job's shell parked at a gate,
   then the machine preempted): the results are home, so the laptop finishes the upload, the run
-  succeeds, and the last attempt's `final_upload` says what happened.
+  succeeds, and the last attempt's `final_upload` says what happened. Where the laptop cannot
+  either (the bucket is gone), the run fails naming the one line that finishes the upload.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -237,3 +239,61 @@ def test_a_node_gone_before_the_cli_read_its_upload_on_notice_leaves_a_listing_o
     assert store.get(f"{_prefix(store)}/{run_id}/{ckpt}/final") == b"3\n"
     assert "could not be listed" not in err and "listed from this machine" in err
     assert cloud.leftovers() == []
+
+
+def test_an_upload_the_laptop_cannot_finish_either_fails_the_run_naming_the_line_that_finishes_it(
+        aws_cloud: Any, s3_buckets: Any, metadata_server: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """As above, but the bucket is deleted while the node's upload is parked: the node is lost and
+    the laptop's own upload is refused (no such bucket). The results are home; the run fails for
+    the upload, with `final_upload` saying why and the one shell line that finishes it, which, run
+    once the bucket is back, does."""
+    cloud, s3 = aws_cloud, s3_buckets
+    store = _store(cloud, _Fixtures({"s3_buckets": s3, "metadata_server": metadata_server}), metadata_server,
+                   monkeypatch)
+    bucket = store.url.split("/")[2]
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    (marks / "go").touch()
+    proc = rk.start(cloud, rk.recipe(cloud, marks, upload=store.url))
+    gate = None
+    try:
+        where, machine, vm = wait_until(lambda: rk.running(cloud), 300, "the first machine")
+        run_id = _run_id(cloud)
+        cmd = f"{vm.home_dir}/.cloudtrain/{cloud.cluster}/jobs/{run_id}-upload/cmd.sh"
+        gate = NodeCommandGate.install(vm.bin_dir, "sh", [cmd], tmp_path / "gate")
+        wait_until(lambda: gate.held, 300, "the node's upload starting")
+        s3.client().delete_bucket(Bucket=bucket)
+        rk.preempt(cloud, where, machine)
+        out, err = rk.finish(proc, marks)
+    finally:
+        if gate is not None:
+            gate.release()
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 1, out[-3000:] + err[-3000:]
+    run_dir = Path(out.strip().splitlines()[-1])
+    record = json.loads((run_dir / "run.json").read_text())
+    assert record["status"] == "failed" and f"upload {store.url}/{run_id} not done" in record["error"], record
+    (only,) = record["attempts"]
+    final = only["final_upload"]
+    assert final is not None and not final["ok"] and final["exit_code"] == 4 and "not found" in final["error"], final
+    assert final["finish"] and final["finish"] in record["error"] and final["finish"] in out + err
+    # The results are home, and the line finishes the upload once the bucket is there again.
+    assert json.loads((run_dir / "outputs" / "result.json").read_text())["total"] == rk.TOTAL
+    assert cloud.leftovers() == []
+    s3.create(bucket)
+    done = subprocess.run(["sh", "-c", final["finish"]], env={**os.environ, **cloud.env}, capture_output=True,
+                          text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert json.loads(store.get(f"{_prefix(store)}/{run_id}/outputs/result.json"))["total"] == rk.TOTAL
+
+
+@dataclass
+class _Fixtures:
+    """Fixtures already requested, handed to `_store` where it would ask pytest for them."""
+
+    values: dict[str, Any]
+
+    def getfixturevalue(self, name: str) -> Any:
+        return self.values[name]

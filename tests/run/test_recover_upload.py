@@ -49,14 +49,21 @@ def test_a_script_left_by_an_earlier_run_uploads_nothing(tmp_path: Path) -> None
     assert not (root / "workdir" / "copied").exists() and not (root / recover_upload.RESULT).exists()
 
 
-def test_the_command_that_finishes_an_upload_is_one_shell_line_naming_the_run_directory(tmp_path: Path) -> None:
+def test_the_command_that_finishes_an_upload_is_one_shell_line_naming_the_run_directory(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """It carries the store endpoint this CLI was pointed at (an address, never a credential)."""
+    for name in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "CLOUDTRAIN_METADATA_URL", "CLOUDTRAIN_BLOB_ENDPOINT",
+                 "STORAGE_EMULATOR_HOST"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", "http://127.0.0.1:9/a b")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "not-in-the-line")
     run_dir = tmp_path / "runs" / "a run's dir"
     line = recover_bucket.finish_command("gs://b/runs/r1", run_dir, ["outputs", "my results"])
-    assert "\n" not in line
+    assert "\n" not in line and "not-in-the-line" not in line
     words = shlex.split(line)
-    assert words[0] == "CLOUDTRAIN_BUCKET_IDENTITY=configured" and words[1] == sys.executable
-    assert words[2].endswith("bucket_copy.py") and Path(words[2]).is_file()
-    assert words[3:] == ["put", "gs://b/runs/r1", "--base", str(run_dir), "outputs", "my results"]
+    assert words[:2] == ["CLOUDTRAIN_BUCKET_IDENTITY=configured", "CLOUDTRAIN_GCS_ENDPOINT=http://127.0.0.1:9/a b"]
+    assert words[2] == sys.executable and words[3].endswith("bucket_copy.py") and Path(words[3]).is_file()
+    assert words[4:] == ["put", "gs://b/runs/r1", "--base", str(run_dir), "outputs", "my results"]
 
 
 def test_a_run_whose_results_are_nothing_has_nothing_left_to_upload(tmp_path: Path) -> None:
