@@ -7,7 +7,10 @@ file, then rename: the contract in docs/recovery.md) and prints an epoch line af
 attempt waits after step 3 until the test has preempted its machine (`<marks>/go`), so the loss is
 mid-run; a test that wants the loss later touches `go` first. On SIGTERM (the watchdog's, on an
 interruption notice) it writes a last checkpoint with a `final` mark that no epoch line announces:
-only the notice's pull can bring that one home. Every start is appended to `<marks>/starts`.
+only the notice's pull can bring that one home. The notice TERMs every process of the job, its
+`sleep` too: `|| :` keeps `set -e` from ending the script when the sleep dies first, before the TERM
+trap has run (dash exits on the failed command and the pending trap never runs). Every start is
+appended to `<marks>/starts`.
 """
 
 from __future__ import annotations
@@ -39,9 +42,9 @@ TRAIN = textwrap.dedent("""\
       echo "$i $total" > "$ckpt/state.new" && mv "$ckpt/state.new" "$ckpt/state"
       echo "epoch $i/{steps}  loss 0.$i"
       if [ "$i" = 3 ] && [ ! -f "$MARKS/go" ]; then
-        while [ ! -f "$MARKS/go" ]; do sleep 0.1; done
+        while [ ! -f "$MARKS/go" ]; do sleep 0.1 || :; done
       fi
-      sleep 0.2
+      sleep 0.2 || :
     done
     mkdir -p outputs
     echo "{{\\"steps\\": $i, \\"total\\": $total}}" > outputs/result.json
