@@ -242,14 +242,14 @@ def test_a_node_gone_before_the_cli_read_its_upload_on_notice_leaves_a_listing_o
 
 
 def test_an_upload_the_laptop_cannot_finish_either_fails_the_run_naming_the_line_that_finishes_it(
-        aws_cloud: Any, s3_buckets: Any, metadata_server: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        fake_cloud: Any, request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """As above, but the bucket is deleted while the node's upload is parked: the node is lost and
     the laptop's own upload is refused (no such bucket). The results are home; the run fails for
     the upload, with `final_upload` saying why and the one shell line that finishes it, which, run
     once the bucket is back, does."""
-    cloud, s3 = aws_cloud, s3_buckets
-    store = _store(cloud, _Fixtures({"s3_buckets": s3, "metadata_server": metadata_server}), metadata_server,
-                   monkeypatch)
+    cloud = fake_cloud("aws")
+    store = _store(cloud, request, _metadata(cloud, request), monkeypatch)
+    s3 = request.getfixturevalue("s3_buckets")
     bucket = store.url.split("/")[2]
     marks = tmp_path / "marks"
     marks.mkdir()
@@ -288,12 +288,3 @@ def test_an_upload_the_laptop_cannot_finish_either_fails_the_run_naming_the_line
     assert done.returncode == 0, done.stdout + done.stderr
     assert json.loads(store.get(f"{_prefix(store)}/{run_id}/outputs/result.json"))["total"] == rk.TOTAL
 
-
-@dataclass
-class _Fixtures:
-    """Fixtures already requested, handed to `_store` where it would ask pytest for them."""
-
-    values: dict[str, Any]
-
-    def getfixturevalue(self, name: str) -> Any:
-        return self.values[name]
