@@ -164,13 +164,11 @@ class Mux:
     def _relay(self, client: socket.socket, chan: paramiko.Channel) -> None:
         """Bytes both ways until either end closes. The helper's stderr is dropped (debug chatter)."""
         def upstream() -> None:
-            try:
+            # An error either way ends the relay: the downstream loop sees the channel closed.
+            with contextlib.suppress(OSError, EOFError, paramiko.SSHException):
                 while data := client.recv(_CHUNK):
                     chan.sendall(data)
-            except (OSError, EOFError, paramiko.SSHException):
-                pass  # the downstream loop sees the channel or the client end
-            finally:
-                chan.close()
+            chan.close()
 
         pump = threading.Thread(target=upstream, daemon=True)
         pump.start()
@@ -205,46 +203,47 @@ def main() -> int:
     if directory is None or digest is None or spec.persist_s <= 0:
         return 0
     path = directory / muxlink.socket_name(spec, digest)
-    with muxlink.held_lock(path.with_suffix(".lock")) as mine:
-        if not mine:
-            return 0  # another mux serves (or is starting for) this node
-        from cloudtrain.remote.ssh import SSHTransport
+    if not muxlink.lock_for_life(path.with_suffix(".lock")):
+        return 0  # another mux serves (or is starting for) this node
+    from cloudtrain.remote.ssh import SSHTransport
 
-        transport = SSHTransport(spec.endpoint(), cluster=spec.cluster, known_hosts=KnownHosts(Path(spec.known_hosts)),
-                                 connect_timeout=spec.connect_timeout, retry_for=0.0, reconnect_for=0.0)
-        # A mux never pins a key: the command before it did, and `down` may have forgotten it since.
-        transport.learn_host_keys = False
-        try:
-            conn = transport.detach_connection()
-        except (RemoteError, OSError, paramiko.SSHException, EOFError):
-            return 1  # nobody to tell: the next command connects itself, and says why if it cannot
-        mux = Mux(spec, conn, path, digest, source)
-        if muxlink.identity(spec, source) != digest:
-            mux._shutdown()  # noqa: SLF001 - the pin or key changed while we logged in (`down`?)
-            return 0
-        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        temporary = path.with_name(f".{path.name}.{os.getpid()}")
-        try:
-            with muxlink.sun_path(temporary) as address:
-                listener.bind(address)
-            os.chmod(temporary, 0o600)
-            listener.listen(16)
-            # Published once its first helper is started: the first client's request goes at once.
-            mux._prepare()  # noqa: SLF001
-            if mux.stopping.is_set():
-                return 1
-            os.replace(temporary, path)  # clients never see a socket nobody listens on
-            mux.serve(listener)
-        finally:
-            listener.close()
-            mux.stopping.set()
-            # Our lock is still held, so no successor has put its socket there yet.
-            for leftover in (temporary, path):
-                with contextlib.suppress(FileNotFoundError):
-                    leftover.unlink()
-            mux._shutdown()  # noqa: SLF001
+    transport = SSHTransport(spec.endpoint(), cluster=spec.cluster, known_hosts=KnownHosts(Path(spec.known_hosts)),
+                             connect_timeout=spec.connect_timeout, retry_for=0.0, reconnect_for=0.0)
+    # A mux never pins a key: the command before it did, and `down` may have forgotten it since.
+    transport.learn_host_keys = False
+    try:
+        conn = transport.detach_connection()
+    except (RemoteError, OSError, paramiko.SSHException, EOFError):
+        return 1  # nobody to tell: the next command connects itself, and says why if it cannot
+    mux = Mux(spec, conn, path, digest, source)
+    if muxlink.identity(spec, source) != digest:
+        mux._shutdown()  # noqa: SLF001 - the pin or key changed while we logged in (`down`?)
+        return 0
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    temporary = path.with_name(f".{path.name}.{os.getpid()}")
+    try:
+        with muxlink.sun_path(temporary) as address:
+            listener.bind(address)
+        os.chmod(temporary, 0o600)
+        listener.listen(16)
+        # Published once its first helper is started: the first client's request goes at once.
+        mux._prepare()  # noqa: SLF001
+        if mux.stopping.is_set():
+            return 1
+        os.replace(temporary, path)  # clients never see a socket nobody listens on
+        mux.serve(listener)
+    finally:
+        listener.close()
+        mux.stopping.set()
+        # Our lock is still held, so no successor has put its socket there yet.
+        for leftover in (temporary, path):
+            with contextlib.suppress(FileNotFoundError):
+                leftover.unlink()
+        mux._shutdown()  # noqa: SLF001
     return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    # os._exit: no interpreter teardown after the connection is closed (its threads are daemons
+    # with nothing left to do), and the lock goes with the process itself (lock_for_life).
+    os._exit(main())

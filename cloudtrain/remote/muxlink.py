@@ -1,4 +1,6 @@
-"""Reusing a node's SSH connection across commands: the laptop side of remote/mux.py.
+"""Reusing a node's SSH connection across commands: the laptop side of remote/mux.py (naming,
+finding and stopping a node's mux, its stream as a channel). remote/muxkeep.py keeps connections
+within one process and starts the mux at exit.
 
 A CLI command that connected to a node itself leaves its connection PARKED when its transport
 closes (a later transport in the same process, e.g. `run --down`'s teardown, takes it with its
@@ -23,9 +25,7 @@ and waits for them. A mux exits by itself after ssh.persist_s without a client.
 
 from __future__ import annotations
 
-import atexit
 import contextlib
-import errno
 import fcntl
 import hashlib
 import json
@@ -33,9 +33,7 @@ import logging
 import os
 import socket
 import struct
-import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
@@ -43,11 +41,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from cloudtrain import paths
-from cloudtrain.errors import RemoteError
 
 if TYPE_CHECKING:
-    from cloudtrain.remote.connection import Connection
-    from cloudtrain.remote.helper import NodeHelper
     from cloudtrain.remote.keys import Endpoint
 
 log = logging.getLogger("cloudtrain.remote.ssh")
@@ -171,6 +166,18 @@ def held_lock(path: Path, *, wait: bool = False) -> Iterator[bool]:
         os.close(fd)
 
 
+def lock_for_life(path: Path) -> bool:
+    """Take `path`'s lock and never give it back: the kernel does when this process exits (a mux),
+    so whoever waits on it (`stop`) knows the process is gone, not only about to be."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return False
+    return True
+
+
 def _remove_stale(path: Path) -> None:
     """The socket is there but nobody listens: remove it, unless a mux is just starting (its lock)."""
     with held_lock(path.with_suffix(".lock")) as free:
@@ -187,7 +194,9 @@ def _connect(path: Path, timeout: float) -> socket.socket | None:
         with sun_path(path) as address:
             sock.connect(address)
         if peer_uid(sock) != os.getuid():
-            raise RemoteError(f"{path} is served by another user's process: not using it")
+            log.warning("%s is served by another user's process: not using it", path)
+            sock.close()
+            return None
     except (ConnectionRefusedError, FileNotFoundError):
         sock.close()
         if path.exists():
@@ -343,7 +352,9 @@ def find(spec: MuxSpec) -> MuxLink | None:
 def stop(instance_id: str, timeout: float = 10.0) -> int:
     """Stop every mux of the node (`down`, a forgotten host key) and wait until each has closed
     its connection. Returns how many answered."""
-    forget_parked(instance_id)
+    from cloudtrain.remote import muxkeep
+
+    muxkeep.forget(instance_id)
     directory = mux_dir(create=False)
     if directory is None:
         return 0
@@ -371,165 +382,6 @@ def stop(instance_id: str, timeout: float = 10.0) -> int:
     return stopped
 
 
-# ---------------------------------------------------------------------- in this process: shared and parked
-
-
-class _Shared:
-    def __init__(self, conn: Connection) -> None:
-        self.conn = conn
-        self.users = 1
-
-
-_live: dict[MuxSpec, _Shared] = {}
-
-
-def register(spec: MuxSpec, conn: Connection) -> None:
-    """A transport of this process connected: others opened meanwhile share it (`run --down`'s
-    teardown while the run's transport is still open), each with a helper channel of its own."""
-    if spec.persist_s > 0 and spec.instance_id not in _forgotten:
-        with _parked_lock:
-            _live[spec] = _Shared(conn)
-
-
-def share(spec: MuxSpec) -> Connection | None:
-    with _parked_lock:
-        entry = _live.get(spec)
-        if entry is None or not entry.conn.alive():
-            return None
-        entry.users += 1
-        return entry.conn
-
-
-def release(spec: MuxSpec, conn: Connection) -> bool:
-    """A transport is done with `conn`: True if another transport still uses it (keep it open)."""
-    with _parked_lock:
-        entry = _live.get(spec)
-        if entry is None or entry.conn is not conn:
-            return False
-        entry.users -= 1
-        if entry.users > 0:
-            return True
-        del _live[spec]
-        return False
-
-
-
-@dataclass
-class _Parked:
-    conn: Connection
-    helper: NodeHelper | None
-    spec: MuxSpec
-    timer: threading.Timer
-
-
-_parked: dict[MuxSpec, _Parked] = {}
-_forgotten: set[str] = set()
-_parked_lock = threading.Lock()
-
-
-def park(spec: MuxSpec, conn: Connection, helper: NodeHelper | None) -> bool:
-    """Keep a closed transport's connection for a later one in this process, for spec.persist_s;
-    at exit, a mux takes over. False: not kept (the caller closes it)."""
-    if spec.persist_s <= 0 or spec.instance_id in _forgotten or not conn.alive():
-        return False
-    with _parked_lock:
-        old = _parked.pop(spec, None)
-        timer = threading.Timer(spec.persist_s, _expire, args=(spec, conn))
-        timer.daemon = True
-        _parked[spec] = _Parked(conn, helper, spec, timer)
-        if len(_parked) == 1:
-            _register_exit()
-    timer.start()
-    if old is not None:
-        _close(old)
-    return True
-
-
-def take_parked(spec: MuxSpec) -> tuple[Connection, NodeHelper | None] | None:
-    with _parked_lock:
-        entry = _parked.pop(spec, None)
-    if entry is None:
-        return None
-    entry.timer.cancel()
-    if not entry.conn.alive():
-        _close(entry)
-        return None
-    if entry.helper is not None and not entry.helper.alive:
-        entry.helper = None
-    register(spec, entry.conn)
-    return entry.conn, entry.helper
-
-
-def forget_parked(instance_id: str) -> None:
-    """The node is being taken down: no parked connection or mux for it from this process."""
-    _forgotten.add(instance_id)
-    with _parked_lock:
-        for spec in [spec for spec in _live if spec.instance_id == instance_id]:
-            del _live[spec]  # its users close it when they are done
-        gone = [entry for spec, entry in _parked.items() if spec.instance_id == instance_id]
-        for entry in gone:
-            del _parked[entry.spec]
-    for entry in gone:
-        _close(entry)
-
-
-def _expire(spec: MuxSpec, conn: Connection) -> None:
-    with _parked_lock:
-        entry = _parked.get(spec)
-        if entry is None or entry.conn is not conn:
-            return
-        del _parked[spec]
-    _close(entry)
-
-
-def _close(entry: _Parked) -> None:
-    entry.timer.cancel()
-    if entry.helper is not None:
-        entry.helper.discard()
-    entry.conn.close()
-
-
-_exit_registered = False
-
-
-def _register_exit() -> None:
-    global _exit_registered
-    if not _exit_registered:
-        _exit_registered = True
-        atexit.register(_at_exit)
-
-
-def _at_exit() -> None:
-    """Close what is parked; for each node still reachable a mux takes over (started detached)."""
-    with _parked_lock:
-        entries = list(_parked.values())
-        _parked.clear()
-    for entry in entries:
-        handover = entry.conn.alive() and entry.spec.instance_id not in _forgotten
-        _close(entry)
-        if handover:
-            try:
-                spawn(entry.spec)
-            except OSError as exc:
-                log.debug("could not start a mux for %s: %s", entry.spec.address, exc)
-
-
-def spawn(spec: MuxSpec) -> subprocess.Popen[bytes] | None:
-    """Start a mux for `spec` in a session of its own; it logs in by itself. None: not possible."""
-    if not available() or mux_dir() is None:
-        return None
-    proc = subprocess.Popen([sys.executable, "-m", "cloudtrain.remote.mux"], stdin=subprocess.PIPE,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-                            close_fds=True, cwd="/")
-    assert proc.stdin is not None
-    try:
-        proc.stdin.write(json.dumps(asdict(spec)).encode())
-        proc.stdin.close()
-    except BrokenPipeError as exc:
-        log.debug("the mux for %s ended at once: %s", spec.address, exc)
-    return proc
-
-
 def wait_for(spec: MuxSpec, timeout: float) -> MuxLink | None:
     """Poll until the node's mux serves (for tests and benchmarks that start one and use it)."""
     deadline = time.monotonic() + timeout
@@ -543,6 +395,3 @@ def wait_for(spec: MuxSpec, timeout: float) -> MuxLink | None:
         time.sleep(0.05)
     return None
 
-
-def socket_errno_refused(exc: OSError) -> bool:
-    return exc.errno in (errno.ECONNREFUSED, errno.ENOENT)

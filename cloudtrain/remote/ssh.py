@@ -51,7 +51,7 @@ from cloudtrain.remote.channel import (
     lost,
     reader,
 )
-from cloudtrain.remote import homecache, muxlink
+from cloudtrain.remote import homecache, muxkeep, muxlink
 from cloudtrain.remote.connection import WINDOW_BYTES, Connection, PinPolicy, abandon, make_transport, tune_tcp
 from cloudtrain.remote.helper import HelperProcess, HelperUnavailable, NodeHelper, NotDelivered
 from cloudtrain.remote.keys import Endpoint, HostKeyMismatchError, KnownHosts, node_config, resolve_endpoint
@@ -412,11 +412,11 @@ class SSHTransport:
                 helper = None
             if link is not None:
                 link.close()
-            if conn is not None and muxlink.release(self.mux_spec(), conn):
+            if conn is not None and muxkeep.release(self.mux_spec(), conn):
                 if helper is not None:
                     helper.discard()  # another transport of this process still uses the connection
             elif conn is not None:
-                kept = not self._given_up.is_set() and muxlink.park(self.mux_spec(), conn, helper)
+                kept = not self._given_up.is_set() and muxkeep.park(self.mux_spec(), conn, helper)
                 if not kept:
                     if helper is not None:
                         helper.discard()
@@ -528,7 +528,7 @@ class SSHTransport:
             except (HelperUnavailable, ConnectionLostError) as exc:
                 log.debug("%s: the mux's helper: %s", self.label, exc.message)
         self._link.close()
-        self._link = None
+        self._link, self.reused = None, ""
         return None
 
     def _start_channel(
@@ -569,12 +569,12 @@ class SSHTransport:
         if self.persist_s <= 0 or self._helper_off or self._conn is not None or self._link is not None:
             return False
         spec = self.mux_spec()
-        shared = muxlink.share(spec)
+        shared = muxkeep.share(spec)
         if shared is not None:
             with self._lock:
                 self._conn, self.reused = shared, "process"
             return True
-        parked = muxlink.take_parked(spec)
+        parked = muxkeep.take_parked(spec)
         with self._lock:
             if parked is not None:
                 self._conn, helper = parked
@@ -637,7 +637,7 @@ class SSHTransport:
                     self._conn = conn
                     self.connects += 1
                 if self.persist_s > 0:
-                    muxlink.register(self.mux_spec(), conn)
+                    muxkeep.register(self.mux_spec(), conn)
                 notice.done()
                 return
             log.debug("%s: connect attempt %d failed (%s); retrying in %.2fs", self.label, attempts, last, delay)

@@ -9,6 +9,7 @@ stop, killed if one does not) and waits until none is left.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 from collections.abc import Iterator
@@ -49,12 +50,10 @@ def stop_muxes(home: Path, timeout: float = 15.0) -> list[int]:
         conn = muxlink._connect(sock, 5.0)  # noqa: SLF001 - the kit speaks the mux's own protocol
         if conn is None:
             continue
-        try:
+        # One that goes away while asked is fine: the wait below checks that none is left.
+        with contextlib.suppress(OSError, EOFError, ValueError):
             muxlink._ask(conn, "stop")  # noqa: SLF001
-        except (OSError, EOFError, ValueError):
-            pass  # it went away while asked: the wait below checks
-        finally:
-            conn.close()
+        conn.close()
     try:
         wait_until(lambda: not mux_pids(home), timeout=timeout, what="the test's SSH muxes to exit")
         return []

@@ -1,6 +1,6 @@
 """Connection reuse across commands (remote/muxlink.py, remote/mux.py), against a real sshd.
 
-Each test starts its mux the way a command's exit does (muxlink.spawn) and the `no_mux_left`
+Each test starts its mux the way a command's exit does (muxkeep.spawn) and the `no_mux_left`
 fixture ends whatever is left: no mux outlives its test.
 """
 
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from cloudtrain.remote import muxlink
+from cloudtrain.remote import muxkeep, muxlink
 from cloudtrain.remote.channel import ConnectionLostError
 from cloudtrain.remote.keys import KnownHosts
 from cloudtrain.remote.ssh import SSHTransport, open_transport
@@ -38,9 +38,9 @@ def _started_mux(vm: SshdVM, factory: SshdFactory, persist_s: float = 30.0) -> t
     assert first.run(["true"]).exit_code == 0
     spec = first.mux_spec()
     first.close()
-    muxlink.forget_parked(spec.instance_id)  # this process's parked copy: the next transport must use the mux
-    muxlink._forgotten.discard(spec.instance_id)  # noqa: SLF001 - only the parked copy was meant
-    proc = muxlink.spawn(spec)
+    muxkeep.forget(spec.instance_id)  # this process's parked copy: the next transport must use the mux
+    muxkeep._forgotten.discard(spec.instance_id)  # noqa: SLF001 - only the parked copy was meant
+    proc = muxkeep.spawn(spec)
     assert proc is not None
     assert muxlink.wait_for(spec, 30) is not None, "the mux never served"
     return spec, proc
