@@ -114,10 +114,17 @@ class DriverRecord:
 
     @classmethod
     def read(cls, runs_dir: Path, run_id: str) -> DriverRecord:
+        if not _RUN_ID.match(run_id):
+            raise UsageError(f"{run_id!r} is not a run id", hint="like train-20261125-214436-4a1a: the id "
+                             "`cloudtrain run --driver` printed")
         path = runs_dir / run_id / RECORD_FILE
         try:
-            data = json.loads(path.read_text()[:65536])
-            return cls(**{name: data[name] for name in cls.__dataclass_fields__})
+            with path.open() as handle:
+                data = json.loads(handle.read(65536))
+            record = cls(**{name: data[name] for name in cls.__dataclass_fields__})
+            if not isinstance(record.pid, int) or not isinstance(record.remote_dir, str) or record.run_id != run_id:
+                raise ValueError("fields of the wrong kind")
+            return record
         except FileNotFoundError:
             raise UsageError(f"run {run_id}: no {path}", hint="`cloudtrain driver` acts on runs started with "
                              "`cloudtrain run RECIPE --driver HOST`; pass --runs-dir if they went elsewhere") from None
@@ -126,9 +133,19 @@ class DriverRecord:
 
 
 def login(inner: str) -> list[str]:
-    """argv running `inner` in the user's login shell: their profile sets PATH and the cloud's
-    credentials there, as when they log in."""
-    return ["sh", "-c", 'exec "${SHELL:-/bin/sh}" -l -c "$1"', "sh", inner]
+    """argv running the sh command `inner` in the user's login environment: their login shell
+    (bash, zsh, fish, ...) reads their profile, which sets PATH and the cloud's credentials there,
+    as when they log in, and hands `inner` to sh (passed in a variable: `sh -c "$V"` reads the same
+    in every shell, where `$1` or `{ ...; }` would not)."""
+    return ["sh", "-c", 'CLOUDTRAIN_DRIVE_CMD=$1; export CLOUDTRAIN_DRIVE_CMD; '
+                        'exec "${SHELL:-/bin/sh}" -l -c \'sh -c "$CLOUDTRAIN_DRIVE_CMD"\'', "sh", inner]
+
+
+def command_word(command: str) -> str:
+    """`--driver-cloudtrain` as a sh word: `~/...` is the host's home (a quoted `~` would not be)."""
+    if command.startswith("~/"):
+        return '"$HOME"/' + shlex.quote(command[2:])
+    return shlex.quote(command)
 
 
 def connect(host: DriverHost, config, *, starting: bool = False):  # noqa: ANN001, ANN201 - Config -> SSHTransport
@@ -156,7 +173,7 @@ def check_cloudtrain(transport, host: DriverHost, command: str) -> str:  # noqa:
     mine = local_version()
     install = (f"install cloudtrain {mine} there, with the extras of the clouds it will drive (README), "
                f"or name it with --driver-cloudtrain PATH")
-    q = shlex.quote(command)
+    q = command_word(command)
     result = transport.run(login(f"command -v {q} >/dev/null 2>&1 || {{ echo cloudtrain-missing; exit 0; }}; "
                                  f"{q} --version"), check=False, timeout=120, what="asking the host's cloudtrain its version")
     lines = result.stdout.decode(errors="replace").splitlines()
@@ -197,7 +214,7 @@ def drive_script(command: str, cluster: str, run_args: Sequence[str], env: Mappi
     """The wrapper the host runs detached: the run (its pid in `pid`), then its exit code in
     `exit_code` (written last, atomically: present means the run and its teardown are over).
     Its arguments go to the run (`driver resume`: `--resume RUN`)."""
-    argv = [command, "run", "recipe.yaml", "--cluster", cluster, "--yes", *run_args]
+    argv = ["run", "recipe.yaml", "--cluster", cluster, "--yes", *run_args]
     for key, value in env.items():
         argv += ["--env", f"{key}={value}"]
     # `"$PWD/runs"`: the runs directory by absolute path, which is also how `pid` is told apart
@@ -205,8 +222,10 @@ def drive_script(command: str, cluster: str, run_args: Sequence[str], env: Mappi
     return (
         "# Written by `cloudtrain run --driver`; started with setsid through the user's login shell.\n"
         'cd "$(dirname "$0")" || exit 1\n'
+        "echo $$ > wrapper.tmp && mv wrapper.tmp wrapper\n"
         "unset CLOUDTRAIN_ASKED_BY  # the node helper's mark: this run is no command the laptop waits on\n"
-        f'{shlex.join(argv)} --runs-dir "$PWD/runs" "$@" &\n'
+        "unset CLOUDTRAIN_DRIVE_CMD\n"
+        f'{command_word(command)} {shlex.join(argv)} --runs-dir "$PWD/runs" "$@" &\n'
         'echo $! > pid.tmp && mv pid.tmp pid\n'
         'wait $!\n'
         'echo $? > exit_code.tmp && mv exit_code.tmp exit_code\n'
@@ -215,9 +234,9 @@ def drive_script(command: str, cluster: str, run_args: Sequence[str], env: Mappi
 
 class DriveState(str, Enum):
     STARTING = "starting"  # the wrapper runs, the run has no pid yet
-    RUNNING = "running"
+    RUNNING = "running"  # the run's process lives, or it has ended and the wrapper is writing its exit code
     ENDED = "ended"  # exit_code written
-    GONE = "gone"  # no exit code and no process: killed with SIGKILL, or the host rebooted
+    GONE = "gone"  # no exit code and neither process: the wrapper was killed too, or the host restarted
 
 
 @dataclass(frozen=True)
@@ -228,10 +247,16 @@ class Probe:
     runs: tuple[str, ...]  # run ids under the drive's runs/
 
 
+# `alive`: the run's process, told apart from a reused pid by its arguments; `wrapper`: drive.sh,
+# which outlives it by the moment it takes to write exit_code (no exit code yet is not "gone" then).
+# exit_code is read last: a wrapper seen gone wrote it (if it ever will) before it went.
 PROBE = r"""cd "$1" || exit 3
-pid=$(cat pid 2>/dev/null); code=$(cat exit_code 2>/dev/null); alive=0
+w=$(cat wrapper 2>/dev/null); pid=$(cat pid 2>/dev/null); alive=0; wrapper=0
 if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null && ps -ww -o args= -p "$pid" 2>/dev/null | grep -qF -- "$PWD/runs"; then alive=1; fi
-printf 'pid=%s\nexit=%s\nalive=%s\n' "$pid" "$code" "$alive"
+if [ -z "$w" ]; then wrapper=starting
+elif kill -0 "$w" 2>/dev/null && ps -ww -o args= -p "$w" 2>/dev/null | grep -qF drive.sh; then wrapper=1; fi
+code=$(cat exit_code 2>/dev/null)
+printf 'pid=%s\nexit=%s\nalive=%s\nwrapper=%s\n' "$pid" "$code" "$alive" "$wrapper"
 for d in runs/*/; do [ -d "$d" ] && printf 'run=%s\n' "$(basename "$d")"; done
 exit 0
 """
@@ -249,15 +274,16 @@ def probe(transport, remote_dir: str) -> Probe:  # noqa: ANN001
         key, _, value = line.partition("=")
         if key == "run" and _RUN_ID.match(value):
             runs.append(value)
-        elif key in ("pid", "exit", "alive"):
+        elif key in ("pid", "exit", "alive", "wrapper"):
             fields[key] = value.strip()
     pid = int(fields["pid"]) if fields.get("pid", "").isdigit() else None
     code = int(fields["exit"]) if fields.get("exit", "").isdigit() else None
+    wrapper = fields.get("wrapper")
     if code is not None:
         state = DriveState.ENDED
-    elif fields.get("alive") == "1":
+    elif fields.get("alive") == "1" or (pid is not None and wrapper == "1"):
         state = DriveState.RUNNING
-    elif pid is None:
+    elif pid is None and wrapper in ("starting", "1"):
         state = DriveState.STARTING
     else:
         state = DriveState.GONE
@@ -265,8 +291,10 @@ def probe(transport, remote_dir: str) -> Probe:  # noqa: ANN001
 
 
 def log_tail(transport, remote_dir: str, lines: int = 20) -> list[str]:  # noqa: ANN001
-    result = transport.run(["tail", "-n", str(lines), f"{remote_dir}/driver.log"], check=False, timeout=60)
-    return result.stdout.decode(errors="replace")[-65536:].splitlines()
+    # The last lines, and of them the last 64 KiB: one line without newlines cannot fill memory.
+    result = transport.run(["sh", "-c", 'tail -n "$2" "$1" | tail -c 65536', "sh", f"{remote_dir}/driver.log",
+                            str(lines)], check=False, timeout=60)
+    return result.stdout.decode(errors="replace").splitlines()
 
 
 @dataclass(frozen=True)

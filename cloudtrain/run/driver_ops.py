@@ -139,8 +139,8 @@ def resume(config, record: DriverRecord, runs_dir: Path, say: Callable[[str], No
         attempts = _read_json(transport, f"{record.remote_run_dir}/attempts.json")
         before = len(attempts) if isinstance(attempts, list) else 0
         quoted = shlex.quote(record.remote_dir)
-        # The old process's pid and exit code go: they describe a process that is over.
-        transport.run(login(f"cd {quoted} || exit 1; rm -f pid exit_code; "
+        # The old processes' pid files and exit code go: they describe processes that are over.
+        transport.run(login(f"cd {quoted} || exit 1; rm -f pid exit_code wrapper; "
                             f"setsid nohup sh drive.sh --resume {shlex.quote(record.run_id)} >>driver.log 2>&1 </dev/null &"),
                       timeout=120, what="resuming the driven run")
         say(f"waiting for `cloudtrain run --resume {record.run_id}` on {record.host} to start a new attempt "

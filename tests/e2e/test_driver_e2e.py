@@ -72,8 +72,16 @@ def _drive(aws_cloud: Any, factory: Any, host: DriverHostVM, recipe: Path, monke
 
 def _checkpoint_at_step_3(remote_run: Path) -> None:
     kept = remote_run / "checkpoint" / "cloudtrain-checkpoint.json"
-    wait_until(kept.exists, 300, "a checkpoint kept on the driver host")
-    wait_until(lambda: json.loads(kept.read_text())["epoch"] >= 3, 120, "the checkpoint of step 3 on the driver host")
+    drive = remote_run.parent.parent
+
+    def there(at_least: int) -> bool:
+        if (drive / "exit_code").exists():  # the driven run ended: say why now, not after the wait
+            raise AssertionError(f"the driven run ended (exit {(drive / 'exit_code').read_text().strip()}):\n"
+                                 + (drive / "driver.log").read_text()[-4000:])
+        return kept.exists() and json.loads(kept.read_text())["epoch"] >= at_least
+
+    wait_until(lambda: there(0), 300, "a checkpoint kept on the driver host")
+    wait_until(lambda: there(3), 120, "the checkpoint of step 3 on the driver host")
 
 
 def test_a_driven_spot_run_recovers_with_the_laptop_gone(aws_cloud: Any, sshd_vm_factory: Any, tmp_path: Path,
