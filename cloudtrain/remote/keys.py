@@ -210,14 +210,14 @@ class KnownHosts:
         """Drop a pin (the instance was terminated). Returns whether one existed. Then the node's
         kept connections (remote/muxlink.py) end: none outlives the pin it was checked against,
         and one still logging in finds no pin to log in with."""
-        from cloudtrain.remote import muxlink
+        from cloudtrain.remote import muxkeep
 
         with _locked(self.path.with_name(self.path.name + ".lock")):
             pins = self._read()
             existed = pins.pop(instance_id, None) is not None
             if existed:
                 self._write(pins)
-        muxlink.stop(instance_id)
+        muxkeep.stop(instance_id)
         return existed
 
     def ensure_openssh_file(self) -> Path:

@@ -7,7 +7,7 @@ Each client gets that helper's stream relayed byte for byte, and the mux starts 
 once. The mux exits, closing its connection:
 - ssh.persist_s after the last client left (never later: the check runs every second),
 - when its connection drops, or what it was made with changes (host key pin, key file, helper),
-- at once on a `stop` request (`down`: muxlink.stop).
+- at once on a `stop` request (`down`: muxkeep.stop).
 It writes nothing anywhere but its socket: no logs (stdout/stderr are /dev/null).
 """
 
@@ -29,7 +29,7 @@ from cloudtrain.errors import RemoteError
 from cloudtrain.remote import muxlink
 from cloudtrain.remote.connection import WINDOW_BYTES, Connection
 from cloudtrain.remote.helper import helper_source, launch
-from cloudtrain.remote.keys import KnownHosts
+from cloudtrain.remote.keys import Endpoint, KnownHosts
 
 _CHUNK = 1 << 18
 _TICK_S = 1.0
@@ -42,6 +42,7 @@ class Mux:
         self.path = path
         self.digest = digest
         self.source = source
+        self.known_hosts = KnownHosts(Path(spec.known_hosts))
         self.stopping = threading.Event()
         self._lock = threading.Condition()
         self._spare: paramiko.Channel | None = None
@@ -113,8 +114,9 @@ class Mux:
         if not self.conn.alive():
             self.stopping.set()
             return
-        with contextlib.suppress(OSError, ValueError):
-            if muxlink.identity(self.spec, helper_source()) == self.digest:
+        with contextlib.suppress(OSError, ValueError, RemoteError):
+            pin = self.known_hosts.get(self.spec.instance_id)
+            if muxlink.identity(self.spec, pin, helper_source()) == self.digest:
                 with self._lock:
                     idle = self._clients == 0 and time.monotonic() - self._idle_since >= self.spec.persist_s
                 if idle:
@@ -199,7 +201,8 @@ def main() -> int:
     os.umask(0o077)
     directory = muxlink.mux_dir()
     source = helper_source()
-    digest = muxlink.identity(spec, source)
+    known_hosts = KnownHosts(Path(spec.known_hosts))
+    digest = muxlink.identity(spec, known_hosts.get(spec.instance_id), source)
     if directory is None or digest is None or spec.persist_s <= 0:
         return 0
     path = directory / muxlink.socket_name(spec, digest)
@@ -207,7 +210,9 @@ def main() -> int:
         return 0  # another mux serves (or is starting for) this node
     from cloudtrain.remote.ssh import SSHTransport
 
-    transport = SSHTransport(spec.endpoint(), cluster=spec.cluster, known_hosts=KnownHosts(Path(spec.known_hosts)),
+    endpoint = Endpoint(spec.instance_id, spec.address, spec.port, spec.user,
+                        None if spec.identity_file is None else Path(spec.identity_file), spec.proxy_command)
+    transport = SSHTransport(endpoint, cluster=spec.cluster, known_hosts=known_hosts,
                              connect_timeout=spec.connect_timeout, retry_for=0.0, reconnect_for=0.0)
     # A mux never pins a key: the command before it did, and `down` may have forgotten it since.
     transport.learn_host_keys = False
@@ -216,7 +221,7 @@ def main() -> int:
     except (RemoteError, OSError, paramiko.SSHException, EOFError):
         return 1  # nobody to tell: the next command connects itself, and says why if it cannot
     mux = Mux(spec, conn, path, digest, source)
-    if muxlink.identity(spec, source) != digest:
+    if muxlink.identity(spec, known_hosts.get(spec.instance_id), source) != digest:
         mux._shutdown()  # noqa: SLF001 - the pin or key changed while we logged in (`down`?)
         return 0
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

@@ -17,9 +17,11 @@ import logging
 import subprocess
 import sys
 import threading
+import time
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
 
+from cloudtrain.remote import muxlink
 from cloudtrain.remote.muxlink import MuxSpec, available, mux_dir
 
 if TYPE_CHECKING:
@@ -184,3 +186,34 @@ def spawn(spec: MuxSpec) -> subprocess.Popen[bytes] | None:
     except BrokenPipeError as exc:
         log.debug("the mux for %s ended at once: %s", spec.address, exc)
     return proc
+
+
+def stop(instance_id: str, timeout: float = 10.0) -> int:
+    """Stop every mux of the node (`down`, a forgotten host key) and wait until each has closed
+    its connection. Returns how many answered."""
+    forget(instance_id)
+    directory = mux_dir(create=False)
+    if directory is None:
+        return 0
+    stopped = 0
+    for path in sorted(directory.glob(f"{muxlink.prefix(instance_id)}-*.sock")):
+        sock = muxlink.connect(path, timeout)
+        if sock is None:
+            continue
+        try:
+            answer, _ = muxlink.ask(sock, "stop")
+            stopped += bool(answer.get("ok"))
+        except (OSError, EOFError, ValueError) as exc:
+            log.debug("stopping mux %s: %s", path.name, exc)
+        finally:
+            sock.close()
+    # Each mux answers once its SSH connection is closed and holds its lock until it exits; one
+    # still logging in has no socket yet, and sees the forgotten pin within a second of its check.
+    for lock in sorted(directory.glob(f"{muxlink.prefix(instance_id)}-*.lock")):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with muxlink.held_lock(lock) as free:
+                if free:
+                    break
+            time.sleep(0.05)
+    return stopped

@@ -19,8 +19,8 @@ Security, as OpenSSH's ControlMaster: the socket lives in $CLOUDTRAIN_HOME/mux (
 0600, and the mux checks each peer's uid (SO_PEERCRED). Its name is a digest of everything the
 connection was made with (address, port, user, key file and its inode/size/mtime, proxy command,
 the pinned host key, the helper's source): a changed pin or key gives another name, and the old
-mux sees the change and exits within a second. `down` (KnownHosts.forget) stops the node's muxes
-and waits for them. A mux exits by itself after ssh.persist_s without a client.
+mux sees the change and exits within a second. `down` (KnownHosts.forget, muxkeep.stop) stops the
+node's muxes and waits for them. A mux exits by itself after ssh.persist_s without a client.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING
 from cloudtrain import paths
 
 if TYPE_CHECKING:
-    from cloudtrain.remote.keys import Endpoint
+    from cloudtrain.remote.keys import Endpoint, HostKeyPin
 
 log = logging.getLogger("cloudtrain.remote.ssh")
 
@@ -75,12 +75,6 @@ class MuxSpec:
                    None if endpoint.identity_file is None else str(endpoint.identity_file),
                    endpoint.proxy_command, cluster, str(known_hosts), connect_timeout, persist_s)
 
-    def endpoint(self) -> Endpoint:
-        from cloudtrain.remote.keys import Endpoint
-
-        return Endpoint(self.instance_id, self.address, self.port, self.user,
-                        None if self.identity_file is None else Path(self.identity_file), self.proxy_command)
-
 
 def available() -> bool:
     """Unix sockets with peer credentials (Linux): elsewhere every command connects itself."""
@@ -104,12 +98,11 @@ def mux_dir(create: bool = True) -> Path | None:
     return path
 
 
-def identity(spec: MuxSpec, helper_source: str | None = None) -> str | None:
-    """A digest of what a connection made from `spec` was made with; None: no pinned host key yet."""
+def identity(spec: MuxSpec, pin: HostKeyPin | None, helper_source: str | None = None) -> str | None:
+    """A digest of what a connection made from `spec` was made with; None: no pinned host key
+    (`pin`: the node's pin in spec.known_hosts now, read by the caller)."""
     from cloudtrain.remote.helper import helper_source as read_source
-    from cloudtrain.remote.keys import KnownHosts
 
-    pin = KnownHosts(Path(spec.known_hosts)).get(spec.instance_id)
     if pin is None:
         return None
     if spec.identity_file is None:
@@ -126,12 +119,12 @@ def identity(spec: MuxSpec, helper_source: str | None = None) -> str | None:
     return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()
 
 
-def _prefix(instance_id: str) -> str:
+def prefix(instance_id: str) -> str:
     return hashlib.sha256(instance_id.encode()).hexdigest()[:10]
 
 
 def socket_name(spec: MuxSpec, digest: str) -> str:
-    return f"{_prefix(spec.instance_id)}-{digest[:20]}.sock"
+    return f"{prefix(spec.instance_id)}-{digest[:20]}.sock"
 
 
 @contextlib.contextmanager
@@ -187,7 +180,7 @@ def _remove_stale(path: Path) -> None:
             log.debug("removed a stale mux socket %s", path.name)
 
 
-def _connect(path: Path, timeout: float) -> socket.socket | None:
+def connect(path: Path, timeout: float) -> socket.socket | None:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.settimeout(timeout)
     try:
@@ -209,7 +202,7 @@ def _connect(path: Path, timeout: float) -> socket.socket | None:
     return sock
 
 
-def _ask(sock: socket.socket, op: str) -> tuple[dict, bytes]:
+def ask(sock: socket.socket, op: str) -> tuple[dict, bytes]:
     """One request line, one answer line (what follows the line belongs to the stream after it)."""
     sock.sendall(json.dumps({"op": op}).encode() + b"\n")
     data = b""
@@ -310,11 +303,11 @@ class MuxLink:
         normally one waits, opened ahead). None: no mux answers (the caller connects itself)."""
         if not self.alive():
             return None
-        sock = _connect(self.path, self.timeout)
+        sock = connect(self.path, self.timeout)
         if sock is None:
             return None
         try:
-            answer, rest = _ask(sock, "helper")
+            answer, rest = ask(sock, "helper")
         except (OSError, EOFError, ValueError) as exc:
             sock.close()
             log.debug("mux %s: %s", self.path.name, exc)
@@ -333,14 +326,14 @@ class MuxLink:
         self._channels.clear()
 
 
-def find(spec: MuxSpec) -> MuxLink | None:
-    """The node's mux, if one runs for exactly this connection's identity."""
+def find(spec: MuxSpec, pin: HostKeyPin | None) -> MuxLink | None:
+    """The node's mux, if one runs for exactly this connection's identity (`pin`: the node's pin)."""
     if spec.persist_s <= 0 or not available():
         return None
     directory = mux_dir(create=False)
     if directory is None:
         return None
-    digest = identity(spec)
+    digest = identity(spec, pin)
     if digest is None:
         return None
     path = directory / socket_name(spec, digest)
@@ -349,46 +342,13 @@ def find(spec: MuxSpec) -> MuxLink | None:
     return MuxLink(path, spec.connect_timeout + 10)
 
 
-def stop(instance_id: str, timeout: float = 10.0) -> int:
-    """Stop every mux of the node (`down`, a forgotten host key) and wait until each has closed
-    its connection. Returns how many answered."""
-    from cloudtrain.remote import muxkeep
-
-    muxkeep.forget(instance_id)
-    directory = mux_dir(create=False)
-    if directory is None:
-        return 0
-    stopped = 0
-    for path in sorted(directory.glob(f"{_prefix(instance_id)}-*.sock")):
-        sock = _connect(path, timeout)
-        if sock is None:
-            continue
-        try:
-            answer, _ = _ask(sock, "stop")
-            stopped += bool(answer.get("ok"))
-        except (OSError, EOFError, ValueError) as exc:
-            log.debug("stopping mux %s: %s", path.name, exc)
-        finally:
-            sock.close()
-    # Each mux answers once its SSH connection is closed and holds its lock until it exits; one
-    # still logging in has no socket yet, and sees the forgotten pin within a second of its check.
-    for lock in sorted(directory.glob(f"{_prefix(instance_id)}-*.lock")):
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            with held_lock(lock) as free:
-                if free:
-                    break
-            time.sleep(0.05)
-    return stopped
-
-
-def wait_for(spec: MuxSpec, timeout: float) -> MuxLink | None:
+def wait_for(spec: MuxSpec, pin: HostKeyPin | None, timeout: float) -> MuxLink | None:
     """Poll until the node's mux serves (for tests and benchmarks that start one and use it)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        link = find(spec)
+        link = find(spec, pin)
         if link is not None and link.path.exists():
-            sock = _connect(link.path, 1.0)
+            sock = connect(link.path, 1.0)
             if sock is not None:
                 sock.close()
                 return link

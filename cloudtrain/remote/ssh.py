@@ -583,7 +583,7 @@ class SSHTransport:
                     self._helper = helper
                 self.reused = "process"
                 return True
-            self._link = muxlink.find(spec)
+            self._link = muxlink.find(spec, self.known_hosts.get(self.endpoint.instance_id))
             if self._link is not None:
                 self.reused = "mux"
             return self._link is not None

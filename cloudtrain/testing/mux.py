@@ -47,12 +47,12 @@ def stop_muxes(home: Path, timeout: float = 15.0) -> list[int]:
 
     directory = home / "mux"
     for sock in directory.glob("*.sock") if directory.is_dir() else []:
-        conn = muxlink._connect(sock, 5.0)  # noqa: SLF001 - the kit speaks the mux's own protocol
+        conn = muxlink.connect(sock, 5.0)
         if conn is None:
             continue
         # One that goes away while asked is fine: the wait below checks that none is left.
         with contextlib.suppress(OSError, EOFError, ValueError):
-            muxlink._ask(conn, "stop")  # noqa: SLF001
+            muxlink.ask(conn, "stop")
         conn.close()
     try:
         wait_until(lambda: not mux_pids(home), timeout=timeout, what="the test's SSH muxes to exit")

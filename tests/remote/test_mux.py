@@ -42,7 +42,7 @@ def _started_mux(vm: SshdVM, factory: SshdFactory, persist_s: float = 30.0) -> t
     muxkeep._forgotten.discard(spec.instance_id)  # noqa: SLF001 - only the parked copy was meant
     proc = muxkeep.spawn(spec)
     assert proc is not None
-    assert muxlink.wait_for(spec, 30) is not None, "the mux never served"
+    assert muxlink.wait_for(spec, KnownHosts(Path(spec.known_hosts)).get(spec.instance_id), 30) is not None, "the mux never served"
     return spec, proc
 
 
