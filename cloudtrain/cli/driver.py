@@ -37,7 +37,8 @@ def status(run_id: str, runs_dir: str | None) -> None:
     got = drive_status(config, record)
     seen = got.probe
     state = seen.state.value + (f" (exit code {seen.exit_code})" if seen.exit_code is not None else "")
-    rows = [("run", record.run_id), ("cluster", record.cluster), ("driver host", record.host), ("directory there", record.remote_dir),
+    rows = [("run", record.run_id), ("cluster", record.cluster), ("driver host", record.host),
+            ("directory there", record.remote_dir),
             ("process", f"{seen.pid}" if seen.pid else "-"), ("state", state)]
     if got.run_json:
         rows += [("status", got.run_json.get("status")), ("cost", output.money(got.run_json.get("cost_usd")))]

@@ -75,7 +75,8 @@ def parse_host(text: str, key: str | None = None) -> DriverHost:
     match = _HOST.match(text.strip())
     port = int(match.group("port")) if match and match.group("port") else 22
     if match is None or not 1 <= port <= 65535:
-        raise UsageError(f"--driver {text!r}: expected [user@]host[:port]", hint="e.g. --driver me@build-box or --driver 10.0.0.5:2222")
+        raise UsageError(f"--driver {text!r}: expected [user@]host[:port]",
+                         hint="e.g. --driver me@build-box or --driver 10.0.0.5:2222")
     if key is not None and not Path(key).expanduser().is_file():
         raise UsageError(f"--driver-key {key}: no such file", hint="the private key that logs in to the driver host")
     return DriverHost(match.group("address"), match.group("user"), port, key)
@@ -175,7 +176,8 @@ def check_cloudtrain(transport, host: DriverHost, command: str) -> str:  # noqa:
                f"or name it with --driver-cloudtrain PATH")
     q = command_word(command)
     result = transport.run(login(f"command -v {q} >/dev/null 2>&1 || {{ echo cloudtrain-missing; exit 0; }}; "
-                                 f"{q} --version"), check=False, timeout=120, what="asking the host's cloudtrain its version")
+                                 f"{q} --version"),
+                           check=False, timeout=120, what="asking the host's cloudtrain its version")
     lines = result.stdout.decode(errors="replace").splitlines()
     if "cloudtrain-missing" in lines:
         raise UsageError(f"--driver {host.label}: no `{command}` on the host's login PATH", hint=install)
@@ -252,7 +254,8 @@ class Probe:
 # exit_code is read last: a wrapper seen gone wrote it (if it ever will) before it went.
 PROBE = r"""cd "$1" || exit 3
 w=$(cat wrapper 2>/dev/null); pid=$(cat pid 2>/dev/null); alive=0; wrapper=0
-if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null && ps -ww -o args= -p "$pid" 2>/dev/null | grep -qF -- "$PWD/runs"; then alive=1; fi
+if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null \
+   && ps -ww -o args= -p "$pid" 2>/dev/null | grep -qF -- "$PWD/runs"; then alive=1; fi
 if [ -z "$w" ]; then wrapper=starting
 elif kill -0 "$w" 2>/dev/null && ps -ww -o args= -p "$w" 2>/dev/null | grep -qF drive.sh; then wrapper=1; fi
 code=$(cat exit_code 2>/dev/null)
@@ -308,7 +311,8 @@ class DriveRequest:
     env: Mapping[str, str]
 
 
-def start(config, loaded, request: DriveRequest, runs_dir: Path, say: Callable[[str], None]) -> DriverRecord:  # noqa: ANN001
+def start(config, loaded, request: DriveRequest, runs_dir: Path,  # noqa: ANN001 - Config, LoadedRecipe
+          say: Callable[[str], None]) -> DriverRecord:
     """Check the host, sync, start the driven run, wait for its run id, record it here."""
     from cloudtrain.remote.ignore import load_ignore
     from cloudtrain.run.pipeline import new_run_id
@@ -332,7 +336,8 @@ def start(config, loaded, request: DriveRequest, runs_dir: Path, say: Callable[[
         # setsid: a session of its own, so neither the node helper's end nor a hangup reaches it.
         # Only setsid's command in the background, its output in driver.log: nothing keeps this
         # command's pipes open after it returns.
-        transport.run(login(f"cd {shlex.quote(remote_dir)} || exit 1; setsid nohup sh drive.sh >driver.log 2>&1 </dev/null &"),
+        transport.run(login(f"cd {shlex.quote(remote_dir)} || exit 1; "
+                            "setsid nohup sh drive.sh >driver.log 2>&1 </dev/null &"),
                       timeout=120, what="starting the driven run")
         say(f"waiting for `cloudtrain run` on {host.label} to start the run (it checks the recipe, its credentials "
             f"and the plan there; up to {START_WAIT_S:.0f} s; its log: {remote_dir}/driver.log)")
@@ -388,7 +393,8 @@ def _wait_for_run(transport, host: DriverHost, remote_dir: str) -> tuple[str, in
             return seen.runs[0], seen.pid
         if seen.state in (DriveState.ENDED, DriveState.GONE):
             tail = [line for line in log_tail(transport, remote_dir) if line.strip()]
-            said = next((line for line in reversed(tail) if line.startswith("error:")), tail[-1] if tail else "no output")
+            errors = [line for line in tail if line.startswith("error:")]
+            said = errors[-1] if errors else tail[-1] if tail else "no output"
             code = seen.exit_code if seen.exit_code not in (None, 0) else 1
             raise DriverError(f"--driver {host.label}: `cloudtrain run` there ended before its run started "
                               f"(exit {seen.exit_code}): {said}", exit_code=code,

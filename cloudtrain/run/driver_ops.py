@@ -46,7 +46,8 @@ def status(config, record: DriverRecord) -> DriveStatus:  # noqa: ANN001
     try:
         seen = probe(transport, record.remote_dir)
         attempts = _read_json(transport, f"{record.remote_run_dir}/attempts.json")
-        run_json = _read_json(transport, f"{record.remote_run_dir}/run.json") if seen.state != DriveState.RUNNING else None
+        ended = seen.state in (DriveState.ENDED, DriveState.GONE)
+        run_json = _read_json(transport, f"{record.remote_run_dir}/run.json") if ended else None
     finally:
         transport.close()
     listed = tuple(a for a in attempts if isinstance(a, dict)) if isinstance(attempts, list) else ()
@@ -100,8 +101,8 @@ def fetch(config, record: DriverRecord, runs_dir: Path) -> Fetched:  # noqa: ANN
             raise UsageError(f"run {record.run_id} is still running on {record.host}",
                              hint=f"`cloudtrain driver log {record.run_id} -f` follows it; "
                                   f"`cloudtrain driver cancel {record.run_id}` stops it")
-        names = transport.run(["ls", "-A", record.remote_run_dir], timeout=60,
-                              what="listing the driven run's directory").stdout.decode(errors="surrogateescape").split("\n")
+        listed = transport.run(["ls", "-A", record.remote_run_dir], timeout=60, what="listing the driven run's directory")
+        names = listed.stdout.decode(errors="surrogateescape").split("\n")
         names = [n for n in names if n and n != "driver.json"]  # the laptop's own record stays as it is
         local = runs_dir / record.run_id
         local.mkdir(parents=True, exist_ok=True)
@@ -140,8 +141,8 @@ def resume(config, record: DriverRecord, runs_dir: Path, say: Callable[[str], No
         before = len(attempts) if isinstance(attempts, list) else 0
         quoted = shlex.quote(record.remote_dir)
         # The old processes' pid files and exit code go: they describe processes that are over.
-        transport.run(login(f"cd {quoted} || exit 1; rm -f pid exit_code wrapper; "
-                            f"setsid nohup sh drive.sh --resume {shlex.quote(record.run_id)} >>driver.log 2>&1 </dev/null &"),
+        transport.run(login(f"cd {quoted} || exit 1; rm -f pid exit_code wrapper; setsid nohup sh drive.sh "
+                            f"--resume {shlex.quote(record.run_id)} >>driver.log 2>&1 </dev/null &"),
                       timeout=120, what="resuming the driven run")
         say(f"waiting for `cloudtrain run --resume {record.run_id}` on {record.host} to start a new attempt "
             f"(up to {START_WAIT_S:.0f} s)")

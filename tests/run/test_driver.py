@@ -164,3 +164,38 @@ def test_cancel_ends_the_driven_run_and_leaves_nothing_running(local_cloud: Any,
     assert json.loads((local_cloud.runs_dir / run_id / "run.json").read_text())["status"] == "interrupted"
     again = local_cloud.cli("driver", "cancel", run_id, "--runs-dir", str(local_cloud.runs_dir))
     assert again.ok and "ended (exit code 130)" in again.stdout, again.output
+
+
+def test_ctrl_c_while_the_driven_run_starts_stops_it_on_the_host(local_cloud: Any, sshd_vm_factory: Any,
+                                                                 tmp_path: Path) -> None:
+    """The host's `cloudtrain run` is held before it makes its run (a wrapper first on the host's
+    PATH waits for the test); Ctrl-C on the laptop meanwhile TERMs it there: nothing is left running."""
+    import signal
+
+    host = driver_host(sshd_vm_factory)
+    held, go = tmp_path / "held", tmp_path / "go"
+    wrapper = host.vm.bin_dir / "cloudtrain"
+    wrapper.write_text(f'#!/bin/sh\nif [ "$1" = run ]; then touch {held}; while [ ! -f {go} ]; do sleep 0.1; done; fi\n'
+                       f'exec {Path(sys.executable).parent / "cloudtrain"} "$@"\n')
+    wrapper.chmod(0o755)
+    laptop = subprocess.Popen(
+        [sys.executable, "-m", "cloudtrain", "run", str(local_cloud.recipe(run="echo hi")), "--driver", host.label,
+         "--driver-key", str(sshd_vm_factory.client_key.private_path), "--runs-dir", str(local_cloud.runs_dir), "-y"],
+        env={**os.environ, **local_cloud.env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        wait_until(held.exists, 120, "the driven run to start on the host")
+        laptop.send_signal(signal.SIGINT)
+        out, err = laptop.communicate(timeout=300)
+    finally:
+        go.touch()
+        if laptop.poll() is None:
+            laptop.kill()
+            laptop.communicate()
+    assert laptop.returncode == 130, out + err
+    assert "interrupted: stopping the driven run on" in out, out + err
+    (drive,) = host.drives()
+    assert (drive / "exit_code").read_text().strip() == "143"  # TERMed there
+    for name in ("pid", "wrapper"):
+        assert not _pid_alive(int((drive / name).read_text()))
+    assert list(local_cloud.runs_dir.glob("*")) == []  # no run, so no driver.json here
