@@ -8,7 +8,9 @@ are the ones docs/sync.md states: a regression that adds a sequential round trip
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
 import subprocess
 import sys
 import textwrap
@@ -22,7 +24,7 @@ from cloudtrain.remote.transport import SKIPPED
 from cloudtrain.testing.mux import mux_pids, stop_muxes
 from cloudtrain.testing.sshd import SshdFactory, SshdVM
 from cloudtrain.testing.wait import wait_until
-from tests.conftest import cli_env
+from tests.conftest import cli_env, start_cli
 
 # docs/sync.md, "Round trips": after connecting, per CLI invocation.
 WARM_RUN_UNCHANGED = 5
@@ -194,5 +196,39 @@ def test_a_cold_run_and_its_down_share_one_connection(sshd_vm_factory: SshdFacto
         assert sum(r["connects"] for r in reports) == 1, reports
         assert [r["reused"] for r in reports].count("process") == len(reports) - 1, reports
         assert not list((no_mux_left / "mux").glob("*.sock"))  # nothing kept for a cluster that is gone
+    finally:
+        next(cluster, None)
+
+
+def test_killing_the_mux_during_an_exec_is_survived_or_said_in_one_line(sshd_vm_factory: SshdFactory,
+                                                                        tmp_path: Path, no_mux_left: Path) -> None:
+    _config(no_mux_left, 30)
+    cluster = _warm_cluster(sshd_vm_factory, tmp_path)
+    _, env, trips, _, _ = next(cluster)
+    try:
+        wait_until(lambda: mux_pids(no_mux_left) and list((no_mux_left / "mux").glob("*.sock")), timeout=60,
+                   what="the node's mux to serve")
+        [pid] = mux_pids(no_mux_left)
+        cli = start_cli("exec", "loop", "--", "echo started; sleep 2; echo finished",
+                        env=cli_env(**env, **{LOG_ENV: str(trips)}))
+        assert cli.stdout is not None
+        seen = ""
+        while "started" not in seen:
+            line = cli.stdout.readline()
+            assert line, seen  # the job's first line comes before its end
+            seen += line
+        os.kill(pid, signal.SIGKILL)
+        out, err = cli.communicate(timeout=120)
+        out = seen + out
+        if cli.returncode == 0:
+            # The log's follow is repeatable: it went on over a connection of its own.
+            assert "finished" in out, out + err
+        else:
+            assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+        # The next command works: on a connection of its own (the stale socket removed), or through the
+        # mux that the exec above, having connected itself, left as it exited.
+        again, reports = _ct("exec", "loop", "--", "echo again", env=env, trips=trips)
+        assert "again" in again.stdout and (reports[0]["connects"] == 1 or reports[0]["reused"] == "mux"), reports
+        assert pid not in mux_pids(no_mux_left)
     finally:
         next(cluster, None)
