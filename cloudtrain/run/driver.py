@@ -77,8 +77,10 @@ def parse_host(text: str, key: str | None = None) -> DriverHost:
     if match is None or not 1 <= port <= 65535:
         raise UsageError(f"--driver {text!r}: expected [user@]host[:port]",
                          hint="e.g. --driver me@build-box or --driver 10.0.0.5:2222")
-    if key is not None and not Path(key).expanduser().is_file():
-        raise UsageError(f"--driver-key {key}: no such file", hint="the private key that logs in to the driver host")
+    if key is not None:
+        if not Path(key).expanduser().is_file():
+            raise UsageError(f"--driver-key {key}: no such file", hint="the private key that logs in to the driver host")
+        key = str(Path(key).expanduser().resolve())  # driver.json's: the `driver` commands run from anywhere
     return DriverHost(match.group("address"), match.group("user"), port, key)
 
 

@@ -199,3 +199,11 @@ def test_ctrl_c_while_the_driven_run_starts_stops_it_on_the_host(local_cloud: An
     for name in ("pid", "wrapper"):
         assert not _pid_alive(int((drive / name).read_text()))
     assert list(local_cloud.runs_dir.glob("*")) == []  # no run, so no driver.json here
+
+
+def test_a_relative_driver_key_is_recorded_absolute(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "id_driver").write_text("not read here\n")
+    monkeypatch.chdir(tmp_path)
+    assert parse_host("me@box", "id_driver").key == str(tmp_path.resolve() / "id_driver")
+    with pytest.raises(Exception, match="--driver-key nope: no such file"):
+        parse_host("me@box", "nope")
