@@ -201,10 +201,6 @@ def driven_recipe(loaded, remote_workdir: str | None) -> bytes:  # noqa: ANN001 
 
     from cloudtrain.yamlfile import read_yaml
 
-    local = [m.source for m in loaded.recipe.data if "://" not in m.source]
-    if local:
-        raise UsageError(f"--driver: data source {local[0]!r} is a path on this machine, which the driver host "
-                         "does not have", hint="put it in the workdir, or in a bucket (docs/data.md)")
     data, _, _ = read_yaml(loaded.path, RecipeError)
     data = dict(data)
     if remote_workdir is None:
@@ -319,6 +315,11 @@ def start(config, loaded, request: DriveRequest, runs_dir: Path,  # noqa: ANN001
     from cloudtrain.remote.ignore import load_ignore
     from cloudtrain.run.pipeline import new_run_id
 
+    local = [m.source for m in loaded.recipe.data if "://" not in m.source]
+    if local:
+        # Refused before any connection: only the workdir travels to the host.
+        raise UsageError(f"--driver: data source {local[0]!r} is a path on this machine, which the driver host "
+                         "does not have", hint="put it in the workdir, or in a bucket (docs/data.md)")
     host = request.host
     transport = connect(host, config, starting=True)
     try:

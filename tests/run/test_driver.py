@@ -207,3 +207,12 @@ def test_a_relative_driver_key_is_recorded_absolute(tmp_path: Path, monkeypatch:
     assert parse_host("me@box", "id_driver").key == str(tmp_path.resolve() / "id_driver")
     with pytest.raises(Exception, match="--driver-key nope: no such file"):
         parse_host("me@box", "nope")
+
+
+def test_a_local_data_source_is_refused_before_any_connection(local_cloud: Any) -> None:
+    (local_cloud.root / "data.csv").write_text("1,2\n")
+    recipe = local_cloud.recipe(run="echo hi", data=[{"source": str(local_cloud.root / "data.csv"), "target": "d"}])
+    result = local_cloud.cli("run", str(recipe), "--driver", "me@no-such-host.invalid", "-y")
+    assert result.returncode == 2, result.output
+    (line,) = _error_lines(result)
+    assert "is a path on this machine, which the driver host does not have" in line, line
