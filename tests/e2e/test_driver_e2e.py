@@ -220,3 +220,22 @@ def test_a_driver_killed_mid_run_is_resumed_from_the_laptop(aws_cloud: Any, sshd
     billed = aws_cloud.bill.usd(aws_cloud.cluster, until=run["ended_at"])
     assert run["cost_usd"] == pytest.approx(billed, rel=0.01, abs=4 * one["hourly_price_usd"] / 3600)
     assert aws_cloud.bill.running() == [] and aws_cloud.leftovers() == []
+
+
+def test_a_driver_host_without_cloud_credentials_says_so_on_the_laptop(aws_cloud: Any, sshd_vm_factory: Any,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """Nothing of the laptop's credentials goes to the host: with none of its own there, the host's
+    `cloudtrain run` refuses before any run or machine exists, and the laptop's command ends with
+    that refusal's line and exit code."""
+    env = {k: v for k, v in aws_cloud.env.items()
+           if k not in LAPTOP_KEEPS and k not in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}
+    host = driver_host(sshd_vm_factory, env=env, address="build-box",
+                       config={k: v for k, v in aws_cloud.config.items() if k != "runs_dir"})
+    started = _drive(aws_cloud, sshd_vm_factory, host, aws_cloud.recipe(run="echo hi", resources={"spot": True}),
+                     monkeypatch)
+    assert started.returncode == 2, started.output
+    (line,) = [line for line in started.stderr.splitlines() if line.strip()]
+    assert line.startswith(f"error: --driver {host.label}: `cloudtrain run` there ended before its run started "
+                           "(exit 2): error: "), line
+    assert "credentials" in line.lower(), line
+    assert aws_cloud.instances(aws_cloud.cluster) == [] and list(aws_cloud.runs_dir.glob("*")) == []
