@@ -2,9 +2,9 @@
 
 The laptop starts `cloudtrain run RECIPE --driver HOST` without any AWS credentials of its own and
 the command returns; HOST is a kit sshd VM whose own login profile points its own cloudtrain (this
-checkout's) at the AWS fake (cloudtrain/testing/driver.py). The job is tests/e2e/test_recovery_e2e.py's
-(checkpoints every step, waits after step 3 until released). With no laptop process left, the node
-is preempted in the fake: the driver host's `cloudtrain run` relaunches in another zone, the job
+checkout's) at the AWS fake (cloudtrain/testing/driver.py). The job is the recovery e2e's
+(cloudtrain/testing/recovery.py: checkpoints every step, waits after step 3 until released). With
+no laptop process left, the node is preempted in the fake: the driver host's `cloudtrain run` relaunches in another zone, the job
 resumes from the checkpoint kept on that host and finishes; `cloudtrain driver fetch` brings home a
 run directory with the result files of an uninterrupted run and a cost equal to the fake's own bill.
 """
@@ -24,7 +24,7 @@ from cloudtrain.run.driver import DriverRecord
 from cloudtrain.testing import sshd
 from cloudtrain.testing.driver import DriverHostVM, driver_host
 from cloudtrain.testing.wait import wait_until
-from tests.e2e.test_recovery_e2e import STEPS, _placement, _recipe
+from cloudtrain.testing.recovery import STEPS, TOTAL, placement, recipe
 
 if not sshd.sshd_available() and not os.environ.get("CI"):
     pytest.skip("OpenSSH sshd is not installed (apt-get install openssh-server)", allow_module_level=True)
@@ -60,12 +60,13 @@ def _stop_driver(record: DriverRecord | None) -> None:
         os.kill(record.pid, signal.SIGKILL)
 
 
-def _drive(aws_cloud: Any, factory: Any, host: DriverHostVM, recipe: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+def _drive(aws_cloud: Any, factory: Any, host: DriverHostVM, recipe_path: Path,
+           monkeypatch: pytest.MonkeyPatch) -> Any:
     """`run --driver` from a laptop without any AWS credentials: the driver host's are the ones that launch."""
     for name in [k for k in os.environ if k.startswith("AWS_")]:
         monkeypatch.delenv(name)
     aws_cloud.env = {k: v for k, v in aws_cloud.env.items() if not k.startswith("AWS_")}
-    return aws_cloud.cli("run", str(recipe), "--cluster", aws_cloud.cluster, "--runs-dir", str(aws_cloud.runs_dir),
+    return aws_cloud.cli("run", str(recipe_path), "--cluster", aws_cloud.cluster, "--runs-dir", str(aws_cloud.runs_dir),
                          "--driver", host.label, "--driver-key", str(factory.client_key.private_path),
                          "--down", "-y", timeout=600)
 
@@ -89,10 +90,10 @@ def test_a_driven_spot_run_recovers_with_the_laptop_gone(aws_cloud: Any, sshd_vm
     host = _host(aws_cloud, sshd_vm_factory)
     marks = tmp_path / "marks"
     marks.mkdir()
-    recipe = _recipe(aws_cloud, marks)
+    recipe_path = recipe(aws_cloud, marks)
     record: DriverRecord | None = None
     try:
-        started = _drive(aws_cloud, sshd_vm_factory, host, recipe, monkeypatch)
+        started = _drive(aws_cloud, sshd_vm_factory, host, recipe_path, monkeypatch)
         # The laptop's CLI has exited (cli() waited for it), having started the run.
         assert started.ok, started.output
         run_id = Path(started.stdout.strip().splitlines()[-1]).name
@@ -102,7 +103,7 @@ def test_a_driven_spot_run_recovers_with_the_laptop_gone(aws_cloud: Any, sshd_vm
 
         # The checkpoint of step 3 is kept on the driver host, then the node is preempted.
         _checkpoint_at_step_3(remote_run)
-        first_zone, machine = _placement(aws_cloud)
+        first_zone, machine = placement(aws_cloud)
         aws_cloud.preempt(machine)
 
         followed = aws_cloud.cli("driver", "log", run_id, "-f", "--runs-dir", str(aws_cloud.runs_dir), timeout=600)
@@ -131,13 +132,13 @@ def test_a_driven_spot_run_recovers_with_the_laptop_gone(aws_cloud: Any, sshd_vm
     for name, value in aws_cloud.server.env().items():
         monkeypatch.setenv(name, value)
         aws_cloud.env[name] = value
-    plain = aws_cloud.run(_recipe(aws_cloud, marks), "--down", cluster=aws_cloud.new_cluster("plain"))
+    plain = aws_cloud.run(recipe(aws_cloud, marks), "--down", cluster=aws_cloud.new_cluster("plain"))
     assert plain.ok, plain.output
     assert sorted(p.relative_to(run_dir / "outputs") for p in (run_dir / "outputs").rglob("*")) == \
         sorted(p.relative_to(plain.run_dir / "outputs") for p in (plain.run_dir / "outputs").rglob("*"))
     assert (run_dir / "outputs" / "result.json").read_text() == (plain.run_dir / "outputs" / "result.json").read_text()
     assert json.loads((run_dir / "outputs" / "result.json").read_text()) == {
-        "steps": STEPS, "total": sum(i * i for i in range(1, STEPS + 1))}
+        "steps": STEPS, "total": TOTAL}
 
     # Both machines billed; the run's cost is the fake's own bill for them.
     billed = aws_cloud.bill.usd(aws_cloud.cluster, until=run["ended_at"])
@@ -162,7 +163,7 @@ def test_driver_cancel_takes_the_driven_cluster_down(aws_cloud: Any, sshd_vm_fac
     marks.mkdir()
     record: DriverRecord | None = None
     try:
-        started = _drive(aws_cloud, sshd_vm_factory, host, _recipe(aws_cloud, marks), monkeypatch)
+        started = _drive(aws_cloud, sshd_vm_factory, host, recipe(aws_cloud, marks), monkeypatch)
         assert started.ok, started.output
         record = DriverRecord.read(aws_cloud.runs_dir, Path(started.stdout.strip().splitlines()[-1]).name)
         _checkpoint_at_step_3(Path(record.remote_run_dir))  # the job is parked after step 3
@@ -191,7 +192,7 @@ def test_a_driver_killed_mid_run_is_resumed_from_the_laptop(aws_cloud: Any, sshd
     marks.mkdir()
     record: DriverRecord | None = None
     try:
-        started = _drive(aws_cloud, sshd_vm_factory, host, _recipe(aws_cloud, marks), monkeypatch)
+        started = _drive(aws_cloud, sshd_vm_factory, host, recipe(aws_cloud, marks), monkeypatch)
         assert started.ok, started.output
         record = DriverRecord.read(aws_cloud.runs_dir, Path(started.stdout.strip().splitlines()[-1]).name)
         _checkpoint_at_step_3(Path(record.remote_run_dir))
@@ -216,7 +217,7 @@ def test_a_driver_killed_mid_run_is_resumed_from_the_laptop(aws_cloud: Any, sshd
     assert (one["outcome"], two["outcome"]) == ("lost", "succeeded") and "run --resume" in one["reason"], run["attempts"]
     assert (marks / "starts").read_text().split("\n")[:2] == ["start 0 -", "start 3 -"]
     assert json.loads((aws_cloud.runs_dir / record.run_id / "outputs" / "result.json").read_text()) == {
-        "steps": STEPS, "total": sum(i * i for i in range(1, STEPS + 1))}
+        "steps": STEPS, "total": TOTAL}
     billed = aws_cloud.bill.usd(aws_cloud.cluster, until=run["ended_at"])
     assert run["cost_usd"] == pytest.approx(billed, rel=0.01, abs=4 * one["hourly_price_usd"] / 3600)
     assert aws_cloud.bill.running() == [] and aws_cloud.leftovers() == []
