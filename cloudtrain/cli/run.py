@@ -65,7 +65,7 @@ env_option = click.option("--env", "-e", "env", multiple=True, metavar="KEY=VALU
                    "returns once it has started (docs/driver.md).")
 @click.option("--driver-key", metavar="PATH", help="The SSH key for --driver HOST (default: agent, ~/.ssh keys).")
 @click.option("--driver-cloudtrain", metavar="PATH", default="cloudtrain", show_default=True,
-              help="cloudtrain on the --driver host, found on its login shell's PATH.")
+              help="cloudtrain on the --driver host: found on its login shell's PATH, or a path (~/ is its home).")
 @yes_option
 def run(recipe_path: str, cluster: str | None, env: dict[str, str], down_: bool, stop_: bool, keep_: bool,
         runs_dir: str | None, quiet: bool, resume_run: str | None, yes: bool, driver_host: str | None = None,
@@ -131,8 +131,7 @@ def _run_driven(recipe_path: str, cluster: str | None, env: dict[str, str], tear
 
     if resume_run:
         raise UsageError("--resume and --driver: a driven run is resumed on its driver host",
-                         hint=f"there: cd ~/.cloudtrain-driver/<drive> && cloudtrain run recipe.yaml --resume {resume_run} "
-                              "--runs-dir runs -y (docs/driver.md)")
+                         hint=f"`cloudtrain driver resume {resume_run}` does that (docs/driver.md)")
     host = parse_host(host_text, key)
     config = load_config()
     if not yes and config.confirm:

@@ -216,3 +216,11 @@ def test_a_local_data_source_is_refused_before_any_connection(local_cloud: Any) 
     assert result.returncode == 2, result.output
     (line,) = _error_lines(result)
     assert "is a path on this machine, which the driver host does not have" in line, line
+
+
+def test_resume_with_driver_names_driver_resume(local_cloud: Any) -> None:
+    result = local_cloud.cli("run", str(local_cloud.recipe(run="echo hi")), "--driver", "me@box", "--resume",
+                             "t-20261125-214436-4a1a", "-y")
+    assert result.returncode == 2, result.output
+    (line,) = _error_lines(result)
+    assert "`cloudtrain driver resume t-20261125-214436-4a1a`" in line, line
