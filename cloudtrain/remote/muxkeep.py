@@ -31,7 +31,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("cloudtrain.remote.ssh")
 
 
-
 class _Shared:
     def __init__(self, conn: Connection) -> None:
         self.conn = conn
@@ -69,7 +68,6 @@ def release(spec: MuxSpec, conn: Connection) -> bool:
             return True
         del _live[spec]
         return False
-
 
 
 @dataclass

@@ -67,6 +67,8 @@ def stop_muxes(home: Path, timeout: float = 15.0) -> list[int]:
 
 @pytest.fixture(autouse=True)
 def ssh_persist_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every test: a command closes its SSH connections when done (CLOUDTRAIN_SSH_PERSIST_S=0), so no
+    mux outlives a test; `no_mux_left` turns reuse back on for a test about it."""
     from cloudtrain.remote.ssh import PERSIST_ENV
 
     monkeypatch.setenv(PERSIST_ENV, "0")
