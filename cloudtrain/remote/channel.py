@@ -11,12 +11,14 @@ import logging
 import select
 import threading
 import time
-from typing import IO, Protocol
-
-import paramiko
+import sys
+from typing import IO, TYPE_CHECKING, Protocol
 
 from cloudtrain.errors import RemoteError
 from cloudtrain.remote.roundtrips import RoundTrips
+
+if TYPE_CHECKING:
+    import paramiko
 
 log = logging.getLogger("cloudtrain.remote.ssh")
 
@@ -54,9 +56,13 @@ def describe(exc: BaseException | None) -> str:
     return text or {"EOFError": "the other end closed the connection"}.get(type(exc).__name__, type(exc).__name__)
 
 
-# What paramiko and the socket layer raise when a link drops mid-transfer: EOFError from a window
-# adjust on a reset socket, SSHException from the transport, OSError/socket.timeout from the socket.
-TRANSFER_ERRORS = (EOFError, paramiko.SSHException, OSError)
+def transfer_errors() -> tuple[type[BaseException], ...]:
+    """What paramiko and the socket layer raise when a link drops mid-transfer: EOFError from a
+    window adjust on a reset socket, SSHException from the transport, OSError/socket.timeout from the
+    socket. paramiko's only once it is loaded: a command served by the node's mux (remote/mux.py)
+    never imports it (~0.07 s of its start), so it cannot meet one."""
+    ssh = sys.modules.get("paramiko")
+    return (EOFError, OSError) if ssh is None else (EOFError, ssh.SSHException, OSError)
 
 
 class Connection(Protocol):
@@ -104,7 +110,7 @@ class RemoteProcess:
                 while chunk := source.read(CHUNK):
                     self.chan.sendall(chunk)
             self.chan.shutdown_write()
-        except (OSError, EOFError, paramiko.SSHException) as exc:
+        except transfer_errors() as exc:
             # The command exited without reading all its input, or the connection died: either
             # way the exit status (or ConnectionLostError from wait) tells the caller.
             log.debug("%s: stdin not fully delivered: %s", self.what, exc)
@@ -120,7 +126,7 @@ class RemoteProcess:
                     continue
                 if chan.recv_ready():
                     return chan.recv(size)
-            except TRANSFER_ERRORS as exc:
+            except transfer_errors() as exc:
                 raise lost(self.label, self.what, exc) from None
             if chan.eof_received or chan.closed:
                 if chan.recv_ready() or chan.recv_stderr_ready():

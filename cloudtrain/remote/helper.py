@@ -29,17 +29,16 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from typing import IO
-
-import paramiko
-from paramiko.common import cMSG_CHANNEL_REQUEST
-from paramiko.message import Message
+from typing import IO, TYPE_CHECKING
 
 from cloudtrain import paths
 from cloudtrain.errors import RemoteError
-from cloudtrain.remote.channel import CHUNK, TRANSFER_ERRORS, Connection, ConnectionLostError, InputSource, lost
+from cloudtrain.remote.channel import CHUNK, Connection, ConnectionLostError, InputSource, lost, transfer_errors
 from cloudtrain.remote.roundtrips import RoundTrips
 from cloudtrain.remote.transport import SKIPPED
+
+if TYPE_CHECKING:
+    import paramiko
 
 log = logging.getLogger("cloudtrain.remote.ssh")
 
@@ -70,6 +69,9 @@ def helper_source() -> str:
 def launch(chan: paramiko.Channel, source: str | None = None) -> None:
     """Send the exec request that starts the helper on `chan`, asking for no reply: the hello
     answers, and paramiko's exec_command would wait a turn more."""
+    from paramiko.common import cMSG_CHANNEL_REQUEST
+    from paramiko.message import Message
+
     command = f"exec python3 -c {shlex.quote(source or helper_source())} serve"
     message = Message()
     message.add_byte(cMSG_CHANNEL_REQUEST)
@@ -209,7 +211,7 @@ class NodeHelper:
         self.broken = True
         try:
             self.chan.close()
-        except TRANSFER_ERRORS as exc:  # the connection is gone already: so is the helper
+        except transfer_errors() as exc:  # the connection is gone already: so is the helper
             log.debug("%s: closing the helper channel: %s", self.label, exc)
 
     # ------------------------------------------------------------------ wire
@@ -219,7 +221,7 @@ class NodeHelper:
             with self._send_lock:
                 self.counter.sent()
                 self.chan.sendall(data)
-        except TRANSFER_ERRORS as exc:
+        except transfer_errors() as exc:
             self.discard()
             said = lost(self.label, what or "sending a command", exc)
             raise NotDelivered(said.message, hint=said.hint) from None
@@ -232,7 +234,7 @@ class NodeHelper:
                     self.chan.sendall(HEADER.pack(b"I", rid, len(chunk)) + chunk)
             with self._send_lock:
                 self.chan.sendall(HEADER.pack(b"E", rid, 0))
-        except (OSError, EOFError, paramiko.SSHException, ValueError) as exc:
+        except (*transfer_errors(), ValueError) as exc:
             # The connection died or the source broke: the reader sees the channel end and says so.
             log.debug("%s: helper input %d not fully delivered: %s", self.label, rid, exc)
             self.discard()
@@ -282,7 +284,7 @@ class NodeHelper:
                 if chan.recv_ready():
                     self._buffer += chan.recv(CHUNK)
                     return True
-            except TRANSFER_ERRORS as exc:
+            except transfer_errors() as exc:
                 self.discard()
                 raise lost(self.label, what, exc) from None
             if chan.eof_received or chan.closed:

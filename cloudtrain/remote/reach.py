@@ -6,8 +6,6 @@ from __future__ import annotations
 import logging
 import socket
 
-import paramiko
-
 from cloudtrain.remote.channel import describe
 
 log = logging.getLogger("cloudtrain.remote.ssh")
@@ -60,6 +58,8 @@ def socket_failure(exc: OSError, timeout: float) -> tuple[str, str]:
 
 def handshake_failure(exc: BaseException, timeout: float, answered: bool = True) -> tuple[str, str]:
     """(what happened, what to check) for an SSH handshake that failed after TCP connected."""
+    import paramiko  # loaded already: the handshake was paramiko's
+
     if isinstance(exc, OSError) and not isinstance(exc, paramiko.SSHException):
         return socket_failure(exc, timeout)
     text = describe(exc)

@@ -26,9 +26,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import IO
-
-import paramiko
+from typing import IO, TYPE_CHECKING
 
 from cloudtrain.config import Config
 from cloudtrain.errors import RemoteCommandError, RemoteError
@@ -50,14 +48,19 @@ from cloudtrain.remote.channel import (
     SSHConnectError,
     lost,
     reader,
+    transfer_errors,
 )
 from cloudtrain.remote import homecache, muxkeep, muxlink
-from cloudtrain.remote.connection import WINDOW_BYTES, Connection, PinPolicy, abandon, make_transport, tune_tcp
 from cloudtrain.remote.helper import HelperProcess, HelperUnavailable, NodeHelper, NotDelivered
 from cloudtrain.remote.keys import Endpoint, HostKeyMismatchError, KnownHosts, node_config, resolve_endpoint
 from cloudtrain.remote.reach import WAIT_NOTICE_S, WaitNotice, handshake_failure, socket_failure
 from cloudtrain.remote.roundtrips import RoundTrips, log_report
 from cloudtrain.remote.transport import CommandResult, SyncStats
+
+if TYPE_CHECKING:
+    import paramiko
+
+    from cloudtrain.remote.connection import Connection
 
 log = logging.getLogger(__name__)
 # paramiko logs socket errors it also raises, and we turn those into typed errors with hints; a
@@ -539,7 +542,7 @@ class SSHTransport:
             self.round_trips.sent()
             self.round_trips.waiting(f"exec {what or command.split(' ', 1)[0]}")
             chan.exec_command(command)
-        except (paramiko.SSHException, EOFError, OSError) as exc:
+        except transfer_errors() as exc:
             chan.close()
             # The request may have reached the node: the command's fate is unknown.
             raise self._lost(f"starting {what or command.split(' ', 1)[0]!r}", exc) from None
@@ -660,6 +663,12 @@ class SSHTransport:
             timer.cancel()
 
     def _connect_once(self) -> Connection:
+        # paramiko is loaded here, by a command that connects itself: one served by the node's mux
+        # (remote/mux.py) never needs it.
+        import paramiko
+
+        from cloudtrain.remote.connection import Connection, PinPolicy, abandon, make_transport
+
         ep = self.endpoint
         where = f"{ep.address}:{ep.port}"
         pkey = self._load_key()
@@ -722,6 +731,8 @@ class SSHTransport:
             finally:
                 theirs.close()
             return ours, proxy, errors
+        from cloudtrain.remote.connection import tune_tcp
+
         try:
             sock = socket.create_connection((ep.address, ep.port), timeout=self.connect_timeout)
         except OSError as exc:
@@ -731,6 +742,8 @@ class SSHTransport:
         return sock, None, None
 
     def _load_key(self) -> paramiko.PKey | None:
+        import paramiko
+
         path = self.endpoint.identity_file
         if path is None:
             return None
@@ -777,6 +790,10 @@ class SSHTransport:
             return self._conn
 
     def _open_channel(self) -> tuple[Connection, paramiko.Channel]:
+        import paramiko
+
+        from cloudtrain.remote.connection import WINDOW_BYTES
+
         for attempt in range(2):
             conn = self._live_connection()
             transport = conn.transport
