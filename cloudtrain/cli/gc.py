@@ -20,7 +20,13 @@ if TYPE_CHECKING:
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output (one JSON document).")
 @click.option("--all-owners", is_flag=True,
               help="Everything cloudtrain-tagged, whoever launched it (default: your owner tag only).")
-def gc(clouds: tuple[str, ...], yes: bool, as_json: bool, all_owners: bool) -> None:
+@click.option("--include-driven", is_flag=True,
+              help="With --yes, also remove the clusters of runs driven from an SSH host that are not "
+                   "fetched yet (default: listed, left alone; docs/driver.md).")
+@click.option("--runs-dir", type=click.Path(file_okay=False), default=None,
+              help="Where `run --driver` left its runs' driver.json (default: the config's runs_dir).")
+def gc(clouds: tuple[str, ...], yes: bool, as_json: bool, all_owners: bool, include_driven: bool,
+       runs_dir: str | None) -> None:
     """Find what cloudtrain created but no longer tracks (by tag, even if local state is lost),
     with its estimated hourly cost. Exits 1 when something leaked and --yes was not given, or
     when a cloud could not be checked (it may have leaked: never reported as clean)."""
@@ -41,11 +47,13 @@ def gc(clouds: tuple[str, ...], yes: bool, as_json: bool, all_owners: bool) -> N
 
         config = config.model_copy(update={"owner": ALL_OWNERS})  # providers then list every owner's
     asked = tuple(dict.fromkeys(clouds or known))
-    leaks, skipped = find_leaks(StateStore(), config, asked)
+    from pathlib import Path
+
+    leaks, skipped = find_leaks(StateStore(), config, asked, runs_dir=Path(runs_dir or config.runs_dir))
     checked = [cloud for cloud in asked if cloud not in {skip.cloud for skip in skipped}]
     cost = total(leaks)
     if as_json:
-        removed = collect(leaks, config) if yes and leaks else []
+        removed = collect(leaks, config, include_driven) if yes and leaks else []
         document: dict[str, Any] = {
             "leaks": [{**{k: v for k, v in asdict(leak).items() if k != "items"}, "hourly_usd": leak.hourly_usd,
                        "items": [asdict(item) for item in leak.items]} for leak in leaks],
@@ -77,7 +85,7 @@ def gc(clouds: tuple[str, ...], yes: bool, as_json: bool, all_owners: bool) -> N
     if not yes:
         output.info("run `cloudtrain gc --yes` to remove them")
         raise SystemExit(1)
-    for line in collect(leaks, config):
+    for line in collect(leaks, config, include_driven):
         output.info(line)
     if skipped:
         raise SystemExit(1)

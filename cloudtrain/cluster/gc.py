@@ -15,10 +15,12 @@ would make a leak look cheaper than it is.
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 from cloudtrain.catalog import Catalog, default_catalog
 from cloudtrain.config import Config
@@ -77,6 +79,10 @@ class Leak:
     ids: tuple[str, ...]
     reason: str
     items: tuple[Item, ...] = field(default=())
+    # A run driven from an SSH host (docs/driver.md) whose cluster lives in that host's state, not
+    # this machine's: "run RUN, driven from HOST". `collect` leaves it alone unless asked.
+    driven_by: str | None = None
+    driven_run: str | None = None
 
     @property
     def hourly_usd(self) -> float | None:
@@ -103,8 +109,28 @@ def total(leaks: Sequence[Leak]) -> Total:
                  sum(1 for i in items if i.hourly_usd is None))
 
 
+def driven_clusters(runs_dir: Path) -> dict[str, tuple[str, str]]:
+    """{cluster: (run id, driver host)} of the runs `run --driver` started from this machine that
+    are not fetched home yet (`runs/<id>/driver.json` without its run.json): their clusters are
+    tracked in the driver host's state, so this machine's state does not know them."""
+    found: dict[str, tuple[str, str]] = {}
+    for path in sorted(runs_dir.glob("*/driver.json")):
+        if (path.parent / "run.json").exists():
+            continue  # fetched: the run has ended, and its cluster with it
+        try:
+            with path.open() as handle:
+                data = json.loads(handle.read(65536))
+            cluster, run_id, host = data["cluster"], data["run_id"], data["host"]
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            log.warning("gc: %s unreadable (%s): its cluster, if any, is listed as not in state", path, exc)
+            continue
+        if isinstance(cluster, str) and cluster:
+            found[cluster] = (str(run_id), str(host))
+    return found
+
+
 def find_leaks(store: StateStore, config: Config, clouds: Sequence[str] | None = None,
-               catalog: Catalog | None = None) -> tuple[list[Leak], list[Skipped]]:
+               catalog: Catalog | None = None, runs_dir: Path | None = None) -> tuple[list[Leak], list[Skipped]]:
     from cloudtrain.providers import traits
 
     clouds = gc_clouds() if clouds is None else clouds
@@ -133,7 +159,16 @@ def find_leaks(store: StateStore, config: Config, clouds: Sequence[str] | None =
                                   tuple(pricer.resource(r) for r in resources)))
         except CloudtrainError as exc:
             skipped.append(Skipped(cloud, exc.one_line()))
-    return leaks, skipped
+    driven = driven_clusters(runs_dir if runs_dir is not None else Path(config.runs_dir))
+    return [_mark_driven(leak, driven.get(leak.cluster)) for leak in leaks], skipped
+
+
+def _mark_driven(leak: Leak, driven: tuple[str, str] | None) -> Leak:
+    if driven is None:
+        return leak
+    run_id, host = driven
+    return replace(leak, reason=f"{leak.reason}: run {run_id} is driven from {host} (its state is there)",
+                   driven_by=host, driven_run=run_id)
 
 
 def _instance_leaks(cloud: str, provider: Provider, store: StateStore, tracked: dict,
@@ -220,11 +255,18 @@ class Pricer:
         return disk_hourly(self.cloud, size_gb)
 
 
-def collect(leaks: Sequence[Leak], config: Config) -> list[str]:
-    """Terminate leaked instances and release leftover resources; return what was done."""
+def collect(leaks: Sequence[Leak], config: Config, include_driven: bool = False) -> list[str]:
+    """Terminate leaked instances and release leftover resources; return what was done. A cluster
+    of a run driven from an SSH host is left alone (terminating it would kill a live run whose
+    state is on that host) unless `include_driven`."""
     done = []
     providers: dict[str, Provider] = {}
     for leak in leaks:
+        if leak.driven_by is not None and not include_driven:
+            done.append(f"{leak.cloud}: left {leak.cluster} alone: run {leak.driven_run} is driven from "
+                        f"{leak.driven_by} (`cloudtrain driver status {leak.driven_run}`; `cloudtrain driver "
+                        f"cancel {leak.driven_run}` stops it; `gc --yes --include-driven` removes it anyway)")
+            continue
         provider = providers.setdefault(leak.cloud, get_provider(leak.cloud, config))
         if leak.kind == "queued-job":
             provider.cancel_leaked(leak)  # type: ignore[attr-defined]

@@ -162,11 +162,26 @@ def test_driver_cancel_takes_the_driven_cluster_down(aws_cloud: Any, sshd_vm_fac
     marks = tmp_path / "marks"
     marks.mkdir()
     record: DriverRecord | None = None
+    credentials = {k: v for k, v in aws_cloud.env.items() if k.startswith("AWS_")}  # for the laptop's gc
     try:
         started = _drive(aws_cloud, sshd_vm_factory, host, recipe(aws_cloud, marks), monkeypatch)
         assert started.ok, started.output
         record = DriverRecord.read(aws_cloud.runs_dir, Path(started.stdout.strip().splitlines()[-1]).name)
         _checkpoint_at_step_3(Path(record.remote_run_dir))  # the job is parked after step 3
+        assert len(aws_cloud.instances(aws_cloud.cluster, states=["running"])) == 1
+        # The laptop's gc finds the driven cluster by its tags (the laptop's state does not know it:
+        # the host's does) and says whose it is; `gc --yes` leaves the live run alone.
+        without = aws_cloud.env
+        aws_cloud.env = {**without, **credentials}
+        try:
+            found = aws_cloud.cli("gc", "--cloud", "aws", "--json", "--all-owners", "--yes",
+                                  "--runs-dir", str(aws_cloud.runs_dir))
+        finally:
+            aws_cloud.env = without
+        document = json.loads(found.stdout)
+        driven = [leak for leak in document["leaks"] if leak["cluster"] == aws_cloud.cluster]
+        assert driven and {leak["driven_run"] for leak in driven} == {record.run_id}, found.output
+        assert any("left" in line and record.run_id in line for line in document["removed"]), document["removed"]
         assert len(aws_cloud.instances(aws_cloud.cluster, states=["running"])) == 1
         cancelled = aws_cloud.cli("driver", "cancel", record.run_id, "--runs-dir", str(aws_cloud.runs_dir))
         assert cancelled.ok and "ended (exit code 130)" in cancelled.stdout, cancelled.output
@@ -191,6 +206,7 @@ def test_a_driver_killed_mid_run_is_resumed_from_the_laptop(aws_cloud: Any, sshd
     marks = tmp_path / "marks"
     marks.mkdir()
     record: DriverRecord | None = None
+    credentials = {k: v for k, v in aws_cloud.env.items() if k.startswith("AWS_")}  # for the laptop's gc
     try:
         started = _drive(aws_cloud, sshd_vm_factory, host, recipe(aws_cloud, marks), monkeypatch)
         assert started.ok, started.output
