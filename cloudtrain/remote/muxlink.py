@@ -32,6 +32,7 @@ import json
 import logging
 import os
 import socket
+import stat
 import struct
 import sys
 import time
@@ -90,8 +91,6 @@ def mux_dir(create: bool = True) -> Path | None:
         st = path.lstat()
     except FileNotFoundError:
         return None
-    import stat
-
     if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
         log.warning("%s is not a directory only you can use: SSH connections are not reused", path)
         return None
