@@ -161,9 +161,12 @@ def node_dir(tmp_path: Path) -> Iterator[NodeDir]:
 
 
 def marker_command(path: Path) -> list[str]:
-    """A stand-in shutdown command: appends what it was told to `path`, like a power-off would leave a trace."""
-    code = ("import os, sys; open(sys.argv[1], 'a').write('%s %s %s\\n' % (os.environ['CLOUDTRAIN_INSTANCE_ID'], "
-            "os.environ['CLOUDTRAIN_WATCHDOG_EFFECT'], os.environ['CLOUDTRAIN_CLUSTER']))")
+    """A stand-in shutdown command: appends what it was told to `path`, like a power-off would leave a
+    trace. Atomically (a new file renamed over it): tests wait for the file to exist and then read it,
+    and a file created before its line is written read empty once under load."""
+    code = ("import os, sys; p = sys.argv[1]; old = open(p).read() if os.path.exists(p) else ''; "
+            "open(p + '.part', 'w').write(old + '%s %s %s\\n' % (os.environ['CLOUDTRAIN_INSTANCE_ID'], "
+            "os.environ['CLOUDTRAIN_WATCHDOG_EFFECT'], os.environ['CLOUDTRAIN_CLUSTER'])); os.replace(p + '.part', p)")
     return [sys.executable, "-c", code, str(path)]
 
 
