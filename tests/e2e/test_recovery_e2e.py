@@ -14,10 +14,8 @@ import calendar
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
-import textwrap
 import time
 from pathlib import Path
 from typing import Any
@@ -25,110 +23,19 @@ from typing import Any
 import pytest
 
 from cloudtrain.testing import sshd
-from cloudtrain.testing.cloud import FakeCloud
 from cloudtrain.testing.faults import NodeCommandGate
+from cloudtrain.testing.recovery import STEPS
+from cloudtrain.testing.recovery import finish as _finish
+from cloudtrain.testing.recovery import kept as _kept
+from cloudtrain.testing.recovery import placement as _placement
+from cloudtrain.testing.recovery import preempt as _preempt
+from cloudtrain.testing.recovery import recipe as _recipe
+from cloudtrain.testing.recovery import running as _running
+from cloudtrain.testing.recovery import start as _start
 from cloudtrain.testing.wait import wait_until
 
 if not sshd.sshd_available() and not os.environ.get("CI"):
     pytest.skip("OpenSSH sshd is not installed (apt-get install openssh-server)", allow_module_level=True)
-
-STEPS = 8
-# Resumes from $CLOUDTRAIN_CHECKPOINT_DIR, checkpoints there after every step (a new file, then
-# rename: the contract in docs/recovery.md), prints an epoch line after it. The first attempt waits
-# after step 3 until the test has preempted its machine (MARKS/go), so the loss is mid-run. On
-# SIGTERM (the watchdog's, on an interruption notice) it writes a last checkpoint, with a `final`
-# mark no epoch line announces: only the notice's pull can bring that one home. The notice TERMs
-# every process of the job, its `sleep` too: `|| :` keeps `set -e` from ending the script when the
-# sleep dies first, before the TERM trap has run (dash exits on the failed command; the pending trap
-# never runs).
-TRAIN = textwrap.dedent("""\
-    set -eu
-    ckpt="$CLOUDTRAIN_CHECKPOINT_DIR"; mkdir -p "$ckpt"
-    i=0; total=0
-    if [ -f "$ckpt/state" ]; then read i total < "$ckpt/state"; fi
-    trap 'echo "$i $total" > "$ckpt/state"; echo "$i" > "$ckpt/final"; echo "final checkpoint at step $i"; exit 143' TERM
-    echo "start $i $(cat "$ckpt/final" 2>/dev/null || echo -)" >> "$MARKS/starts"
-    echo "resuming at step $i"
-    while [ "$i" -lt {steps} ]; do
-      i=$((i + 1)); total=$((total + i * i))
-      echo "$i $total" > "$ckpt/state.new" && mv "$ckpt/state.new" "$ckpt/state"
-      echo "epoch $i/{steps}  loss 0.$i"
-      if [ "$i" = 3 ] && [ ! -f "$MARKS/go" ]; then
-        while [ ! -f "$MARKS/go" ]; do sleep 0.1 || :; done
-      fi
-      sleep 0.2 || :
-    done
-    mkdir -p outputs
-    echo "{{\\"steps\\": $i, \\"total\\": $total}}" > outputs/result.json
-    """).format(steps=STEPS)
-
-
-def _workdir(root: Path) -> Path:
-    work = root / "work"
-    work.mkdir(exist_ok=True)
-    (work / "train.sh").write_text(TRAIN)
-    return work
-
-
-def _recipe(cloud: FakeCloud, marks: Path, watch_s: float = 1, **fields: Any) -> Path:
-    return cloud.recipe(
-        workdir=str(_workdir(cloud.root)), run="sh train.sh", results=["outputs"],
-        envs={"MARKS": str(marks)}, resources={"spot": True}, recover={"max_restarts": 2, "watch_s": watch_s},
-        **{"autostop": False, **fields})
-
-
-def _kept(cloud: FakeCloud, timeout: float = 300, at_least: int = 0) -> Path:
-    """The run's checkpoint kept on the laptop, once there (and at `at_least` or later)."""
-    kept = wait_until(lambda: next(cloud.runs_dir.glob("*/checkpoint/cloudtrain-checkpoint.json"), None),
-                      timeout, "a checkpoint kept on the laptop")
-    if at_least:
-        wait_until(lambda: json.loads(kept.read_text())["epoch"] >= at_least, 60, f"the checkpoint of step {at_least}")
-    return kept
-
-
-def _start(cloud: FakeCloud, recipe: Path) -> subprocess.Popen:
-    env = {**os.environ, **cloud.env}
-    return subprocess.Popen(
-        [sys.executable, "-m", "cloudtrain", "run", str(recipe), "--cluster", cloud.cluster,
-         "--runs-dir", str(cloud.runs_dir), "--down"],
-        cwd=cloud.root, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-
-
-def _finish(proc: subprocess.Popen, marks: Path) -> tuple[str, str]:
-    try:
-        out, err = proc.communicate(timeout=600)
-    finally:
-        (marks / "go").touch()
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
-    return out, err
-
-
-def _placement(cloud: FakeCloud) -> tuple[str, str]:
-    """(zone or region, instance id) of the cluster's running machine, as the fake holds it."""
-    if cloud.name == "aws":
-        (raw,) = cloud.instances(cloud.cluster, states=["running"])
-        return raw["Placement"]["AvailabilityZone"], raw["InstanceId"]
-    if cloud.name == "gcp":
-        (zone, raw), = [(z, i) for z, i in cloud.instances(cloud.cluster) if i["status"] == "RUNNING"]
-        return zone, raw["name"]
-    vms = [vm for vm in cloud.server.find("Microsoft.Compute/virtualMachines")
-           if vm.get("tags", {}).get("cloudtrain-cluster") == cloud.cluster
-           and vm["properties"].get("_power") == "running"]
-    (vm,) = vms
-    return vm["location"], vm["name"]
-
-
-def _preempt(cloud: FakeCloud, where: str, machine: str) -> None:
-    if cloud.name == "aws":
-        cloud.preempt(machine)
-    elif cloud.name == "gcp":
-        cloud.server.preempt(where, machine)
-    else:
-        cloud.server.evict(machine)
-
 
 @pytest.mark.parametrize("cloud_name", ["aws", "gcp", "azure"])
 def test_a_preempted_run_job_resumes_in_another_zone_with_the_same_results(
@@ -446,15 +353,6 @@ def test_a_node_preempted_while_its_results_are_collected_is_relaunched_and_coll
     assert record["cost_usd"] == pytest.approx(billed, rel=0.01, abs=4 * hourly / 3600), cloud.bill.instances(cloud.cluster)
     assert len(cloud.bill.instances(cloud.cluster)) == 2
     assert cloud.leftovers() == []
-
-
-def _running(cloud: FakeCloud) -> tuple[str, str, Any] | None:
-    """(zone, machine, its sshd VM) once the cluster's machine runs and its VM has booted."""
-    try:
-        where, machine = _placement(cloud)
-        return where, machine, cloud.vm(where, machine) if cloud.name == "gcp" else cloud.machines.vm(machine)
-    except (ValueError, KeyError):  # not running, or its VM not booted, yet
-        return None
 
 
 def test_on_the_notice_the_node_uploads_its_results_and_checkpoints_to_the_bucket(
