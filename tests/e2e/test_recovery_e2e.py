@@ -201,19 +201,22 @@ def test_run_resume_picks_up_a_run_whose_cli_died_while_its_node_was_preempted(a
     assert aws_cloud.leftovers() == []
 
 
-def test_a_node_preempted_during_setup_is_relaunched_and_setup_runs_again(aws_cloud: Any, tmp_path: Path) -> None:
-    """The loss comes while `setup` runs (before any checkpoint): the next attempt, in another zone,
-    runs setup again and the job from the start."""
+@pytest.mark.parametrize("cloud_name", ["aws", "gcp", "azure"])
+def test_a_node_preempted_during_setup_is_relaunched_and_setup_runs_again(
+        fake_cloud: Any, cloud_name: str, tmp_path: Path) -> None:
+    """The loss comes while `setup` runs (before any checkpoint): the next attempt, in another zone
+    (Azure: region), runs setup again and the job from the start."""
+    cloud = fake_cloud(cloud_name)
     marks = tmp_path / "marks"
     marks.mkdir()
     setup = f'echo setup >> "{marks}/setups"; if [ ! -f "{marks}/go" ]; then while [ ! -f "{marks}/go" ]; do sleep 0.1; done; fi'
-    recipe = _recipe(aws_cloud, marks, setup=setup)
-    proc = _start(aws_cloud, recipe)
+    recipe = _recipe(cloud, marks, setup=setup)
+    proc = _start(cloud, recipe)
     try:
         wait_until(lambda: (marks / "setups").exists(), 300, "setup running")
-        zone, machine = _placement(aws_cloud)
-        aws_cloud.preempt(machine)
-        wait_until(lambda: len(aws_cloud.instances(aws_cloud.cluster)) == 2, 120, "the relaunch")
+        where, machine = _placement(cloud)
+        _preempt(cloud, where, machine)
+        wait_until(lambda: (now := _running(cloud)) is not None and now[0] != where, 120, "the relaunch elsewhere")
         (marks / "go").touch()  # the second attempt's setup goes through
         out, err = _finish(proc, marks)
     finally:
@@ -221,10 +224,11 @@ def test_a_node_preempted_during_setup_is_relaunched_and_setup_runs_again(aws_cl
     assert proc.returncode == 0, out[-3000:] + err[-3000:]
     run_dir = Path(out.strip().splitlines()[-1])
     one, two = json.loads((run_dir / "run.json").read_text())["attempts"]
-    assert (one["outcome"], two["outcome"], one["zone"]) == ("preempted", "succeeded", zone) and two["zone"] != zone
+    key = "region" if cloud_name == "azure" else "zone"
+    assert (one["outcome"], two["outcome"], one[key]) == ("preempted", "succeeded", where) and two[key] != where
     assert (marks / "setups").read_text().split() == ["setup", "setup"]
     assert (marks / "starts").read_text().split("\n")[0] == "start 0 -"  # the job ran once, from the start
-    assert aws_cloud.leftovers() == []
+    assert cloud.leftovers() == []
 
 
 def test_logs_follow_on_a_recovering_run_says_which_attempt_it_followed_and_how_to_follow_the_next(
