@@ -137,21 +137,23 @@ def test_a_checkpoint_written_after_the_notice_arrives_home_before_the_node_is_g
     assert cloud.leftovers() == []
 
 
-def test_the_bundled_cnn_preempted_once_resumes_from_its_own_checkpoint(aws_cloud: Any) -> None:
+@pytest.mark.parametrize("cloud_name", ["aws", "gcp", "azure"])
+def test_the_bundled_cnn_preempted_once_resumes_from_its_own_checkpoint(fake_cloud: Any, cloud_name: str) -> None:
     """The bundled TensorFlow job: its per-epoch checkpoints come home as it trains; preempted, it
-    relaunches in another zone and resumes from the newest one (`resumed_from_epoch`), ending with
-    every epoch's history once."""
+    relaunches in another zone (Azure: region) and resumes from the newest one
+    (`resumed_from_epoch`), ending with every epoch's history once."""
+    cloud = fake_cloud(cloud_name)
     epochs = 150
-    recipe = aws_cloud.recipe(
+    recipe = cloud.recipe(
         job={"name": "mnist_cnn", "params": {"epochs": epochs, "data": "bundled", "no_placement_log": True,
                                              "limit_train": 256, "limit_test": 256, "batch_size": 64,
                                              "max_steps_per_epoch": 2}},
         resources={"spot": True}, recover={"max_restarts": 1, "watch_s": 1}, autostop=False)
-    proc = _start(aws_cloud, recipe)
+    proc = _start(cloud, recipe)
     try:
-        kept = _kept(aws_cloud, timeout=600)
-        zone, machine = _placement(aws_cloud)
-        aws_cloud.preempt(machine)
+        kept = _kept(cloud, timeout=600)
+        where, machine = _placement(cloud)
+        _preempt(cloud, where, machine)
         out, err = proc.communicate(timeout=600)
     finally:
         if proc.poll() is None:
@@ -160,12 +162,13 @@ def test_the_bundled_cnn_preempted_once_resumes_from_its_own_checkpoint(aws_clou
     assert proc.returncode == 0, out[-3000:] + err[-3000:]
     run_dir = Path(out.strip().splitlines()[-1])
     one, two = json.loads((run_dir / "run.json").read_text())["attempts"]
-    assert (one["outcome"], two["outcome"], one["zone"]) == ("preempted", "succeeded", zone) and two["zone"] != zone
+    key = "region" if cloud_name == "azure" else "zone"
+    assert (one["outcome"], two["outcome"], one[key]) == ("preempted", "succeeded", where) and two[key] != where
     metrics = json.loads((run_dir / "outputs" / "metrics.json").read_text())
     assert metrics["resumed_from_epoch"] == two["resumed_from_epoch"] >= 1 and metrics["epochs"] == epochs
     assert len(json.loads((run_dir / "outputs" / "train_state.json").read_text())["history"]) == epochs
     assert "resuming from the checkpoint after epoch" in (run_dir / "job.log").read_text()
-    assert kept.exists() and aws_cloud.leftovers() == []
+    assert kept.exists() and cloud.leftovers() == []
 
 
 def test_run_resume_picks_up_a_run_whose_cli_died_while_its_node_was_preempted(aws_cloud: Any, tmp_path: Path) -> None:
