@@ -57,7 +57,9 @@ class PendingPrepare:
         self.python = (known.partition(" ")[2] or None) if known and known.startswith(self.key + " ") else None
         expected = f"{self.key} {self.python}" if self.python else ""
         self.ready_file = f"{node.layout.runtime}/ready"
-        script = ('mkdir -p "$1" "$2" "$3" || exit 1; cat "$4" 2>/dev/null; echo; cat "$5" 2>/dev/null; '
+        # First line: whether the workdir is new (made by this mkdir): its sync need not ask what it holds.
+        script = ('if [ -d "$1" ]; then echo old; else echo new; fi; mkdir -p "$1" "$2" "$3" || exit 1; '
+                  'cat "$4" 2>/dev/null; echo; cat "$5" 2>/dev/null; '
                   '[ -n "$7" ] && [ "$(cat "$6" 2>/dev/null)" = "$7" ] && exit 0; exit 3')
         self.argv = ["sh", "-c", script, "sh", node.layout.workdir, f"{node.layout.root}/jobs",
                      f"{node.layout.runtime}/jobs", f"{node.layout.runtime}/stamp",
@@ -82,6 +84,8 @@ class PendingPrepare:
             seen, code, stderr = result.text, result.exit_code, result.stderr
         if code not in (0, 3):
             raise RemoteCommandError(self.argv, code, stderr.decode(errors="replace"))
+        workdir_was, _, seen = seen.partition("\n")
+        node = replace(node, fresh_workdir=workdir_was.strip() == "new")
         if code == 0 and self.python:
             return replace(node, python=self.python)
         have_stamp, _, have_report = seen.partition("\n")
@@ -170,7 +174,8 @@ def sync(node: Node, loaded: LoadedRecipe, reporter: Reporter) -> None:
     from cloudtrain.remote.ignore import load_ignore
 
     if loaded.workdir is not None:
-        stats = t.put_tree(loaded.workdir, node.layout.workdir, ignore=load_ignore(loaded.workdir))
+        stats = t.put_tree(loaded.workdir, node.layout.workdir, ignore=load_ignore(loaded.workdir),
+                           new_dir=node.fresh_workdir)
         if node.rank == 0:
             reporter.info(f"workdir: sent {stats.files_sent} of {stats.files_total} files ({stats.method})")
     for mount, source in zip(loaded.recipe.data, loaded.data_sources):

@@ -232,3 +232,45 @@ def test_killing_the_mux_during_an_exec_is_survived_or_said_in_one_line(sshd_vm_
         assert pid not in mux_pids(no_mux_left)
     finally:
         next(cluster, None)
+
+
+FIRST_UP = 7  # docs/sync.md: the new workdir is sent without asking the node what it holds
+
+
+def test_a_first_up_sends_the_new_workdir_without_asking_for_its_manifest(sshd_vm_factory: SshdFactory,
+                                                                          tmp_path: Path, cloudtrain_home: Path) -> None:
+    """The preparation's mkdir made the workdir, so there is nothing on the node to compare with; a
+    later sync (the workdir there) asks as always, and sends only what changed."""
+    _config(cloudtrain_home, 0)
+    vm = sshd_vm_factory.start()
+    code = tmp_path / "code"
+    code.mkdir()
+    for i in range(5):
+        (code / f"module_{i}.py").write_text(f"VALUE = {i}\n")
+    recipe = tmp_path / "first.yaml"
+    recipe.write_text(textwrap.dedent(f"""\
+        name: first
+        workdir: code
+        resources:
+          cloud: ssh
+          hosts: [{{address: 127.0.0.1, port: {vm.port}, user: {vm.user}, key: "{sshd_vm_factory.client_key.private_path}"}}]
+        run: "true"
+    """))
+    trips = tmp_path / "trips.jsonl"
+    try:
+        _, reports = _ct("up", str(recipe), env={}, trips=trips)
+        assert len(reports) == 1, reports
+        (report,) = reports
+        assert report["round_trips"] <= FIRST_UP, report
+        assert not any(turn.startswith("manifest of") for turn in report["turns"]), report
+        workdir = Path(vm.home) / ".cloudtrain" / "first" / "workdir"
+        assert sorted(p.name for p in workdir.iterdir()) == [f"module_{i}.py" for i in range(5)]
+
+        (code / "module_0.py").write_text("VALUE = 'edited'\n")
+        proc, again = _ct("up", str(recipe), env={}, trips=trips)
+        assert any(turn.startswith("manifest of") for report in again for turn in report["turns"]), again
+        assert "sent 1 of 5 files" in proc.stdout + proc.stderr, proc.stdout + proc.stderr
+        assert (workdir / "module_0.py").read_text() == "VALUE = 'edited'\n"
+    finally:
+        subprocess.run([sys.executable, "-m", "cloudtrain", "down", "first"], capture_output=True, timeout=120,
+                       env=cli_env())
