@@ -182,6 +182,15 @@ def test_exec_through_the_nodes_mux_makes_one_round_trip(sshd_vm_factory: SshdFa
     assert not mux_pids(no_mux_left)
 
 
+def _settled_mux(home: Path) -> int:
+    """The node's one mux, serving. Each command that connected itself starts one as it exits (`up`,
+    then `run`): the later one finds the node's lock held and exits, but is a mux process until then."""
+    wait_until(lambda: len(mux_pids(home)) == 1 and len(list((home / "mux").glob("*.sock"))) == 1, timeout=60,
+               what="the node's one mux to serve")
+    (pid,) = mux_pids(home)
+    return pid
+
+
 def test_a_cold_run_and_its_down_share_one_connection(sshd_vm_factory: SshdFactory, tmp_path: Path,
                                                       no_mux_left: Path) -> None:
     # `run --down`: the teardown connects while the run's transport is still open; with reuse on
@@ -190,12 +199,15 @@ def test_a_cold_run_and_its_down_share_one_connection(sshd_vm_factory: SshdFacto
     cluster = _warm_cluster(sshd_vm_factory, tmp_path)
     recipe, env, trips, _, _ = next(cluster)
     try:
-        stop_muxes(no_mux_left)  # what `up` left: this run connects itself
+        _settled_mux(no_mux_left)  # `up` and `run` each left one starting; the second gives way
+        stop_muxes(no_mux_left)  # what they left: this run connects itself
         proc, reports = _ct("run", str(recipe), "--cluster", "cold", "--down", "--runs-dir", str(tmp_path / "runs"),
                             env=env, trips=trips)
         assert sum(r["connects"] for r in reports) == 1, reports
         assert [r["reused"] for r in reports].count("process") == len(reports) - 1, reports
-        assert not list((no_mux_left / "mux").glob("*.sock"))  # nothing kept for a cluster that is gone
+        # Nothing kept for a cluster that is gone.
+        wait_until(lambda: not list((no_mux_left / "mux").glob("*.sock")) and not mux_pids(no_mux_left), timeout=30,
+                   what="no mux left after down")
     finally:
         next(cluster, None)
 
@@ -206,9 +218,7 @@ def test_killing_the_mux_during_an_exec_is_survived_or_said_in_one_line(sshd_vm_
     cluster = _warm_cluster(sshd_vm_factory, tmp_path)
     _, env, trips, _, _ = next(cluster)
     try:
-        wait_until(lambda: mux_pids(no_mux_left) and list((no_mux_left / "mux").glob("*.sock")), timeout=60,
-                   what="the node's mux to serve")
-        [pid] = mux_pids(no_mux_left)
+        pid = _settled_mux(no_mux_left)
         cli = start_cli("exec", "loop", "--", "echo started; sleep 2; echo finished",
                         env=cli_env(**env, **{LOG_ENV: str(trips)}))
         assert cli.stdout is not None
