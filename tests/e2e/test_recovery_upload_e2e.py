@@ -142,6 +142,17 @@ def _run_id(cloud: Any) -> str:
                       "the run's directory")
 
 
+def _park_the_upload(cloud: Any, tmp_path: Path) -> tuple[str, str, str, NodeCommandGate]:
+    """The first machine running, and the run's own upload step parked on it (its cmd.sh held at a
+    NodeCommandGate): (where, machine, run id, the gate)."""
+    where, machine, vm = wait_until(lambda: rk.running(cloud), 300, "the first machine")
+    run_id = _run_id(cloud)
+    cmd = f"{vm.home_dir}/.cloudtrain/{cloud.cluster}/jobs/{run_id}-upload/cmd.sh"
+    gate = NodeCommandGate.install(vm.bin_dir, "sh", [cmd], tmp_path / "gate")
+    wait_until(lambda: gate.held, 300, "the node's upload starting")
+    return where, machine, run_id, gate
+
+
 @pytest.mark.parametrize("cloud_name", ["aws", "gcp", "azure"])
 def test_a_node_preempted_during_the_runs_upload_step_has_its_upload_finished_by_the_laptop(
         fake_cloud: Any, cloud_name: str, request: pytest.FixtureRequest, tmp_path: Path,
@@ -158,11 +169,7 @@ def test_a_node_preempted_during_the_runs_upload_step_has_its_upload_finished_by
     proc = rk.start(cloud, rk.recipe(cloud, marks, upload=store.url))
     gate = None
     try:
-        where, machine, vm = wait_until(lambda: rk.running(cloud), 300, "the first machine")
-        run_id = _run_id(cloud)
-        cmd = f"{vm.home_dir}/.cloudtrain/{cloud.cluster}/jobs/{run_id}-upload/cmd.sh"
-        gate = NodeCommandGate.install(vm.bin_dir, "sh", [cmd], tmp_path / "gate")
-        wait_until(lambda: gate.held, 300, "the node's upload starting")
+        where, machine, run_id, gate = _park_the_upload(cloud, tmp_path)
         rk.preempt(cloud, where, machine)
         out, err = rk.finish(proc, marks)
     finally:
@@ -257,11 +264,7 @@ def test_an_upload_the_laptop_cannot_finish_either_fails_the_run_naming_the_line
     proc = rk.start(cloud, rk.recipe(cloud, marks, upload=store.url))
     gate = None
     try:
-        where, machine, vm = wait_until(lambda: rk.running(cloud), 300, "the first machine")
-        run_id = _run_id(cloud)
-        cmd = f"{vm.home_dir}/.cloudtrain/{cloud.cluster}/jobs/{run_id}-upload/cmd.sh"
-        gate = NodeCommandGate.install(vm.bin_dir, "sh", [cmd], tmp_path / "gate")
-        wait_until(lambda: gate.held, 300, "the node's upload starting")
+        where, machine, run_id, gate = _park_the_upload(cloud, tmp_path)
         s3.client().delete_bucket(Bucket=bucket)
         rk.preempt(cloud, where, machine)
         out, err = rk.finish(proc, marks)
