@@ -8,7 +8,8 @@
 #                                     GRACE, exit code 124 (state failed), a line in the log
 #   runner.sh status   JOBDIR         print one JSON line: state, pid, exit_code, started_at, ended_at
 #   runner.sh kill     JOBDIR [GRACE] end the job and everything it started: TERM, then KILL after
-#                                     GRACE seconds (default 10)
+#                                     GRACE seconds (default 10); print its final status line
+#                                     (nothing for a job dir that does not exist)
 #   runner.sh kill-all JOBSDIR [GRACE] kill every job under JOBSDIR (used by `down` and `cancel`)
 #   runner.sh follow   JOBDIR OFFSET  print the log from byte OFFSET as it grows; return once the job
 #                                     is over and all of it is printed (checked every 50 ms on the node)
@@ -241,6 +242,10 @@ _supervise)
     ;;
 status)
     pid=$(cat "$jobdir/pid" 2>/dev/null || true)
+    # Whether the supervisor lives is asked before exit_code is read: it writes exit_code, then
+    # exits. Read the other way round, a job ending between the two reads would be "lost".
+    alive=0
+    if [ -n "$pid" ] && supervisor_alive "$pid"; then alive=1; fi
     started=$(cat "$jobdir/started_at" 2>/dev/null || true)
     ended=$(cat "$jobdir/ended_at" 2>/dev/null || true)
     code=$(cat "$jobdir/exit_code" 2>/dev/null || true)
@@ -251,13 +256,13 @@ status)
         else state=failed; fi
     elif [ -z "$pid" ]; then
         state=pending
-    elif supervisor_alive "$pid"; then
+    elif [ "$alive" = 1 ]; then
         state=running
     else
         # The supervisor is gone without writing an exit code: the node rebooted or was killed.
         state=lost
     fi
-    size=$(wc -c < "$jobdir/log" 2>/dev/null || echo 0)
+    size=$(wc -c 2>/dev/null < "$jobdir/log" || echo 0)
     printf '{"state":"%s","pid":%s,"exit_code":%s,"started_at":%s,"ended_at":%s,"log_bytes":%s}\n' \
         "$state" "${pid:-null}" "${code:-null}" "${started:-null}" "${ended:-null}" "$size"
     ;;
@@ -295,6 +300,9 @@ kill)
     fi
     # Leftovers of a supervisor that was killed (-9, OOM) carry the job's mark.
     end_processes "$pid" 0
+    # How it ended, in the kill's own answer: once the job is over, whoever follows it may take
+    # the node down (a local node's directory goes away), so a later round trip could find nothing.
+    sh "$0" status "$jobdir"
     ;;
 follow)
     off=${3:-0}
@@ -306,7 +314,7 @@ follow)
         elif [ -s "$jobdir/pid" ] && ! supervisor_alive "$(cat "$jobdir/pid")"; then
             over=1 # the supervisor is gone without an exit code (lost): nothing more will come
         fi
-        size=$(wc -c < "$jobdir/log" 2>/dev/null || echo 0)
+        size=$(wc -c 2>/dev/null < "$jobdir/log" || echo 0)
         if [ "$size" -gt "$off" ]; then
             tail -c +$((off + 1)) "$jobdir/log" | head -c $((size - off))
             off=$size
@@ -322,7 +330,7 @@ kill-all)
     [ -d "$jobdir" ] || exit 0
     for d in "$jobdir"/*/; do
         [ -f "$d/pid" ] || continue
-        sh "$0" kill "${d%/}" "$grace"
+        sh "$0" kill "${d%/}" "$grace" >/dev/null
     done
     ;;
 *)

@@ -161,18 +161,24 @@ def job_state(job_dir: str, runner: str) -> str:
             pid = int(handle.read().strip())
     except (OSError, ValueError):
         return "pending"
+    if _supervisor_alive(pid, job_dir):
+        return "running"
+    # The supervisor writes exit_code, then exits: one that ended since the first look left it.
+    return "over" if os.path.exists(os.path.join(job_dir, "exit_code")) else "lost"
+
+
+def _supervisor_alive(pid: int, job_dir: str) -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
-        return "lost"
+        return False
     except PermissionError:
-        return "running"
+        return True
     if (read_text("/proc/{}/stat".format(pid)).rsplit(")", 1)[-1].split() or [""])[0] == "Z":
-        return "lost"  # a zombie has ended
+        return False  # a zombie has ended
     recorded = read_text(os.path.join(job_dir, "identity"))
-    if recorded and recorded != process_identity(pid):
-        return "lost"  # the pid lives, but it is another process now (reused after a reboot)
-    return "running"
+    # A pid that lives but is another process now (reused after a reboot) is not the supervisor.
+    return not recorded or recorded == process_identity(pid)
 
 
 def process_identity(pid: int) -> str:

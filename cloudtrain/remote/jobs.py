@@ -192,10 +192,14 @@ def parse_status(label: str, text: str) -> JobStatus:
 KILL_GRACE_S = 10
 
 
-def kill(transport: Transport, layout: NodeLayout, job_id: str, grace_s: int = KILL_GRACE_S) -> None:
-    """End the job and every process it started (TERM, then KILL after grace_s); idempotent."""
-    transport.run(["sh", layout.runner, "kill", layout.job_dir(job_id), str(grace_s)], timeout=grace_s + 30,
-                  what="stopping the job")
+def kill(transport: Transport, layout: NodeLayout, job_id: str, grace_s: int = KILL_GRACE_S) -> JobStatus | None:
+    """End the job and every process it started (TERM, then KILL after grace_s); idempotent.
+
+    Returns how it ended, read in the same round trip (None: the node has no such job)."""
+    result = transport.run(["sh", layout.runner, "kill", layout.job_dir(job_id), str(grace_s)],
+                           timeout=grace_s + 30, what="stopping the job")
+    text = result.text.strip()
+    return parse_status(transport.label, text.splitlines()[-1]) if text else None
 
 
 def kill_all(transport: Transport, layout: NodeLayout, grace_s: int = KILL_GRACE_S) -> None:

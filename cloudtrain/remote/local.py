@@ -40,7 +40,7 @@ class LocalTransport:
                 list(argv), input=input, capture_output=True, timeout=timeout, cwd=self._home, check=False
             )
         except FileNotFoundError as exc:
-            raise RemoteError(f"{self.label}: command not found: {argv[0]}") from exc
+            raise self._not_found(argv[0]) from exc
         except subprocess.TimeoutExpired as exc:
             raise RemoteError(f"{self.label}: {what or argv[0]} timed out after {timeout}s") from exc
         result = CommandResult(tuple(argv), proc.returncode, proc.stdout, proc.stderr)
@@ -48,8 +48,18 @@ class LocalTransport:
             raise RemoteCommandError(list(argv), proc.returncode, proc.stderr.decode(errors="replace"))
         return result
 
+    def _not_found(self, command: str) -> RemoteError:
+        # Commands run in the node's directory: Python says "no such file" for a missing cwd too.
+        if not Path(self._home).is_dir():
+            return RemoteError(f"{self.label}: the node's directory is gone",
+                               hint="the cluster was taken down (`cloudtrain status` shows what is left)")
+        return RemoteError(f"{self.label}: command not found: {command}")
+
     def stream(self, argv: Sequence[str], *, what: str | None = None) -> Iterator[bytes]:
-        proc = subprocess.Popen(list(argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=self._home)
+        try:
+            proc = subprocess.Popen(list(argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=self._home)
+        except FileNotFoundError as exc:
+            raise self._not_found(argv[0]) from exc
         assert proc.stdout is not None and proc.stderr is not None
         try:
             while chunk := proc.stdout.read1(1 << 16):

@@ -289,11 +289,13 @@ def cancel(lc: Lifecycle, name: str, job_id: str | None, all_jobs: bool) -> list
             targets = open_jobs[-1:]
         ended = []
         for job in targets:
-            on_all(nodes, lambda n, j=job.id: jobs.kill(n.transport, n.layout, j))
-            final = jobs.status(nodes[0].transport, nodes[0].layout, job.id)
-            lc.store.update_job(job.id, status=final.state, exit_code=final.exit_code,
-                                ended_at=final.ended_at or time.time())
-            ended.append((job.id, final.state))
+            # How it ended comes with the kill: right after it, the run following the job may
+            # take the cluster down (a local node's directory is gone then).
+            final = on_all(nodes, lambda n, j=job.id: jobs.kill(n.transport, n.layout, j))[0]
+            state = final.state if final is not None else JobState.LOST
+            lc.store.update_job(job.id, status=state, exit_code=final.exit_code if final else None,
+                                ended_at=(final.ended_at if final else None) or time.time())
+            ended.append((job.id, state))
         return ended
     finally:
         close_all(nodes)

@@ -55,25 +55,34 @@ def peek_local(job: JobRecord) -> JobRecord:
     if job.status not in OPEN_STATES or not _on_this_machine(job):
         return job
     job_dir = Path(job.job_dir)
-    code_text = _read(job_dir / "exit_code")
-    if code_text is not None and code_text.lstrip("-").isdigit():
-        code = int(code_text)
-        if code == 0:
-            state = JobState.SUCCEEDED
-        elif (job_dir / "cancelled").exists() or code == 143:
-            state = JobState.KILLED
-        else:
-            state = JobState.FAILED
-        ended = _read(job_dir / "ended_at")
-        return _with(job, state, code, float(ended) if ended and ended.isdigit() else None)
+    ended = _ended(job, job_dir)
+    if ended is not None:
+        return ended
     pid_text = _read(job_dir / "pid")
     if pid_text is None or not pid_text.isdigit():
         return job if job_dir.exists() else _with(job, JobState.LOST, None, None)
     from cloudtrain import procid
 
     if not procid.alive(_read(job_dir / "identity"), int(pid_text)):
-        return _with(job, JobState.LOST, None, None)
+        # The supervisor writes exit_code, then exits: one that ended since the first look left it.
+        return _ended(job, job_dir) or _with(job, JobState.LOST, None, None)
     return job
+
+
+def _ended(job: JobRecord, job_dir: Path) -> JobRecord | None:
+    """The job as its exit_code says it ended; None while there is none."""
+    code_text = _read(job_dir / "exit_code")
+    if code_text is None or not code_text.lstrip("-").isdigit():
+        return None
+    code = int(code_text)
+    if code == 0:
+        state = JobState.SUCCEEDED
+    elif (job_dir / "cancelled").exists() or code == 143:
+        state = JobState.KILLED
+    else:
+        state = JobState.FAILED
+    ended = _read(job_dir / "ended_at")
+    return _with(job, state, code, float(ended) if ended and ended.isdigit() else None)
 
 
 def _on_this_machine(job: JobRecord) -> bool:
