@@ -190,7 +190,8 @@ def main() -> int:
         finally:
             vm.close()
 
-    print(f"\nedit-run loop through a latency proxy, stock sshd, median of {args.repeat}\n")
+    print(f"\nedit-run loop through a latency proxy, stock sshd, median of {args.repeat}")
+    print(f"the node's home: {vm.disk}\n")
     print(f"{'RTT':>6}  {'what':<31} {'median':>8}  {'ratio':>6}  {'round trips':>11}  target")
     for rtt in rtts:
         for r, name, seconds, trips_n in rows:
