@@ -146,7 +146,7 @@ _MESSAGES = {
 }
 _KINDS = {"virtualmachines": "vm", "networkinterfaces": "nic", "publicipaddresses": "ip", "virtualnetworks": "vnet",
           "networksecuritygroups": "nsg", "disks": "disk", "images": "image", "galleries": "gallery",
-          "roleassignments": "role"}
+          "roleassignments": "role", "userassignedidentities": "identity"}
 _VERBS = {"PUT": "create", "GET": "get", "HEAD": "get", "DELETE": "delete", "PATCH": "update"}
 _RG_NAME = re.compile(r"^[-\w.()]{1,90}$")
 _VM_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.-]{0,63}$")
@@ -398,8 +398,7 @@ class FakeArm:
         """(the VM identity whose role allows `request`, None) or (None, AuthorizationFailed)."""
         action = _rbac_action(request)
         scope = request.path.lower()
-        principals = [p for p in ((vm.get("identity") or {}).get("principalId")
-                                  for vm in self._all("microsoft.compute/virtualmachines")) if p]
+        principals = sorted(self._vm_principals())
         for assignment in self._all("microsoft.authorization/roleassignments"):
             props = assignment["properties"]
             where = props["scope"].lower().rstrip("/")
@@ -647,7 +646,8 @@ class FakeArm:
         on_success = lambda: resource["properties"].update(provisioningState="Succeeded")
         if kind == "virtualmachines" and existing is None:
             return self._create_vm(resource, fault)
-        if kind in ("images", "galleries"):
+        if kind in ("images", "galleries", "userassignedidentities"):
+            # A user-assigned identity is made within the PUT: 201 (200 on update) with its ids.
             on_success()
             return (200 if existing else 201), resource, {}
         # Managed disks answer a create with 202 Accepted (200 or 202 are the only codes the API
@@ -800,8 +800,7 @@ class FakeArm:
             if not accounts:
                 return None
             target = f"{accounts[0]}/blobservices/default/containers/{container.lower()}"
-            principals = {(vm.get("identity") or {}).get("principalId")
-                          for vm in self._all("microsoft.compute/virtualmachines")}
+            principals = self._vm_principals()
             now = time.monotonic()
             for assignment in self._all("microsoft.authorization/roleassignments"):
                 props = assignment["properties"]
@@ -844,7 +843,8 @@ class FakeArm:
             raise ArmError("RoleDefinitionDoesNotExist", f"The specified role definition with ID '{role}' does not "
                            "exist.", 400)
         principal = str(props.get("principalId", ""))
-        known = {(r.get("identity") or {}).get("principalId") for r in self._all("microsoft.compute/virtualmachines")}
+        known = self._vm_principals() | {r["properties"]["principalId"]
+                                         for r in self._all("microsoft.managedidentity/userassignedidentities")}
         if principal not in known:
             raise ArmError("PrincipalNotFound", f"Principal {principal} does not exist in the directory {TENANT}.", 400)
         for other in self._all("microsoft.authorization/roleassignments"):
@@ -908,8 +908,39 @@ class FakeArm:
         identity = vm.get("identity")
         if identity and "SystemAssigned" in identity.get("type", ""):
             identity.update(principalId=str(uuid.uuid4()), tenantId=TENANT)
+        if identity and "UserAssigned" in identity.get("type", ""):
+            attached = identity.get("userAssignedIdentities") or {}
+            if not attached:
+                raise ArmError("InvalidParameter", "The identity type UserAssigned needs at least one "
+                               "userAssignedIdentities entry.", 400, "identity")
+            for ref in list(attached):
+                found = self.resources.get(ref.lower())
+                if found is None or found["type"] != "Microsoft.ManagedIdentity/userAssignedIdentities":
+                    raise ArmError("FailedIdentityOperation", f"Identity operation for resource '{vm['id']}' failed "
+                                   f"with error 'Failed to perform resource identity operation. Status: 'NotFound'. "
+                                   f"Response: 'Resource '{ref}' was not found.''.", 400)
+                attached[ref] = {"principalId": found["properties"]["principalId"],
+                                 "clientId": found["properties"]["clientId"]}
         props["vmId"] = str(uuid.uuid4())
         props["timeCreated"] = datetime.datetime.now(datetime.UTC).isoformat()
+
+    def _check_userassignedidentities(self, identity: dict[str, Any], existing: Any) -> None:
+        # Its ids are the service's, fixed at creation; an update keeps them.
+        kept = (existing or {}).get("properties") or {}
+        identity["properties"].update(tenantId=TENANT, principalId=kept.get("principalId") or str(uuid.uuid4()),
+                                      clientId=kept.get("clientId") or str(uuid.uuid4()))
+
+    def _vm_principals(self) -> set[str]:
+        """The principal ids the VMs that exist act as: system-assigned identities and the
+        user-assigned ones attached to them (an identity attached to no VM acts for nobody here)."""
+        found = set()
+        for vm in self._all("microsoft.compute/virtualmachines"):
+            identity = vm.get("identity") or {}
+            if identity.get("principalId"):
+                found.add(identity["principalId"])
+            found.update(v.get("principalId") for v in (identity.get("userAssignedIdentities") or {}).values()
+                         if v.get("principalId"))
+        return found
 
     def _check_os_profile(self, profile: dict[str, Any], vm_name: str) -> None:
         user = profile.get("adminUsername")
@@ -1259,6 +1290,14 @@ def _is_read(method: str) -> bool:
     return method in ("GET", "HEAD")
 
 
+def acting_principal(vm: dict[str, Any]) -> str:
+    """The principal id a VM (as ARM returns it) acts as: its one user-assigned identity's, else
+    its system-assigned one's."""
+    identity = vm.get("identity") or {}
+    attached = [v["principalId"] for v in (identity.get("userAssignedIdentities") or {}).values()]
+    return attached[0] if len(attached) == 1 else str(identity.get("principalId") or "")
+
+
 def _type_name(ltype: str) -> str:
     names = {"microsoft.compute/virtualmachines": "Microsoft.Compute/virtualMachines",
              "microsoft.compute/disks": "Microsoft.Compute/disks",
@@ -1267,7 +1306,8 @@ def _type_name(ltype: str) -> str:
              "microsoft.network/virtualnetworks": "Microsoft.Network/virtualNetworks",
              "microsoft.network/networksecuritygroups": "Microsoft.Network/networkSecurityGroups",
              "microsoft.network/publicipaddresses": "Microsoft.Network/publicIPAddresses",
-             "microsoft.network/networkinterfaces": "Microsoft.Network/networkInterfaces"}
+             "microsoft.network/networkinterfaces": "Microsoft.Network/networkInterfaces",
+             "microsoft.managedidentity/userassignedidentities": "Microsoft.ManagedIdentity/userAssignedIdentities"}
     if ltype not in names:
         raise ArmError("NoRegisteredProviderFound", f"No registered resource provider found for type '{ltype}'.", 400)
     return names[ltype]

@@ -62,19 +62,20 @@ def test_up_run_stop_start_down(azure_cloud: AzureCloud) -> None:
     (group,) = tagged_groups(cloud, name)
     assert group.name == f"cloudtrain-{name}-eastus" and group.location == "eastus"
     (vm,) = cloud.client("compute").virtual_machines.list(group.name)
-    assert vm.hardware_profile.vm_size == cloud.instance_type and vm.identity.type == "SystemAssigned"
+    assert vm.hardware_profile.vm_size == cloud.instance_type and vm.identity.type == "UserAssigned"
     assert_ssh_only_from_caller(cloud, group.name)
     # Every resource of the cluster carries both tags (role assignments have none in ARM).
     inside = list(cloud.client("resource").resources.list_by_resource_group(group.name))
     assert {r.type for r in inside} == {
         "Microsoft.Compute/virtualMachines", "Microsoft.Compute/disks", "Microsoft.Network/publicIPAddresses",
         "Microsoft.Network/networkInterfaces", "Microsoft.Network/virtualNetworks",
-        "Microsoft.Network/networkSecurityGroups"}
+        "Microsoft.Network/networkSecurityGroups", "Microsoft.ManagedIdentity/userAssignedIdentities"}
     for resource in [group, *inside]:
         assert resource.tags[TAG_CLUSTER] == name and TAG_OWNER in resource.tags, resource.id
-    # The VM's identity may act on its own group, nothing wider.
+    # The VM's identity (the cluster's, made before the VM) may act on its own group, nothing wider.
     (role,) = cloud.client("authorization").role_assignments.list_for_resource_group(group.name)
-    assert role.scope == group.id and role.principal_id == vm.identity.principal_id
+    (attached,) = vm.identity.user_assigned_identities.values()
+    assert role.scope == group.id and role.principal_id == attached.principal_id
 
     run = cloud.run(recipe)
     assert run.ok, run.output

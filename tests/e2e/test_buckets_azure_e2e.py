@@ -17,6 +17,7 @@ import pytest
 import yaml
 
 from cloudtrain.testing import sshd
+from cloudtrain.providers.azure.build import vm_principals
 from cloudtrain.testing.azure import AzureCloud
 from cloudtrain.testing.blob import AzureBlobs
 
@@ -69,7 +70,7 @@ def test_blob_dataset_copied_incrementally_results_uploaded_and_access_denied_in
     assert blobs.keys(out) == [f"runs/{record['run_id']}/out/count.txt"]
     # The VM's identity holds exactly: Reader on the data container, Contributor on the upload's.
     (vm,) = cloud.client("compute").virtual_machines.list(f"cloudtrain-{cloud.cluster}-eastus")
-    principal = vm.identity.principal_id
+    (principal,) = vm_principals(vm)
     assert container_roles(cloud, blobs) == {data: (READER, principal), out: (CONTRIBUTOR, principal)}
     # Only managed-identity tokens from the fake IMDS reached the store for the node: refused only
     # while the new roles propagated (FakeArm.rbac_propagation_s), allowed from then on.

@@ -34,7 +34,7 @@ from cloudtrain.providers.base import (
     owner_id,
     supports,
 )
-from cloudtrain.testing.azure import SUBSCRIPTION, ArmServer
+from cloudtrain.testing.azure import SUBSCRIPTION, ArmServer, acting_principal
 
 pytest.importorskip("azure.identity")
 from cloudtrain.providers.azure import AzureProvider, make_provider
@@ -112,9 +112,10 @@ def test_launch_builds_a_tagged_group_with_ssh_from_one_address(arm_server: ArmS
     inside = [r for r in arm_server.resources.values() if "/resourcegroups/cloudtrain-box-eastus" in r["id"].lower()]
     kinds = sorted(r["type"] for r in inside)
     assert kinds == ["Microsoft.Authorization/roleAssignments", "Microsoft.Compute/disks",
-                     "Microsoft.Compute/virtualMachines", "Microsoft.Network/networkInterfaces",
-                     "Microsoft.Network/networkSecurityGroups", "Microsoft.Network/publicIPAddresses",
-                     "Microsoft.Network/virtualNetworks", "Microsoft.Resources/resourceGroups"]
+                     "Microsoft.Compute/virtualMachines", "Microsoft.ManagedIdentity/userAssignedIdentities",
+                     "Microsoft.Network/networkInterfaces", "Microsoft.Network/networkSecurityGroups",
+                     "Microsoft.Network/publicIPAddresses", "Microsoft.Network/virtualNetworks",
+                     "Microsoft.Resources/resourceGroups"]
     for resource in inside:
         if resource["type"] != "Microsoft.Authorization/roleAssignments":
             assert resource["tags"][TAG_CLUSTER] == "box" and resource["tags"][TAG_OWNER] == owner_id(), resource["id"]
@@ -144,10 +145,30 @@ def test_the_vm_gets_size_image_disk_key_spot_and_identity(arm_server: ArmServer
     assert cpu["evictionPolicy"] == "Delete"  # the teardown policy says terminate
     roles = arm_server.find("Microsoft.Authorization/roleAssignments")
     for vm in vms(arm_server):
-        (role,) = [r for r in roles if r["properties"]["principalId"] == vm["identity"]["principalId"]]
+        assert vm["identity"]["type"] == "UserAssigned"  # made and given its role before the VM
+        (role,) = [r for r in roles if r["properties"]["principalId"] == acting_principal(vm)]
         group = vm["id"].split("/providers/")[0]
         assert role["properties"]["scope"] == group and role["properties"]["roleDefinitionId"].endswith(
             "b24988ac-6180-42a0-ab88-20f7382dd24c")  # Contributor on its own resource group only
+
+
+def test_the_vms_identity_has_its_role_before_any_vm_is_asked_for(arm_server: ArmServer,
+                                                                   provider: AzureProvider) -> None:
+    # A CLI killed right after ARM took a VM's create must leave a VM that can deallocate itself at
+    # its deadline: its identity, and that identity's role on the group, exist before the create.
+    seen: list[set[str]] = []
+
+    def at_vm_create(_request: object) -> bool:
+        identities = {r["properties"]["principalId"] for r in arm_server.find("Microsoft.ManagedIdentity/userAssignedIdentities")}
+        seen.append({r["properties"]["principalId"] for r in arm_server.find("Microsoft.Authorization/roleAssignments")
+                     if r["properties"]["roleDefinitionId"].endswith("b24988ac-6180-42a0-ab88-20f7382dd24c")}
+                    & identities)
+        return False  # only looks
+
+    arm_server.faults.add("Looked", action="vm.create", when=at_vm_create)
+    provider.launch(spec(), 2)
+    assert len(seen) == 2 and all(len(found) == 1 for found in seen), seen
+    assert {acting_principal(vm) for vm in vms(arm_server)} == seen[0]  # both VMs act as that identity
 
 
 def test_several_nodes_share_one_network(arm_server: ArmServer, provider: AzureProvider) -> None:
@@ -189,7 +210,7 @@ def test_a_refused_role_assignment_is_a_warning_not_a_failed_launch(
     with caplog.at_level(logging.WARNING, logger="cloudtrain.providers.azure"):
         (inst,) = provider.launch(spec(), 1)
     assert inst.state is InstanceState.RUNNING
-    assert "cannot stop or delete itself" in caplog.text and "roleAssignments/write" in caplog.text
+    assert "cannot stop or delete themselves" in caplog.text and "roleAssignments/write" in caplog.text
     # ... and since its watchdog could only fail, autostop and budget are refused for it, in one line.
     for down in (False, True):
         with pytest.raises(NotAvailableError) as caught:

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from cloudtrain.testing import sshd
-from cloudtrain.testing.azure import ArmRequest, AzureCloud
+from cloudtrain.testing.azure import ArmRequest, AzureCloud, acting_principal
 from tests.watchdog.conftest import (
     autostop_cli,
     decisions,
@@ -125,7 +125,7 @@ def test_idle_vm_deallocates_itself_through_arm_once_the_ssh_session_ends(
                what="the VM to deallocate itself")
     assert not machine.running
     (call,) = identity_calls(cloud, "vm.deallocate")
-    assert_acted_with_the_vms_identity(cloud, call, vm["identity"]["principalId"])
+    assert_acted_with_the_vms_identity(cloud, call, acting_principal(vm))
     assert any(d == "stop" and detail.startswith("autostop: idle") for d, detail in decisions(log))
     status = cloud.cli("status", cloud.cluster, "--refresh", "--json")
     assert status.ok, status.output
@@ -158,7 +158,7 @@ def test_with_down_a_running_job_keeps_it_until_the_job_ends_then_its_group_is_d
                what="the VM to delete its resource group")
     assert not cloud.machines.vm(vm["id"].lower()).running
     (call,) = identity_calls(cloud, "group.delete")
-    assert_acted_with_the_vms_identity(cloud, call, vm["identity"]["principalId"])
+    assert_acted_with_the_vms_identity(cloud, call, acting_principal(vm))
     assert any(d == "delete" and detail.startswith("autostop: idle") for d, detail in decisions(log))
     finish(cloud, shutdown_marker)
 
@@ -177,7 +177,7 @@ def test_budget_deadline_deallocates_under_a_running_job(cloud: AzureCloud, shut
     (line,) = [detail for d, detail in decisions(log) if d == "stop" and detail.startswith("budget")]
     assert "1 job(s) still running" in line and f"max_hours {max_hours:g}" in line
     (call,) = identity_calls(cloud, "vm.deallocate")
-    assert_acted_with_the_vms_identity(cloud, call, vm["identity"]["principalId"])
+    assert_acted_with_the_vms_identity(cloud, call, acting_principal(vm))
     finish(cloud, shutdown_marker)
 
 

@@ -2,10 +2,12 @@
 
 What one `launch` creates, in a resource group of its own per cluster and region (see build.py),
 every resource tagged `cloudtrain-cluster` and `cloudtrain-owner`: an NSG allowing SSH from one
-CIDR only, a VNet/subnet, and per node a public IP, a NIC and the VM (OS disk, NIC and IP deleted
-with it), with a system-assigned managed identity that gets Contributor on that group only, and a Storage
-Blob Data role on each container the recipe names (storage.py: Reader for data, Contributor for
-the upload; found and removed by `down` and `gc` through their description, as they carry no tags).
+CIDR only, a VNet/subnet, a user-assigned managed identity that gets Contributor on that group only
+and a Storage Blob Data role on each container the recipe names (storage.py: Reader for data,
+Contributor for the upload; found and removed by `down` and `gc` through their description, as they
+carry no tags), all before any VM exists; then per node a public IP, a NIC and the VM (OS disk, NIC
+and IP deleted with it) acting as that identity. VMs launched by earlier versions have a
+system-assigned identity instead, whose role came after the VM: they keep working.
 
 Money rules Azure makes easy to break:
 - `stop` deallocates. A VM shut down from inside, or powered off through the API, is "Stopped
@@ -137,19 +139,49 @@ class AzureProvider:
                     self.api, {a for a, _ in storage.container_roles(spec.buckets)}))
             if spec.watchdog_needs() is not None:
                 self._require_grant(group)  # in the empty group: nothing billed exists yet
-            vms = self._create(spec, region, group, names, image, cidr, tags)
-            # The identities exist once their VMs do: their roles come before the node's data step.
-            self._grant_buckets(spec.cluster, storage.principals_of(vms), spec.buckets)
+            # The VMs' identity and its roles before any VM: from its first second a VM may
+            # deallocate itself (its deadline), whatever happens to this process after the create.
+            identity_id, principal = self._make_identity(spec.cluster, region, group_id, tags)
+            self._grant_group_role(group_id, group, identity_id, principal)
+            self._grant_buckets(spec.cluster, [principal], spec.buckets)
+            vms = self._create(spec, region, group, names, image, cidr, tags, identity_id)
         except BaseException as exc:
             if spec.buckets:
                 self._release_buckets_quietly(spec.cluster)
             self._delete_half_created(group, spec.cluster, names, exc)
             raise
-        self._grant_identities(group_id, group, vms, tags)
+        self._tag_disks(group, vms, tags)
         return [vm.instance for vm in self._vms(group, names)]
 
+    def _make_identity(self, cluster: str, region: str, group_id: str, tags: dict[str, str]) -> tuple[str, str]:
+        """The cluster's user-assigned identity in its group (free; deleted with the group):
+        (resource id, principal id)."""
+        resource_id = f"{group_id}/providers/Microsoft.ManagedIdentity/userAssignedIdentities/{build.identity_name(cluster)}"
+        made = self._wait("creating the VMs' managed identity", self._call(
+            "creating the VMs' managed identity", self.api.resource.resources.begin_create_or_update_by_id,
+            resource_id, build.identity_body(region, tags), api_version=build.IDENTITY_API_VERSION))
+        principal = str((made.properties or {}).get("principalId") or "")
+        if not principal:
+            raise ProviderError(f"azure: the managed identity {resource_id} came back without a principal id",
+                                hint="run the command again")
+        return made.id or resource_id, principal
+
+    def _grant_group_role(self, group_id: str, group: str, holder_id: str, principal: str) -> None:
+        """Contributor on the cluster's group for the VMs' identity. Not needed to run a job, so a
+        refusal (e.g. no roleAssignments/write for a plain Contributor) is a warning, not a failed
+        launch; autostop and budget, which need the role, are then refused by `watchdog_action`
+        (asked right after the launch)."""
+        try:
+            self._call("assigning a role to the VMs' identity", self.api.authorization.role_assignments.create,
+                       group_id, build.role_assignment_name(holder_id, principal),
+                       build.role_assignment(self.api.require_subscription(), principal))
+        except (AzureApiError, CredentialsError) as exc:
+            if getattr(exc, "code", "") != "RoleAssignmentExists":
+                log.warning("azure: the VMs of %s cannot stop or delete themselves (autostop): their identity got "
+                            "no role: %s", group, exc.one_line())
+
     def _create(self, spec: InstanceSpec, region: str, group: str, names: list[str], image: build.ImageChoice,
-                cidr: str, tags: dict[str, str]) -> list[Any]:
+                cidr: str, tags: dict[str, str], identity_id: str) -> list[Any]:
         """Network, then the VMs; each step's long-running operations run side by side."""
         net, compute = self.api.network, self.api.compute
         nsg_poller = self._call("creating the network security group",
@@ -173,7 +205,8 @@ class AzureProvider:
         subscription = self.api.require_subscription()
         for name, nic in zip(names, nics, strict=True):
             deadline = build.deadline_script(self.api.arm_endpoint, subscription, group, name, spec)
-            body = build.virtual_machine(spec, region, name, nic.id, image, tags, custom_data=deadline)
+            body = build.virtual_machine(spec, region, name, nic.id, image, tags, custom_data=deadline,
+                                         identity_id=identity_id)
             try:
                 vm_pollers.append(self._vm_call(spec, region, compute.virtual_machines.begin_create_or_update,
                                                 group, name, body))
@@ -264,23 +297,10 @@ class AzureProvider:
             log.warning("azure: launch failed (%s) and resource group %s could not be deleted: %s; "
                         "`cloudtrain down %s` removes it", type(cause).__name__, group, exc.one_line(), cluster)
 
-    def _grant_identities(self, group_id: str, group: str, vms: Sequence[Any], tags: dict[str, str]) -> None:
-        """Contributor on the cluster's group for each VM's identity; and our tags on the OS disks.
-        Neither is needed to run a job, so a refusal (e.g. no roleAssignments/write for a plain
-        Contributor) is a warning, not a failed launch; autostop and budget, which need the role,
-        are then refused by `watchdog_action` (asked right after the launch)."""
-        subscription = self.api.require_subscription()
+    def _tag_disks(self, group: str, vms: Sequence[Any], tags: dict[str, str]) -> None:
+        """Our tags on the OS disks (ARM gives a VM's implicit disk none); a refusal is only noted:
+        the disk goes with its VM."""
         for vm in vms:
-            principal = vm.identity.principal_id if vm.identity else None
-            if principal:
-                name = build.role_assignment_name(vm.id, principal)
-                try:
-                    self._call("assigning a role to the VM's identity", self.api.authorization.role_assignments.create,
-                               group_id, name, build.role_assignment(subscription, principal))
-                except (AzureApiError, CredentialsError) as exc:
-                    if getattr(exc, "code", "") != "RoleAssignmentExists":
-                        log.warning("azure: VM %s cannot stop or delete itself (autostop): its identity got no role "
-                                    "on %s: %s", vm.name, group, exc.one_line())
             disk = vm.storage_profile.os_disk.name if vm.storage_profile and vm.storage_profile.os_disk else None
             if disk:
                 try:
@@ -335,7 +355,7 @@ class AzureProvider:
         shutdown: that leaves an Azure VM "Stopped (allocated)" and billed. Stop: deallocate. Down:
         delete the resource group when this VM is the cluster's only one, else this VM alone (a
         node's idle decision must not delete busy peers; the group left holds nothing billed and
-        goes with `down` / `gc`). The identity needs a role on its group (`_grant_identities`):
+        goes with `down` / `gc`). The identity needs a role on its group (`_grant_group_role`):
         without one the watchdog could only fail, so autostop and budget are refused here, at `up`
         (which then tears the new cluster down) or `cloudtrain autostop`."""
         parsed = build.parse_instance_id(instance.id)
@@ -359,11 +379,12 @@ class AzureProvider:
                                      down=down, whole_group=whole_group)
 
     def _require_self_role(self, group: str, vm: Any, roles: frozenset[str]) -> None:
-        """NotAvailableError unless the VM's system-assigned identity holds one of `roles` on its
-        group (or wider): what its watchdog's ARM call needs to be allowed."""
-        principal = vm.identity.principal_id if vm.identity else None
+        """NotAvailableError unless the VM's identity (user-assigned, or the system-assigned one of
+        VMs launched by earlier versions) holds one of `roles` on its group (or wider): what its
+        watchdog's ARM call needs to be allowed."""
+        principals = set(build.vm_principals(vm))
         refusal = f"autostop and budget are not available for Azure VM {vm.name}"
-        if not principal:
+        if not principals:
             raise NotAvailableError(f"{refusal}: it has no managed identity to stop itself with",
                                     hint="`cloudtrain down` it and launch again (cloudtrain gives new VMs one)")
         try:
@@ -375,7 +396,7 @@ class AzureProvider:
                                          f"on {group}") from None
         for assignment in assignments:
             role = (assignment.role_definition_id or "").rsplit("/", 1)[-1].lower()
-            if assignment.principal_id == principal and role in roles:
+            if assignment.principal_id in principals and role in roles:
                 return
         raise NotAvailableError(
             f"{refusal}: its managed identity has no role on resource group {group} (the launch could not assign "

@@ -183,9 +183,11 @@ def network_interface(region: str, subnet_id: str, ip_id: str, tags: dict[str, s
 
 
 def virtual_machine(spec: InstanceSpec, region: str, name: str, nic_id: str, image: ImageChoice,
-                    tags: dict[str, str], custom_data: str | None = None) -> Any:
+                    tags: dict[str, str], custom_data: str | None = None, identity_id: str | None = None) -> Any:
     """The VM body; `custom_data` (a script cloud-init runs at first boot: the launch-time deadline)
-    goes base64-encoded, as ARM takes it."""
+    goes base64-encoded, as ARM takes it. `identity_id`: the cluster's user-assigned identity
+    (`identity_name`), whose role was given before the VM existed; without one, a system-assigned
+    identity (what VMs of earlier versions have)."""
     from azure.mgmt.compute import models as c
 
     assert spec.ssh_public_key is not None and spec.instance_type is not None
@@ -211,8 +213,10 @@ def virtual_machine(spec: InstanceSpec, region: str, name: str, nic_id: str, ima
         network_profile=c.NetworkProfile(
             network_interfaces=[c.NetworkInterfaceReference(id=nic_id, primary=True, delete_option="Delete")]
         ),
-        # For the VM to deallocate or delete itself (autostop): a role on its own group, see grant().
-        identity=c.VirtualMachineIdentity(type="SystemAssigned"),
+        # For the VM to deallocate or delete itself (autostop, its deadline): a role on its own group.
+        identity=c.VirtualMachineIdentity(
+            type="UserAssigned", user_assigned_identities={identity_id: c.UserAssignedIdentitiesValue()})
+        if identity_id else c.VirtualMachineIdentity(type="SystemAssigned"),
     )
     if spec.spot:
         # Evicted spot VMs are deallocated (disk kept, can be started again) or deleted, as the
@@ -237,6 +241,35 @@ def deadline_script(arm_endpoint: str, subscription: str, group: str, vm: str, s
     return http_action_script(spec.max_run_s, action)
 
 
+IDENTITY_API_VERSION = "2023-01-31"
+
+
+def identity_name(cluster: str) -> str:
+    """The cluster's user-assigned managed identity, in its resource group: made, and given its
+    role, before any VM exists, so a VM can deallocate itself from its first second even when the
+    CLI that launched it dies during the launch (a system-assigned identity exists only once its
+    VM does, and its role came after: a VM whose CLI died in between could never stop itself)."""
+    return f"{cluster}-vm-identity"
+
+
+def identity_body(region: str, tags: dict[str, str]) -> Any:
+    from azure.mgmt.resource.resources.models import GenericResource
+
+    return GenericResource(location=region, tags=tags)
+
+
+def vm_principals(vm: Any) -> list[str]:
+    """The principal ids a VM acts as: its user-assigned identities' and its system-assigned one."""
+    identity = getattr(vm, "identity", None)
+    if identity is None:
+        return []
+    found = [value.principal_id for value in (identity.user_assigned_identities or {}).values()
+             if value is not None and value.principal_id]
+    if identity.principal_id:
+        found.append(identity.principal_id)
+    return found
+
+
 def role_assignment(subscription: str, principal_id: str) -> Any:
     from azure.mgmt.authorization.models import RoleAssignmentCreateParameters
 
@@ -249,9 +282,9 @@ def role_assignment(subscription: str, principal_id: str) -> Any:
     )
 
 
-def role_assignment_name(vm_id: str, principal_id: str) -> str:
-    """Deterministic, so a retried launch assigns the same role once."""
-    return str(uuid.uuid5(uuid.NAMESPACE_URL, f"cloudtrain:{vm_id.lower()}:{principal_id}"))
+def role_assignment_name(holder_id: str, principal_id: str) -> str:
+    """Deterministic (from the identity's or VM's resource id), so a retried launch assigns the role once."""
+    return str(uuid.uuid5(uuid.NAMESPACE_URL, f"cloudtrain:{holder_id.lower()}:{principal_id}"))
 
 
 def watchdog_action(arm_endpoint: str, subscription: str, group: str, vm: str, *, down: bool,

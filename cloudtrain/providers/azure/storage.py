@@ -28,6 +28,7 @@ from cloudtrain.buckets.url import Store
 from cloudtrain.errors import CredentialsError, UsageError
 from cloudtrain.providers.azure import access
 from cloudtrain.providers.azure.api import ArmApi, AzureApiError
+from cloudtrain.providers.azure.build import vm_principals
 
 READER_ROLE = "2a2b9908-6ea1-4ae2-8e65-a410df84e7d1"  # Storage Blob Data Reader: read and list blobs
 CONTRIBUTOR_ROLE = "ba92f5b4-2d11-453d-a403-e96b0029c9fe"  # Storage Blob Data Contributor: also write, delete
@@ -179,4 +180,4 @@ def _role_words(role: str) -> str:
 
 
 def principals_of(vms: Iterable[Any]) -> list[str]:
-    return [vm.identity.principal_id for vm in vms if vm.identity and vm.identity.principal_id]
+    return list(dict.fromkeys(p for vm in vms for p in vm_principals(vm)))  # one cluster identity, many VMs
