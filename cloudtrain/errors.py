@@ -5,6 +5,8 @@ Each error renders as one line: where it happened, what was expected, and (when 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 
 class CloudtrainError(Exception):
     """Root of every error cloudtrain raises on purpose."""
@@ -67,6 +69,29 @@ class CapacityError(ProviderError):
     def __init__(self, message: str, *, hint: str | None = None, scope: str = "zone") -> None:
         super().__init__(message, hint=hint)
         self.scope = scope
+
+
+@dataclass(frozen=True)
+class LostLaunch:
+    """Where a lost launch was, for the run's record of its attempts (its state row is gone)."""
+
+    cloud: str
+    region: str | None
+    zone: str | None
+    instance_type: str | None
+    spot: bool
+    hourly_price: float
+    incarnation: str | None  # its billing intervals stay in the ledger under this uid
+
+
+class LaunchLostError(ProviderError):
+    """The cloud ended a machine of a launch before it was up (a spot machine reclaimed while it
+    started, a pending instance the cloud terminated): a loss, not a bad request. Lifecycle has
+    already cleaned up what the launch made; a recovering run (run/recover.py) relaunches elsewhere."""
+
+    def __init__(self, message: str, lost: LostLaunch, *, hint: str | None = None) -> None:
+        super().__init__(message, hint=hint)
+        self.lost = lost
 
 
 class RemoteError(CloudtrainError):

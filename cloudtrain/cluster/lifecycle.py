@@ -14,7 +14,15 @@ from typing import TYPE_CHECKING
 
 from cloudtrain.buckets.grants import recipe_grants
 from cloudtrain.config import Config
-from cloudtrain.errors import ClusterBusyError, ClusterNotFoundError, NotAvailableError, ProviderError, UsageError
+from cloudtrain.errors import (
+    ClusterBusyError,
+    ClusterNotFoundError,
+    LaunchLostError,
+    LostLaunch,
+    NotAvailableError,
+    ProviderError,
+    UsageError,
+)
 from cloudtrain.events import NullReporter, Reporter
 from cloudtrain.state.locks import cluster_lock
 from cloudtrain.providers import get_provider
@@ -213,8 +221,18 @@ class Lifecycle:
             self._apply(record, provider, [observe(i, answered, verb_at=answered) for i in launched],
                         complete=False)
             self._record_hosts(name, spec.hosts)
-            self._wait_running(provider, [i.id for i in launched])
+            try:
+                self._wait_running(provider, [i.id for i in launched])
+            except ProviderError as exc:
+                if " (terminated) " not in exc.message + " ":
+                    raise
+                raise self._launch_lost(name, provider, exc.message) from None
             cluster = self._observe_all(name, provider, launch_done=True)
+            if cluster.record.status != ClusterStatus.UP:
+                # Running when asked a moment ago, gone (or going) now: a machine the cloud took back.
+                gone = ", ".join(f"{n.instance_id} ({n.state})" for n in cluster.nodes
+                                 if n.state != InstanceState.RUNNING.value)
+                raise self._launch_lost(name, provider, f"instances {gone or 'of the launch'} while starting")
             head = next((n for n in cluster.nodes if n.instance_id == launched[0].id), None)
             self.store.upsert_cluster(name=name, region=launched[0].region or record.region,
                                       zone=launched[0].zone or record.zone,
@@ -231,6 +249,13 @@ class Lifecycle:
             raise
         heartbeat.stop()
         return Cluster(self.store.get_cluster(name), tuple(self.store.get_nodes(name)), provider)  # type: ignore[arg-type]
+
+    def _launch_lost(self, name: str, provider: Provider, what: str) -> LaunchLostError:
+        record = self.store.get_cluster(name)
+        assert record is not None
+        return LaunchLostError(f"{provider.name} ended {what}", LostLaunch(
+            cloud=provider.name, region=record.region, zone=record.zone, instance_type=record.instance_type,
+            spot=bool(record.spot), hourly_price=record.hourly_price, incarnation=record.uid))
 
     @staticmethod
     def _refuse_untracked_machines(name: str, providers: Iterable[Provider]) -> None:

@@ -50,7 +50,7 @@ from cloudtrain.remote.channel import (
     reader,
     transfer_errors,
 )
-from cloudtrain.remote import homecache, muxkeep, muxlink
+from cloudtrain.remote import gone, homecache, muxkeep, muxlink
 from cloudtrain.remote.helper import HelperProcess, HelperUnavailable, NodeHelper, NotDelivered
 from cloudtrain.remote.keys import Endpoint, HostKeyMismatchError, KnownHosts, node_config, resolve_endpoint
 from cloudtrain.remote.reach import WAIT_NOTICE_S, WaitNotice, handshake_failure, socket_failure
@@ -172,6 +172,7 @@ class SSHTransport:
         self.learn_host_keys = True  # False: a node without a pinned key is refused (remote/mux.py)
         self._link: muxlink.MuxLink | None = None
         self.reused = ""
+        gone.track(self)  # the recovery watcher may make it give up before anyone holds it
 
     # ------------------------------------------------------------------ Transport contract
 

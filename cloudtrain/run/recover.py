@@ -46,7 +46,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from cloudtrain.errors import CloudtrainError, UsageError
+from cloudtrain.errors import CloudtrainError, LaunchLostError, UsageError
 from cloudtrain.run.recover_rules import NodeLostError, budget_left, next_candidates, rule_out
 from cloudtrain.run.recover_watch import Tee, Watcher, gone_reason
 from cloudtrain.state import RunStatus
@@ -157,7 +157,7 @@ class Recovery:
                     if isinstance(exc, UsageError):
                         self._end(current, "failed", exc.one_line())
                         raise
-                    lost = self._lost(current)
+                    lost = self._lost_at_launch(current, exc) or self._lost(current)
                     if lost is None:
                         self._end(current, "failed", exc.one_line())
                         raise
@@ -271,6 +271,19 @@ class Recovery:
             return "preempted", f"interruption notice on the node ({notice})"
         return None
 
+    @staticmethod
+    def _lost_at_launch(current: Attempt, exc: CloudtrainError) -> tuple[str, str] | None:
+        """(outcome, reason) when the cloud ended the machine while it started (lifecycle cleaned
+        up): no cluster was handed over, so where it was comes with the error."""
+        if not isinstance(exc, LaunchLostError):
+            return None
+        lost = exc.lost
+        current.detected_at = time.time()
+        current.cloud, current.region, current.zone = lost.cloud, lost.region, lost.zone
+        current.instance_type, current.spot = lost.instance_type, lost.spot
+        current.hourly_price_usd, current.incarnation = lost.hourly_price, lost.incarnation
+        return ("preempted" if lost.spot else "lost"), exc.message
+
     def _lost_while_collecting(self, current: Attempt) -> tuple[str, str] | None:
         """(outcome, reason) when the attempt's job succeeded but its results could not be
         collected because the node went: the next attempt resumes from the kept checkpoint (a
@@ -360,8 +373,10 @@ class Recovery:
             self.puller.close()
         with r.clock.phase("recover", why) as outcome:
             try:
-                if r.cluster is not None:
-                    self.ex.lc.down(self.name)  # the cloud confirms it gone; its billing closes
+                if r.cluster is not None or self.ex.store.get_cluster(self.name) is not None:
+                    # The cloud confirms it gone; its billing closes. (A launch lost while starting
+                    # handed no cluster over, but its row stays until down sees everything gone.)
+                    self.ex.lc.down(self.name)
                 r.cluster, r.created = None, False
                 if lost.number > self.settings.max_restarts:
                     raise NodeLostError(f"{why}; not relaunched: recover.max_restarts ({self.settings.max_restarts}) "

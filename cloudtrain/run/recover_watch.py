@@ -1,8 +1,9 @@
 """While a recovering run's attempt goes on (run/recover.py): the cloud watcher and the reporter tee.
 
 - `Watcher`: a thread with its own store and lifecycle that asks the cloud every `recover.watch_s`
-  whether the attempt's nodes are still there (`gone_reason`). Seeing them gone, it records why,
-  makes the attempt's connections give up at once and, while a job is being followed, raises
+  whether the attempt's nodes are still there (`gone_reason`), from the moment its incarnation is up
+  (the nodes may still be booting). Seeing them gone, it records why, makes the attempt's
+  connections give up at once (those still waiting for a booting machine too) and, while a job is being followed, raises
   `NodeGone` in the run's thread: the follower may be inside a reconnect loop that began before
   the loss and would otherwise wait out its SSH retries.
 - `Tee`: the run's reporter while it recovers: everything goes on to the user's reporter; epochs
@@ -17,6 +18,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from cloudtrain.errors import CloudtrainError
+from cloudtrain.remote import gone
 from cloudtrain.sweep.checkpoints import epoch_event
 
 if TYPE_CHECKING:
@@ -76,8 +78,9 @@ class Watcher:
         try:
             while not self._stop.wait(rec.settings.watch_s):
                 record = lc.store.get_cluster(rec.name)
-                # Only an incarnation that is up (its launch, under lifecycle's lock, is not ours to race).
-                if record is None or record.status != ClusterStatus.UP or not rec.r.nodes:
+                # Only an incarnation that is up (its launch, under lifecycle's lock, is not ours to
+                # race); its nodes may still be booting, their connects waiting (remote/gone.py).
+                if record is None or record.status != ClusterStatus.UP:
                     continue
                 try:
                     why = gone_reason(lc.refresh(rec.name))
@@ -95,6 +98,8 @@ class Watcher:
                             # comes first): end it now, in the run's thread.
                             raise_in(rec.main_thread, NodeGone)
                     give_up_connections(rec.r.nodes)
+                    # Connects still waiting for a booting machine: no node was handed over yet.
+                    gone.give_up_cluster(rec.name)
                     return
         finally:
             lc.store.close()

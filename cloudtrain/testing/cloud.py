@@ -328,6 +328,13 @@ class CloudMachines:
         self.factory = factory
         self._vms: dict[str, SshdVM] = {}
         self._lock = threading.RLock()
+        self._booting = 0
+
+    def hold_boots(self, count: int = 1) -> None:
+        """The next `count` machines stay "booting": the cloud says running, but their sshd is not
+        up (connections refused), as a VM whose OS has not started sshd yet, until `power_on`."""
+        with self._lock:
+            self._booting = count
 
     @property
     def user(self) -> str:
@@ -348,6 +355,9 @@ class CloudMachines:
                 name = re.sub(r"[^A-Za-z0-9._-]+", "_", instance_id)[-51:] + "-" + digest
                 vm = self.factory.start(name=name, authorized_keys=[k for k in public_keys if k])
                 self._vms[instance_id] = vm
+                if self._booting > 0:
+                    self._booting -= 1
+                    vm.stop()
             return vm
 
     def address(self, instance_id: str, address: str | None) -> None:

@@ -204,6 +204,41 @@ def test_run_resume_picks_up_a_run_whose_cli_died_while_its_node_was_preempted(a
     assert aws_cloud.leftovers() == []
 
 
+def test_a_node_preempted_while_it_boots_is_relaunched_without_waiting_out_the_ssh_retries(
+        aws_cloud: Any, tmp_path: Path) -> None:
+    """The machine is taken back before its sshd ever answered. Depending on the moment, the launch
+    sees it terminated while it waits for it to run or right after (LaunchLostError: it used to fail
+    the run, no cluster having been handed over), or the run's connect is waiting in its retry loop
+    (here up to 15 minutes, past this test's timeout) and holds no node yet: the cloud watcher sees
+    the machine gone and ends that wait (remote/gone.py). Either way the next attempt starts."""
+    cloud = aws_cloud
+    cloud.configure(ssh={"connect_retries_s": 900})
+    cloud.machines.hold_boots(1)
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    (marks / "go").touch()  # no hold mid-run: the loss is the boot's
+    proc = _start(cloud, _recipe(cloud, marks))
+    try:
+        (raw,) = wait_until(lambda: cloud.instances(cloud.cluster, states=["running"]), 300, "the first machine")
+        iid = raw["InstanceId"]
+        wait_until(lambda: iid in cloud.machines and not cloud.machines.vm(iid).running, 60,
+                   "its machine up, its sshd not yet (booting)")
+        cloud.preempt(raw["InstanceId"])
+        out, err = _finish(proc, marks)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, out[-3000:] + err[-3000:]
+    run_dir = Path(out.strip().splitlines()[-1])
+    one, two = json.loads((run_dir / "run.json").read_text())["attempts"]
+    assert (one["outcome"], two["outcome"]) == ("preempted", "succeeded"), (one, two)
+    assert "terminated" in one["reason"], one  # what the cloud said, not a connect that gave up on its own
+    assert (marks / "starts").read_text() == "start 0 -\n"  # the job ran once, on the second machine
+    assert json.loads((run_dir / "outputs" / "result.json").read_text())["steps"] == STEPS
+    assert cloud.leftovers() == []
+
+
 @pytest.mark.parametrize("cloud_name", ["aws", "gcp", "azure"])
 def test_a_node_preempted_during_setup_is_relaunched_and_setup_runs_again(
         fake_cloud: Any, cloud_name: str, tmp_path: Path) -> None:
