@@ -93,6 +93,24 @@ def finish(proc: subprocess.Popen, marks: Path) -> tuple[str, str]:
     return out, err
 
 
+def stop(proc: subprocess.Popen, *gates: Any) -> None:
+    """A test's cleanup: the node commands it held let go (NodeCommandGate; None: none held yet),
+    then the CLI killed if it still runs."""
+    for gate in gates:
+        if gate is not None:
+            gate.release()
+    if proc.poll() is None:
+        proc.kill()
+        proc.communicate()
+
+
+def ended(proc: subprocess.Popen, out: str, err: str, code: int = 0) -> tuple[Path, dict[str, Any]]:
+    """The run's directory (the CLI's last line) and its run.json, once the CLI exited with `code`."""
+    assert proc.returncode == code, out[-3000:] + err[-3000:]
+    run_dir = Path(out.strip().splitlines()[-1])
+    return run_dir, json.loads((run_dir / "run.json").read_text())
+
+
 def placement(cloud: FakeCloud) -> tuple[str, str]:
     """(zone, or region on Azure, and the machine's name) of the cluster's running machine."""
     where, machine, _ = _running_machine(cloud)

@@ -49,14 +49,8 @@ def test_an_azure_vm_evicted_while_its_results_are_collected_is_relaunched_elsew
         rk.preempt(cloud, first_region, machine)
         out, err = rk.finish(proc, marks)
     finally:
-        if gate is not None:
-            gate.release()
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
-    assert proc.returncode == 0, out[-3000:] + err[-3000:]
-    run_dir = Path(out.strip().splitlines()[-1])
-    record = json.loads((run_dir / "run.json").read_text())
+        rk.stop(proc, gate)
+    run_dir, record = rk.ended(proc, out, err)
     one, two = record["attempts"]
     assert (one["outcome"], two["outcome"]) == ("preempted", "succeeded"), record["attempts"]
     assert "while collecting the results" in one["reason"], one

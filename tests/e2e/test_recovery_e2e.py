@@ -25,6 +25,7 @@ import pytest
 from cloudtrain.testing import sshd
 from cloudtrain.testing.faults import NodeCommandGate
 from cloudtrain.testing.recovery import STEPS
+from cloudtrain.testing.recovery import ended as _ended
 from cloudtrain.testing.recovery import finish as _finish
 from cloudtrain.testing.recovery import kept as _kept
 from cloudtrain.testing.recovery import placement as _placement
@@ -32,6 +33,7 @@ from cloudtrain.testing.recovery import preempt as _preempt
 from cloudtrain.testing.recovery import recipe as _recipe
 from cloudtrain.testing.recovery import running as _running
 from cloudtrain.testing.recovery import start as _start
+from cloudtrain.testing.recovery import stop as _stop
 from cloudtrain.testing.wait import wait_until
 
 if not sshd.sshd_available() and not os.environ.get("CI"):
@@ -52,9 +54,7 @@ def test_a_preempted_run_job_resumes_in_another_zone_with_the_same_results(
         out, err = _finish(proc, marks)
     finally:
         (marks / "go").touch()
-    assert proc.returncode == 0, out[-3000:] + err[-3000:]
-    run_dir = Path(out.strip().splitlines()[-1])
-    record = json.loads((run_dir / "run.json").read_text())
+    run_dir, record = _ended(proc, out, err)
     attempts = record["attempts"]
     assert [(a["number"], a["outcome"]) for a in attempts] == [(1, "preempted"), (2, "succeeded")], attempts
     first, second = attempts
@@ -115,9 +115,7 @@ def test_a_checkpoint_written_after_the_notice_arrives_home_before_the_node_is_g
         out, err = _finish(proc, marks)
     finally:
         (marks / "go").touch()
-    assert proc.returncode == 0, out[-3000:] + err[-3000:]
-    run_dir = Path(out.strip().splitlines()[-1])
-    record = json.loads((run_dir / "run.json").read_text())
+    run_dir, record = _ended(proc, out, err)
     one, two = record["attempts"]
     assert (one["outcome"], two["outcome"]) == ("preempted", "succeeded"), record["attempts"]
     assert "interruption notice" in one["reason"] and NOTICE_SAYS[cloud_name] in one["reason"]
@@ -156,9 +154,7 @@ def test_the_bundled_cnn_preempted_once_resumes_from_its_own_checkpoint(fake_clo
         _preempt(cloud, where, machine)
         out, err = proc.communicate(timeout=600)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
+        _stop(proc)
     assert proc.returncode == 0, out[-3000:] + err[-3000:]
     run_dir = Path(out.strip().splitlines()[-1])
     one, two = json.loads((run_dir / "run.json").read_text())["attempts"]
@@ -226,9 +222,7 @@ def test_a_node_preempted_while_it_boots_is_relaunched_without_waiting_out_the_s
         cloud.preempt(raw["InstanceId"])
         out, err = _finish(proc, marks)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
+        _stop(proc)
     assert proc.returncode == 0, out[-3000:] + err[-3000:]
     run_dir = Path(out.strip().splitlines()[-1])
     one, two = json.loads((run_dir / "run.json").read_text())["attempts"]
@@ -327,9 +321,7 @@ def test_the_bundled_cnn_told_by_the_notice_saves_where_it_is_and_the_next_attem
         metadata_server.clear()  # the fake answers every machine: the next one must not see it
         out, err = proc.communicate(timeout=600)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
+        _stop(proc)
     assert proc.returncode == 0, out[-3000:] + err[-3000:]
     run_dir = Path(out.strip().splitlines()[-1])
     one, two = json.loads((run_dir / "run.json").read_text())["attempts"]
@@ -369,14 +361,8 @@ def test_a_node_preempted_while_its_results_are_collected_is_relaunched_and_coll
         _preempt(cloud, first_place, machine)
         out, err = _finish(proc, marks)
     finally:
-        if gate is not None:
-            gate.release()
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
-    assert proc.returncode == 0, out[-3000:] + err[-3000:]
-    run_dir = Path(out.strip().splitlines()[-1])
-    record = json.loads((run_dir / "run.json").read_text())
+        _stop(proc, gate)
+    run_dir, record = _ended(proc, out, err)
     one, two = record["attempts"]
     assert (one["outcome"], two["outcome"]) == ("preempted", "succeeded"), record["attempts"]
     assert "while collecting the results" in one["reason"], one
@@ -394,48 +380,4 @@ def test_a_node_preempted_while_its_results_are_collected_is_relaunched_and_coll
     hourly = max(a["hourly_price_usd"] for a in record["attempts"])
     assert record["cost_usd"] == pytest.approx(billed, rel=0.01, abs=4 * hourly / 3600), cloud.bill.instances(cloud.cluster)
     assert len(cloud.bill.instances(cloud.cluster)) == 2
-    assert cloud.leftovers() == []
-
-
-def test_on_the_notice_the_node_uploads_its_results_and_checkpoints_to_the_bucket(
-        aws_cloud: Any, s3_buckets: Any, metadata_server: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A recipe with `upload:`: on EC2's spot/instance-action the node's watchdog TERMs the job and
-    starts the upload the CLI left on the node; after the job wrote its last checkpoint, the node
-    puts the checkpoint directory (and whatever results there are) under the run's upload URL with
-    its own IAM role, and run.json's first attempt says what went up."""
-    cloud, s3 = aws_cloud, s3_buckets
-    cloud.env.update(s3.cli_env())
-    cloud.env["CLOUDTRAIN_WATCHDOG_METADATA_URL"] = metadata_server.url
-    monkeypatch.setenv("CLOUDTRAIN_WATCHDOG_METADATA_URL", metadata_server.url)
-    bucket = s3.create(f"res-{cloud.cluster[-8:].lower().strip('-')}")
-    marks = tmp_path / "marks"
-    marks.mkdir()
-    recipe = _recipe(cloud, marks, watch_s=300, autostop={"idle_minutes": 30}, upload=f"s3://{bucket}/runs")
-    proc = _start(cloud, recipe)
-    try:
-        _kept(cloud, at_least=3)
-        metadata_server.interrupt("aws", None)
-        wait_until(lambda: metadata_server.notices_served("aws") >= 1, 60, "the watchdog reading the notice")
-        metadata_server.clear()  # the fake answers every machine: the next one must not see it
-        out, err = _finish(proc, marks)
-    finally:
-        (marks / "go").touch()
-    assert proc.returncode == 0, out[-3000:] + err[-3000:]
-    run_dir = Path(out.strip().splitlines()[-1])
-    record = json.loads((run_dir / "run.json").read_text())
-    run_id = record["run_id"]
-    one, two = record["attempts"]
-    assert (one["outcome"], two["outcome"]) == ("preempted", "succeeded"), record["attempts"]
-    ckpt = f".cloudtrain-checkpoints/{run_id}"
-    on_notice = one["uploaded_on_notice"]
-    assert on_notice is not None and on_notice["ok"] and on_notice["exit_code"] == 0, one
-    assert on_notice["url"] == f"s3://{bucket}/runs/{run_id}" and on_notice["paths"] == ["outputs", ckpt], on_notice
-    assert two["uploaded_on_notice"] is None
-    body = s3.client().get_object(Bucket=bucket, Key=f"runs/{run_id}/{ckpt}/final")["Body"].read()
-    assert body == b"3\n"  # the checkpoint the job wrote on TERM, after the notice
-    state = s3.client().get_object(Bucket=bucket, Key=f"runs/{run_id}/{ckpt}/state")["Body"].read().split()
-    assert state[0] == b"3"
-    # The run's own upload at its end: the results of the second attempt.
-    result = s3.client().get_object(Bucket=bucket, Key=f"runs/{run_id}/outputs/result.json")["Body"].read()
-    assert json.loads(result)["total"] == sum(i * i for i in range(1, STEPS + 1))
     assert cloud.leftovers() == []

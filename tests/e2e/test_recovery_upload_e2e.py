@@ -92,14 +92,15 @@ def _metadata(cloud: Any, request: pytest.FixtureRequest) -> Any:
     return request.getfixturevalue("metadata_server") if cloud.name == "aws" else cloud.metadata
 
 
-@pytest.mark.parametrize("cloud_name", ["gcp", "azure"])
+@pytest.mark.parametrize("cloud_name", ["aws", "gcp", "azure"])
 def test_on_the_notice_the_node_uploads_its_checkpoint_with_its_own_identity(
         fake_cloud: Any, cloud_name: str, request: pytest.FixtureRequest, tmp_path: Path,
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """GCE's instance/preempted, Azure's Scheduled Events Preempt: the watchdog TERMs the job and
-    starts the upload the CLI left on the node; after the job wrote its last checkpoint the node
-    puts it (and whatever results there are) under the run's upload URL with its own identity (the
-    VM's service account; its managed identity), and run.json's first attempt says what went up."""
+    """EC2's spot/instance-action, GCE's instance/preempted, Azure's Scheduled Events Preempt: the
+    watchdog TERMs the job and starts the upload the CLI left on the node; after the job wrote its
+    last checkpoint the node puts it (and whatever results there are) under the run's upload URL with its own identity (the
+    instance's IAM role; the VM's service account; its managed identity), and run.json's first
+    attempt says what went up."""
     cloud = fake_cloud(cloud_name)
     metadata = _metadata(cloud, request)
     store = _store(cloud, request, metadata, monkeypatch)
@@ -113,9 +114,7 @@ def test_on_the_notice_the_node_uploads_its_checkpoint_with_its_own_identity(
         out, err = rk.finish(proc, marks)
     finally:
         (marks / "go").touch()
-    assert proc.returncode == 0, out[-3000:] + err[-3000:]
-    run_dir = Path(out.strip().splitlines()[-1])
-    record = json.loads((run_dir / "run.json").read_text())
+    run_dir, record = rk.ended(proc, out, err)
     run_id = record["run_id"]
     one, two = record["attempts"]
     assert (one["outcome"], two["outcome"]) == ("preempted", "succeeded"), record["attempts"]
@@ -173,14 +172,8 @@ def test_a_node_preempted_during_the_runs_upload_step_has_its_upload_finished_by
         rk.preempt(cloud, where, machine)
         out, err = rk.finish(proc, marks)
     finally:
-        if gate is not None:
-            gate.release()
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
-    assert proc.returncode == 0, out[-3000:] + err[-3000:]
-    run_dir = Path(out.strip().splitlines()[-1])
-    record = json.loads((run_dir / "run.json").read_text())
+        rk.stop(proc, gate)
+    run_dir, record = rk.ended(proc, out, err)
     assert record["status"] == "succeeded" and record["error"] is None, record
     assert record["upload"] == f"{store.url}/{run_id}"
     (only,) = record["attempts"]  # no relaunch for a copy: the results were home
@@ -230,9 +223,7 @@ def test_a_node_gone_before_the_cli_read_its_upload_on_notice_leaves_a_listing_o
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
-    assert proc.returncode == 0, out[-3000:] + err[-3000:]
-    run_dir = Path(out.strip().splitlines()[-1])
-    record = json.loads((run_dir / "run.json").read_text())
+    run_dir, record = rk.ended(proc, out, err)
     run_id = record["run_id"]
     one, two = record["attempts"]
     assert (one["outcome"], two["outcome"]) == ("preempted", "succeeded"), record["attempts"]
@@ -269,14 +260,8 @@ def test_an_upload_the_laptop_cannot_finish_either_fails_the_run_naming_the_line
         rk.preempt(cloud, where, machine)
         out, err = rk.finish(proc, marks)
     finally:
-        if gate is not None:
-            gate.release()
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
-    assert proc.returncode == 1, out[-3000:] + err[-3000:]
-    run_dir = Path(out.strip().splitlines()[-1])
-    record = json.loads((run_dir / "run.json").read_text())
+        rk.stop(proc, gate)
+    run_dir, record = rk.ended(proc, out, err, 1)
     assert record["status"] == "failed" and f"upload {store.url}/{run_id} not done" in record["error"], record
     (only,) = record["attempts"]
     final = only["final_upload"]
