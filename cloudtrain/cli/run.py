@@ -264,12 +264,13 @@ def logs(name: str, job: str | None, follow: bool, resume: bool, watchdog: bool 
             click.echo(shown)
 
     from cloudtrain.errors import CloudtrainError
-    from cloudtrain.run.recover_logs import attempt_ended, followed_attempt
+    from cloudtrain.run.recover_logs import attempt_ended, followed_attempt, watching
 
     # A recovering run's job is followed one attempt at a time (run/recover_logs.py).
     followed = followed_attempt(lc.store, name) if follow and job is None else None
     try:
-        status = print_logs(lc, name, job, follow=follow, resume=resume, write=write)
+        with watching(followed, name):
+            status = print_logs(lc, name, job, follow=follow, resume=resume, write=write)
     except KeyboardInterrupt:
         # Only the printing stops: the job runs on, and print_logs saved where it got to.
         output.interrupted_logs(name, job)

@@ -1,5 +1,6 @@
 """The SSH transports of this process by cluster: what the recovery watcher (run/recover_watch.py)
-tells to give up when the cloud says a cluster's machines are gone.
+tells to give up when the cloud says a cluster's machines are gone, and `logs -f` when the run it
+follows recorded its attempt's node gone (run/recover_logs.py).
 
 Some of them are not anyone's to hand over yet: a connect to a machine still booting waits in its
 retry loop (up to `ssh.connect_retries_s`, 5 minutes by default) inside `cluster.nodes.connect`,
@@ -19,6 +20,8 @@ class GivesUp(Protocol):
 
     def give_up(self) -> None: ...
 
+    def close(self) -> None: ...
+
 
 _lock = threading.Lock()
 _transports: weakref.WeakSet[GivesUp] = weakref.WeakSet()  # a closed, dropped transport leaves by itself
@@ -29,11 +32,15 @@ def track(transport: GivesUp) -> None:
         _transports.add(transport)
 
 
-def give_up_cluster(cluster: str) -> int:
+def give_up_cluster(cluster: str, *, close: bool = False) -> int:
     """Every transport of `cluster` in this process gives up (remote/ssh.py SSHTransport.give_up):
-    a connect in progress ends after its current attempt. Returns how many there were."""
+    a connect in progress ends after its current attempt; with `close`, a connection still open
+    closes too (a read on it fails now instead of waiting on a machine that is gone). Returns how
+    many there were."""
     with _lock:
         found = [t for t in _transports if t.cluster == cluster]
     for transport in found:
         transport.give_up()
+        if close:
+            transport.close()
     return len(found)

@@ -5,11 +5,16 @@ node goes (preempted, lost) the run's own CLI relaunches elsewhere and takes the
 the follower cannot reconnect; instead of the connection's error (which would blame the SSH key the
 teardown removed), it ends saying which attempt it followed, that the run is recovering, and how to
 follow the next attempt. runs/<run>/job.log holds every attempt's lines once the run ends.
+It ends as soon as the run records the attempt ended (`watching`), not after its own reconnects
+(minutes: the follower's link to a machine that is gone retries before it gives up).
 """
 
 from __future__ import annotations
 
 import json
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -64,3 +69,34 @@ def attempt_ended(followed: Followed, cluster: str, cause: CloudtrainError) -> C
         "restarts or budget are spent",
         hint=f"`cloudtrain logs {cluster} -f` follows the next attempt once its job starts; "
              f"{followed.run_dir / 'job.log'} holds every attempt's lines when the run ends")
+
+
+# How often `logs -f` looks at the run's attempts.json while it follows.
+WATCH_S = 1.0
+
+
+@contextmanager
+def watching(followed: Followed | None, cluster: str) -> Iterator[None]:
+    """While `logs -f` follows `followed`: once the run records that attempt ended because its node
+    went, the follower's connections to the cluster give up (remote/gone.py) and close, so the
+    follow ends now and `attempt_ended` says why, instead of reconnecting to a machine that is gone."""
+    if followed is None:
+        yield
+        return
+    done = threading.Event()
+
+    def look() -> None:
+        from cloudtrain.remote import gone
+
+        while not done.wait(WATCH_S):
+            if attempt_ended(followed, cluster, CloudtrainError("")) is not None:
+                gone.give_up_cluster(cluster, close=True)
+                return
+
+    thread = threading.Thread(target=look, name=f"logs watch {cluster}", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join(5)
