@@ -61,7 +61,7 @@ def test_blob_dataset_copied_incrementally_results_uploaded_and_access_denied_in
 
     first = cloud.run(recipe, "--keep")
     assert first.ok, first.output[-4000:]
-    assert "with the VM's managed identity (system-assigned; no user credentials on the VM)" in first.output
+    assert "with the VM's managed identity (the cluster's, user-assigned; no user credentials on the VM)" in first.output
     assert f"{FILES} objects, 0 unchanged; copying {FILES} ({TOTAL / 1e6:.1f} MB)" in first.output
     assert f"copied {FILES} files ({TOTAL / 1e6:.1f} MB)" in first.output
     assert (first.run_dir / "out" / "count.txt").read_text().strip() == str(FILES)
@@ -104,7 +104,7 @@ def test_blob_dataset_copied_incrementally_results_uploaded_and_access_denied_in
     lines = [line for line in denied.output.splitlines() if "access denied" in line]
     assert len(lines) == 1, denied.output[-3000:]
     assert (f"access denied: az://{account}/{other} refuses Microsoft.Storage/storageAccounts/blobServices/"
-            "containers/blobs/read to the VM's managed identity (system-assigned; no user credentials on the VM) "
+            "containers/blobs/read to the VM's managed identity (the cluster's, user-assigned; no user credentials on the VM) "
             "(AuthorizationPermissionMismatch)") in lines[0]
     # A first copy of a container retries while a new role may still be propagating (Azure RBAC),
     # then says the denial once.

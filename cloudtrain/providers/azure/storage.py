@@ -1,5 +1,7 @@
-"""The identity an Azure node reads and writes its buckets with: the VM's own system-assigned
-managed identity, given a Storage Blob Data role on exactly the recipe's containers (docs/data.md).
+"""The identity an Azure node reads and writes its buckets with: the cluster's user-assigned managed
+identity its VMs act as (made before them: providers/azure/__init__.py), given a Storage Blob Data
+role on exactly the recipe's containers (docs/data.md); for VMs of earlier versions, their
+system-assigned one.
 
 `Storage Blob Data Reader` on each data container, `Storage Blob Data Contributor` on the upload
 container, each assigned at the container's scope
@@ -50,7 +52,7 @@ class BlobAssignment:
 
 
 def describe() -> str:
-    return "the VM's managed identity (system-assigned; no user credentials on the VM)"
+    return "the VM's managed identity (the cluster's, user-assigned; no user credentials on the VM)"
 
 
 def description(cluster: str, owner: str) -> str:
