@@ -134,6 +134,34 @@ end_processes() {
     signal_found KILL
 }
 
+# One JSON line: state, pid, exit_code, started_at, ended_at, log_bytes (`status`, and `kill`'s answer).
+print_status() {
+    pid=$(cat "$jobdir/pid" 2>/dev/null || true)
+    # Whether the supervisor lives is asked before exit_code is read: it writes exit_code, then
+    # exits. Read the other way round, a job ending between the two reads would be "lost".
+    alive=0
+    if [ -n "$pid" ] && supervisor_alive "$pid"; then alive=1; fi
+    started=$(cat "$jobdir/started_at" 2>/dev/null || true)
+    ended=$(cat "$jobdir/ended_at" 2>/dev/null || true)
+    code=$(cat "$jobdir/exit_code" 2>/dev/null || true)
+    if [ -n "$code" ]; then
+        # killed: ended by `runner.sh kill` (cancel, down, Ctrl-C) or by a TERM from outside.
+        if [ "$code" = 0 ]; then state=succeeded
+        elif [ -f "$jobdir/cancelled" ] || [ "$code" = 143 ]; then state=killed
+        else state=failed; fi
+    elif [ -z "$pid" ]; then
+        state=pending
+    elif [ "$alive" = 1 ]; then
+        state=running
+    else
+        # The supervisor is gone without writing an exit code: the node rebooted or was killed.
+        state=lost
+    fi
+    size=$(wc -c 2>/dev/null < "$jobdir/log" || echo 0)
+    printf '{"state":"%s","pid":%s,"exit_code":%s,"started_at":%s,"ended_at":%s,"log_bytes":%s}\n' \
+        "$state" "${pid:-null}" "${code:-null}" "${started:-null}" "${ended:-null}" "$size"
+}
+
 write_exit() {
     now > "$jobdir/ended_at"
     echo "$1" > "$jobdir/exit_code.tmp" && mv "$jobdir/exit_code.tmp" "$jobdir/exit_code"
@@ -241,30 +269,7 @@ _supervise)
     finish $?
     ;;
 status)
-    pid=$(cat "$jobdir/pid" 2>/dev/null || true)
-    # Whether the supervisor lives is asked before exit_code is read: it writes exit_code, then
-    # exits. Read the other way round, a job ending between the two reads would be "lost".
-    alive=0
-    if [ -n "$pid" ] && supervisor_alive "$pid"; then alive=1; fi
-    started=$(cat "$jobdir/started_at" 2>/dev/null || true)
-    ended=$(cat "$jobdir/ended_at" 2>/dev/null || true)
-    code=$(cat "$jobdir/exit_code" 2>/dev/null || true)
-    if [ -n "$code" ]; then
-        # killed: ended by `runner.sh kill` (cancel, down, Ctrl-C) or by a TERM from outside.
-        if [ "$code" = 0 ]; then state=succeeded
-        elif [ -f "$jobdir/cancelled" ] || [ "$code" = 143 ]; then state=killed
-        else state=failed; fi
-    elif [ -z "$pid" ]; then
-        state=pending
-    elif [ "$alive" = 1 ]; then
-        state=running
-    else
-        # The supervisor is gone without writing an exit code: the node rebooted or was killed.
-        state=lost
-    fi
-    size=$(wc -c 2>/dev/null < "$jobdir/log" || echo 0)
-    printf '{"state":"%s","pid":%s,"exit_code":%s,"started_at":%s,"ended_at":%s,"log_bytes":%s}\n' \
-        "$state" "${pid:-null}" "${code:-null}" "${started:-null}" "${ended:-null}" "$size"
+    print_status
     ;;
 kill)
     [ -d "$jobdir" ] || exit 0
@@ -283,6 +288,7 @@ kill)
     if [ -z "$pid" ]; then
         # Never started, and now it never will: over, not pending forever.
         [ -f "$jobdir/exit_code" ] || write_exit 143
+        print_status
         exit 0
     fi
     if [ ! -f "$jobdir/exit_code" ] && supervisor_alive "$pid"; then
@@ -298,11 +304,13 @@ kill)
         if supervisor_alive "$pid"; then find_job_processes "$pid" 1; signal_found KILL; fi
         write_exit 137
     fi
+    # How it ended, read now and given in the kill's own answer: once the job is over, whoever
+    # follows it may take the node down at once (a local node's directory goes away), so neither a
+    # later round trip nor a later read here could find it.
+    ended=$(print_status)
     # Leftovers of a supervisor that was killed (-9, OOM) carry the job's mark.
     end_processes "$pid" 0
-    # How it ended, in the kill's own answer: once the job is over, whoever follows it may take
-    # the node down (a local node's directory goes away), so a later round trip could find nothing.
-    sh "$0" status "$jobdir"
+    printf '%s\n' "$ended"
     ;;
 follow)
     off=${3:-0}
