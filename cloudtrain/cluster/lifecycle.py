@@ -8,13 +8,14 @@ from state, so it works after a crash between create and record).
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from cloudtrain.buckets.grants import recipe_grants
 from cloudtrain.config import Config
 from cloudtrain.errors import (
+    CloudtrainError,
     ClusterBusyError,
     ClusterNotFoundError,
     LaunchLostError,
@@ -221,12 +222,8 @@ class Lifecycle:
             self._apply(record, provider, [observe(i, answered, verb_at=answered) for i in launched],
                         complete=False)
             self._record_hosts(name, spec.hosts)
-            try:
-                self._wait_running(provider, [i.id for i in launched])
-            except ProviderError as exc:
-                if " (terminated) " not in exc.message + " ":
-                    raise
-                raise self._launch_lost(name, provider, exc.message) from None
+            self._wait_running(provider, [i.id for i in launched],
+                               ended=lambda what: self._launch_lost(name, provider, what))
             cluster = self._observe_all(name, provider, launch_done=True)
             if cluster.record.status != ClusterStatus.UP:
                 # Running when asked a moment ago, gone (or going) now: a machine the cloud took back.
@@ -341,8 +338,6 @@ class Lifecycle:
         resource (an Azure static IP, a security group) is released: `down` or `gc` finish the
         job later, and forgetting the row could hide a billed resource.
         """
-        from cloudtrain.errors import CloudtrainError
-
         self.store.add_event(name, "launch-failed", f"{type(exc).__name__}: {exc}")
         # Instances the provider ended itself when the launch was cut short are observed too.
         ended_by_provider = launched_by(exc)
@@ -389,8 +384,10 @@ class Lifecycle:
                  if n.rank < len(hosts) else n for n in self.store.get_nodes(name)]
         self.store.put_nodes(name, nodes)
 
-    def _wait_for(self, provider: Provider, ids: list[str], want: InstanceState, doing: str) -> list[Instance]:
-        """Poll describe with backoff until every instance is in `want`; the only wait on instance state."""
+    def _wait_for(self, provider: Provider, ids: list[str], want: InstanceState, doing: str,
+                  ended: Callable[[str], CloudtrainError] | None = None) -> list[Instance]:
+        """Poll describe with backoff until every instance is in `want`; the only wait on instance state.
+        `ended`: the error for an instance the cloud terminated while it was to start (a launch's)."""
         deadline = time.monotonic() + self.wait_timeout_s
         delay = 0.2
         said = time.monotonic()
@@ -404,9 +401,10 @@ class Lifecycle:
             else:
                 bad = {k: v for k, v in states.items() if v in (InstanceState.TERMINATED, InstanceState.RUNNING)}
             if bad:
-                raise ProviderError(
-                    f"instances {', '.join(f'{k} ({v.value})' for k, v in bad.items())} while {doing}"
-                )
+                what = f"instances {', '.join(f'{k} ({v.value})' for k, v in bad.items())} while {doing}"
+                if ended is not None and InstanceState.TERMINATED in bad.values():
+                    raise ended(what)
+                raise ProviderError(what)
             if time.monotonic() > deadline:
                 raise ProviderError(
                     f"instances not {want.value} after {self.wait_timeout_s:.0f}s: "
@@ -419,8 +417,9 @@ class Lifecycle:
             time.sleep(delay)
             delay = min(delay * 2, 5.0)
 
-    def _wait_running(self, provider: Provider, ids: list[str]) -> list[Instance]:
-        return self._wait_for(provider, ids, InstanceState.RUNNING, "starting")
+    def _wait_running(self, provider: Provider, ids: list[str],
+                      ended: Callable[[str], CloudtrainError] | None = None) -> list[Instance]:
+        return self._wait_for(provider, ids, InstanceState.RUNNING, "starting", ended)
 
     # observations ----------------------------------------------------------------------------------
 
