@@ -67,8 +67,18 @@ def kept(cloud: FakeCloud, timeout: float = 300, at_least: int = 0) -> Path:
     found = wait_until(lambda: next(cloud.runs_dir.glob("*/checkpoint/cloudtrain-checkpoint.json"), None),
                        timeout, "a checkpoint kept on the laptop")
     if at_least:
-        wait_until(lambda: json.loads(found.read_text())["epoch"] >= at_least, 60, f"the checkpoint of step {at_least}")
+        wait_until(lambda: (kept_epoch(found) or 0) >= at_least, 60, f"the checkpoint of step {at_least}")
     return found
+
+
+def kept_epoch(info: Path) -> int | None:
+    """The kept checkpoint's epoch (its cloudtrain-checkpoint.json); None while there is none, and
+    for the moment a newer copy replaces the directory whole
+    (sweep/checkpoints.py `_replace_dir`: the old one is renamed away, then the new one in)."""
+    try:
+        return int(json.loads(info.read_text())["epoch"])
+    except FileNotFoundError:
+        return None
 
 
 def start(cloud: FakeCloud, recipe_path: Path) -> subprocess.Popen:

@@ -24,7 +24,7 @@ from cloudtrain.run.driver import DriverRecord
 from cloudtrain.testing import sshd
 from cloudtrain.testing.driver import DriverHostVM, driver_host
 from cloudtrain.testing.wait import wait_until
-from cloudtrain.testing.recovery import STEPS, TOTAL, placement, recipe
+from cloudtrain.testing.recovery import STEPS, TOTAL, kept_epoch, placement, recipe
 
 if not sshd.sshd_available() and not os.environ.get("CI"):
     pytest.skip("OpenSSH sshd is not installed (apt-get install openssh-server)", allow_module_level=True)
@@ -79,7 +79,8 @@ def _checkpoint_at_step_3(remote_run: Path) -> None:
         if (drive / "exit_code").exists():  # the driven run ended: say why now, not after the wait
             raise AssertionError(f"the driven run ended (exit {(drive / 'exit_code').read_text().strip()}):\n"
                                  + (drive / "driver.log").read_text()[-4000:])
-        return kept.exists() and json.loads(kept.read_text())["epoch"] >= at_least
+        epoch = kept_epoch(kept)
+        return epoch is not None and epoch >= at_least
 
     wait_until(lambda: there(0), 300, "a checkpoint kept on the driver host")
     wait_until(lambda: there(3), 120, "the checkpoint of step 3 on the driver host")
