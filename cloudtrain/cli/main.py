@@ -132,6 +132,10 @@ def main(argv: list[str] | None = None) -> None:
     # paramiko imports `invoke` (half of paramiko's import: 40-100 ms of every command that reaches
     # a node) only for ssh_config's `Match exec`, which cloudtrain never parses; the CLI never uses it.
     sys.modules.setdefault("invoke", None)  # type: ignore[arg-type]
+    # A closed pipe or terminal (`run | head`) must never be what stops a cleanup (cli/streams.py).
+    from cloudtrain.cli import streams
+
+    streams.install()
     args, debug_flag = split_debug(list(argv) if argv is not None else sys.argv[1:])
     debug = debug_flag or os.environ.get("CLOUDTRAIN_DEBUG") == "1"
     try:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import click
@@ -28,6 +29,16 @@ def info(message: str) -> None:
 
 def warn(message: str) -> None:
     click.echo(f"warning: {message}", err=True)
+
+
+def keep_unshown(run_dir: Path) -> None:
+    """What a reader that went away (a closed pipe or terminal) did not see, into RUN_DIR/console.log."""
+    from cloudtrain.cli import streams
+
+    try:
+        streams.keep_in(run_dir / "console.log")
+    except OSError as exc:  # the run's results are home either way; this only loses the copy of the screen
+        warn(f"could not keep the unshown output in {run_dir}/console.log: {exc}")
 
 
 def recipe_warnings(warnings: Sequence[str]) -> None:

@@ -114,6 +114,8 @@ def run(recipe_path: str, cluster: str | None, env: dict[str, str], down_: bool,
     _summary(result)
     # Last line, in every case: where the run's logs and results are.
     output.echo(str(result.run_dir))
+    # A reader that went away (`run | head`) missed the end: it is kept beside the results.
+    output.keep_unshown(result.run_dir)
     if result.status == RunStatus.INTERRUPTED:
         raise SystemExit(130)
     if result.status != RunStatus.SUCCEEDED:
