@@ -140,12 +140,42 @@ def start(name: str) -> None:
 @click.option("--forget", is_flag=True, help="Drop the cluster from state even if a node cannot be cleaned.")
 def down(names: tuple[str, ...], forget: bool) -> None:
     """End every job, terminate clusters and everything they created. Safe to repeat."""
+    from cloudtrain.cluster.untracked import Outcome, down_untracked, near_names
+    from cloudtrain.errors import ClusterNotFoundError, ProviderError
+    from cloudtrain.yamlfile import did_you_mean
+
     lc = open_lifecycle(output.RunDisplay())
+    unknown: list[str] = []
     for name in names:
         if lc.down(name, forget=forget):
             output.info(f"cluster {name} is down")
+            continue
+        # Not in this machine's state: the clouds are asked by tag before anything is said.
+        found = down_untracked(lc.store, lc.config, name)
+        for cloud, reason in found.not_asked.items():
+            output.warn(f"could not ask {cloud} for cluster {name}'s machines: {reason}")
+        if found.outcome is Outcome.TERMINATED:
+            for cloud, ids in found.ended.items():
+                output.info(f"cluster {name} was not in this machine's state; terminated on {cloud} "
+                            f"(found by tag): {', '.join(ids)}")
+            for cloud, what in found.released.items():
+                output.info(f"cluster {name}: released on {cloud}: {', '.join(what)}")
+            for note in found.kept:
+                output.warn(f"kept for now: {note}")
+            output.info(f"cluster {name} is down")
+        elif found.outcome is Outcome.ALREADY_DOWN:
+            output.info(f"cluster {name} is already down")
         else:
-            output.info(f"cluster {name}: nothing to do (not in state; already down?)")
+            unknown.append(name)
+        if found.not_asked and found.outcome is not Outcome.TERMINATED:
+            raise ProviderError(f"cluster {name}: {', '.join(found.not_asked)} could not be asked whether "
+                                "it still runs machines tagged with it",
+                                hint="fix the credentials (`cloudtrain check`) and run `cloudtrain down` again")
+    if unknown:
+        name = unknown[0]
+        hint = did_you_mean(name, near_names(lc.store, name)) or "`cloudtrain status` lists the clusters"
+        listed = ", ".join(repr(n) for n in unknown)
+        raise ClusterNotFoundError(f"no cluster named {listed} here or in any cloud set up", hint=hint)
 
 
 def _refresh(store, name: str | None, instances: bool) -> None:  # noqa: ANN001

@@ -82,7 +82,7 @@ def test_failing_job_collects_logs_and_exits_nonzero(tmp_path: Path) -> None:
     down = cloudtrain("down", "will-fail")
     assert down.returncode == 0
     again = cloudtrain("down", "will-fail")  # idempotent
-    assert again.returncode == 0 and "nothing to do" in again.stdout
+    assert again.returncode == 0 and "already down" in again.stdout
 
 
 def _wait_for(predicate, timeout: float = 60.0, what: str = "condition") -> None:  # noqa: ANN001
