@@ -31,6 +31,7 @@ from cloudtrain.run.collect import Collected, collect
 from cloudtrain.errors import CloudtrainError, JobFailedError, RemoteError, UsageError
 from cloudtrain.events import Reporter
 from cloudtrain.run.jobstate import OPEN_STATES, refresh_jobs
+from cloudtrain.cluster.liveness import AliveMarks
 from cloudtrain.cluster.lifecycle import Cluster, Lifecycle
 from cloudtrain.cluster.nodes import Node, close_all, connect, on_all
 from cloudtrain.recipe import LoadedRecipe, Recipe
@@ -209,6 +210,10 @@ class Executor:
         r.clock.spent = lambda: self._spent(cluster_name, r.started)
         run_id, run_dir = r.run_id, r.run_dir
         usage_error: UsageError | None = None
+        # While this run holds the cluster its machines say so on their tags: `gc` from another
+        # state of this owner leaves them alone (cluster/liveness.py).
+        marks = AliveMarks(self.store.path, self.lc.config, cluster_name)
+        marks.start()
         try:
             from cloudtrain.run.recover import recovery_for
 
@@ -241,7 +246,10 @@ class Executor:
             end_jobs(self.store, self.reporter, r.nodes, r.jobs_started)
             raise
         finally:
-            result = self._finish(r, teardown)
+            try:
+                result = self._finish(r, teardown)
+            finally:
+                marks.stop()
         if usage_error is not None:
             raise usage_error
         # Interrupted (INT, TERM or HUP, in any phase): the caller prints the run directory last
