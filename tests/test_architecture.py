@@ -177,7 +177,7 @@ def _capabilities() -> tuple[type, ...]:
     from cloudtrain.providers import base
 
     return (base.CreatesMachines, base.StopsMachines, base.SelfStopping, base.GivenHosts, base.Schedules,
-            base.FollowsCaller, base.SaysVmIdentity, base.SaysBucketIdentity)
+            base.FollowsCaller, base.SaysVmIdentity, base.SaysBucketIdentity, base.MarksAlive)
 
 
 def _members(protocol: type) -> set[str]:
@@ -189,9 +189,10 @@ IS = {
     "local": {"CreatesMachines", "StopsMachines", "SelfStopping"},
     "ssh": {"GivenHosts"},
     "slurm": {"GivenHosts", "Schedules"},
-    "aws": {"CreatesMachines", "StopsMachines", "SelfStopping", "SaysBucketIdentity"},
-    "gcp": {"CreatesMachines", "StopsMachines", "SelfStopping", "FollowsCaller", "SaysVmIdentity", "SaysBucketIdentity"},
-    "azure": {"CreatesMachines", "StopsMachines", "SelfStopping", "FollowsCaller", "SaysBucketIdentity"},
+    "aws": {"CreatesMachines", "StopsMachines", "SelfStopping", "SaysBucketIdentity", "MarksAlive"},
+    "gcp": {"CreatesMachines", "StopsMachines", "SelfStopping", "FollowsCaller", "SaysVmIdentity", "SaysBucketIdentity",
+            "MarksAlive"},
+    "azure": {"CreatesMachines", "StopsMachines", "SelfStopping", "FollowsCaller", "SaysBucketIdentity", "MarksAlive"},
 }
 
 

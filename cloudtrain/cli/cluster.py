@@ -138,10 +138,13 @@ def start(name: str) -> None:
 @click.command()
 @click.argument("names", nargs=-1, required=True, callback=valid_cluster_names)
 @click.option("--forget", is_flag=True, help="Drop the cluster from state even if a node cannot be cleaned.")
-def down(names: tuple[str, ...], forget: bool) -> None:
+@click.option("--include-live", is_flag=True,
+              help="For a name not in this machine's state: end its machines found by tag even when a cloudtrain "
+                   "command elsewhere marked them alive moments ago.")
+def down(names: tuple[str, ...], forget: bool, include_live: bool) -> None:
     """End every job, terminate clusters and everything they created. Safe to repeat."""
     from cloudtrain.cluster.untracked import Outcome, down_untracked, near_names
-    from cloudtrain.errors import ClusterNotFoundError, ProviderError
+    from cloudtrain.errors import ClusterBusyError, ClusterNotFoundError, ProviderError
     from cloudtrain.yamlfile import did_you_mean
 
     lc = open_lifecycle(output.RunDisplay())
@@ -151,7 +154,7 @@ def down(names: tuple[str, ...], forget: bool) -> None:
             output.info(f"cluster {name} is down")
             continue
         # Not in this machine's state: the clouds are asked by tag before anything is said.
-        found = down_untracked(lc.store, lc.config, name)
+        found = down_untracked(lc.store, lc.config, name, include_live)
         for cloud, reason in found.not_asked.items():
             output.warn(f"could not ask {cloud} for cluster {name}'s machines: {reason}")
         if found.outcome is Outcome.TERMINATED:
@@ -163,6 +166,12 @@ def down(names: tuple[str, ...], forget: bool) -> None:
             for note in found.kept:
                 output.warn(f"kept for now: {note}")
             output.info(f"cluster {name} is down")
+        elif found.outcome is Outcome.LIVE:
+            for cloud, what in found.live.items():
+                output.warn(f"cluster {name} is not in this machine's state, and its machines on {cloud} are in use "
+                            f"elsewhere: {what} (another state of this owner); left alone")
+            raise ClusterBusyError(f"cluster {name}: not ended: a cloudtrain command elsewhere is using it",
+                                   hint=f"end it from there, or `cloudtrain down {name} --include-live` ends it anyway")
         elif found.outcome is Outcome.ALREADY_DOWN:
             output.info(f"cluster {name} is already down")
         else:

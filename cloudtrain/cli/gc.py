@@ -11,7 +11,7 @@ import click
 from cloudtrain.cli import output
 
 if TYPE_CHECKING:
-    from cloudtrain.cluster.gc import Skipped
+    from cloudtrain.cluster.gc import Leak, Skipped
 
 
 @click.command()
@@ -23,10 +23,13 @@ if TYPE_CHECKING:
 @click.option("--include-driven", is_flag=True,
               help="With --yes, also remove the clusters of runs driven from an SSH host that are not "
                    "fetched yet (default: listed, left alone; docs/driver.md).")
+@click.option("--include-live", is_flag=True,
+              help="Also count (and with --yes remove) machines whose liveness mark is fresh: a cloudtrain "
+                   "command elsewhere (another state of this owner) is using them (default: listed, left alone).")
 @click.option("--runs-dir", type=click.Path(file_okay=False), default=None,
               help="Where `run --driver` left its runs' driver.json (default: the config's runs_dir).")
 def gc(clouds: tuple[str, ...], yes: bool, as_json: bool, all_owners: bool, include_driven: bool,
-       runs_dir: str | None) -> None:
+       include_live: bool, runs_dir: str | None) -> None:
     """Find what cloudtrain created but no longer tracks (by tag, even if local state is lost),
     with its estimated hourly cost. Exits 1 when something leaked and --yes was not given, or
     when a cloud could not be checked (it may have leaked: never reported as clean)."""
@@ -49,14 +52,19 @@ def gc(clouds: tuple[str, ...], yes: bool, as_json: bool, all_owners: bool, incl
     asked = tuple(dict.fromkeys(clouds or known))
     from pathlib import Path
 
-    leaks, skipped = find_leaks(StateStore(), config, asked, runs_dir=Path(runs_dir or config.runs_dir))
+    found, skipped = find_leaks(StateStore(), config, asked, runs_dir=Path(runs_dir or config.runs_dir))
+    # Machines a cloudtrain command elsewhere keeps marking are live work, not leaks (cluster/liveness.py).
+    leaks = [leak for leak in found if include_live or not leak.live]
+    live = [leak for leak in found if leak not in leaks]
     checked = [cloud for cloud in asked if cloud not in {skip.cloud for skip in skipped}]
     cost = total(leaks)
     if as_json:
-        removed = collect(leaks, config, include_driven) if yes and leaks else []
+        removed = collect(leaks, config, include_driven, include_live) if yes and leaks else []
         document: dict[str, Any] = {
             "leaks": [{**{k: v for k, v in asdict(leak).items() if k != "items"}, "hourly_usd": leak.hourly_usd,
                        "items": [asdict(item) for item in leak.items]} for leak in leaks],
+            "live": [{**{k: v for k, v in asdict(leak).items() if k != "items"}, "hourly_usd": leak.hourly_usd,
+                      "items": [asdict(item) for item in leak.items]} for leak in live],
             "skipped": [asdict(skip) for skip in skipped],
             "checked": checked,
             "complete": not skipped,
@@ -68,6 +76,7 @@ def gc(clouds: tuple[str, ...], yes: bool, as_json: bool, all_owners: bool, incl
         if (leaks and not yes) or skipped:
             raise SystemExit(1)
         return
+    _live(live)
     if not leaks:
         if not skipped:
             output.info("nothing leaked")
@@ -78,17 +87,24 @@ def gc(clouds: tuple[str, ...], yes: bool, as_json: bool, all_owners: bool, incl
         raise SystemExit(1)
     output.table(["CLOUD", "CLUSTER", "KIND", "ID", "REGION", "WHAT", "$/H", "WHY"],
                  [(leak.cloud, leak.cluster, item.kind, item.id, item.region, item.detail or None,
-                   _hourly(item.hourly_usd), leak.reason)
+                   _hourly(item.hourly_usd), f"{leak.reason}; {leak.evidence}" if leak.evidence else leak.reason)
                   for leak in leaks for item in leak.items])
     output.info(_total_line(cost.hourly_usd, cost.unknown))
     _not_checked(skipped)
     if not yes:
         output.info("run `cloudtrain gc --yes` to remove them")
         raise SystemExit(1)
-    for line in collect(leaks, config, include_driven):
+    for line in collect(leaks, config, include_driven, include_live):
         output.info(line)
     if skipped:
         raise SystemExit(1)
+
+
+def _live(live: Sequence[Leak]) -> None:
+    """Not in this state, but marked alive moments ago: someone's run, shown and left alone."""
+    for leak in live:
+        output.info(f"in use elsewhere, left alone: {leak.cloud} {leak.cluster} ({', '.join(leak.ids)}): "
+                    f"{leak.evidence}, not in this machine's state (`--include-live` counts it as a leak)")
 
 
 def _not_checked(skipped: Sequence[Skipped]) -> None:

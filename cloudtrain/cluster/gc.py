@@ -38,6 +38,7 @@ from cloudtrain.providers.base import (
     supports,
 )
 from cloudtrain.state import StateStore
+from cloudtrain.cluster.liveness import evidence, is_live
 
 log = logging.getLogger("cloudtrain.gc")
 
@@ -83,6 +84,11 @@ class Leak:
     # this machine's: "run RUN, driven from HOST". `collect` leaves it alone unless asked.
     driven_by: str | None = None
     driven_run: str | None = None
+    # The freshest liveness mark of its machines (cluster/liveness.py) and whether it is fresh: a
+    # cloudtrain process elsewhere (another state of the same owner) is doing their work.
+    alive_at: float | None = None
+    live: bool = False
+    evidence: str = ""
 
     @property
     def hourly_usd(self) -> float | None:
@@ -196,8 +202,11 @@ def _instance_leaks(cloud: str, provider: Provider, store: StateStore, tracked: 
                 continue
             instances, reason = unknown, "instance not recorded in the cluster's state"
         instances = sorted(instances, key=lambda i: i.id)
+        marks = [i.alive_at for i in instances if i.alive_at is not None]
+        alive_at = max(marks) if marks else None
         leaks.append(Leak(cloud, cluster, "instance", tuple(i.id for i in instances), reason,
-                          tuple(pricer.instance(i) for i in instances)))
+                          tuple(pricer.instance(i) for i in instances), alive_at=alive_at,
+                          live=is_live(alive_at, now), evidence=evidence(alive_at, now)))
     return leaks
 
 
@@ -255,13 +264,19 @@ class Pricer:
         return disk_hourly(self.cloud, size_gb)
 
 
-def collect(leaks: Sequence[Leak], config: Config, include_driven: bool = False) -> list[str]:
+def collect(leaks: Sequence[Leak], config: Config, include_driven: bool = False,
+            include_live: bool = False) -> list[str]:
     """Terminate leaked instances and release leftover resources; return what was done. A cluster
     of a run driven from an SSH host is left alone (terminating it would kill a live run whose
-    state is on that host) unless `include_driven`."""
+    state is on that host) unless `include_driven`; machines with a fresh liveness mark (a
+    cloudtrain process elsewhere holds them) unless `include_live`."""
     done = []
     providers: dict[str, Provider] = {}
     for leak in leaks:
+        if leak.live and not include_live:
+            done.append(f"{leak.cloud}: left {leak.cluster} alone: {leak.evidence} (a cloudtrain command "
+                        "elsewhere holds it: another state of this owner; `gc --yes --include-live` removes it anyway)")
+            continue
         if leak.driven_by is not None and not include_driven:
             done.append(f"{leak.cloud}: left {leak.cluster} alone: run {leak.driven_run} is driven from "
                         f"{leak.driven_by} (`cloudtrain driver status {leak.driven_run}`; `cloudtrain driver "

@@ -28,7 +28,7 @@ from cloudtrain.events import NullReporter, Reporter
 from cloudtrain.state.locks import cluster_lock
 from cloudtrain.providers import get_provider
 from cloudtrain.providers.base import HostSpec, Instance, InstanceSpec, InstanceState, Provider, owner_id
-from cloudtrain.providers.base import TAG_INCARNATION
+from cloudtrain.providers.base import TAG_ALIVE, TAG_INCARNATION, alive_value
 from cloudtrain.providers.base import StopsMachines, launched_by, machines, supports
 from cloudtrain.recipe import Recipe
 from cloudtrain.state import ClusterRecord, ClusterStatus, NodeRecord, RunStatus, StateStore
@@ -307,7 +307,9 @@ class Lifecycle:
             )
             heartbeat.start()
             uid = self.store.get_cluster(spec.cluster).uid  # type: ignore[union-attr]
-            attempt = replace(attempt, tags={**attempt.tags, TAG_INCARNATION: uid})
+            # The launch carries its first liveness mark: `gc` from any state leaves it alone until
+            # the holder's marks take over (cluster/liveness.py), or stop.
+            attempt = replace(attempt, tags={**attempt.tags, TAG_INCARNATION: uid, TAG_ALIVE: alive_value(time.time())})
             self.store.add_event(spec.cluster, "launch", f"{cloud}: launching {recipe.num_nodes} node(s)")
             tried[cloud] = provider
             try:

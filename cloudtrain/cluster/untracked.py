@@ -23,6 +23,7 @@ _LIVE = {InstanceState.PENDING, InstanceState.RUNNING, InstanceState.STOPPING, I
 
 class Outcome(enum.Enum):
     TERMINATED = "terminated"  # machines carrying NAME's tag were found and ended
+    LIVE = "live"  # machines carrying NAME's tag have a fresh liveness mark: left alone
     ALREADY_DOWN = "already-down"  # NAME was here before, nothing of it is left
     UNKNOWN = "unknown"  # never here, and no cloud that could be asked holds it
 
@@ -34,17 +35,25 @@ class UntrackedDown:
     released: dict[str, list[str]] = field(default_factory=dict)  # cloud -> resources released
     kept: list[str] = field(default_factory=list)  # resources a cloud had to keep for now, with why
     not_asked: dict[str, str] = field(default_factory=dict)  # configured cloud -> why it could not be asked
+    live: dict[str, str] = field(default_factory=dict)  # cloud -> the evidence of a fresh mark, left alone
 
 
-def down_untracked(store: StateStore, config: Config, name: str) -> UntrackedDown:
+def down_untracked(store: StateStore, config: Config, name: str, include_live: bool = False) -> UntrackedDown:
     """End whatever carries NAME's tag in every cloud whose machines cloudtrain creates and whose
-    credentials work; then say whether NAME was ever known here."""
+    credentials work; then say whether NAME was ever known here. Machines with a fresh liveness
+    mark are a cloudtrain command's elsewhere (another state of this owner): left alone, as `gc`
+    leaves them, unless `include_live`."""
+    import time
+
+    from cloudtrain.cluster.liveness import evidence, is_live
+
     from cloudtrain.providers import available, get_provider, implements
 
     ended: dict[str, list[str]] = {}
     released: dict[str, list[str]] = {}
     kept: list[str] = []
     not_asked: dict[str, str] = {}
+    live: dict[str, str] = {}
     for cloud in available():
         if not implements(cloud, CreatesMachines):
             continue
@@ -54,7 +63,13 @@ def down_untracked(store: StateStore, config: Config, name: str) -> UntrackedDow
             if not creds.ok:
                 # Not set up here: it cannot hold anything this user made from this machine's config.
                 continue
-            found = [i.id for i in machines(provider).list_tagged(name) if i.state in _LIVE]
+            tagged = [i for i in machines(provider).list_tagged(name) if i.state in _LIVE]
+            marks = [i.alive_at for i in tagged if i.alive_at is not None]
+            now = time.time()
+            if marks and is_live(max(marks), now) and not include_live:
+                live[cloud] = f"{', '.join(sorted(i.id for i in tagged))} {evidence(max(marks), now)}"
+                continue
+            found = [i.id for i in tagged]
             if found:
                 machines(provider).terminate(sorted(found))
                 ended[cloud] = sorted(found)
@@ -64,6 +79,8 @@ def down_untracked(store: StateStore, config: Config, name: str) -> UntrackedDow
                 released[cloud] = [f"{r.kind} {r.id}" for r in resources]
         except CloudtrainError as exc:
             not_asked[cloud] = exc.one_line()
+    if live:
+        return UntrackedDown(Outcome.LIVE, ended, released, kept, not_asked, live)
     if ended or released:
         store.add_event(name, "down", "not in state; ended by tag: " + "; ".join(
             f"{cloud}: {', '.join(ids)}" for cloud, ids in {**released, **ended}.items()))

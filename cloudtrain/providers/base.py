@@ -25,6 +25,21 @@ TAG_OWNER = "cloudtrain-owner"
 # The cluster incarnation (state's uid) that launched it: a reused name never adopts an older
 # incarnation's leftover as its own.
 TAG_INCARNATION = "cloudtrain-incarnation"
+# Epoch seconds (whole) of the last sign that a cloudtrain process is doing this machine's work: set
+# in the launch request, then renewed while a command holds the cluster (cluster/liveness.py).
+# `gc`, from any state, leaves a machine with a fresh mark alone: a tag is what every state can see.
+TAG_ALIVE = "cloudtrain-alive"
+
+
+def alive_value(at: float) -> str:
+    """TAG_ALIVE's value: whole epoch seconds (digits: valid as an AWS/Azure tag and a GCP label)."""
+    return str(int(at))
+
+
+def alive_of(tags: Mapping[str, str]) -> float | None:
+    """The mark a machine's tags carry; None when it has none, or one nobody could have written."""
+    value = tags.get(TAG_ALIVE)
+    return float(value) if isinstance(value, str) and value.isdigit() else None
 
 
 class InstanceState(str, Enum):
@@ -164,6 +179,7 @@ class Instance:
     # None: compute bills while PENDING, RUNNING or STOPPING.
     compute_billed: bool | None = None
     incarnation: str | None = None  # TAG_INCARNATION, where the machine carries it
+    alive_at: float | None = None  # TAG_ALIVE, where the machine carries it
 
 
 @dataclass(frozen=True)
@@ -297,6 +313,15 @@ class FollowsCaller(Protocol):
 
     def follow_caller(self, cluster: str, cidr: str) -> str | None:
         """Before connecting: admit SSH from `cidr`; what changed, in words, or None."""
+        ...
+
+
+@runtime_checkable
+class MarksAlive(Protocol):
+    """Machines whose tags (labels) can be renewed in place: the liveness mark (TAG_ALIVE)."""
+
+    def mark_alive(self, ids: Sequence[str], at: float) -> None:
+        """Set TAG_ALIVE to `at` (epoch seconds) on these machines; gone ones are skipped."""
         ...
 
 

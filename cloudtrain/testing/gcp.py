@@ -723,6 +723,8 @@ class FakeGce:
             return 200, (self._stop(key, fault, request) if verb == "stop" else self._start(key, fault, request))
         if method == "POST" and verb == "setMetadata":
             return 200, self._set_metadata(key, request.body or {}, request)
+        if method == "POST" and verb == "setLabels":
+            return 200, self._set_labels(key, request.body or {}, request)
         raise GceError(404, "notFound", f"no route for {method} {request.path}")
 
     def _operation(self, name: str, zone: str | None) -> _Op:
@@ -1002,6 +1004,19 @@ class FakeGce:
                 raise _invalid(f"metadata.items[{index}].key", item, "Required field 'key' not specified")
         inst["metadata"] = {"kind": "compute#metadata", "fingerprint": _fingerprint(), "items": items}
         return self._op(request.project, key[0], "setMetadata", inst["selfLink"].removeprefix(API))
+
+    def _set_labels(self, key: tuple[str, str], body: dict[str, Any], request: GceRequest) -> _Op:
+        """instances.setLabels: the whole label map, guarded by the labelFingerprint read before (a
+        stale or missing one is 412 conditionNotMet); keys and values as labels allow."""
+        inst = self.instances[key]
+        if body.get("labelFingerprint") != inst["labelFingerprint"]:
+            raise GceError(412, "conditionNotMet", "Labels fingerprint either invalid or resource labels have changed")
+        labels = dict(body.get("labels") or {})
+        for name, value in labels.items():
+            if not re.match(r"^[a-z][a-z0-9_-]{0,62}$", str(name)) or not re.match(r"^[a-z0-9_-]{0,63}$", str(value)):
+                raise _invalid(f"labels.{name}", value, "Invalid label key or value")
+        inst["labels"], inst["labelFingerprint"] = labels, _fingerprint()
+        return self._op(request.project, key[0], "setLabels", inst["selfLink"].removeprefix(API))
 
     # disks --------------------------------------------------------------------------------------
 

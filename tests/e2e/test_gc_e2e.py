@@ -213,8 +213,29 @@ def test_gc_finds_prices_and_removes_only_what_is_tagged(fake_cloud: Callable[[s
         planted.remove_untagged()
 
 
+def _age_marks(cloud: FakeCloud, name: str, cluster: str, seconds_ago: float) -> None:
+    """Time passes with no cloudtrain command holding the cluster: its liveness mark grows old."""
+    import time
+
+    from cloudtrain.config import load_config
+    from cloudtrain.providers import get_provider
+
+    provider = get_provider(name, load_config())
+    provider.mark_alive([i.id for i in provider.list_tagged(cluster)], time.time() - seconds_ago)
+
+
 def check_gc(cloud: FakeCloud, name: str, orphan: str, stranger: str, planted: Planted) -> None:
     assert planted.exists(planted.untagged) == set(planted.untagged)
+
+    # Just launched: the launch's own liveness mark is fresh, so it is someone's live work (another
+    # state of this owner), shown with its evidence and left alone (tests/e2e/test_gc_live_e2e.py: --yes).
+    code, first = gc_json(cloud)
+    (held,) = [leak for leak in first["live"] if leak["cluster"] == cloud.cluster]
+    assert held["live"] and held["evidence"].startswith("alive ") and cloud.cluster not in {
+        leak["cluster"] for leak in first["leaks"] if leak["kind"] == "instance"}
+    table = cloud.cli("gc", "--cloud", name)
+    assert f"in use elsewhere, left alone: {name} {cloud.cluster}" in table.stdout, table.output
+    _age_marks(cloud, name, cloud.cluster, 3 * 3600)
 
     code, found = gc_json(cloud)
     assert code == 1, found
@@ -240,7 +261,7 @@ def check_gc(cloud: FakeCloud, name: str, orphan: str, stranger: str, planted: P
     table = cloud.cli("gc", "--cloud", name)
     assert table.returncode == 1, table.output
     row = next(line for line in table.stdout.splitlines() if instance["id"] in line)
-    assert f"${catalog_price:.4f}" in row and "cluster not in state" in row
+    assert f"${catalog_price:.4f}" in row and "cluster not in state; last alive 3.0 h ago" in row
     assert re.search(rf"^leaks cost about \${found['hourly_usd']:.4f}/h$", table.stdout, re.MULTILINE), table.stdout
 
     removed = cloud.cli("gc", "--cloud", name, "--yes")

@@ -481,3 +481,15 @@ def test_a_new_instance_profile_is_waited_for_until_ec2_takes_it(
     assert raw["IamInstanceProfile"]["Arn"].endswith(f"/cloudtrain-{s.cluster}")
     aws.terminate([launched.id])
     aws.release_resources(s.cluster)
+
+
+def test_mark_alive_renews_the_tag_every_listing_reads(aws: AwsProvider, moto_server: MotoServer) -> None:
+    from cloudtrain.providers.base import TAG_ALIVE, MarksAlive
+
+    assert supports(aws, MarksAlive)
+    (inst,) = aws.launch(spec(moto_server, tags={TAG_ALIVE: "1000"}), 1)
+    assert aws.describe([inst.id])[0].alive_at == 1000.0  # the launch request's mark
+    aws.mark_alive([inst.id, "i-0123456789abcdef0"], 2_000_000_000.5)  # a gone one is skipped
+    assert [i.alive_at for i in aws.list_tagged(inst.cluster)] == [2_000_000_000.0]
+    aws.terminate([inst.id])
+    aws.mark_alive([inst.id], 2_000_000_100)  # terminated: nothing to vouch for, no error

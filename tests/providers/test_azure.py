@@ -446,3 +446,17 @@ def test_identity_errors_come_down_to_the_credential_that_failed() -> None:
                                      "secret provided."
     assert identity_detail("ClientSecretCredential.get_token failed: boom\nmore") == \
         "ClientSecretCredential.get_token failed: boom"
+
+
+def test_mark_alive_renews_the_vm_tag_and_keeps_the_others(arm_server: ArmServer, provider: AzureProvider) -> None:
+    from cloudtrain.providers.base import TAG_ALIVE, MarksAlive, supports
+
+    assert supports(provider, MarksAlive)
+    (inst,) = provider.launch(spec(tags={TAG_ALIVE: "1000"}), 1)
+    assert provider.describe([inst.id])[0].alive_at == 1000.0
+    provider.mark_alive([inst.id], 2_000_000_000)
+    (listed,) = provider.list_tagged("box")
+    assert listed.alive_at == 2_000_000_000.0 and listed.cluster == "box"
+    provider.stop([inst.id])
+    provider.mark_alive([inst.id], 2_000_000_100)  # deallocated: left as it was
+    assert provider.describe([inst.id])[0].alive_at == 2_000_000_000.0

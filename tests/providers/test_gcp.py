@@ -633,3 +633,17 @@ def test_every_catalog_type_is_sold_by_the_fake_where_the_catalog_says() -> None
         assert offer.spot_price is not None and offer.spot_price < offer.price
         assert build.instance_type_name(machine.machine_type, [(machine.accelerator, machine.count)]
                                         if machine.accelerator else []) == offer.instance_type
+
+
+def test_mark_alive_renews_the_label_with_its_fingerprint(gce_server: GceServer, provider: GcpProvider) -> None:
+    from cloudtrain.providers.base import TAG_ALIVE, MarksAlive, supports
+
+    assert supports(provider, MarksAlive)
+    (inst,) = provider.launch(spec(tags={TAG_ALIVE: "1000"}), 1)
+    assert provider.describe([inst.id])[0].alive_at == 1000.0
+    provider.mark_alive([inst.id], 2_000_000_000)
+    (listed,) = provider.list_tagged("box")
+    assert listed.alive_at == 2_000_000_000.0 and listed.cluster == "box"  # the other labels kept
+    provider.stop([inst.id])
+    provider.mark_alive([inst.id], 2_000_000_100)  # stopped: nothing runs there to vouch for
+    assert provider.describe([inst.id])[0].alive_at == 2_000_000_000.0

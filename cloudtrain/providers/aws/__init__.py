@@ -64,6 +64,9 @@ from cloudtrain.providers.base import (
     note_launched,
     TAG_CLUSTER,
     TAG_INCARNATION,
+    TAG_ALIVE,
+    alive_of,
+    alive_value,
     TAG_OWNER,
     Traits,
     ClusterResource,
@@ -544,6 +547,17 @@ class AwsProvider:
         loose = [*tag_filters, {"Name": "status", "Values": ["available"]}]
         return list(self.api.pages(region, "describe_volumes", "Volumes", Filters=loose))
 
+    def mark_alive(self, ids: Sequence[str], at: float) -> None:
+        found = self._lookup(ids)
+        by_region: dict[str, list[str]] = {}
+        for instance_id, (region, raw) in found.items():
+            if raw["State"]["Name"] not in ("shutting-down", "terminated"):
+                by_region.setdefault(region, []).append(instance_id)
+        for region, live in by_region.items():
+            for chunk in chunks(live, 500):
+                self.api.ec2(region, "create_tags", Resources=chunk,
+                             Tags=[{"Key": TAG_ALIVE, "Value": alive_value(at)}])
+
     def stop(self, ids: Sequence[str]) -> None:
         for region, raws in self._by_region(ids, "stop").items():
             spot = [r["InstanceId"] for r in raws if r.get("InstanceLifecycle") == "spot"]
@@ -669,6 +683,7 @@ class AwsProvider:
             id=raw["InstanceId"],
             cluster=tags.get(TAG_CLUSTER, ""),
             incarnation=tags.get(TAG_INCARNATION),
+            alive_at=alive_of(tags),
             state=EC2_STATES.get(raw.get("State", {}).get("Name", ""), InstanceState.UNKNOWN),
             instance_type=instance_type,
             region=region,

@@ -57,6 +57,8 @@ from cloudtrain.providers.azure.records import (
     vm_record,
 )
 from cloudtrain.providers.base import (
+    TAG_ALIVE,
+    alive_value,
     note_launched,
     TAG_CLUSTER,
     TAG_OWNER,
@@ -456,6 +458,21 @@ class AzureProvider:
         if not left:  # no VM of the cluster is left whose identity could still use them
             storage.release(self.api, cluster)
         return left
+
+    def mark_alive(self, ids: Sequence[str], at: float) -> None:
+        compute = self.api.compute
+        pollers = []
+        for group, names in by_group(ids).items():
+            for vm in self._vms(group, names):
+                if vm.power not in ("running", "starting"):
+                    continue  # deallocated or going: nothing runs there to vouch for
+                raw = self._call(f"reading VM {vm.name}", compute.virtual_machines.get, group, vm.name)
+                # PATCH replaces the whole tag map: the VM's own tags, with the mark renewed.
+                tags = {**(raw.tags or {}), TAG_ALIVE: alive_value(at)}
+                pollers.append(self._call(f"tagging {vm.name}", compute.virtual_machines.begin_update, group,
+                                          vm.name, {"tags": tags}))
+        for poller in pollers:
+            self._wait("tagging a VM", poller)
 
     def stop(self, ids: Sequence[str]) -> None:
         """Deallocate (never a power-off alone: Stopped (allocated) is still billed)."""

@@ -18,7 +18,7 @@ from cloudtrain.catalog import Catalog
 from cloudtrain.errors import CapacityError, ProviderError, UsageError
 from cloudtrain.providers.azure import build
 from cloudtrain.providers.azure.api import ArmApi, AzureApiError
-from cloudtrain.providers.base import TAG_CLUSTER, TAG_INCARNATION, Instance, InstanceSpec, InstanceState
+from cloudtrain.providers.base import TAG_CLUSTER, TAG_INCARNATION, Instance, InstanceSpec, InstanceState, alive_of
 
 # "Not here": this size in this region (or zone) cannot be had now; another placement may work.
 PLACEMENT_CAPACITY_CODES = frozenset({
@@ -82,6 +82,7 @@ def vm_record(group: str, vm: Any, nics: dict[str, Any], ips: dict[str, Any]) ->
         id=build.instance_id(group, vm.name),
         cluster=tags.get(TAG_CLUSTER, ""),
         incarnation=tags.get(TAG_INCARNATION),
+        alive_at=alive_of(tags),
         state=state,
         instance_type=vm.hardware_profile.vm_size if vm.hardware_profile else None,
         region=vm.location,

@@ -54,7 +54,9 @@ from cloudtrain.errors import (
     UsageError,
 )
 from cloudtrain.providers.base import (
+    TAG_ALIVE,
     TAG_CLUSTER,
+    alive_value,
     TAG_OWNER,
     Traits,
     ClusterResource,
@@ -418,6 +420,18 @@ class GcpProvider:
         """Whether bucket IAM may be asked: Google's own APIs, or a storage endpoint configured
         beside a Compute endpoint of one's own (never Google's storage for a private Compute)."""
         return self.api.endpoint is None or bool(os.environ.get("STORAGE_EMULATOR_HOST"))
+
+    def mark_alive(self, ids: Sequence[str], at: float) -> None:
+        instances = self.api.client("instances")
+        for value in dict.fromkeys(ids):
+            parsed = build.parse_instance_id(value)
+            raw = self._raw(*parsed) if parsed else None
+            if raw is None or parsed is None or raw.status in build.STOPPED_STATUSES:
+                continue  # gone, or stopped: nothing runs there to vouch for
+            labels = {**dict(raw.labels or {}), TAG_ALIVE: alive_value(at)}
+            self.api.call(f"labelling {parsed[1]}", instances.set_labels_unary, project=self.api.project,
+                          zone=parsed[0], instance=parsed[1], instances_set_labels_request_resource={
+                              "labels": labels, "label_fingerprint": raw.label_fingerprint})
 
     def stop(self, ids: Sequence[str]) -> None:
         instances = self.api.client("instances")

@@ -20,7 +20,7 @@ from datetime import datetime
 from typing import Any
 
 from cloudtrain.errors import NotAvailableError, UsageError
-from cloudtrain.providers.base import TAG_CLUSTER, TAG_INCARNATION, TAG_OWNER, Instance, InstanceState
+from cloudtrain.providers.base import TAG_CLUSTER, TAG_INCARNATION, TAG_OWNER, Instance, InstanceState, alive_of
 
 SSH_USER = "cloudtrain"  # the login user our key is installed for (the guest agent creates it)
 LABEL_SSH_USER = "cloudtrain-ssh-user"  # on an image: its login user; on an instance: a non-default user
@@ -403,6 +403,7 @@ def instance_record(raw: Any, zone: str) -> Instance:
         id=instance_id(zone, raw.name),
         cluster=labels_.get(TAG_CLUSTER, ""),
         incarnation=labels_.get(TAG_INCARNATION),
+        alive_at=alive_of(labels_),
         state=STATES.get(raw.status, InstanceState.UNKNOWN),
         instance_type=instance_type_name(last_part(raw.machine_type), accelerators) if raw.machine_type else None,
         region=region_of(zone),
