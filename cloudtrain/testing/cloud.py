@@ -178,6 +178,21 @@ class FakeCloud:
     def close(self) -> None:
         """Teardown: end what the test left running (called by the fixture)."""
 
+    def age_marks(self, cluster: str | None = None, seconds_ago: float = 3 * 3600) -> None:
+        """Time passes with no cloudtrain command holding CLUSTER (default: this test's): its
+        machines' liveness marks (cluster/liveness.py) are made `seconds_ago` old, through the
+        cloud's API, so that `gc` from another state takes them for the leak they now are."""
+        import time
+
+        from cloudtrain.config import load_config
+        from cloudtrain.providers import get_provider
+        from cloudtrain.providers.base import MarksAlive, supports
+
+        provider = get_provider(self.name, load_config(self.config_path))
+        if supports(provider, MarksAlive):
+            ids = [i.id for i in provider.list_tagged(cluster or self.cluster)]  # type: ignore[attr-defined]
+            provider.mark_alive(ids, time.time() - seconds_ago)
+
     # ------------------------------------------------------------------ the same for every cloud
 
     def new_cluster(self, hint: str | None = None) -> str:

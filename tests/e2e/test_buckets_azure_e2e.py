@@ -140,6 +140,7 @@ def test_gc_finds_role_assignments_of_a_cluster_no_longer_in_state(
     # State lost: the VM and its group are found by tag, the role assignment by its description.
     for file in ("state.db", "state.db-wal", "state.db-shm"):
         (cloud.home / file).unlink(missing_ok=True)
+    cloud.age_marks()  # and nobody has held the cluster for hours: its machines are a leak now
     listed = cloud.cli("gc", "--cloud", "azure", "--json")
     assert listed.returncode == 1, listed.output
     (assignment_id,) = [item["id"] for leak in json.loads(listed.stdout)["leaks"] for item in leak["items"]

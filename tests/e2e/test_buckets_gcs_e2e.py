@@ -138,6 +138,7 @@ def test_gc_finds_and_removes_bucket_bindings_of_clusters_not_in_state(
         gcs.server.buckets[bucket].bindings += [planted, look_alike]
     for file in ("state.db", "state.db-wal", "state.db-shm"):
         (cloud.home / file).unlink(missing_ok=True)
+    cloud.age_marks()  # and nobody has held the cluster for hours: its machines are a leak now
 
     listed = cloud.cli("gc", "--cloud", "gcp", "--json")
     assert listed.returncode == 1, listed.output

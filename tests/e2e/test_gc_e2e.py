@@ -213,17 +213,6 @@ def test_gc_finds_prices_and_removes_only_what_is_tagged(fake_cloud: Callable[[s
         planted.remove_untagged()
 
 
-def _age_marks(cloud: FakeCloud, name: str, cluster: str, seconds_ago: float) -> None:
-    """Time passes with no cloudtrain command holding the cluster: its liveness mark grows old."""
-    import time
-
-    from cloudtrain.config import load_config
-    from cloudtrain.providers import get_provider
-
-    provider = get_provider(name, load_config())
-    provider.mark_alive([i.id for i in provider.list_tagged(cluster)], time.time() - seconds_ago)
-
-
 def check_gc(cloud: FakeCloud, name: str, orphan: str, stranger: str, planted: Planted) -> None:
     assert planted.exists(planted.untagged) == set(planted.untagged)
 
@@ -235,7 +224,7 @@ def check_gc(cloud: FakeCloud, name: str, orphan: str, stranger: str, planted: P
         leak["cluster"] for leak in first["leaks"] if leak["kind"] == "instance"}
     table = cloud.cli("gc", "--cloud", name)
     assert f"in use elsewhere, left alone: {name} {cloud.cluster}" in table.stdout, table.output
-    _age_marks(cloud, name, cloud.cluster, 3 * 3600)
+    cloud.age_marks(seconds_ago=3 * 3600)  # then nobody holds it for hours: a leak
 
     code, found = gc_json(cloud)
     assert code == 1, found
