@@ -152,7 +152,10 @@ def find_leaks(store: StateStore, config: Config, clouds: Sequence[str] | None =
                 skipped.append(Skipped(cloud, creds.detail))
                 continue
             pricer = Pricer(cloud, catalog, traits(cloud).priced)
-            leaks += _instance_leaks(cloud, provider, store, tracked, pricer)
+            found = _instance_leaks(cloud, provider, store, tracked, pricer)
+            leaks += found
+            # A cluster whose machines are live elsewhere still uses its key pair, firewall, group.
+            held = {leak.cluster: leak for leak in found if leak.live}
             if supports(provider, Schedules):
                 leaks += provider.leaked_jobs(store)
             by_cluster: dict[str, list[ClusterResource]] = {}
@@ -161,8 +164,11 @@ def find_leaks(store: StateStore, config: Config, clouds: Sequence[str] | None =
                     by_cluster.setdefault(resource.cluster, []).append(resource)
             for cluster, resources in sorted(by_cluster.items()):
                 ids = tuple(f"{r.kind} {r.id}" + (f" in {r.region}" if r.region else "") for r in resources)
+                holder = held.get(cluster)
                 leaks.append(Leak(cloud, cluster, "resources", ids, "resources of a cluster not in state",
-                                  tuple(pricer.resource(r) for r in resources)))
+                                  tuple(pricer.resource(r) for r in resources),
+                                  alive_at=holder.alive_at if holder else None, live=holder is not None,
+                                  evidence=holder.evidence if holder else ""))
         except CloudtrainError as exc:
             skipped.append(Skipped(cloud, exc.one_line()))
     driven = driven_clusters(runs_dir if runs_dir is not None else Path(config.runs_dir))

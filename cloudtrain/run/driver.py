@@ -336,25 +336,37 @@ def start(config, loaded, request: DriveRequest, runs_dir: Path,  # noqa: ANN001
         transport.put_file(recipe, f"{remote_dir}/recipe.yaml", mode=0o600)
         transport.put_file(drive_script(request.command, request.cluster, request.run_args, request.env),
                            f"{remote_dir}/drive.sh", mode=0o700)
-        # setsid: a session of its own, so neither the node helper's end nor a hangup reaches it.
-        # Only setsid's command in the background, its output in driver.log: nothing keeps this
-        # command's pipes open after it returns.
-        transport.run(login(f"cd {shlex.quote(remote_dir)} || exit 1; "
-                            "setsid nohup sh drive.sh >driver.log 2>&1 </dev/null &"),
-                      timeout=120, what="starting the driven run")
-        say(f"waiting for `cloudtrain run` on {host.label} to start the run (it checks the recipe, its credentials "
-            f"and the plan there; up to {START_WAIT_S:.0f} s; its log: {remote_dir}/driver.log)")
+        # One step from the remote start to the record here: an interrupt anywhere in it (Ctrl-C,
+        # TERM, HUP; also while the start command itself is in flight, when the host may already
+        # run it) stops the driven run, so that no run goes on that nobody here can find.
         try:
+            # setsid: a session of its own, so neither the node helper's end nor a hangup reaches
+            # it. Only setsid's command in the background, its output in driver.log: nothing keeps
+            # this command's pipes open after it returns.
+            transport.run(login(f"cd {shlex.quote(remote_dir)} || exit 1; "
+                                "setsid nohup sh drive.sh >driver.log 2>&1 </dev/null &"),
+                          timeout=120, what="starting the driven run")
+            say(f"waiting for `cloudtrain run` on {host.label} to start the run (it checks the recipe, its "
+                f"credentials and the plan there; up to {START_WAIT_S:.0f} s; its log: {remote_dir}/driver.log)")
             run_id, pid = _wait_for_run(transport, host, remote_dir)
+            record = DriverRecord(run_id, request.cluster, host.label, host.key, remote_dir, pid, request.command,
+                                  time.time())
+            record.write(runs_dir / run_id)
+            return record
         except KeyboardInterrupt:
-            # Ctrl-C (or TERM) while it starts: the user wants no run, as for any interrupted command.
-            say(f"interrupted: stopping the driven run on {host.label}")
-            _stop_starting(transport, remote_dir, say)
+            # The user wants no run, as for any interrupted command; a second signal while it is
+            # being stopped is reported, not obeyed (it would leave the run going unseen).
+            from cloudtrain.shield import no_interrupts
+
+            with no_interrupts():
+                say(f"interrupted: stopping the driven run on {host.label}")
+                # A fresh connection: the interrupt may have cut a request of this one in half.
+                fresh = connect(host, config)
+                try:
+                    _stop_starting(fresh, remote_dir, say)
+                finally:
+                    fresh.close()
             raise
-        record = DriverRecord(run_id, request.cluster, host.label, host.key, remote_dir, pid, request.command,
-                              time.time())
-        record.write(runs_dir / run_id)
-        return record
     finally:
         transport.close()
 

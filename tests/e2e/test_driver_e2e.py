@@ -180,9 +180,12 @@ def test_driver_cancel_takes_the_driven_cluster_down(aws_cloud: Any, sshd_vm_fac
         finally:
             aws_cloud.env = without
         document = json.loads(found.stdout)
-        driven = [leak for leak in document["leaks"] if leak["cluster"] == aws_cloud.cluster]
-        assert driven and {leak["driven_run"] for leak in driven} == {record.run_id}, found.output
-        assert any("left" in line and record.run_id in line for line in document["removed"]), document["removed"]
+        # Its machine carries a fresh liveness mark (the host's run holds it): in use elsewhere, with
+        # its key pair and security group, and whose run it is.
+        driven = [leak for leak in document["live"] if leak["cluster"] == aws_cloud.cluster]
+        assert {leak["kind"] for leak in driven} == {"instance", "resources"}, found.output
+        assert {leak["driven_run"] for leak in driven} == {record.run_id}, found.output
+        assert not [leak for leak in document["leaks"] if leak["cluster"] == aws_cloud.cluster], found.output
         assert len(aws_cloud.instances(aws_cloud.cluster, states=["running"])) == 1
         cancelled = aws_cloud.cli("driver", "cancel", record.run_id, "--runs-dir", str(aws_cloud.runs_dir))
         assert cancelled.ok and "ended (exit code 130)" in cancelled.stdout, cancelled.output
@@ -257,3 +260,40 @@ def test_a_driver_host_without_cloud_credentials_says_so_on_the_laptop(aws_cloud
                            "(exit 2): error: "), line
     assert "credentials" in line.lower(), line
     assert aws_cloud.instances(aws_cloud.cluster) == [] and list(aws_cloud.runs_dir.glob("*")) == []
+
+
+@pytest.mark.parametrize("trigger", ["drive.sh", "driver.log"])
+def test_ctrl_c_while_the_driven_run_starts_leaves_nothing_going(aws_cloud: Any, sshd_vm_factory: Any,
+                                                                 tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                 trigger: str) -> None:
+    """Ctrl-C anywhere in the start, from the files' copy to the record here (issue 34.5): the
+    command exits 130, and on the host no driven run goes on that nobody here could find; nothing bills."""
+    import subprocess
+    import sys
+
+    host = _host(aws_cloud, sshd_vm_factory)
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    for name in [k for k in os.environ if k.startswith("AWS_")]:
+        monkeypatch.delenv(name)
+    env = {**os.environ, **{k: v for k, v in aws_cloud.env.items() if not k.startswith("AWS_")}}
+    args = ["run", str(recipe(aws_cloud, marks)), "--cluster", aws_cloud.cluster, "--runs-dir", str(aws_cloud.runs_dir),
+            "--driver", host.label, "--driver-key", str(sshd_vm_factory.client_key.private_path), "--down", "-y"]
+    proc = subprocess.Popen([sys.executable, "-m", "cloudtrain", *args], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        wait_until(lambda: any((d / trigger).exists() for d in host.drives()), 120, f"{trigger} on the host")
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=300)
+    finally:
+        (marks / "go").touch()
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 130, out + err
+    (drive,) = host.drives()
+    if (drive / "driver.log").exists():
+        # Started there: stopped, whatever it had reached (recorded here or not).
+        wait_until(lambda: (drive / "exit_code").exists(), 300, "the driven run to end on the host")
+    wait_until(lambda: aws_cloud.bill.running() == [], 300, "nothing billing")
