@@ -141,7 +141,9 @@ def start(name: str) -> None:
 @click.option("--include-live", is_flag=True,
               help="For a name not in this machine's state: end its machines found by tag even when a cloudtrain "
                    "command elsewhere marked them alive moments ago.")
-def down(names: tuple[str, ...], forget: bool, include_live: bool) -> None:
+@click.option("--yes", "-y", is_flag=True,
+              help="Do not ask before ending a cluster that a live run (another terminal's) is using.")
+def down(names: tuple[str, ...], forget: bool, include_live: bool, yes: bool) -> None:
     """End every job, terminate clusters and everything they created. Safe to repeat."""
     from cloudtrain.cluster.untracked import Outcome, down_untracked, near_names
     from cloudtrain.errors import ClusterBusyError, ClusterNotFoundError, ProviderError
@@ -150,6 +152,11 @@ def down(names: tuple[str, ...], forget: bool, include_live: bool) -> None:
     lc = open_lifecycle(output.RunDisplay())
     unknown: list[str] = []
     for name in names:
+        busy = lc.live_runs(name)
+        if busy:
+            # Another terminal's run is using it: ending it ends that run, which cannot then
+            # collect its results. Asked, never assumed (no terminal: --yes).
+            _confirm_ending_a_run(name, busy[0], yes)
         if lc.down(name, forget=forget):
             output.info(f"cluster {name} is down")
             continue
@@ -185,6 +192,23 @@ def down(names: tuple[str, ...], forget: bool, include_live: bool) -> None:
         hint = did_you_mean(name, near_names(lc.store, name)) or "`cloudtrain status` lists the clusters"
         listed = ", ".join(repr(n) for n in unknown)
         raise ClusterNotFoundError(f"no cluster named {listed} here or in any cloud set up", hint=hint)
+
+
+def _confirm_ending_a_run(name: str, run, yes: bool) -> None:  # noqa: ANN001 - RunRecord
+    import sys
+
+    from cloudtrain.errors import Declined, UsageError
+
+    if yes:
+        return
+    what = (f"cluster {name} is in use by run {run.id} (pid {run.pid}): `down` ends that run's job before it "
+            "has collected its results")
+    if not sys.stdin.isatty():
+        raise UsageError(what, hint=f"wait for the run to end, `cloudtrain cancel {name}` its job (the run then "
+                                    "collects and tears down), or pass --yes to end it anyway")
+    output.info(what)
+    if not click.confirm("down anyway?", default=False, err=True):
+        raise Declined(f"cluster {name} left as it is: you answered no")
 
 
 def _refresh(store, name: str | None, instances: bool) -> None:  # noqa: ANN001

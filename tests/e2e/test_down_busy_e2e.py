@@ -1,0 +1,40 @@
+"""`down` of a cluster that another terminal's run is using (issue 35.6): it says which run and
+asks; without a terminal it needs --yes, and without it nothing is touched and the run finishes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from cloudtrain.testing.cloud import FakeCloud
+from cloudtrain.testing.wait import wait_until
+
+
+def test_down_of_a_cluster_a_live_run_uses_needs_yes(local_cloud: FakeCloud, tmp_path: Path) -> None:
+    started, go = tmp_path / "started", tmp_path / "go"
+    job = (f'touch {started}; while [ ! -e {go} ]; do sleep 0.1; done; mkdir -p outputs; '
+           'echo done > outputs/r.txt')
+    recipe = local_cloud.recipe(run=job, results=["outputs"])
+    run = subprocess.Popen([sys.executable, "-m", "cloudtrain", "run", str(recipe), "--cluster", local_cloud.cluster,
+                            "--runs-dir", str(local_cloud.runs_dir)], env={**os.environ, **local_cloud.env},
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_until(started.exists, 120, "the job to start")
+        down = local_cloud.cli("down", local_cloud.cluster)
+        assert down.returncode == 2, down.output
+        assert "in use by run" in down.stderr and "--yes" in down.stderr
+        go.touch()
+        out, err = run.communicate(timeout=300)
+    finally:
+        go.touch()
+        if run.poll() is None:
+            run.kill()
+            run.communicate()
+    assert run.returncode == 0, out + err
+    run_dir = Path(out.strip().splitlines()[-1])
+    assert (run_dir / "outputs" / "r.txt").read_text() == "done\n"
+    assert json.loads((run_dir / "run.json").read_text())["status"] == "succeeded"
+    assert local_cloud.leftovers() == []
