@@ -19,7 +19,10 @@ def end_work_on_hosts(provider: Provider, nodes: Sequence[NodeRecord], config: C
     from cloudtrain.cluster.nodes import close_all, connect
     from cloudtrain.remote import jobs
 
+    from cloudtrain.remote.keys import KnownHosts
+
     failures = []
+    pins = KnownHosts()
     for record in nodes:
         where = record.public_ip or record.instance_id
         try:
@@ -27,6 +30,10 @@ def end_work_on_hosts(provider: Provider, nodes: Sequence[NodeRecord], config: C
         except CloudtrainError as exc:
             if not provider.traits.remote and "no longer exists" in exc.message:
                 continue  # a local node whose directory is already gone: nothing runs there
+            if provider.traits.remote and pins.get(record.instance_id) is None:
+                # No host key was ever pinned for it: no SSH session ever reached it (a mistyped
+                # address), so nothing of ours runs or lies there.
+                continue
             failures.append(f"{where}: {exc.one_line()}")
             continue
         try:
@@ -36,3 +43,17 @@ def end_work_on_hosts(provider: Provider, nodes: Sequence[NodeRecord], config: C
         finally:
             close_all([node])
     return failures
+
+
+def moved_hosts(recipe_hosts: Sequence[tuple[str, int, str | None]], nodes: Sequence[NodeRecord]) -> str | None:
+    """How the recipe's hosts (address, port, user or None) differ from the cluster's nodes, in
+    words (`10.0.0.5:22 -> 10.0.0.6:22`), or None when they are the same machines."""
+    changes = []
+    for rank, node in enumerate(sorted(nodes, key=lambda n: n.rank)):
+        if rank >= len(recipe_hosts):
+            break
+        address, port, user = recipe_hosts[rank]
+        if node.public_ip != address or (node.ssh_port or 22) != port or (user is not None and node.ssh_user != user):
+            was = f"{node.ssh_user}@{node.public_ip}:{node.ssh_port or 22}"
+            changes.append(f"{was} -> {user + '@' if user else ''}{address}:{port}")
+    return ", ".join(changes) or None

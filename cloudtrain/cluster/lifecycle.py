@@ -99,6 +99,7 @@ class Lifecycle:
 
         refuse_unavailable(recipe)
         cloud = recipe.resources.cloud
+        self._remake_if_hosts_moved(recipe, name, run_id)
         with cluster_lock(name):
             existing = self.store.get_cluster(name)
             if existing is not None:
@@ -108,6 +109,27 @@ class Lifecycle:
                 provider = self.provider(existing.provider if cloud == ANY else cloud)
                 return self._reuse(existing, provider, recipe), False
             return self._create(recipe, name, recipe_path, digest, usable, deadline_at), True
+
+    def _remake_if_hosts_moved(self, recipe: Recipe, name: str, run_id: str | None) -> None:
+        """A cluster of given hosts (ssh) whose recipe now names other hosts (a corrected typo, a
+        machine swapped): the cluster is the recipe's hosts, so it is ended on the old ones and
+        made anew, never reused on machines the recipe no longer names."""
+        from cloudtrain.cluster.hosts import moved_hosts
+
+        existing = self.store.get_cluster(name)
+        if existing is None or not recipe.resources.hosts or existing.provider != recipe.resources.cloud:
+            return
+        wanted = [(h.address, h.port, h.user) for h in recipe.resources.hosts]
+        moved = moved_hosts(wanted, self.store.get_nodes(name))
+        if moved is None:
+            return
+        busy = self.live_runs(name, except_run=run_id)
+        if busy:
+            raise ClusterBusyError(f"cluster {name!r}: the recipe's hosts changed ({moved}), but run {busy[0].id} "
+                                   "is using it", hint="wait for that run to end, or pass --cluster NEW-NAME")
+        self.reporter.info(f"cluster {name}: the recipe's hosts changed ({moved}); ending it on the old host(s) "
+                           "and making it anew")
+        self.down(name)
 
     def launches_priced(self, recipe: Recipe) -> bool:
         """Whether creating this recipe's cluster launches on a cloud that bills (or `cloud: any`)."""

@@ -35,7 +35,7 @@ def test_given_hosts_become_running_instances() -> None:
     assert provider.traits.remote and not provider.traits.priced
     hosts = (HostSpec("10.0.0.5", user="ubuntu"), HostSpec("gpu-2.lab", port=2222), HostSpec("unused"))
     nodes = provider.given_nodes(_spec(*hosts), 2)
-    assert [n.id for n in nodes] == ["ssh-lab-0-10.0.0.5", "ssh-lab-1-gpu-2.lab"]
+    assert [n.id for n in nodes] == ["ssh-lab-0-10.0.0.5", "ssh-lab-1-gpu-2.lab-p2222"]  # a non-default port is part of the machine
     assert all(n.state is InstanceState.RUNNING and n.cluster == "lab" for n in nodes)
     assert (nodes[0].public_ip, nodes[0].ssh_user, nodes[0].ssh_port) == ("10.0.0.5", "ubuntu", 22)
     assert (nodes[1].public_ip, nodes[1].ssh_port) == ("gpu-2.lab", 2222) and nodes[1].ssh_user

@@ -22,8 +22,10 @@ from cloudtrain.providers.base import (
 from cloudtrain.remote.keys import current_user
 
 
-def instance_id(cluster: str, rank: int, address: str) -> str:
-    return f"ssh-{cluster}-{rank}-{address}"
+def instance_id(cluster: str, rank: int, address: str, port: int = 22) -> str:
+    # The port too: two machines behind one address (a bastion's forwarded ports) are two
+    # machines, with their own host key pins and remembered homes.
+    return f"ssh-{cluster}-{rank}-{address}" + (f"-p{port}" if port != 22 else "")
 
 
 class SshProvider:
@@ -46,7 +48,7 @@ class SshProvider:
         now = time.time()
         return [
             Instance(
-                id=instance_id(spec.cluster, rank, host.address),
+                id=instance_id(spec.cluster, rank, host.address, host.port),
                 cluster=spec.cluster,
                 state=InstanceState.RUNNING,
                 instance_type="existing",
