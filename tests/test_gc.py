@@ -291,3 +291,22 @@ def test_a_cloud_that_could_not_be_checked_is_never_reported_clean(
     assert document["complete"] is (code == 0)
     assert [s["cloud"] for s in document["skipped"]] == (["aws"] if code else [])
     assert document["checked"] == [c for c in args if c not in ("--cloud", "aws")]
+
+
+def test_clouds_never_set_up_are_said_so_and_do_not_fail_gc(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Only AWS used here, so gc must not exit 1 forever for GCP and Azure (issue 35.12): a cloud
+    with nothing configured is "not set up" (exit 0); named with --cloud, it is one gc could not check."""
+    from cloudtrain.testing.aws import isolate_aws_env
+
+    isolate_aws_env(monkeypatch, tmp_path, {"AWS_EC2_METADATA_DISABLED": "true"})
+    for name in ("GOOGLE_APPLICATION_CREDENTIALS", "GOOGLE_CLOUD_PROJECT", "AZURE_SUBSCRIPTION_ID"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.aws, no gcloud ADC file
+    monkeypatch.setenv("CLOUDTRAIN_CONFIG", str(tmp_path / "none.yaml"))
+    found = cloudtrain("gc")
+    assert found.returncode == 0, found.stdout + found.stderr
+    assert "not set up here (no credentials): aws, gcp, azure" in found.stdout
+    document = json.loads(cloudtrain("gc", "--json").stdout)
+    assert document["not_set_up"] == ["aws", "gcp", "azure"] and document["skipped"] == [] and document["complete"]
+    named = cloudtrain("gc", "--cloud", "gcp")
+    assert named.returncode == 1 and "NOT CHECKED: gcp" in named.stdout, named.stdout

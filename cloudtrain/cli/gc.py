@@ -53,10 +53,14 @@ def gc(clouds: tuple[str, ...], yes: bool, as_json: bool, all_owners: bool, incl
     from pathlib import Path
 
     found, skipped = find_leaks(StateStore(), config, asked, runs_dir=Path(runs_dir or config.runs_dir))
+    # A cloud with nothing configured here (no credentials at all) holds nothing made from here:
+    # unless it was named with --cloud, it is "not set up", not a cloud that could not be checked.
+    not_set_up = [skip for skip in skipped if not skip.set_up and skip.cloud not in clouds]
+    skipped = [skip for skip in skipped if skip not in not_set_up]
     # Machines a cloudtrain command elsewhere keeps marking are live work, not leaks (cluster/liveness.py).
     leaks = [leak for leak in found if include_live or not leak.live]
     live = [leak for leak in found if leak not in leaks]
-    checked = [cloud for cloud in asked if cloud not in {skip.cloud for skip in skipped}]
+    checked = [cloud for cloud in asked if cloud not in {skip.cloud for skip in skipped + not_set_up}]
     cost = total(leaks)
     if as_json:
         removed = collect(leaks, config, include_driven, include_live) if yes and leaks else []
@@ -66,6 +70,7 @@ def gc(clouds: tuple[str, ...], yes: bool, as_json: bool, all_owners: bool, incl
             "live": [{**{k: v for k, v in asdict(leak).items() if k != "items"}, "hourly_usd": leak.hourly_usd,
                       "items": [asdict(item) for item in leak.items]} for leak in live],
             "skipped": [asdict(skip) for skip in skipped],
+            "not_set_up": [skip.cloud for skip in not_set_up],
             "checked": checked,
             "complete": not skipped,
             "hourly_usd": cost.hourly_usd,
@@ -77,6 +82,8 @@ def gc(clouds: tuple[str, ...], yes: bool, as_json: bool, all_owners: bool, incl
             raise SystemExit(1)
         return
     _live(live)
+    if not_set_up:
+        output.info(f"not set up here (no credentials): {', '.join(skip.cloud for skip in not_set_up)}")
     if not leaks:
         if not skipped:
             output.info("nothing leaked")

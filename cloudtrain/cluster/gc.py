@@ -101,6 +101,7 @@ class Leak:
 class Skipped:
     cloud: str
     reason: str
+    set_up: bool = True  # False: nothing configured for it here (no credentials at all)
 
 
 @dataclass(frozen=True)
@@ -149,7 +150,7 @@ def find_leaks(store: StateStore, config: Config, clouds: Sequence[str] | None =
             provider = get_provider(cloud, config)
             creds = provider.check_credentials()
             if not creds.ok:
-                skipped.append(Skipped(cloud, creds.detail))
+                skipped.append(Skipped(cloud, creds.detail, creds.set_up))
                 continue
             pricer = Pricer(cloud, catalog, traits(cloud).priced)
             found = _instance_leaks(cloud, provider, store, tracked, pricer)

@@ -61,6 +61,8 @@ def down_untracked(store: StateStore, config: Config, name: str, include_live: b
             provider = get_provider(cloud, config)
             creds = provider.check_credentials()
             if not creds.ok:
+                if creds.set_up:  # configured, but not usable now: it may hold NAME's machines
+                    not_asked[cloud] = creds.detail
                 # Not set up here: it cannot hold anything this user made from this machine's config.
                 continue
             tagged = [i for i in machines(provider).list_tagged(name) if i.state in _LIVE]

@@ -187,6 +187,9 @@ class CredentialStatus:
     cloud: str
     ok: bool
     detail: str
+    # False: nothing is configured for this cloud at all (no credentials, no subscription): it is
+    # not set up here, which `gc` and `down` by tag take as "nothing of ours there", not a failure.
+    set_up: bool = True
 
 
 # The backend shape: a small core every backend has, and capability Protocols it implements only

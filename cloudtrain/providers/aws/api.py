@@ -244,7 +244,7 @@ class Ec2Api:
         except self.exc.BotoCoreError as exc:
             return CredentialStatus("aws", False, f"AWS credentials could not be loaded: {exc}")
         if credentials is None:
-            return CredentialStatus("aws", False, NO_CREDENTIALS)
+            return CredentialStatus("aws", False, NO_CREDENTIALS, set_up=False)
         source = _credential_source(session, credentials)
         region = self.default_region
         from botocore.config import Config as BotoConfig

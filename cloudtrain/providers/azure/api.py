@@ -235,8 +235,8 @@ class ArmApi:
         source = credential_source()
         if not self.subscription_id:
             return CredentialStatus(
-                "azure", False, "no subscription: set azure.subscription_id in the config or AZURE_SUBSCRIPTION_ID"
-            )
+                "azure", False, "no subscription: set azure.subscription_id in the config or AZURE_SUBSCRIPTION_ID",
+                set_up=False)
         try:
             self.credential().get_token(f"{self.arm_endpoint}/.default")
             from azure.core.rest import HttpRequest

@@ -340,7 +340,7 @@ class ComputeApi:
             source = self.credential_source()
             project, where = self.project_and_source()
         except CredentialsError as exc:
-            return CredentialStatus("gcp", False, exc.one_line())
+            return CredentialStatus("gcp", False, exc.one_line(), set_up=exc.message != NO_CREDENTIALS)
         if not project:
             return CredentialStatus("gcp", False, f"{source}: no project (set gcp.project in the config or "
                                                   "GOOGLE_CLOUD_PROJECT)")
