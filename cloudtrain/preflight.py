@@ -55,6 +55,7 @@ def preflight(loaded: LoadedRecipe, config: Config) -> Plan | None:
     if problem is not None:
         field, message, hint = problem
         raise NotAvailableError(_located(loaded, field, message), hint=hint)
+    _check_host_keys(loaded)
     if recipe.upload or any(m.is_bucket for m in recipe.data):
         from cloudtrain.buckets.checks import propagation_override
 
@@ -187,11 +188,38 @@ def _check_job_params(loaded: LoadedRecipe) -> None:
         raise RecipeError(_located(loaded, loc, problem.message), hint=problem.hint) from None
 
 
-def _located(loaded: LoadedRecipe, field: str | Sequence[str], message: str) -> str:
+def _check_host_keys(loaded: LoadedRecipe) -> None:
+    """A host's `key:` must be a private key file here before anything connects: a missing or
+    wrong file is said at `validate`, with its line, not as a parser's error at the first connect."""
+    from pathlib import Path
+
+    for index, host in enumerate(loaded.recipe.resources.hosts or []):
+        if not host.key:  # none (or `${CT_SSH_KEY:-}` unset): the ssh-agent and default keys
+            continue
+        path = Path(host.key).expanduser()
+        field = ("resources", "hosts", index, "key")
+        try:
+            with open(path, "rb") as handle:
+                head = handle.read(4096)
+        except FileNotFoundError:
+            raise RecipeError(_located(loaded, field, f"{path} does not exist"),
+                              hint="give the path of the private key this host accepts (e.g. ~/.ssh/id_ed25519), "
+                                   "or leave `key:` out to use your ssh-agent and default keys") from None
+        except OSError as exc:
+            raise RecipeError(_located(loaded, field, f"{path} cannot be read: {exc.strerror}"),
+                              hint="check the path and its permissions") from None
+        if b"PRIVATE KEY-----" not in head:
+            what = "a public key" if head.startswith((b"ssh-", b"ecdsa-")) else "not a private SSH key"
+            raise RecipeError(_located(loaded, field, f"{path} is {what} (expected an OpenSSH or PEM private key, "
+                                                      "the file that starts with -----BEGIN ... PRIVATE KEY-----)"),
+                              hint=f"point `key:` at the private half{' (without .pub)' if path.suffix == '.pub' else ''}")
+
+
+def _located(loaded: LoadedRecipe, field: str | Sequence[str | int], message: str) -> str:
     """`recipe.yaml:7: resources.region: message` (the line when the YAML is at hand; the field is
     left out when the message already starts with it)."""
     loc = field.split(".") if isinstance(field, str) else list(field)
-    dotted = ".".join(loc)
+    dotted = ".".join(str(part) for part in loc)
     line = line_of(loaded.node, loc) if loaded.node is not None else None
     where = f"{loaded.path}:{line}" if line else str(loaded.path)
     return f"{where}: {message}" if message.startswith(dotted) else f"{where}: {dotted}: {message}"

@@ -234,6 +234,14 @@ def test_bundled_recipes_validate(
 ) -> None:
     for var, value in env.items():
         monkeypatch.setenv(var, value)
+    if "CT_SSH_KEY" in env:  # the key the comments name exists, as it must (validate reads it)
+        from cryptography.hazmat.primitives import serialization
+        from cryptography.hazmat.primitives.asymmetric import ed25519
+
+        key = Path(env["CT_SSH_KEY"]).expanduser()
+        key.parent.mkdir(parents=True, exist_ok=True)
+        key.write_bytes(ed25519.Ed25519PrivateKey.generate().private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH, serialization.NoEncryption()))
     proc = cloudtrain("validate", str(REPO / "recipes" / name))
     assert proc.returncode == 0, proc.stderr
     assert ": ok (" in proc.stdout
@@ -377,3 +385,31 @@ def _unusable() -> list[str]:
 def test_clouds_get_provider_refuses_are_refused(cloud: str) -> None:
     with pytest.raises(NotAvailableError, match="not available yet"):
         provider_traits(cloud)
+
+
+@pytest.mark.parametrize(("content", "said"), [
+    (None, "does not exist"),
+    (b"\x00\x01 random bytes, no key", "is not a private SSH key"),
+    (b"ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIExample user@host\n", "is a public key"),
+])
+def test_a_host_key_that_is_missing_or_not_a_private_key_is_said_at_validate(
+        tmp_path: Path, content: bytes | None, said: str) -> None:
+    """Issue 35.12: a missing key file passed `validate`; a non-key file failed at the first connect
+    with the parser's `MalformedFraming`. Now: one line, the recipe's line, what was expected."""
+    key = tmp_path / "the-key"
+    if content is not None:
+        key.write_bytes(content)
+    write(tmp_path, textwrap.dedent(f"""\
+        name: demo
+        resources:
+          cloud: ssh
+          hosts:
+            - address: 10.0.0.5
+              key: {key}
+        run: echo hi
+    """))
+    proc = cloudtrain("validate", "recipe.yaml", cwd=tmp_path)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.startswith("error: recipe.yaml:6: resources.hosts.0.key: ") and said in line, line
+    assert "MalformedFraming" not in line
