@@ -28,7 +28,9 @@ fits inside the cloud's warning (NOTICE_GRACE_S); where the CLI left on_notice.s
 
 Activity (what restarts the idle clock), by `autostop.wait_for`:
   jobs_and_ssh  a cloudtrain job of this cluster running (or starting) on this node, a new job
-                appearing, or an established TCP connection to this node's sshd port
+                appearing, or an SSH session: an established TCP connection to this node's sshd
+                port, unless all it runs is cloudtrain's own node helper, idle (the connection a
+                command or its mux keeps for the next one; ssh_activity)
   jobs          jobs only
   none          nothing: the machine stops idle_s after the watchdog started or its settings changed
 Jobs are read the way templates/runner.sh reports them (`runner.sh status`): exit_code present means
@@ -75,6 +77,8 @@ import os
 import shlex
 import shutil
 import signal
+import socket
+import struct
 import subprocess
 import sys
 import time
@@ -86,6 +90,9 @@ DEFAULT_RETRY_S = 300.0
 PENDING_GRACE_S = 120.0  # a job dir without a pid counts as "starting" this long
 LOG_MAX_BYTES = 1 << 20
 ACTION_TIMEOUT_S = 120.0
+# The last argument of cloudtrain's node helper (cloudtrain/remote/helper.py NODE_HELPER_MARK): a
+# connection whose sessions are only such helpers, idle, is cloudtrain's kept connection (ssh_activity).
+NODE_HELPER_MARK = "cloudtrain-node-helper"
 
 
 def utc_now() -> str:
@@ -217,8 +224,9 @@ def observe_jobs(paths: Paths, now: float) -> dict:
     return found
 
 
-def ssh_sessions(port) -> int | None:
-    """Established TCP connections to this node's sshd port (server side), or None if unknown."""
+def ssh_connections(port) -> list | None:
+    """Established TCP connections to this node's sshd port (server side), one (client address as
+    packed bytes, client port) each, or None if unknown."""
     if not port:
         return None
     listening, established = [], []
@@ -243,15 +251,106 @@ def ssh_sessions(port) -> int | None:
             if fields[3] == "0A":  # LISTEN
                 listening.append(address)
             elif fields[3] == "01":  # ESTABLISHED
-                established.append(address)
+                established.append((address, fields[2]))
     if not seen:
         return None
-    if not listening:
-        return len(established)
     # Server sides only: a connection accepted on one of sshd's listening addresses. (An outgoing
     # connection from another local address may have been given the same port number.)
     wildcard = any(set(a) == {"0"} for a in listening)
-    return sum(1 for a in established if wildcard or a in listening)
+    return [_peer(remote) for local, remote in established if not listening or wildcard or local in listening]
+
+
+def _peer(hex_address: str) -> tuple:
+    """/proc/net/tcp's "0100007F:D431" as (packed address, port): the address is 32-bit words in
+    this machine's byte order; an IPv4-mapped IPv6 address is the IPv4 one."""
+    address, _, port = hex_address.rpartition(":")
+    try:
+        packed = b"".join(struct.pack("=I", int(address[i:i + 8], 16)) for i in range(0, len(address), 8))
+        return _unmapped(packed), int(port, 16)
+    except (ValueError, struct.error):
+        return b"", -1
+
+
+def _unmapped(packed: bytes) -> bytes:
+    return packed[12:] if len(packed) == 16 and packed[:12] == b"\0" * 10 + b"\xff\xff" else packed
+
+
+def _client_of(ssh_connection: bytes) -> tuple | None:
+    """$SSH_CONNECTION ("client_ip client_port server_ip server_port") as (packed client address, port)."""
+    fields = ssh_connection.decode("ascii", "replace").split()
+    if len(fields) != 4:
+        return None
+    host = fields[0].split("%", 1)[0]
+    for family in (socket.AF_INET, socket.AF_INET6):
+        try:
+            return _unmapped(socket.inet_pton(family, host)), int(fields[1])
+        except (OSError, ValueError):
+            continue
+    return None
+
+
+def _process_table() -> dict:
+    """pid -> (command name, state, parent pid) of every process on this machine."""
+    table = {}
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return table
+    for name in names:
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as handle:
+                text = handle.read().decode("utf-8", "replace")
+            head, _, rest = text.rpartition(")")
+            fields = rest.split()
+            table[int(name)] = (head.partition("(")[2], fields[0], int(fields[1]))
+        except (OSError, ValueError, IndexError):
+            continue  # gone meanwhile
+    return table
+
+
+def _proc_strings(pid: int, what: str) -> list:
+    try:
+        with open(f"/proc/{pid}/{what}", "rb") as handle:
+            return handle.read().split(b"\0")
+    except OSError:
+        return []  # another user's process, or gone
+
+
+def ssh_activity(port) -> tuple | None:
+    """(sessions that count, idle connections of cloudtrain's own), or None if unknown.
+
+    Every established connection to sshd counts, unless all it runs is cloudtrain's node helper
+    waiting for a request: the connection a command or its mux keeps (ssh.persist_s), which runs
+    nothing of the user's. What a connection runs: the processes sshd started for its sessions
+    (children of an sshd process), matched to the connection by their $SSH_CONNECTION. A node helper
+    carries NODE_HELPER_MARK as its last argument (cloudtrain/remote/helper.py); it is idle when no
+    command it was sent runs (no child process: a job it started detached itself and counts as a
+    job). A connection whose sessions cannot be seen (none yet, a port forward, another user's)
+    counts, as do a shell, an sftp server, and a helper running a command (`exec`'s log follow).
+    """
+    peers = ssh_connections(port)
+    if not peers:
+        return None if peers is None else (0, 0)
+    table = _process_table()
+    children = {}
+    for pid, (_, state, parent) in table.items():
+        if state != "Z":
+            children.setdefault(parent, []).append(pid)
+    busy, idle_helpers = set(), set()
+    for pid, (_, state, parent) in table.items():
+        if state == "Z" or parent not in table or not table[parent][0].startswith("sshd"):
+            continue
+        client = next((_client_of(entry[len(b"SSH_CONNECTION="):]) for entry in _proc_strings(pid, "environ")
+                       if entry.startswith(b"SSH_CONNECTION=")), None)
+        if client is None:
+            continue
+        argv = [arg for arg in _proc_strings(pid, "cmdline") if arg]
+        helper = len(argv) >= 3 and argv[-1] == NODE_HELPER_MARK.encode() and b"-c" in argv
+        (idle_helpers if helper and not children.get(pid) else busy).add(client)
+    counted = sum(1 for peer in peers if peer in busy or peer not in idle_helpers)
+    return counted, len(peers) - counted
 
 
 def session_rule(seen: int, now, absent: int):
@@ -631,12 +730,13 @@ class Watchdog:
         new_jobs = [] if self.known_jobs is None else [
             j for j in jobs["all"] if j not in self.known_jobs and j not in jobs["over"]]
         self.known_jobs = set(jobs["all"])
-        sessions = None
+        sessions, kept = None, 0
         if wait_for == "jobs_and_ssh" and cfg.get("count_ssh"):
-            sessions = ssh_sessions(cfg.get("ssh_port"))
-            if sessions == 0 and self.sessions_seen:
+            activity = ssh_activity(cfg.get("ssh_port"))
+            if activity is not None and activity[0] == 0 and self.sessions_seen:
                 # A vanished session is read again at once: one read of a busy table can miss it.
-                sessions = ssh_sessions(cfg.get("ssh_port"))
+                activity = ssh_activity(cfg.get("ssh_port"))
+            sessions, kept = (None, 0) if activity is None else activity
             if sessions is None and not self.said_no_ssh:
                 self.said_no_ssh = True
                 self.log("error", "cannot count ssh sessions (no sshd port known or no /proc/net/tcp); jobs only")
@@ -664,8 +764,9 @@ class Watchdog:
         budget_text = ""
         if budget:
             budget_text = "; budget {:.0f}/{:.0f}s".format(used, float(budget["limit_s"]))
-        facts = "jobs running {}, ssh sessions {}{}".format(
-            len(jobs["running"]), "-" if sessions is None else sessions, budget_text)
+        facts = "jobs running {}, ssh sessions {}{}{}".format(
+            len(jobs["running"]), "-" if sessions is None else sessions,
+            " (+{} cloudtrain's, idle: not counted)".format(kept) if kept else "", budget_text)
 
         action = cfg.get("action") or {}
         effect = action.get("effect", "stop")
@@ -1122,8 +1223,10 @@ def check(config_path: str) -> dict:
     paths = Paths(config_path)
     cfg = read_json(paths.config) or {}
     jobs = observe_jobs(paths, time.time())
+    activity = ssh_activity(cfg.get("ssh_port")) if cfg.get("count_ssh") else None
     return {"jobs_running": jobs["running"], "jobs_starting": jobs["starting"], "jobs": jobs["all"],
-            "ssh_sessions": ssh_sessions(cfg.get("ssh_port")) if cfg.get("count_ssh") else None,
+            "ssh_sessions": activity[0] if activity else None,
+            "ssh_kept_idle": activity[1] if activity else None,
             "ssh_port": cfg.get("ssh_port"), "running_pid": running_pid(paths),
             "budget_used_s": (read_json(paths.state) or {}).get("used_s")}
 

@@ -60,6 +60,10 @@ class HomeMoved(RemoteError):
 
 
 HOME_REFUSED = 125  # the helper's exit code for a request built for another home
+# The helper's last argument (sync_helper.py reads only `serve` before it): how the node's watchdog
+# knows a session that runs nothing but our helper, idle, for cloudtrain's own kept connection and
+# not a user's (templates/watchdog.py NODE_HELPER_MARK, ssh_activity).
+NODE_HELPER_MARK = "cloudtrain-node-helper"
 
 
 def helper_source() -> str:
@@ -72,7 +76,7 @@ def launch(chan: paramiko.Channel, source: str | None = None) -> None:
     from paramiko.common import cMSG_CHANNEL_REQUEST
     from paramiko.message import Message
 
-    command = f"exec python3 -c {shlex.quote(source or helper_source())} serve"
+    command = f"exec python3 -c {shlex.quote(source or helper_source())} serve {NODE_HELPER_MARK}"
     message = Message()
     message.add_byte(cMSG_CHANNEL_REQUEST)
     message.add_int(chan.remote_chanid)
