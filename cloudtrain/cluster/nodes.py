@@ -110,6 +110,8 @@ def connect(records: Sequence[NodeRecord], provider: Provider, config: Config) -
     from cloudtrain.cluster.ingress import follow_caller
 
     follow_caller(records, provider, config)  # the cluster's SSH rule, brought to where we are now
+    if len(records) > 1 and provider.traits.remote:
+        shared_imports()
 
     def one(record: NodeRecord) -> Node:
         transport = open_transport(record, provider, config)
@@ -124,6 +126,25 @@ def connect(records: Sequence[NodeRecord], provider: Provider, config: Config) -
     # live until this process exits (for a long `run`, hours).
     return on_all(list(records), one, label=lambda r: f"node {r.rank} ({r.instance_id})",
                   cleanup=lambda node: node.transport.close())
+
+
+def shared_imports() -> None:
+    """What node threads may import, imported before they start. A node served by its mux does not
+    load paramiko (remote/muxlink.py), one that connects itself does, in its own thread: while it
+    runs, another thread saw paramiko half-initialized ("partially initialized module 'paramiko'
+    has no attribute 'SSHException'"). Imports are made once, here, in the calling thread."""
+    import paramiko  # noqa: F401
+
+    from cloudtrain.remote import connection, helper, ssh  # noqa: F401
+
+
+def describe_item(item: object) -> str:
+    """How an error names what failed: a node by rank and instance, never a Python repr."""
+    record = getattr(item, "record", item)
+    rank, instance = getattr(record, "rank", None), getattr(record, "instance_id", None)
+    if rank is not None and instance is not None:
+        return f"node {rank} ({instance})"
+    return str(item) if isinstance(item, str | int) else type(item).__name__
 
 
 def on_all(
@@ -158,7 +179,7 @@ def on_all(
         return [f.result() for f in futures]
     _clean_up(futures, cleanup)
     item, exc = failed
-    name = label(item) if label else str(item)
+    name = label(item) if label else describe_item(item)
     if isinstance(exc, CloudtrainError):
         exc.message = f"{name}: {exc.message}"
         raise exc

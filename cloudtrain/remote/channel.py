@@ -62,7 +62,10 @@ def transfer_errors() -> tuple[type[BaseException], ...]:
     socket. paramiko's only once it is loaded: a command served by the node's mux (remote/mux.py)
     never imports it (~0.07 s of its start), so it cannot meet one."""
     ssh = sys.modules.get("paramiko")
-    return (EOFError, OSError) if ssh is None else (EOFError, ssh.SSHException, OSError)
+    # Another thread may be importing it right now (a node of the same command connecting itself):
+    # a module still being initialized has no SSHException yet, and none can have come from it here.
+    error = getattr(ssh, "SSHException", None)
+    return (EOFError, OSError) if error is None else (EOFError, error, OSError)
 
 
 class Connection(Protocol):

@@ -9,6 +9,7 @@ import os
 import signal
 import socket
 import subprocess
+import threading
 from typing import IO
 
 import paramiko
@@ -56,6 +57,23 @@ class Connection:
     def exception(self) -> BaseException | None:
         transport = self.transport
         return transport.get_exception() if transport is not None else None
+
+    def answers(self, timeout: float) -> bool:
+        """Whether the node answers on this connection within `timeout` (one round trip: an SSH
+        keepalive request asking for a reply). A connection to a machine that was powered off looks
+        open until a packet goes out; one to a machine started again at the same address is then
+        reset. A thread left waiting ends when the connection is closed (False: the caller closes it)."""
+        transport = self.transport
+        if transport is None or not transport.is_active():
+            return False
+        answered = threading.Event()
+
+        def ask() -> None:
+            transport.global_request("keepalive@openssh.com", wait=True)  # sshd answers: "failure"
+            answered.set()
+
+        threading.Thread(target=ask, daemon=True, name="ssh-liveness").start()
+        return answered.wait(timeout) and transport.is_active()
 
     def close(self) -> None:
         self.client.close()

@@ -8,7 +8,16 @@ once. The mux exits, closing its connection:
 - ssh.persist_s after the last client left (never later: the check runs every second),
 - when its connection drops, or what it was made with changes (host key pin, key file, helper),
 - at once on a `stop` request (`down`: muxkeep.stop).
+- when the node stops answering: it asks for a sign of life every _PING_S (an SSH keepalive
+  request with a reply); one unanswered for _SILENT_S means the machine is gone (stopped, rebooted,
+  moved: a powered-off VM sends no FIN, so the connection looks open until the next packet),
 It writes nothing anywhere but its socket: no logs (stdout/stderr are /dev/null).
+
+A client is served only by a connection the node answered on since the last ping was sent: when one
+is still unanswered (a machine that went silent), the mux pokes the connection (a machine started
+again at the same address resets it) and waits up to _CONFIRM_S for the answer; none, and the client
+is told no (it connects itself, nothing sent) and the mux exits. So a command after a `stop` and
+`start` never gets a helper of the machine's previous boot, whose first request would fail.
 """
 
 from __future__ import annotations
@@ -33,6 +42,10 @@ from cloudtrain.remote.keys import Endpoint, KnownHosts
 
 _CHUNK = 1 << 18
 _TICK_S = 1.0
+_PING_S = 1.0  # a sign of life asked of the node this often
+_SILENT_S = 15.0  # a ping unanswered this long: the machine is gone, the mux exits
+_CONFIRM_S = 5.0  # a client waits at most this for an answer still outstanding, then connects itself
+_PING = "keepalive@openssh.com"  # sshd answers any global request asking for a reply (here: failure)
 
 
 class Mux:
@@ -51,6 +64,59 @@ class Mux:
         self._idle_since = time.monotonic()
         self._open: set[paramiko.Channel] = set()
         self._wake_r, self._wake_w = os.pipe()  # a stop request ends the accept loop's wait at once
+        self._asked_at: float | None = None  # the ping in flight (monotonic), None: all answered
+        self._pings = 0  # pings answered so far
+
+    # ------------------------------------------------------------------ is the node still there
+
+    def ping_loop(self) -> None:
+        """Ask the node for a sign of life every _PING_S, one at a time, until the mux stops."""
+        while not self.stopping.is_set():
+            transport = self.conn.transport
+            if transport is None or not transport.is_active():
+                self.stopping.set()
+                break
+            with self._lock:
+                self._asked_at = time.monotonic()
+            # Blocks until the reply (sshd's "failure" is one) or until the transport is closed.
+            transport.global_request(_PING, wait=True)
+            if not transport.is_active():
+                self.stopping.set()
+                with self._lock:
+                    self._lock.notify_all()
+                break
+            with self._lock:
+                self._asked_at = None
+                self._pings += 1
+                self._lock.notify_all()
+            self.stopping.wait(_PING_S)
+
+    def _silent_for(self) -> float:
+        with self._lock:
+            return 0.0 if self._asked_at is None else time.monotonic() - self._asked_at
+
+    def _node_answers(self) -> bool:
+        """Whether the node answered since the ping now in flight was sent (waiting for it if one is)."""
+        if self.stopping.is_set() or not self.conn.alive():
+            return False
+        with self._lock:
+            if self._asked_at is None:
+                return True
+            answered = self._pings
+        transport = self.conn.transport
+        # One more packet: a machine started again at this address answers it with a reset.
+        with contextlib.suppress(paramiko.SSHException, EOFError, OSError, AttributeError):
+            if transport is not None:
+                transport.global_request(_PING, wait=False)
+        deadline = time.monotonic() + min(_CONFIRM_S, self.spec.connect_timeout)
+        with self._lock:
+            while self._pings == answered and not self.stopping.is_set() and time.monotonic() < deadline:
+                self._lock.wait(0.1)
+            ok = self._pings != answered and not self.stopping.is_set()
+        if not ok:
+            self.stopping.set()  # the node is gone or unreachable: of no use to the next clients either
+            os.write(self._wake_w, b"x")
+        return ok
 
     # ------------------------------------------------------------------ the helper started ahead
 
@@ -79,7 +145,12 @@ class Mux:
             self.stopping.set()  # a connection that cannot open a channel is of no use to anyone
 
     def _take(self) -> tuple[paramiko.Channel | None, bool]:
+        if not self._node_answers():
+            return None, False
         with self._lock:
+            if self._spare is not None and (self._spare.closed or self._spare.eof_received):
+                self._spare.close()  # its helper ended (the node's side of it went away)
+                self._spare = None
             fresh = self._spare is None
             if fresh and not self._preparing:
                 threading.Thread(target=self._prepare, daemon=True).start()
@@ -111,7 +182,7 @@ class Mux:
             self._check()
 
     def _check(self) -> None:
-        if not self.conn.alive():
+        if not self.conn.alive() or self._silent_for() >= _SILENT_S:
             self.stopping.set()
             return
         with contextlib.suppress(OSError, ValueError, RemoteError):
@@ -235,6 +306,7 @@ def main() -> int:
         mux._prepare()  # noqa: SLF001
         if mux.stopping.is_set():
             return 1
+        threading.Thread(target=mux.ping_loop, daemon=True).start()
         os.replace(temporary, path)  # clients never see a socket nobody listens on
         mux.serve(listener)
     finally:

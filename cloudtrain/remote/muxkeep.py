@@ -76,6 +76,13 @@ class _Parked:
     helper: NodeHelper | None
     spec: MuxSpec
     timer: threading.Timer
+    since: float = 0.0  # monotonic
+
+
+# A connection parked longer than this is asked for a sign of life before it is used again: the
+# machine may have been stopped and started meanwhile (at the same address), and a request sent on
+# its previous boot's connection would fail instead of connecting again.
+_CONFIRM_AFTER_S = 2.0
 
 
 _parked: dict[MuxSpec, _Parked] = {}
@@ -92,7 +99,7 @@ def park(spec: MuxSpec, conn: Connection, helper: NodeHelper | None) -> bool:
         old = _parked.pop(spec, None)
         timer = threading.Timer(spec.persist_s, _expire, args=(spec, conn))
         timer.daemon = True
-        _parked[spec] = _Parked(conn, helper, spec, timer)
+        _parked[spec] = _Parked(conn, helper, spec, timer, time.monotonic())
         if len(_parked) == 1:
             _register_exit()
     timer.start()
@@ -107,7 +114,8 @@ def take_parked(spec: MuxSpec) -> tuple[Connection, NodeHelper | None] | None:
     if entry is None:
         return None
     entry.timer.cancel()
-    if not entry.conn.alive():
+    confirm = time.monotonic() - entry.since >= _CONFIRM_AFTER_S
+    if not entry.conn.alive() or (confirm and not entry.conn.answers(min(5.0, spec.connect_timeout))):
         _close(entry)
         return None
     if entry.helper is not None and not entry.helper.alive:
