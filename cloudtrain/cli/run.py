@@ -320,7 +320,8 @@ def collect(name: str, run_id: str | None, from_bucket: bool) -> None:
     run, got = collect_again(lc, name, run_id, warn=output.warn)
     for refused in got.refused:
         output.warn(f"refused result {refused.member!r}: {refused.reason}")
-    output.info(f"run {run.id}: {len(got.files)} file(s) fetched after {got.attempts} attempt(s)")
+    # `attempts` counts round trips (results and logs are two on a clean link): not news to a user.
+    output.info(f"run {run.id}: {len(got.files)} file(s) fetched and verified")
     if not got.complete:
         output.warn(f"not everything came home: {got.error}")
         output.echo(str(run.run_dir))

@@ -297,6 +297,8 @@ def report(reporter: Reporter, settings: Settings, results: Sequence[NodeResult]
     reporter.info(f"watchdog: {settings.describe()} on {len(results)} node(s)")
     hooks = sorted({r.hook for r in started})
     for hook in hooks:
+        if "persist: none" in hook:
+            continue  # persistence turned off on purpose (CLOUDTRAIN_WATCHDOG_PERSIST=none): nothing to warn of
         if hook.startswith("none"):
             reporter.warn(f"watchdog started detached (setsid), {hook}: it does not survive a reboot of the node")
         else:
