@@ -228,6 +228,9 @@ class Executor:
             self._upload(r)
             r.status, r.exit_code = RunStatus.SUCCEEDED, 0
         except KeyboardInterrupt:
+            from cloudtrain.shield import defer_interrupts
+
+            defer_interrupts()  # a second Ctrl-C is reported, never obeyed, until the command exits
             r.status, r.error = RunStatus.INTERRUPTED, "interrupted by the user"
             self.reporter.warn("interrupted: stopping the job, collecting logs, tearing down")
             end_jobs(self.store, self.reporter, r.nodes, r.jobs_started)
