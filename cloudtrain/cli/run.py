@@ -229,7 +229,11 @@ def exec_(name: str, command: tuple[str, ...], detach: bool, no_sync: bool, env:
     sigterm_as_interrupt()
     script = command[0] if len(command) == 1 else shlex.join(command)
     sync = not no_sync
-    job_id, status = exec_command(lc, display, name, script, detach=detach, sync=sync, env_overrides=env)
+    from cloudtrain.cluster.liveness import AliveMarks
+
+    # While exec holds the cluster (and once for a detached job), its machines say they are in use.
+    with AliveMarks(lc.store.path, lc.config, name):
+        job_id, status = exec_command(lc, display, name, script, detach=detach, sync=sync, env_overrides=env)
     if detach:
         output.info(f"started job {job_id}; follow it with `cloudtrain logs {name} {job_id} -f`")
         return

@@ -54,8 +54,9 @@ def _ago(seconds: float) -> str:
     return f"{seconds / 86400:.1f} days"
 
 
-def mark(store_path: Path | None, config: Config, cluster: str, now: float | None = None) -> list[str]:
-    """Renew the mark on the cluster's live machines once; the ids marked."""
+def mark(store_path: Path | None, config: Config, cluster: str, now: float | None = None) -> list[str] | None:
+    """Renew the mark on the cluster's live machines once; the ids marked, None where the cluster's
+    backend has no marks (this machine, given hosts: nothing there for another state to end)."""
     from cloudtrain.providers import get_provider
     from cloudtrain.state import StateStore
 
@@ -69,7 +70,9 @@ def mark(store_path: Path | None, config: Config, cluster: str, now: float | Non
     finally:
         store.close()
     provider = get_provider(record.provider, config)
-    if not ids or not supports(provider, MarksAlive):
+    if not supports(provider, MarksAlive):
+        return None
+    if not ids:
         return []
     provider.mark_alive(ids, time.time() if now is None else now)
     return ids
@@ -112,19 +115,22 @@ class AliveMarks:
         failing = False
         store = StateStore(self._path)
         try:
-            while not self._stop.is_set():
+            while True:  # one look even when stopped at once: a short command still marks its machines
                 ids = {n.instance_id for n in store.get_nodes(self._cluster)
                        if n.state not in (InstanceState.TERMINATED.value, InstanceState.STOPPED.value)}
                 if ids and (not ids <= marked or time.time() - last >= self._every):
                     try:
-                        marked = set(mark(self._path, self._config, self._cluster))
-                        last, failing = time.time(), False
+                        done = mark(self._path, self._config, self._cluster)
+                        if done is None:
+                            return
+                        marked, last, failing = set(done), time.time(), False
                     except CloudtrainError as exc:
                         # The next look tries again; four missed marks in a row before anyone may
                         # take the machines for a leak (LIVE_FOR_S). Said once per streak.
                         (log.debug if failing else log.warning)(
                             "could not renew the liveness mark of %s: %s", self._cluster, exc.one_line())
                         failing = True
-                self._stop.wait(self._look)
+                if self._stop.wait(self._look):
+                    return
         finally:
             store.close()
