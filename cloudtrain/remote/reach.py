@@ -56,13 +56,21 @@ def socket_failure(exc: OSError, timeout: float) -> tuple[str, str]:
     return f"unreachable: {exc.strerror or describe(exc)}", _CHECK_HOST
 
 
-def handshake_failure(exc: BaseException, timeout: float, answered: bool = True) -> tuple[str, str]:
-    """(what happened, what to check) for an SSH handshake that failed after TCP connected."""
+def handshake_failure(exc: BaseException, timeout: float, answered: bool = True,
+                      elapsed: float | None = None) -> tuple[str, str]:
+    """(what happened, what to check) for an SSH handshake that failed after TCP connected.
+    `elapsed`: how long the attempt took; a failure well before the timeout was no silence."""
     import paramiko  # loaded already: the handshake was paramiko's
 
     if isinstance(exc, OSError) and not isinstance(exc, paramiko.SSHException):
         return socket_failure(exc, timeout)
     text = describe(exc)
+    quick = elapsed is not None and elapsed < 0.8 * timeout
+    if not answered and quick and (isinstance(exc, EOFError) or "banner" in text.lower()):
+        # It answered at once, and not with "SSH-2.0-...": another server (HTTP, a proxy, a
+        # database) on that port, which replied to our greeting and hung up.
+        return (f"the port answered within {elapsed:.1f}s, but not as an SSH server (something else listens "
+                "there: a web server, a proxy?)", "check that the port is the machine's SSH port (usually 22)")
     if not answered and not isinstance(exc, EOFError) or "banner" in text.lower():
         return (f"no SSH server answered within {timeout:g}s: the port accepts connections but says nothing",
                 "check that the address and port are the machine's SSH port (a typo?)")

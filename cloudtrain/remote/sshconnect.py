@@ -156,6 +156,7 @@ class Connecting:
         sock, proxy, proxy_err = self._open_socket()
         client = paramiko.SSHClient()
         client.set_missing_host_key_policy(PinPolicy(self.known_hosts, ep, learn=self.learn_host_keys))
+        began = time.monotonic()
         try:
             client.connect(
                 hostname=ep.address,
@@ -187,7 +188,7 @@ class Connecting:
             started = client.get_transport()
             answered = started is not None and bool(getattr(started, "remote_version", ""))
             said = abandon(client, sock, proxy, proxy_err)
-            what, hint = handshake_failure(exc, self.connect_timeout, answered)
+            what, hint = handshake_failure(exc, self.connect_timeout, answered, time.monotonic() - began)
             if proxy and said:
                 hint = f"ProxyCommand {ep.expanded_proxy_command()!r} said: {said}"
             raise SSHConnectError(f"{where}: {what}", hint=hint) from None

@@ -58,3 +58,41 @@ def test_a_long_connect_wait_says_what_it_waits_for(
             assert text.startswith("waiting for SSH on u@h:22 (instance i-1): ")
             assert f"{waited:.0f}s of up to {budget:.0f}s" in text and "connection refused" in text
     assert said == said_at
+
+
+def test_a_port_that_answers_at_once_but_not_as_ssh_is_named_so() -> None:
+    """An HTTP server on the port (issue 35.12) answers our greeting and hangs up in a moment: that
+    is not 'no SSH server answered within 10s'."""
+    banner = paramiko.SSHException("Error reading SSH protocol banner")
+    what, hint = handshake_failure(banner, 10.0, answered=False, elapsed=0.4)
+    assert "answered within 0.4s, but not as an SSH server" in what and "SSH port" in hint
+    what, _ = handshake_failure(EOFError(), 10.0, answered=False, elapsed=0.1)
+    assert "not as an SSH server" in what
+    # A port that stays silent until the timeout is still said as silence.
+    what, _ = handshake_failure(banner, 10.0, answered=False, elapsed=10.0)
+    assert what.startswith("no SSH server answered within 10s")
+
+
+def test_a_real_http_server_on_the_port_is_named_so() -> None:
+    """Against a real HTTP server on loopback, through the real connect."""
+    import http.server
+    import threading
+    import time
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), http.server.BaseHTTPRequestHandler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        sock = socket.create_connection(server.server_address, timeout=5)
+        transport = paramiko.Transport(sock)
+        transport.banner_timeout = 5
+        started = time.monotonic()
+        with pytest.raises((paramiko.SSHException, EOFError)) as caught:
+            transport.start_client(timeout=5)
+        elapsed = time.monotonic() - started
+        transport.close()
+        what, _ = handshake_failure(caught.value, 5.0, answered=bool(transport.remote_version), elapsed=elapsed)
+        assert "not as an SSH server" in what, what
+    finally:
+        server.shutdown()
+        server.server_close()
