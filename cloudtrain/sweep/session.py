@@ -127,6 +127,13 @@ def resume(lc: Lifecycle, sweep_id: str, view: SweepView, *, stop: bool = False)
     from cloudtrain.sweep.spec import SweepSpec
 
     row = get_sweep(lc, sweep_id)
+    if row.status == SweepStatus.STOPPED:
+        # Ctrl-C or `sweep stop`: its trials were ended and its VMs released on purpose; what it
+        # found is kept. There is nothing left running to re-attach to.
+        raise UsageError(f"sweep {sweep_id} was stopped (Ctrl-C or `cloudtrain sweep stop`): its trials were ended "
+                         "and its machines released, so there is nothing to resume",
+                         hint=f"`cloudtrain sweep status {sweep_id}` shows what it found; `cloudtrain sweep run "
+                              f"{row.recipe_path}` starts a new sweep with a budget of its own")
     if row.status in FINAL:
         raise UsageError(f"sweep {sweep_id} is {row.status}", hint=f"`cloudtrain sweep status {sweep_id}` shows it")
     if driver_alive(row):

@@ -141,6 +141,10 @@ def test_stop_from_another_process_ends_trials_and_releases_every_vm(tmp_path: P
     assert detail["status"] == "stopped"
     assert {t["state"] for t in detail["trials"]} == {"stopped"}
     assert len(started.read_text().split()) == 2  # nothing started after the stop
+    # Resuming a stopped sweep says why there is nothing to resume, and what to do instead (35.12).
+    again = sweep_cli("resume", sweep_id)
+    assert again.returncode == 2, again.stdout + again.stderr
+    assert "was stopped" in again.stderr and "sweep status" in again.stderr and "sweep run" in again.stderr
     _nothing_left()
 
 
