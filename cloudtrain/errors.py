@@ -125,9 +125,10 @@ class UnsafeArchiveError(RemoteError):
 class JobFailedError(CloudtrainError):
     """The user's job (or setup) exited non-zero."""
 
-    def __init__(self, message: str, job_exit_code: int) -> None:
+    def __init__(self, message: str, job_exit_code: int, cancelled: bool = False) -> None:
         super().__init__(message)
         self.job_exit_code = job_exit_code
+        self.cancelled = cancelled  # ended by `cloudtrain cancel` (runner.sh kill), not by itself
 
 
 class Interrupted(CloudtrainError):

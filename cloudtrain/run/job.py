@@ -50,6 +50,9 @@ def run_job(store: StateStore, reporter: Reporter, nodes: Sequence[Node], run_id
     for rank, st in enumerate(statuses):
         if st.state != JobState.SUCCEEDED:
             code = st.exit_code if st.exit_code is not None else 1
+            if st.state == JobState.KILLED:
+                raise JobFailedError(f"{what} on node {rank} cancelled (`cloudtrain cancel`; exit code {code})", code,
+                                     cancelled=True)
             raise JobFailedError(f"{what} on node {rank} {st.state} (exit code {code})", code)
 
 

@@ -236,6 +236,8 @@ class Executor:
             end_jobs(self.store, self.reporter, r.nodes, r.jobs_started)
         except JobFailedError as exc:
             r.exit_code, r.error = exc.job_exit_code, exc.message
+            if exc.cancelled:
+                r.status = RunStatus.CANCELLED
             end_jobs(self.store, self.reporter, r.nodes, r.jobs_started)
             if r.job_id in r.jobs_started and r.uploaded is None:
                 self._upload(r, failed_job=True)  # a failed job's checkpoints matter as much

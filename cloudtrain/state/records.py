@@ -19,7 +19,8 @@ class RunStatus(StrEnum):
     RUNNING = "running"
     SUCCEEDED = "succeeded"  # the job succeeded and its results and logs are home, verified
     FAILED = "failed"
-    INTERRUPTED = "interrupted"
+    INTERRUPTED = "interrupted"  # Ctrl-C, `kill` or a closed terminal of the `cloudtrain run` itself
+    CANCELLED = "cancelled"  # its job was ended by `cloudtrain cancel` (from another terminal)
     ABANDONED = "abandoned"  # the `cloudtrain run` process died without finishing the row
 
 
