@@ -207,7 +207,10 @@ class Executor:
                                   driver=procid.identity())
         else:
             r = self._new_run(loaded, cluster_name, runs_dir)
-        r.clock.spent = lambda: self._spent(cluster_name, r.started)
+        # This run's incarnation only, also once `down` removed its row: never the spend of an
+        # earlier cluster of the same name (the meter must say what `cost` says of this run).
+        r.clock.spent = lambda: (self._spent(cluster_name, r.started, incarnation=r.cluster.record.uid)
+                                 if r.cluster is not None else None)
         run_id, run_dir = r.run_id, r.run_dir
         usage_error: UsageError | None = None
         # While this run holds the cluster its machines say so on their tags: `gc` from another
