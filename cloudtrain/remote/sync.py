@@ -375,7 +375,38 @@ def _differing(transport, base: Path, remote_dir: str, candidates: list[LocalEnt
     return [entry for entry, verdict in zip(candidates, verdicts) if verdict != b"="] + candidates[len(verdicts):]
 
 
+# A transfer longer than this says how far it got, then again every PROGRESS_EVERY_S: every wait
+# longer than a few seconds says what it waits for (60 MB used to be 15 s of silence).
+PROGRESS_AFTER_S = 3.0
+PROGRESS_EVERY_S = 5.0
+
+
+class _Progress:
+    """A byte stream read on its way to the node, saying how much of `total` went so far."""
+
+    def __init__(self, stream, total: int, files: int, label: str,  # noqa: ANN001 - a binary file
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._stream, self._total, self._files, self._label, self._clock = stream, total, files, label, clock
+        self.sent = 0
+        self._started = clock()
+        self._next = self._started + PROGRESS_AFTER_S
+
+    def read(self, size: int = -1) -> bytes:
+        chunk = self._stream.read(size)
+        self.sent += len(chunk)
+        now = self._clock()
+        if chunk and now >= self._next:
+            self._next = now + PROGRESS_EVERY_S
+            rate = self.sent / max(now - self._started, 1e-6)
+            # The tar stream carries headers too: never show more than the files' own bytes.
+            shown = min(self.sent, self._total)
+            log.warning("syncing %d file(s) to %s: %.1f of %.1f MB sent (%.1f MB/s)", self._files, self._label,
+                        shown / 1e6, self._total / 1e6, rate / 1e6)
+        return chunk
+
+
 def _send_tar(transport, base: Path, entries: Iterable[LocalEntry], remote_dir: str) -> None:  # noqa: ANN001
+    entries = list(entries)
     tar = _local_tar()
     with tempfile.TemporaryFile() as listing, tempfile.TemporaryFile() as errors:
         listing.write(b"\0".join(os.fsencode(e.rel) for e in entries) + b"\0")
@@ -390,7 +421,8 @@ def _send_tar(transport, base: Path, entries: Iterable[LocalEntry], remote_dir: 
         assert creator.stdout is not None
         extract = 'mkdir -p -- "$1" && exec tar -C "$1" -xf - --no-same-owner'
         try:
-            transport.run(["sh", "-c", extract, "sh", remote_dir], input=creator.stdout)
+            stream = _Progress(creator.stdout, sum(e.size for e in entries), len(entries), transport.label)
+            transport.run(["sh", "-c", extract, "sh", remote_dir], input=stream)
         except RemoteCommandError as exc:
             raise SyncError(f"unpacking on {transport.label}:{remote_dir} failed: {exc.message}",
                             hint="running again resumes") from None
