@@ -68,6 +68,7 @@ class CompareRow:
     wall_time_s: float | None
     cost_per_epoch_usd: float | None
     cost_usd: float | None
+    epochs: int | None = None
 
 
 def read_json(path: Path) -> dict[str, Any]:
@@ -178,7 +179,7 @@ def compare_table(runs: Sequence[RunSummary]) -> list[CompareRow]:
             sec_per_batch=r.sec_per_batch, images_per_sec=r.images_per_sec,
             speedup=r.images_per_sec / base if base and r.images_per_sec is not None else None,
             test_accuracy=r.test_accuracy, wall_time_s=r.wall_time_s, cost_per_epoch_usd=per_epoch,
-            cost_usd=r.cost_usd))
+            cost_usd=r.cost_usd, epochs=r.epochs))
     return rows
 
 
@@ -221,12 +222,22 @@ def batch_size_warning(rows: Sequence[CompareRow]) -> str | None:
             "set the same job.params.batch_size x replicas to compare devices")
 
 
-def default_png_path(run_dirs: Sequence[Path | str]) -> Path:
-    """Where the chart goes without --output: next to the runs (their common parent directory)."""
-    parents = [Path(d).resolve().parent if Path(d).exists() else Path(d).absolute().parent for d in run_dirs]
-    import os
+def epochs_warning(rows: Sequence[CompareRow]) -> str | None:
+    """A sentence when the runs trained for different numbers of epochs (accuracy, and a total time
+    or cost, are then not like for like), else None."""
+    counts = {r.epochs for r in rows if r.epochs is not None}
+    if len(counts) < 2:
+        return None
+    listed = ", ".join(f"{r.run} {r.epochs}" for r in rows if r.epochs is not None)
+    return (f"epochs differ ({listed}): accuracy and whole-run time and cost are not like for like; "
+            "per-epoch numbers (sec/batch, images/s, cost per epoch) still compare")
 
-    return Path(os.path.commonpath([str(p) for p in parents])) / "compare.png"
+
+def default_png_path(run_dirs: Sequence[Path | str]) -> Path:
+    """Where the chart goes without --output: beside the runs, in the directory that holds the
+    first one (the runs/ folder), never a far common ancestor of runs from two places ($HOME, /)."""
+    first = Path(run_dirs[0])
+    return (first.resolve().parent if first.exists() else first.absolute().parent) / "compare.png"
 
 
 # One colour per device: CPU runs grey, each GPU model its own colour (colour-blind friendly set).

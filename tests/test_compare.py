@@ -149,11 +149,23 @@ def test_batch_sizes_that_differ_are_named(tmp_path: Path) -> None:
     assert batch_size_warning(compare_table(load_runs([small, same]))) is None
 
 
+def test_epochs_that_differ_are_warned_about(tmp_path: Path) -> None:
+    from cloudtrain.compare import epochs_warning
+
+    short = _fake_run(tmp_path / "short", epochs=2)
+    long = _fake_run(tmp_path / "long", epochs=10)
+    also = _fake_run(tmp_path / "also", epochs=2)
+    warning = epochs_warning(compare_table(load_runs([short, long])))
+    assert warning is not None and "epochs differ" in warning and "short 2" in warning and "long 10" in warning
+    assert epochs_warning(compare_table(load_runs([short, also]))) is None
+
+
 def test_chart_goes_next_to_the_runs(tmp_path: Path) -> None:
     runs = tmp_path / "runs"
     assert default_png_path([runs / "a", runs / "b"]) == runs / "compare.png"
     assert default_png_path([runs / "a"]) == runs / "compare.png"
-    assert default_png_path([runs / "x" / "a", runs / "y" / "b"]) == runs / "compare.png"
+    # Runs from two places: beside the first, never their far common ancestor ($HOME, /) (35.12).
+    assert default_png_path([runs / "x" / "a", runs / "y" / "b"]) == runs / "x" / "compare.png"
 
 
 def test_compare_command_writes_next_to_the_runs_and_warns(tmp_path: Path) -> None:

@@ -53,6 +53,11 @@ def test_runs_of_your_own_script_compare_on_what_they_share(tmp_path: Path) -> N
     assert lines[0].split() == ["run", "status", "exit", "wall", "s", "job", "s", "cost"]
     assert any(line.split()[:3] == ["c", "failed", "1"] for line in lines)
     assert "no metric common to these runs" in shown.stdout  # c has none
+    # --output for runs of your own scripts: nothing is drawn, and that is said (35.12).
+    chart = tmp_path / "chart.png"
+    asked = cloudtrain("compare", str(a), str(b), "--output", str(chart))
+    assert asked.returncode == 0 and not chart.exists()
+    assert f"--output {chart}: nothing written" in asked.stderr, asked.stderr
 
 
 def test_a_directory_that_is_no_run_is_one_line(tmp_path: Path) -> None:

@@ -18,8 +18,8 @@ def compare(run_dirs: tuple[str, ...], png_path: str | None) -> None:
     """Compare RUN_DIRs. Any runs: status, exit code, wall and job time, cost, and every number the
     runs' outputs/metrics.json share. The bundled job's runs: device, strategy, batch size, sec/batch,
     images/s, speed-up vs the first, test accuracy, cost per epoch, and a chart coloured by device."""
-    from cloudtrain.compare import (CompareError, batch_size_warning, compare_table, default_png_path, format_rows,
-                                    load_runs, render_png)
+    from cloudtrain.compare import (CompareError, batch_size_warning, compare_table, default_png_path, epochs_warning,
+                                    format_rows, load_runs, render_png)
 
     # `compare runs/*` also matches the chart an earlier compare saved next to the runs: not a run.
     charts = [d for d in run_dirs if Path(d).is_file() and Path(d).suffix.lower() == ".png"]
@@ -37,6 +37,9 @@ def compare(run_dirs: tuple[str, ...], png_path: str | None) -> None:
             output.info(f"not in every run (left out): {', '.join(partial)}")
         if len(headers) == 6:
             output.info("no metric common to these runs: write numbers to outputs/metrics.json to compare them")
+        if png_path:
+            output.warn(f"--output {png_path}: nothing written: a chart is drawn for runs of the bundled job only; "
+                        "the table above is the comparison (`> file` keeps it)")
         return
     from cloudtrain.extras import require
 
@@ -46,9 +49,9 @@ def compare(run_dirs: tuple[str, ...], png_path: str | None) -> None:
     except CompareError as exc:
         exc.hint = exc.hint or "pass directories written by `cloudtrain run` or the bundled job"
         raise
-    warning = batch_size_warning(rows)
-    if warning:
-        output.warn(warning)
+    for warning in (batch_size_warning(rows), epochs_warning(rows)):
+        if warning:
+            output.warn(warning)
     headers, cells = format_rows(rows)
     output.table(headers, cells)
     saved = render_png(rows, Path(png_path) if png_path else default_png_path(run_dirs))
