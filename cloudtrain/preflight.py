@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from cloudtrain.errors import NotAvailableError, RecipeError, UsageError
+from cloudtrain.errors import CloudtrainError, NotAvailableError, RecipeError, UsageError
 from cloudtrain.yamlfile import line_of
 
 if TYPE_CHECKING:
@@ -34,7 +34,19 @@ CLOUD_ONLY_FIELDS = ("region", "zone", "instance_type", "accelerators", "image",
 
 
 def preflight(loaded: LoadedRecipe, config: Config) -> Plan | None:
-    """Raise on the first static problem of `loaded`; return the plan for priced clouds, else None."""
+    """Raise on the static problems of `loaded`: the paths load_recipe kept (`defer_paths`) with
+    the first problem of the checks below, in one error of a line each; return the plan for priced
+    clouds, else None."""
+    if not loaded.path_problems:
+        return _preflight(loaded, config)
+    try:
+        _preflight(loaded, config)
+    except CloudtrainError as exc:
+        raise RecipeError("\n".join([*loaded.path_problems, exc.one_line()])) from None
+    raise RecipeError("\n".join(loaded.path_problems))
+
+
+def _preflight(loaded: LoadedRecipe, config: Config) -> Plan | None:
     from cloudtrain.providers import ANY
 
     recipe = loaded.recipe

@@ -413,3 +413,26 @@ def test_a_host_key_that_is_missing_or_not_a_private_key_is_said_at_validate(
     (line,) = proc.stderr.strip().splitlines()
     assert line.startswith("error: recipe.yaml:6: resources.hosts.0.key: ") and said in line, line
     assert "MalformedFraming" not in line
+
+
+def test_validate_says_the_paths_and_the_plan_in_one_round(tmp_path: Path, offline: None) -> None:
+    """Issue 35.12: a missing workdir, a missing data source and an instance type typo used to take
+    three rounds of `validate`; now one, a line each, with its file:line."""
+    write(tmp_path, textwrap.dedent("""\
+        name: demo
+        workdir: ./nonexistent-dir
+        resources:
+          cloud: aws
+          instance_type: g4dn.xlarg
+        run: python train.py
+        data:
+          - source: ./nothere
+            target: data
+    """))
+    proc = cloudtrain("validate", "recipe.yaml", cwd=tmp_path)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 3, lines
+    assert lines[0].startswith("error: recipe.yaml:2: workdir: ") and "is not a directory" in lines[0]
+    assert lines[1].startswith("error: recipe.yaml:8: data[0].source: ") and "does not exist" in lines[1]
+    assert lines[2].startswith("error: recipe.yaml:5: resources.instance_type: ") and "g4dn.xlarg" in lines[2]

@@ -25,7 +25,7 @@ def up(recipe_path: str, cluster: str | None, yes: bool) -> None:
 
     from cloudtrain.cli.run import sigterm_as_interrupt
 
-    loaded = load_recipe(recipe_path)
+    loaded = load_recipe(recipe_path, defer_paths=True)
     output.recipe_warnings(loaded.warnings)
     display = output.RunDisplay()
     lc = open_lifecycle(display)

@@ -27,7 +27,7 @@ def plan(recipe_path: str, as_json: bool, alternatives: int) -> None:
     from cloudtrain.preflight import preflight
     from cloudtrain.recipe import load_recipe
 
-    loaded = load_recipe(recipe_path)
+    loaded = load_recipe(recipe_path, defer_paths=True)
     # The config only: opening the state store would create state.db, and `plan` creates nothing.
     config = load_config()
     static = preflight(loaded, config)

@@ -17,7 +17,7 @@ def validate(recipe_path: str) -> None:
     from cloudtrain.preflight import preflight
     from cloudtrain.recipe import load_recipe
 
-    loaded = load_recipe(recipe_path)
+    loaded = load_recipe(recipe_path, defer_paths=True)  # said with the plan's problems, in one round
     plan = preflight(loaded, load_config())
     output.recipe_warnings(loaded.warnings)
     r = loaded.recipe

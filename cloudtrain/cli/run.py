@@ -93,7 +93,7 @@ def run(recipe_path: str, cluster: str | None, env: dict[str, str], down_: bool,
         _run_driven(recipe_path, cluster, env, chosen, runs_dir, quiet, resume_run, yes, driver_host, driver_key,
                     driver_cloudtrain)
         return
-    loaded = load_recipe(recipe_path)
+    loaded = load_recipe(recipe_path, defer_paths=True)
     output.recipe_warnings(loaded.warnings)
     display = output.RunDisplay(quiet=quiet)
     lc = open_lifecycle(display)

@@ -474,6 +474,9 @@ class LoadedRecipe(BaseModel):
     node: yaml.Node | None = Field(default=None, exclude=True, repr=False)
     # What the user should know before running it (run: names a file that will not be on the node).
     warnings: tuple[str, ...] = ()
+    # Paths on this machine that are not there (workdir, data sources), one line each, when the
+    # caller asked to hear them with the plan's problems (`defer_paths`): one round, not three.
+    path_problems: tuple[str, ...] = ()
 
 
 def interpolate(value: Any, where: str, path: Path, env: dict[str, str], node: yaml.Node | None = None,
@@ -527,8 +530,11 @@ def resolve_recipe(path: str | Path) -> Path:
                       hint=f"{hint}; `cloudtrain recipes` lists them" if hint else "`cloudtrain recipes` lists the bundled ones")
 
 
-def load_recipe(path: str | Path, env: dict[str, str] | None = None, *, sweep: bool = False) -> LoadedRecipe:
+def load_recipe(path: str | Path, env: dict[str, str] | None = None, *, sweep: bool = False,
+                defer_paths: bool = False) -> LoadedRecipe:
     """Load and validate a recipe; a `sweep:` section is refused unless `sweep` (`cloudtrain sweep`).
+    Every missing path (workdir, data sources) is said at once; with `defer_paths` they are kept in
+    `path_problems` for preflight to say together with the plan's (preflight raises them).
 
     A bare name that is not a file (`mnist-local`) is looked up among the bundled recipes, so they
     work from any directory after `pip install` (`cloudtrain recipes` lists them).
@@ -551,12 +557,20 @@ def load_recipe(path: str | Path, env: dict[str, str] | None = None, *, sweep: b
     except ValidationError as exc:
         raise RecipeError(format_validation_error(path, node, exc, Recipe)) from None
 
+    from cloudtrain.yamlfile import line_of
+
+    def where(loc: tuple[str | int, ...]) -> str:
+        line = line_of(node, loc) if node is not None else None
+        return f"{path}:{line}" if line else str(path)
+
     base = path.resolve().parent
+    problems: list[str] = []
     workdir = None
     if recipe.workdir is not None:
         workdir = (base / Path(recipe.workdir).expanduser()).resolve()
         if not workdir.is_dir():
-            raise RecipeError(f"{path}: workdir: {workdir} is not a directory", hint="create it or fix the path")
+            problems.append(f"{where(('workdir',))}: workdir: {workdir} is not a directory (create it or fix the path)")
+            workdir = None
     from cloudtrain.recipe.workdir import resolve_workdir
 
     workdir, warnings = resolve_workdir(recipe.run, base, workdir)
@@ -566,12 +580,15 @@ def load_recipe(path: str | Path, env: dict[str, str] | None = None, *, sweep: b
             continue  # copied by the node itself (buckets/steps.py); data_sources: the local mounts only
         source = (base / Path(mount.source).expanduser()).resolve()
         if not source.exists():
-            raise RecipeError(f"{path}: data[{i}].source: {source} does not exist")
+            problems.append(f"{where(('data', i, 'source'))}: data[{i}].source: {source} does not exist")
+            continue
         sources.append(source)
+    if problems and not defer_paths:
+        raise RecipeError("\n".join(problems))
     digest = hashlib.sha256(text.encode()).hexdigest()
     return LoadedRecipe(
         recipe=recipe, path=path, digest=digest, workdir=workdir, data_sources=tuple(sources), node=node,
-        warnings=tuple(f"{path}: {w}" for w in warnings),
+        warnings=tuple(f"{path}: {w}" for w in warnings), path_problems=tuple(problems),
     )
 
 
