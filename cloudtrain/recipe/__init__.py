@@ -111,10 +111,16 @@ class Resources(StrictModel):
     max_hourly_usd: Annotated[float, Field(gt=0, description="highest on-demand/spot price per node, USD/h")] | None = None
     accelerators: str | None = Field(default=None, description="GPU type and count, e.g. T4:1 or V100:8",
                                      json_schema_extra={"pattern": ACCELERATORS_PATTERN})
+    allow_more_accelerators: bool = Field(
+        default=False, description="the plan and its failover may use a type with more GPUs per node than "
+                                   "accelerators asks for (T4:1 on a T4:4 type, at its price); default: exactly that many")
     cpus: Annotated[int, Field(ge=1)] | None = None
     memory: Annotated[float, Field(gt=0, description="GiB")] | None = None
     spot: bool = False
     disk_gb: Annotated[int, Field(ge=8, le=65536)] | None = None
+    allow_cpu_fallback: bool = Field(
+        default=False, description="A GPU recipe on a node whose probe sees no GPU (a broken driver): train on "
+                                   "the CPU with a loud warning instead of failing before the job")
     image: str | None = None
     hosts: list[SshHost] | None = Field(default=None, description="cloud: ssh (the machines), slurm (its login node)")
     slurm: SlurmSettings | None = Field(default=None, description="cloud: slurm only: partition, account, qos, time")
@@ -139,6 +145,8 @@ class Resources(StrictModel):
             raise ValueError(f"cloud: {self.cloud} takes one host, its login node; num_nodes says how many nodes to allocate")
         if self.zone and not self.region and _cloud_fields(self.cloud):
             raise ValueError("'zone' needs 'region' too")
+        if self.allow_more_accelerators and not self.accelerators:
+            raise ValueError("'allow_more_accelerators' needs 'accelerators' (the GPUs per node it may exceed)")
         return self
 
     @property

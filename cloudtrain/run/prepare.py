@@ -102,7 +102,8 @@ class PendingPrepare:
             python = str(report["python"])
         else:
             # The runtime's files go with the bootstrap's script and the probe: one round trip.
-            python = _bootstrap(node, ensure_tf=ensure_tf, want_pip=want_pip, reporter=reporter, puts=puts)
+            python = _bootstrap(node, ensure_tf=ensure_tf, want_pip=want_pip, reporter=reporter, puts=puts,
+                                gpus=(wanted_gpus(self.recipe), self.recipe.resources.allow_cpu_fallback))
         puts.check()
         self._remember_ready(python)
         return replace(node, python=python)
@@ -222,7 +223,36 @@ def write_ssh_config(cluster: Cluster, config: Config, reporter: Reporter) -> No
 BOOTSTRAP_TAIL_LINES = 15  # of the failing step's output, in the error; the whole log stays on the node
 
 
-def _bootstrap(node: Node, ensure_tf: bool, want_pip: bool, reporter: Reporter, puts: _PutFiles) -> str:
+def wanted_gpus(recipe: Recipe) -> int:
+    """How many GPUs per node the recipe pays for: its accelerators, else its instance type's."""
+    if recipe.resources.accelerator_count:
+        return recipe.resources.accelerator_count
+    if not recipe.resources.instance_type:
+        return 0
+    from cloudtrain.catalog import default_catalog
+
+    offer = default_catalog().describe_type(recipe.resources.cloud, recipe.resources.instance_type)
+    return offer.accelerator_count if offer is not None else 0
+
+
+def check_gpus(label: str, facts, wanted: int, allow_cpu: bool, reporter: Reporter) -> None:  # noqa: ANN001
+    """A GPU recipe on a node that shows none (no driver, a broken one): GPU prices for CPU work.
+    Refused before the job, with the probe's reason, unless the recipe allows the CPU."""
+    if not wanted or facts.gpu_count:
+        return
+    reason = ("nvidia-smi ran but listed no GPU (is the driver loaded? `nvidia-smi` on the node says why)"
+              if facts.has_nvidia_smi else "no nvidia-smi on the node (no NVIDIA driver in this image)")
+    if allow_cpu:
+        reporter.warn(f"{label}: the recipe pays for {wanted} GPU(s) per node but the node shows none: {reason}; "
+                      "TRAINING ON THE CPU (resources.allow_cpu_fallback)")
+        return
+    raise RemoteError(f"{label}: the recipe asks for {wanted} GPU(s) per node but the node shows none: {reason}",
+                      hint="use an image with the NVIDIA driver (the default images have it), or set "
+                           "resources.allow_cpu_fallback: true to train on the CPU anyway")
+
+
+def _bootstrap(node: Node, ensure_tf: bool, want_pip: bool, reporter: Reporter, puts: _PutFiles,
+               gpus: tuple[int, bool] = (0, False)) -> str:
     """Probe the VM, make the venv that setup and run use (with pip when `want_pip`) and, for the
     bundled job, make TensorFlow importable; return the python to use. A failure says why: the
     failing step's last lines, and where the whole log is (kept on the node, and on the error as
@@ -238,6 +268,7 @@ def _bootstrap(node: Node, ensure_tf: bool, want_pip: bool, reporter: Reporter, 
         raise RemoteError(f"{t.label}: no python3 on the node", hint="use an image with python3 or install it in setup")
     if node.rank == 0:
         reporter.info(f"node: {facts.summary()}")
+    check_gpus(t.label, facts, *gpus, reporter)
     # Beside the venv it builds, not in the cluster's directory: the node's own history, which
     # `down` (that removes our files from a machine we do not own) leaves for a look afterwards.
     log = f"{posixpath.dirname(node.layout.root.rstrip('/'))}/bootstrap.log"

@@ -48,10 +48,12 @@ def assert_nothing_left(cloud: GcpCloud) -> None:
 
 def test_up_run_stop_start_down(gcp_cloud: GcpCloud) -> None:
     cloud, name = gcp_cloud, gcp_cloud.cluster
+    # The fake's T4 machine is a CPU sshd VM: the recipe allows the CPU, and is told loudly (35.10).
     recipe = cloud.recipe(job={"name": "mnist_cnn", "params": {"epochs": 1, "data": "bundled"}},
-                          resources={"instance_type": T4})
+                          resources={"instance_type": T4, "allow_cpu_fallback": True})
     up = cloud.up(recipe)
     assert up.ok, up.output
+    assert "pays for 1 GPU(s) per node but the node shows none" in up.stderr and "TRAINING ON THE CPU" in up.stderr
     ((zone, inst),) = cloud.instances()
     assert zone == "us-central1-a" and inst["status"] == "RUNNING"
     assert inst["machineType"].endswith("/machineTypes/n1-standard-4")
