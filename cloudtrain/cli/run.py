@@ -231,7 +231,7 @@ def exec_(name: str, command: tuple[str, ...], detach: bool, no_sync: bool, env:
     sync = not no_sync
     from cloudtrain.cluster.liveness import AliveMarks
 
-    # While exec holds the cluster (and once for a detached job), its machines say they are in use.
+    # While an exec that lasts holds the cluster, its machines say they are in use.
     with AliveMarks(lc.store.path, lc.config, name):
         job_id, status = exec_command(lc, display, name, script, detach=detach, sync=sync, env_overrides=env)
     if detach:

@@ -30,6 +30,9 @@ MARK_EVERY_S = 300.0
 LIVE_FOR_S = 4 * MARK_EVERY_S
 # How often the holder looks for new machines (a relaunch, a recovery's new incarnation) to mark.
 _LOOK_EVERY_S = 15.0
+# A command shorter than this marks nothing: a warm `exec` or `run` must not pay for a cloud SDK's
+# import and a tagging call (seconds on GCP and Azure), and a launch carries its own first mark.
+FIRST_AFTER_S = 20.0
 
 
 def is_live(alive_at: float | None, now: float) -> bool:
@@ -79,14 +82,14 @@ def mark(store_path: Path | None, config: Config, cluster: str, now: float | Non
 
 
 class AliveMarks:
-    """While a command holds CLUSTER: its machines' mark, renewed every `every_s` and at once for
-    machines it has not marked yet. Its own state connection (SQLite connections stay in their
+    """While a command holds CLUSTER: from `first_after_s` on, its machines' mark, renewed every
+    `every_s` and at once for machines it has not marked yet (a relaunch). Its own state connection (SQLite connections stay in their
     thread); stopped with a token, `stop()`."""
 
     def __init__(self, store_path: Path | None, config: Config, cluster: str, every_s: float = MARK_EVERY_S,
-                 look_every_s: float = _LOOK_EVERY_S) -> None:
+                 look_every_s: float = _LOOK_EVERY_S, first_after_s: float = FIRST_AFTER_S) -> None:
         self._path, self._config, self._cluster = store_path, config, cluster
-        self._every, self._look = every_s, look_every_s
+        self._every, self._look, self._first = every_s, look_every_s, first_after_s
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -113,9 +116,11 @@ class AliveMarks:
         marked: set[str] = set()
         last = 0.0
         failing = False
+        if self._stop.wait(self._first):
+            return
         store = StateStore(self._path)
         try:
-            while True:  # one look even when stopped at once: a short command still marks its machines
+            while True:
                 ids = {n.instance_id for n in store.get_nodes(self._cluster)
                        if n.state not in (InstanceState.TERMINATED.value, InstanceState.STOPPED.value)}
                 if ids and (not ids <= marked or time.time() - last >= self._every):

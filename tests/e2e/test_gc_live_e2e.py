@@ -90,8 +90,8 @@ def test_a_held_cluster_renews_its_mark_and_an_old_mark_is_a_leak(aws_cloud: Aws
     (leak,) = [leak for leak in listed["leaks"] if leak["cluster"] == aws_cloud.cluster and leak["kind"] == "instance"]
     assert leak["evidence"] == "last alive 1.0 h ago" and not leak["live"]
 
-    # A command holding the cluster marks its machines at once, then every `every_s`.
-    with AliveMarks(None, load_config(), aws_cloud.cluster, every_s=0.5, look_every_s=0.1):
+    # A command holding the cluster marks its machines once it has lasted, then every `every_s`.
+    with AliveMarks(None, load_config(), aws_cloud.cluster, every_s=0.5, look_every_s=0.1, first_after_s=0.1):
         wait_until(lambda: all(i.alive_at and time.time() - i.alive_at < 5 for i in provider.list_tagged(aws_cloud.cluster)),
                    60, "the holder's mark")
         first = max(i.alive_at or 0 for i in provider.list_tagged(aws_cloud.cluster))
