@@ -211,26 +211,24 @@ def format_rows(rows: Sequence[CompareRow]) -> tuple[list[str], list[list[str]]]
     return list(HEADERS), cells
 
 
-def batch_size_warning(rows: Sequence[CompareRow]) -> str | None:
-    """A sentence when the runs trained with different global batch sizes (their images/s and
-    accuracy are then not like for like), else None."""
-    sizes = {r.global_batch_size for r in rows if r.global_batch_size is not None}
-    if len(sizes) < 2:
+def _differs(rows: Sequence[CompareRow], field: str, what: str, consequence: str) -> str | None:
+    """A sentence naming each run's `field` when the runs disagree on it, else None."""
+    values = [(r.run, getattr(r, field)) for r in rows if getattr(r, field) is not None]
+    if len({value for _, value in values}) < 2:
         return None
-    listed = ", ".join(f"{r.run} {r.global_batch_size}" for r in rows if r.global_batch_size is not None)
-    return (f"batch sizes differ ({listed}): images/s and accuracy are not like for like; "
-            "set the same job.params.batch_size x replicas to compare devices")
+    return f"{what} differ ({', '.join(f'{run} {value}' for run, value in values)}): {consequence}"
+
+
+def batch_size_warning(rows: Sequence[CompareRow]) -> str | None:
+    """Different global batch sizes: images/s and accuracy are then not like for like."""
+    return _differs(rows, "global_batch_size", "batch sizes", "images/s and accuracy are not like for like; "
+                    "set the same job.params.batch_size x replicas to compare devices")
 
 
 def epochs_warning(rows: Sequence[CompareRow]) -> str | None:
-    """A sentence when the runs trained for different numbers of epochs (accuracy, and a total time
-    or cost, are then not like for like), else None."""
-    counts = {r.epochs for r in rows if r.epochs is not None}
-    if len(counts) < 2:
-        return None
-    listed = ", ".join(f"{r.run} {r.epochs}" for r in rows if r.epochs is not None)
-    return (f"epochs differ ({listed}): accuracy and whole-run time and cost are not like for like; "
-            "per-epoch numbers (sec/batch, images/s, cost per epoch) still compare")
+    """Different numbers of epochs: accuracy and whole-run time and cost are then not like for like."""
+    return _differs(rows, "epochs", "epochs", "accuracy and whole-run time and cost are not like for like; "
+                    "per-epoch numbers (sec/batch, images/s, cost per epoch) still compare")
 
 
 def default_png_path(run_dirs: Sequence[Path | str]) -> Path:

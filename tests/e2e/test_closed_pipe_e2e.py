@@ -45,6 +45,20 @@ def _close_at(proc: subprocess.Popen, marker: str | None, close: str, timeout: f
     proc.wait(timeout=timeout)
 
 
+def _run_closing_at(cloud: FakeCloud, phase: str, close: str) -> dict:
+    """`cloudtrain run` of JOB with `close` gone at `phase`: it exits 0; its run.json."""
+    recipe = cloud.recipe(run=JOB, results=["outputs"])
+    proc = _start(cloud, "run", str(recipe), "--cluster", cloud.cluster, "--runs-dir", str(cloud.runs_dir))
+    try:
+        _close_at(proc, f"==> {phase}", close)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0
+    return json.loads((_only_run_dir(cloud) / "run.json").read_text())
+
+
 def _only_run_dir(cloud: FakeCloud) -> Path:
     found = [p for p in cloud.runs_dir.iterdir() if p.is_dir()]
     assert len(found) == 1, found
@@ -54,18 +68,8 @@ def _only_run_dir(cloud: FakeCloud) -> Path:
 @pytest.mark.parametrize("close", ["stdout", "stderr", "both"])
 @pytest.mark.parametrize("phase", PHASES)
 def test_run_with_a_reader_gone_at_each_phase_cleans_up(local_cloud: FakeCloud, phase: str, close: str) -> None:
-    recipe = local_cloud.recipe(run=JOB, results=["outputs"])
-    proc = _start(local_cloud, "run", str(recipe), "--cluster", local_cloud.cluster,
-                  "--runs-dir", str(local_cloud.runs_dir))
-    try:
-        _close_at(proc, f"==> {phase}", close)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert proc.returncode == 0
+    record = _run_closing_at(local_cloud, phase, close)
     run_dir = _only_run_dir(local_cloud)
-    record = json.loads((run_dir / "run.json").read_text())
     assert record["status"] == "succeeded" and record["teardown"] == "down", record
     assert (run_dir / "outputs" / "result.txt").read_text() == "kept\n"
     assert local_cloud.leftovers() == []
@@ -110,16 +114,6 @@ def test_a_command_started_with_its_output_closed_writes_nothing_into_its_files(
 @pytest.mark.skipif(not sshd.sshd_available() and not os.environ.get("CI"), reason="OpenSSH sshd is not installed")
 @pytest.mark.parametrize("phase,close", [("run", "stdout"), ("collect", "both"), ("teardown", "both")])
 def test_a_cloud_run_with_the_reader_gone_leaves_no_vm(aws_cloud: FakeCloud, phase: str, close: str) -> None:
-    recipe = aws_cloud.recipe(run=JOB, results=["outputs"])
-    proc = _start(aws_cloud, "run", str(recipe), "--cluster", aws_cloud.cluster, "--runs-dir", str(aws_cloud.runs_dir))
-    try:
-        _close_at(proc, f"==> {phase}", close)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert proc.returncode == 0
-    run_dir = _only_run_dir(aws_cloud)
-    assert json.loads((run_dir / "run.json").read_text())["status"] == "succeeded"
+    assert _run_closing_at(aws_cloud, phase, close)["status"] == "succeeded"
     assert aws_cloud.leftovers() == []
     assert aws_cloud.bill.running(aws_cloud.cluster) == []  # type: ignore[attr-defined]
