@@ -94,6 +94,9 @@ class Plan:
     max_hours: float | None = None
     # Relaunches after a lost node (recipe `recover:`, default on for spot); None: a lost node fails the run.
     max_restarts: int | None = None
+    # What `plan` should say besides the table: what failover may not do (more GPUs per node than the
+    # recipe asks for), or what the budget left out (placements whose first billed minimum is over it).
+    notes: tuple[str, ...] = ()
 
     @property
     def best(self) -> Placement:
@@ -115,7 +118,12 @@ class Plan:
         run may use (failover walks every candidate), never above budget.max_usd."""
         if self.max_hours is None:
             return None
-        worst = self.worst_hourly_cost * self.max_hours
+        from cloudtrain.budget import billed_usd
+        from cloudtrain.cost import billing_minimum_s
+
+        # Each start is billed at least its cloud's minimum, also when max_hours is shorter.
+        worst = max(billed_usd(c.hourly_price * self.num_nodes, self.max_hours * 3600.0, billing_minimum_s(c.cloud))
+                    for c in self.candidates)
         return min(worst, self.max_usd) if self.max_usd is not None else worst
 
     @property
@@ -184,7 +192,7 @@ def make_plan(
 
     if res.region is not None:
         _check_region(catalog, targets, res.region)
-    offers = _fitting_offers(recipe, catalog, targets)
+    offers, more = _kept_gpu_count(recipe, _fitting_offers(recipe, catalog, targets))
     if res.image and res.region is None and any(_image_pins_region(c, res.image) for c in targets):
         # e.g. AMI ids exist in one region only: failing over to another region could never use it.
         if default_region is None:
@@ -217,6 +225,10 @@ def make_plan(
         placements = within
     placements.sort(key=lambda p: _rank(recipe, p, max_hours, default_region))
 
+    notes = list(_gpu_notes(recipe, placements, more))
+    if max_usd is not None:
+        placements, note = _within_minimum(recipe, placements, max_usd)
+        notes.extend(note)
     if max_usd is not None and max_hours is not None:
         affordable = [p for p in placements if p.hourly_price * recipe.num_nodes * max_hours <= max_usd]
         if not affordable:
@@ -234,7 +246,79 @@ def make_plan(
         placements = affordable
     recovery = recipe.recovery
     return Plan(res.cloud, recipe.num_nodes, res.spot, tuple(placements), max_usd, max_hours,
-                recovery.max_restarts if recovery is not None else None)
+                recovery.max_restarts if recovery is not None else None, tuple(notes))
+
+
+def _within_minimum(recipe: Recipe, placements: list[Placement], max_usd: float) -> tuple[list[Placement], list[str]]:
+    """The placements whose first billed minimum fits budget.max_usd (budget.minimum_fits: a start
+    costs its cloud's minimum even if the machine goes a second later), and a note on what that
+    left out. Raises the budget's one-line refusal when none fits."""
+    from cloudtrain.budget import below_minimum, least_billed_usd, minimum_fits, usd
+
+    nodes = recipe.num_nodes
+    fits = [p for p in placements if minimum_fits(max_usd, p.cloud, p.hourly_price * nodes)]
+    if not fits:
+        cheapest = min(placements, key=lambda p: least_billed_usd(p.cloud, p.hourly_price * nodes))
+        what = f"{cheapest.instance_type} on {cheapest.cloud}" + (f" x {nodes} nodes" if nodes > 1 else "")
+        message, hint = below_minimum(max_usd, cheapest.cloud, what, cheapest.hourly_price * nodes)
+        raise _refusal(UsageError, "budget.max_usd", message, hint=hint)
+    if len(fits) == len(placements):
+        return fits, []
+    return fits, [f"budget: {len(placements) - len(fits)} placement(s) left out: one billed minimum there costs "
+                  f"more than budget.max_usd {usd(max_usd)}"]
+
+
+def _gpu_notes(recipe: Recipe, placements: Sequence[Placement], more: Sequence[Offer]) -> list[str]:
+    """What `plan` says of the GPU count failover keeps: the offers with more GPUs per node it left
+    out (`more`), or, where resources.allow_more_accelerators lets it, the dearest it may move to."""
+    res = recipe.resources
+    if res.accelerators is None or res.instance_type is not None:
+        return []
+    asked = f"{res.accelerator_name}:{res.accelerator_count}"
+    if not res.allow_more_accelerators:
+        if not more:
+            return []
+        cheapest = min(more, key=lambda o: o.hourly(res.spot) or 0.0)
+        return [f"failover keeps {asked} per node: {len(more)} offer(s) with more GPUs (from {cheapest.instance_type}, "
+                f"{cheapest.accelerators}, at ${cheapest.hourly(res.spot) or 0.0:.4g}/h) are left out; "
+                "`resources.allow_more_accelerators: true` allows them"]
+    bigger = [p for p in placements if _gpu_count(p.accelerators) > res.accelerator_count]
+    if not bigger:
+        return []
+    dearest = max(bigger, key=lambda p: p.hourly_price)
+    return [f"failover may move to more GPUs per node than {asked} (resources.allow_more_accelerators): "
+            f"{len(bigger)} placement(s), up to {dearest.instance_type} ({dearest.accelerators}) at "
+            f"${dearest.hourly_price:.4g}/h"]
+
+
+def _kept_gpu_count(recipe: Recipe, offers: list[Offer]) -> tuple[list[Offer], list[Offer]]:
+    """The offers with exactly the GPUs per node the recipe asks for, and those with more, left out:
+    failover never moves a T4:1 run to a T4:4 type at several times the price unless the recipe
+    says it may (resources.allow_more_accelerators). Raises when no offer has the count asked."""
+    res = recipe.resources
+    if res.accelerators is None or res.instance_type is not None or res.allow_more_accelerators:
+        return offers, []
+    count = res.accelerator_count
+    exact = [o for o in offers if o.accelerator_count == count]
+    more = [o for o in offers if o.accelerator_count > count]
+    if not exact and more:
+        market = "spot " if res.spot else ""
+        nearest = min(more, key=lambda o: (o.accelerator_count, o.hourly(res.spot) or 0.0))
+        raise _refusal(
+            NotAvailableError,
+            "resources.accelerators",
+            f"resources.accelerators: no {market}offer has exactly {nearest.accelerator}:{count} per node; the nearest "
+            f"is {nearest.instance_type} ({nearest.accelerators}) at ${nearest.hourly(res.spot) or 0.0:.4g}/h",
+            hint=f"ask for {nearest.accelerators}, or set resources.allow_more_accelerators: true",
+        )
+    return exact, more
+
+
+def _gpu_count(accelerators: str | None) -> int:
+    if not accelerators:
+        return 0
+    _, _, count = accelerators.partition(":")
+    return int(count or 1)
 
 
 def _rank(recipe: Recipe, p: Placement, max_hours: float | None,

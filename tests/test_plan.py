@@ -33,7 +33,8 @@ def where(p: Plan) -> list[tuple[str | None, str | None, float]]:
 CHEAPEST = [
     ("one T4", {"accelerators": "T4:1"}, {}, ("us-east-1", "g4dn.xlarge", 0.526), 0.526),
     ("gpu name in any case", {"accelerators": "a10g"}, {}, ("us-east-1", "g5.xlarge", 1.006), 1.006),
-    ("two T4 need the 4-GPU type", {"accelerators": "T4:2"}, {}, ("us-east-1", "g4dn.12xlarge", 3.912), 3.912),
+    ("two T4 may take the 4-GPU type", {"accelerators": "T4:2", "allow_more_accelerators": True}, {},
+     ("us-east-1", "g4dn.12xlarge", 3.912), 3.912),
     ("T4 with 8 vCPUs", {"accelerators": "T4:1", "cpus": 8}, {}, ("us-east-1", "g4dn.2xlarge", 0.752), 0.752),
     ("instance type given", {"instance_type": "p3.2xlarge"}, {}, ("us-east-1", "p3.2xlarge", 3.06), 3.06),
     ("type and matching gpu", {"instance_type": "g5.xlarge", "accelerators": "A10G:1"}, {}, ("us-east-1", "g5.xlarge", 1.006), 1.006),
@@ -57,7 +58,7 @@ def test_cheapest_fitting_offer(case: str, resources: dict, top: dict, best: tup
 
 
 def test_candidates_fail_over_across_regions_then_bigger_types_in_price_order() -> None:
-    p = plan({"accelerators": "T4:1"})
+    p = plan({"accelerators": "T4:1", "allow_more_accelerators": True})
     assert where(p)[:6] == [
         ("us-east-1", "g4dn.xlarge", 0.526),
         ("us-east-2", "g4dn.xlarge", 0.526),
@@ -68,6 +69,33 @@ def test_candidates_fail_over_across_regions_then_bigger_types_in_price_order() 
     ]
     assert len(p.candidates) == 12  # 3 T4 types x 4 regions; each one is a distinct placement
     assert all(c.zone is None and not c.spot and c.accelerators in ("T4:1", "T4:4") for c in p.candidates)
+    assert p.candidates[-1].accelerators == "T4:4"
+
+
+@pytest.mark.parametrize("spot", [True, False])
+def test_failover_keeps_the_gpu_count_the_recipe_asked_for(spot: bool) -> None:
+    # The issue: spot T4:1 failed over to g4dn.12xlarge (T4:4) at 7-9x the price.
+    p = plan({"accelerators": "T4:1", "spot": spot})
+    assert p.candidates and all(c.accelerators == "T4:1" for c in p.candidates)
+    assert "g4dn.12xlarge" not in {c.instance_type for c in p.candidates}
+    assert p.worst_hourly_cost < (0.5 if spot else 1.0)
+    (note,) = p.notes  # and `plan` says what failover may not do, and how to allow it
+    assert note.startswith("failover keeps T4:1 per node:") and "g4dn.12xlarge, T4:4" in note
+    assert "resources.allow_more_accelerators: true" in note
+    allowed = plan({"accelerators": "T4:1", "spot": spot, "allow_more_accelerators": True})
+    assert {c.accelerators for c in allowed.candidates} == {"T4:1", "T4:4"}
+    (note,) = allowed.notes
+    assert "failover may move to more GPUs per node than T4:1" in note and "g4dn.12xlarge (T4:4)" in note
+
+
+def test_an_instance_type_says_nothing_about_gpu_failover() -> None:
+    # The type is the recipe's own choice, and failover never changes it.
+    assert plan({"instance_type": "g4dn.12xlarge", "accelerators": "T4:1"}).notes == ()
+
+
+def test_allow_more_accelerators_needs_accelerators() -> None:
+    with pytest.raises(ValueError, match="'allow_more_accelerators' needs 'accelerators'"):
+        recipe({"allow_more_accelerators": True})
 
 
 def test_spot_candidates_follow_spot_prices() -> None:
@@ -101,6 +129,16 @@ REFUSED = [
     ("cpu too big", {"cpus": 512}, {}, NotAvailableError, "no CPU offer with 512 vCPUs"),
     ("cloud not available", {"cloud": "gcp", "accelerators": "T4:1"}, {}, NotAvailableError, "'gcp' is not available yet"),
     ("ami without region or home", {"accelerators": "T4:1", "image": "ami-0123456789abcdef0"}, {}, UsageError, "set resources.region"),
+    ("no type with exactly that many gpus", {"accelerators": "T4:2"}, {}, NotAvailableError,
+     "no offer has exactly T4:2 per node; the nearest is g4dn.12xlarge (T4:4) at $3.912/h "
+     "(ask for T4:4, or set resources.allow_more_accelerators: true)"),
+    # The issue: a $1 budget below one 60 s minimum of a p5 ($98.32/h: $1.64) launched without a word.
+    ("budget below one billed minimum", {"accelerators": "H100:8"}, {"budget": {"max_usd": 1}}, UsageError,
+     "budget.max_usd: $1.00 left, below one billed minimum: one 60 s minimum of p5.48xlarge on aws costs $1.64 "
+     "(raise budget.max_usd so that $1.64 of it is left, or choose a cheaper type)"),
+    ("budget below the minimum of every node", {"accelerators": "T4:1"},
+     {"num_nodes": 4, "budget": {"max_usd": 0.03}}, UsageError,
+     "one 60 s minimum of g4dn.xlarge on aws x 4 nodes costs $0.0351"),
     (
         "budget refused",
         {"accelerators": "T4:1"},
@@ -142,6 +180,9 @@ REFUSED_FIELD = {
     "cloud not available": "resources.cloud",
     "ami without region or home": "resources.image",
     "budget refused": "budget.max_usd",
+    "no type with exactly that many gpus": "resources.accelerators",
+    "budget below one billed minimum": "budget.max_usd",
+    "budget below the minimum of every node": "budget.max_usd",
     "budget counts every node": "budget.max_usd",
 }
 
@@ -186,6 +227,16 @@ def test_budget_keeps_only_affordable_candidates() -> None:
     assert p.estimated_cost == pytest.approx(1.84, abs=0.01)
     assert p.affordable_hours == pytest.approx(2 / 0.1578)
     assert "at most $1.84 for 10 h" in p.summary()
+
+
+def test_a_budget_that_covers_one_minimum_fits() -> None:
+    p = plan({"accelerators": "H100:8"}, budget={"max_usd": 1.64})  # 60 s at $98.32/h: $1.6387
+    assert p.best.instance_type == "p5.48xlarge" and p.notes == ()
+
+
+def test_a_worst_case_shorter_than_the_minimum_is_billed_the_minimum() -> None:
+    p = plan({"instance_type": "p5.48xlarge", "region": "us-east-1"}, budget={"max_hours": 0.005})  # 18 s
+    assert p.estimated_cost == pytest.approx(98.32 / 60)
 
 
 def test_money_limit_without_hours_gives_a_runway() -> None:

@@ -63,6 +63,8 @@ def read_rows(paths: Iterable[Path]) -> list[Row]:
 
 
 BUNDLED = read_rows(sorted(CATALOG_DIR.glob("*.csv")))
+with (CATALOG_DIR / "storage" / "minimums.csv").open(newline="") as _handle:
+    MINIMUM_S = {r["cloud"]: float(r["min_billed_s"]) for r in csv.DictReader(_handle)}  # billed per start, at least
 
 
 def oracle(resources: Mapping[str, Any], top: Mapping[str, Any], clouds: Sequence[str],
@@ -88,6 +90,10 @@ def oracle(resources: Mapping[str, Any], top: Mapping[str, Any], clouds: Sequenc
         if wanted:
             if row.gpu.lower() != name.lower() or row.gpus < int(count or 1):
                 continue
+            # Exactly the GPUs per node asked for, unless the recipe allows more (or names the type).
+            if (row.gpus > int(count or 1) and not resources.get("allow_more_accelerators")
+                    and "instance_type" not in resources):
+                continue
         elif "instance_type" not in resources and row.gpu:
             continue  # no GPU asked for: never a GPU bill
         if row.vcpus < resources.get("cpus", 0) or row.memory < resources.get("memory", 0):
@@ -96,6 +102,8 @@ def oracle(resources: Mapping[str, Any], top: Mapping[str, Any], clouds: Sequenc
             continue
         if "max_usd" in budget and "max_hours" in budget and price * nodes * budget["max_hours"] > budget["max_usd"]:
             continue
+        if "max_usd" in budget and round(price * nodes * MINIMUM_S[row.cloud] / 3600, 4) > budget["max_usd"]:
+            continue  # one start's billed minimum alone is over the budget
         fits.append((row.cloud, row.region, row.instance_type, price))
     return sorted(fits, key=lambda f: (f[3], f[0], f[1], f[2]))
 
@@ -141,8 +149,16 @@ FITS = [
     Case("gpu name in lower case", {"accelerators": "t4:1"}, best=("aws", "us-east-1", "g4dn.xlarge", 0.526)),
     Case("T4:2 only gcp has a 2-GPU type", {"accelerators": "T4:2"},
          best=("gcp", "us-central1", "n1-standard-16+t4x2", 1.459996)),
-    Case("T4:2 without gcp takes aws's 4-GPU type", {"accelerators": "T4:2"}, clouds=("aws", "azure"),
-         best=("aws", "us-east-1", "g4dn.12xlarge", 3.912)),
+    Case("T4:2 without gcp may take aws's 4-GPU type", {"accelerators": "T4:2", "allow_more_accelerators": True},
+         clouds=("aws", "azure"), best=("aws", "us-east-1", "g4dn.12xlarge", 3.912)),
+    Case("T4:2 allowed more takes gcp's 2 then 4", {"accelerators": "T4:2", "allow_more_accelerators": True},
+         best=("gcp", "us-central1", "n1-standard-16+t4x2", 1.459996)),
+    Case("spot T4:1 keeps T4:1 on every cloud", {"accelerators": "T4:1", "spot": True},
+         best=("azure", "westus2", "Standard_NC4as_T4_v3", 0.1452)),
+    # Azure bills 300 s per start, AWS and GCP 60 s: $0.01 covers one minimum of a spot T4 on
+    # aws and gcp, not on azure ($0.0121), whose cheaper hour is then left out.
+    Case("money below azure's longer minimum", {"accelerators": "T4:1", "spot": True}, {"budget": {"max_usd": 0.01}},
+         best=("gcp", "us-central1", "n1-standard-4+t4x1", 0.15)),
     Case("V100 cheapest on gcp", {"accelerators": "V100"}, best=("gcp", "us-central1", "n1-highmem-8+v100x1", 2.953212)),
     Case("V100 without gcp", {"accelerators": "V100:1"}, clouds=("aws", "azure"),
          best=("aws", "us-east-1", "p3.2xlarge", 3.06)),
@@ -245,6 +261,11 @@ REFUSED = [
      "no price data for region 'ap-south-1'", "resources.region"),
     ("budget below the cheapest", {"accelerators": "T4:1"}, {"budget": {"max_usd": 5.25, "max_hours": 10}}, PRICED,
      UsageError, "costs $5.26 for 10 h, over budget.max_usd $5.25", "budget.max_usd"),
+    ("T4:2 on aws and azure: no 2-GPU type", {"accelerators": "T4:2"}, {}, ("aws", "azure"), NotAvailableError,
+     "no offer has exactly T4:2 per node; the nearest is g4dn.12xlarge (T4:4)", "resources.accelerators"),
+    ("budget below every cloud's minimum", {"accelerators": "T4:1", "spot": True}, {"budget": {"max_usd": 0.002}},
+     PRICED, UsageError, "budget.max_usd: $0.0020 left, below one billed minimum: one 60 s minimum of "
+     "n1-standard-4+t4x1 on gcp costs $0.0025", "budget.max_usd"),
     ("no usable priced cloud", {"accelerators": "T4:1"}, {}, (), NotAvailableError,
      "none of the usable clouds has offers", "resources.cloud"),
 ]
@@ -498,6 +519,30 @@ CHEAP_GCP = (  # a refreshed, dated row: it replaces the bundled (undated) row o
     "cloud,region,zone,instance_type,accelerator,accelerator_count,vcpus,memory_gib,price,spot_price,gpu_memory_gib,"
     "price_date\ngcp,us-central1,,n1-standard-4+t4x1,T4,1,4,15,0.41,0.12,16,2026-12-01\n"
 )
+
+
+def test_plan_says_failover_keeps_the_gpu_count_and_what_the_budget_left_out(fakes: Any, tmp_path: Path) -> None:
+    resources, top = {"accelerators": "T4:1", "spot": True}, {"budget": {"max_usd": 0.01}}
+    run = run_plan(fakes, tmp_path, resources, top, args=("-n", "100"))
+    assert run.result.returncode == 0, run.result.stderr
+    expected = oracle(resources, top, PRICED)
+    assert run.rows() == shown(expected) and all("T4:4" not in line for line in run.result.stdout.splitlines())
+    out = run.result.stdout
+    assert "failover keeps T4:1 per node: " in out and "`resources.allow_more_accelerators: true` allows them" in out
+    assert "placement(s) left out: one billed minimum there costs more than budget.max_usd $0.0100" in out
+    data = json.loads(run_plan(fakes, tmp_path / "json", resources, top, args=("--json",)).result.stdout)
+    assert [n.split(":")[0] for n in data["notes"]] == ["failover keeps T4", "budget"]
+
+
+def test_plan_refuses_a_budget_below_one_billed_minimum_in_one_line_and_exits_2(fakes: Any, tmp_path: Path) -> None:
+    # The p5: 60 s at $98.32/h is $1.64, over a $1 budget.
+    run = run_plan(fakes, tmp_path, {"cloud": "aws", "accelerators": "H100:8"}, {"budget": {"max_usd": 1}})
+    assert run.result.returncode == 2 and run.result.stdout == ""
+    (line,) = run.result.stderr.strip().splitlines()
+    assert "recipe.yaml:" in line and "budget.max_usd: $1.00 left, below one billed minimum: one 60 s minimum of " \
+        "p5.48xlarge on aws " in line
+    assert "costs $1.64 (raise budget.max_usd so that $1.64 of it is left, or choose a cheaper type)" in line
+    assert created(run) == []
 
 
 @pytest.mark.parametrize("missing", [(), ("gcp",)], ids=["refreshed gcp row wins", "without gcp, the next"])

@@ -229,6 +229,10 @@ def test_schema_is_json_schema() -> None:
     assert schema["title"] == "cloudtrain recipe"
     assert {"name", "resources", "run", "job", "budget", "autostop"} <= set(schema["properties"])
     assert schema["additionalProperties"] is False
+    # Failover keeps the GPU count asked for unless the recipe opts in (plan.make_plan).
+    resources = schema["$defs"]["Resources"]["properties"]
+    assert resources["allow_more_accelerators"]["type"] == "boolean"
+    assert resources["allow_more_accelerators"]["default"] is False
 
 
 def test_schema_matches_what_validation_accepts(tmp_path: Path) -> None:
@@ -254,10 +258,12 @@ def test_schema_matches_what_validation_accepts(tmp_path: Path) -> None:
     base = {"name": "demo", "run": "x"}
     accepted = [{"envs": {"EPOCHS": 3, "LR": 0.01, "DEBUG": True, "NAME": "x"}},
                 {"resources": {"cloud": "aws", "accelerators": "T4:1"}}, {"resources": {"accelerators": "V100"}},
+                {"resources": {"cloud": "aws", "accelerators": "T4:1", "allow_more_accelerators": True}},
                 {"name": "a"}, {"name": "my-job-2"}]
     refused = [{"name": "My_Job"}, {"name": "-x"}, {"name": "x-"}, {"name": "a" * 41},
                {"resources": {"accelerators": "T4:0"}}, {"resources": {"accelerators": "T4:x"}},
-               {"envs": {"1X": "y"}}, {"envs": {"A": [1]}}, {"envs": {"A": None}}]
+               {"envs": {"1X": "y"}}, {"envs": {"A": [1]}}, {"envs": {"A": None}},
+               {"resources": {"cloud": "aws", "allow_more_accelerators": "yes"}}]
     for extra in accepted:
         doc = {**base, **extra}
         assert cloudtrain_ok(doc) and schema_ok(doc), doc

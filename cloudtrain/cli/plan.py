@@ -116,7 +116,9 @@ def _document(p: Plan) -> dict:
             "hourly_usd": p.hourly_cost, "worst_hourly_usd": p.worst_hourly_cost, "worst_case_usd": p.estimated_cost,
             "affordable_hours": p.affordable_hours,
             # Relaunches after a lost node (recipe `recover:`, docs/recovery.md); null: none.
-            "max_restarts": p.max_restarts}
+            "max_restarts": p.max_restarts,
+            # What failover may not do (more GPUs per node) or what the budget's minimum left out.
+            "notes": list(p.notes)}
 
 
 def _render(p: Plan, alternatives: int) -> None:
@@ -128,6 +130,8 @@ def _render(p: Plan, alternatives: int) -> None:
     more = len(p.candidates) - len(rows)
     if more > 0:
         output.info(f"... and {more} more placement(s)")
+    for note in p.notes:
+        output.info(note)
     if p.estimated_cost is not None:
         output.info(f"worst case: ${p.estimated_cost:.2f} ({_worst_why(p)})")
     elif p.affordable_hours is not None:

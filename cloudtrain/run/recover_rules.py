@@ -19,7 +19,9 @@ class NodeLostError(CloudtrainError):
 
 def budget_left(budget: Budget, spent_usd: float, hours: float) -> Budget:
     """What the next attempt may spend: the budget less what every attempt so far spent and the
-    time the run has taken. Raises NodeLostError when nothing is left."""
+    time the run has taken. Raises NodeLostError when nothing is left. The relaunch is planned with
+    it, so no placement whose first billed minimum is over what is left is tried (plan.make_plan,
+    budget.minimum_fits): $0.36 left never starts a machine whose minimum costs $1.64."""
     from cloudtrain.recipe import Budget
 
     left_usd = budget.max_usd - spent_usd if budget.max_usd is not None else None

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Protocol
 
+from cloudtrain.budget import billed_usd
+
 ParamValue = str | int | float | bool
 Params = tuple[tuple[str, ParamValue], ...]
 Clock = Callable[[], float]
@@ -72,8 +74,9 @@ class Costs:
         return self.prep_s + self.deadline_s + self.post_s
 
     def usd(self, hourly_usd: float, seconds: float) -> float:
-        """What one VM start billed for `seconds` costs: at least the cloud's minimum."""
-        return hourly_usd * max(seconds, self.min_s, 0.0) / 3600.0
+        """What one VM start billed for `seconds` costs: at least the cloud's minimum (the budget's
+        own rule, budget.billed_usd: a VM whose minimum does not fit is never admitted)."""
+        return billed_usd(hourly_usd, seconds, self.min_s)
 
     def new_vm_usd(self) -> float:
         """The worst-case cost of one trial on a VM booted for it."""

@@ -108,6 +108,32 @@ def test_the_worst_case_price_is_the_dearest_placement_the_plan_may_fail_over_to
     assert spec.costs.hourly_usd > plan.candidates[0].hourly_price * 2
 
 
+def test_a_sweeps_worst_case_hour_keeps_the_gpu_count_the_recipe_asked_for(tmp_path: Path) -> None:
+    # Failover never moves a T4:1 trial to a T4:4 type, so admission need not price every VM at one.
+    base = "name: s\nresources: {cloud: aws, accelerators: T4:1, spot: true}\nrun: echo\nsweep:\n"
+    spec = check(write(tmp_path, "parameters: {X: [1]}\nmax_trials: 1\nbudget_usd: 5\nmetric: m\ngoal: max\n", base))
+    assert spec.costs.hourly_usd == pytest.approx(0.3352)  # the dearest T4:1 spot: g4dn.2xlarge in eu-west-1
+
+
+def test_a_trial_budget_below_one_billed_minimum_is_refused_before_anything_exists(tmp_path: Path) -> None:
+    # Each trial's VM is a launch like any other: its recipe budget must cover one billed minimum.
+    base = ("name: s\nresources: {cloud: aws, region: us-east-1, instance_type: p5.48xlarge}\nrun: echo\n"
+            "budget: {max_usd: 1}\nsweep:\n")
+    path = write(tmp_path, "parameters: {X: [1]}\nmax_trials: 1\nbudget_usd: 100\nmetric: m\ngoal: max\n", base)
+    with pytest.raises(UsageError) as err:
+        check(path)
+    assert err.value.one_line() == (
+        f"{path}:4: budget.max_usd: $1.00 left, below one billed minimum: one 60 s minimum of p5.48xlarge on aws "
+        "costs $1.64 (raise budget.max_usd so that $1.64 of it is left, or choose a cheaper type)")
+
+
+def test_a_vm_start_is_billed_the_budgets_minimum() -> None:
+    from cloudtrain.budget import billed_usd
+
+    costs = Costs(budget_usd=1, hourly_usd=3.6, boot_s=0, prep_s=0, deadline_s=1, post_s=0, release_s=0, min_s=60)
+    assert costs.usd(3.6, 1) == billed_usd(3.6, 1, 60) == pytest.approx(0.06)
+
+
 def test_trial_parameters_reach_the_job_as_flags_or_the_command_as_environment(tmp_path: Path) -> None:
     job = load_recipe(write(tmp_path, "parameters: {lr: [1]}\nmax_trials: 1\nbudget_usd: 1\nmetric: m\ngoal: max\n"),
                       sweep=True)
