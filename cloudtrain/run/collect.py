@@ -38,6 +38,8 @@ class Collected:
     attempts: int = 0
     error: str | None = None  # why not everything is home; None when it all is, verified
     missing_logs: tuple[str, ...] = field(default_factory=tuple)
+    # `results:` paths under which node 0 had nothing this run wrote (a typo: `outputz`), in order
+    empty_paths: tuple[str, ...] = ()
 
     @property
     def complete(self) -> bool:
@@ -61,6 +63,7 @@ def collect(nodes: Sequence[Node], run_id: str, result_paths: Sequence[str], run
     errors: list[str] = []
     attempts = 0
     refused: tuple[Refused, ...] = ()
+    empty: tuple[str, ...] = ()
     early: dict[str, bytes | None] | None = None
     if results and result_paths:
         # Rank 0's logs are asked together with its results: one round trip for both over the node
@@ -73,6 +76,7 @@ def collect(nodes: Sequence[Node], run_id: str, result_paths: Sequence[str], run
                 "copying the results", gone)
             attempts += tries
             result_files = list(names)
+            empty = empty_paths(result_paths, result_files)
         except CloudtrainError as exc:
             errors.append(exc.one_line())
         if asked is not None:
@@ -101,7 +105,19 @@ def collect(nodes: Sequence[Node], run_id: str, result_paths: Sequence[str], run
                 _write_atomically(target, data)
                 log_files.append(target.name)
     error = "; ".join(errors) if errors else None
-    return Collected(tuple(result_files + log_files), refused, attempts, error)
+    return Collected(tuple(result_files + log_files), refused, attempts, error, empty_paths=empty)
+
+
+def empty_paths(result_paths: Sequence[str], names: Sequence[str]) -> tuple[str, ...]:
+    """The result paths that none of the fetched files lies under (names relative to the workdir)."""
+    fetched = [name.removeprefix("./") for name in names]
+    empty = []
+    for path in result_paths:
+        base = path.removeprefix("./").rstrip("/")
+        if base in ("", ".") or any(name == base or name.startswith(base + "/") for name in fetched):
+            continue
+        empty.append(path)
+    return tuple(empty)
 
 
 class _Mismatch(RemoteError):

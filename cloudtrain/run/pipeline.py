@@ -375,6 +375,19 @@ class Executor:
             detail = exc.one_line() if isinstance(exc, CloudtrainError) else f"{type(exc).__name__}: {exc}"
             return Collected(error=detail)
 
+    def _say_empty_results(self, r: _Run, collected: Collected) -> None:
+        """A `results:` path with nothing under it is most often a typo (`outputz`): said before the
+        teardown, so that nobody learns it after the node that held the files is gone."""
+        if not collected.complete or not collected.empty_paths:
+            return
+        for path in collected.empty_paths:
+            self.reporter.warn(f"results: {path}: nothing this run wrote there on node 0 (a typo in `results:`?)")
+        paths = r.loaded.recipe.result_paths()
+        if r.cluster is not None and len(collected.empty_paths) == len(paths) and r.cluster.provider.traits.owns_machines:
+            name = r.cluster.record.name
+            self.reporter.warn(f"no result path held anything: the teardown that follows ends {name}'s machines and "
+                               f"what is on them; next time `--keep` keeps {name} to look (`cloudtrain exec {name} -- ls`)")
+
     def _teardown_and_record(self, r: _Run, teardown: Teardown, collected: Collected, signals: list[int]) -> RunResult:
         recipe = r.loaded.recipe
         if r.nodes:
@@ -383,6 +396,7 @@ class Executor:
             if not collected.complete:
                 r.fail(f"collect failed: {collected.error}")
                 self.reporter.warn(f"collect failed: {collected.error}")
+            self._say_empty_results(r, collected)
         hourly = r.cluster.record.hourly_price if r.cluster else 0.0
         teardown_done = "none"
         if r.cluster is not None:
@@ -426,6 +440,7 @@ class Executor:
             phases_s=dict(r.clock.timings), started_at=r.started, ended_at=ended,
             wall_time_s=round(ended - r.started, 3), teardown=teardown_done, job_id=r.job_id,
             result_paths=tuple(recipe.result_paths()), results=tuple(sorted(collected.files)),
+            empty_result_paths=collected.empty_paths,
             refused=tuple((x.member, x.reason) for x in collected.refused),
             collect_error=collected.error, collect_attempts=collected.attempts, attempts=attempts,
             upload=r.uploaded,

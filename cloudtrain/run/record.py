@@ -32,6 +32,8 @@ class RunJson:
     job_id: str
     result_paths: tuple[str, ...] = ()
     results: tuple[str, ...] = ()  # files written into the run directory
+    # result paths under which node 0 had nothing this run wrote (a typo in `results:`?)
+    empty_result_paths: tuple[str, ...] = ()
     refused: tuple[tuple[str, str], ...] = ()  # (member, reason): unsafe members the node offered
     collect_error: str | None = None  # why not everything came home; None when it all did, verified
     collect_attempts: int = 0
@@ -51,7 +53,7 @@ class RunJson:
         data: dict[str, Any] = json.loads((run_dir / FILE_NAME).read_text())
         known = {f.name for f in fields(cls)}
         values = {k: v for k, v in data.items() if k in known}
-        for name in ("result_paths", "results"):
+        for name in ("result_paths", "results", "empty_result_paths"):
             values[name] = tuple(values.get(name, ()))
         values["refused"] = tuple(tuple(x) for x in values.get("refused", ()))
         values["attempts"] = tuple(values.get("attempts", ()))
