@@ -16,7 +16,8 @@ from cloudtrain.cli.common import cluster_argument, cluster_option, open_lifecyc
 @cluster_option
 @yes_option
 def up(recipe_path: str, cluster: str | None, yes: bool) -> None:
-    """Provision the cluster RECIPE describes, or reuse it if it is already up.
+    """Provision the cluster RECIPE describes, or reuse it if it is already up; sync its workdir and
+    run its `setup` on every node where that setup has not run yet (so `exec` finds it done).
 
     On a priced cloud a new (or stopped) cluster is priced first and you are asked to proceed on a
     terminal; without one pass --yes (or set `confirm: false` in the config)."""
@@ -33,7 +34,7 @@ def up(recipe_path: str, cluster: str | None, yes: bool) -> None:
     sigterm_as_interrupt()
     display.phase_start("provision", loaded.recipe.resources.cloud)
     started = time.monotonic()
-    result, created = Executor(lc, display, approver(yes, lc.config.confirm)).up(loaded, name)
+    result, created = Executor(lc, display, approver(yes, lc.config.confirm)).up(loaded, name, setup=True)
     display.phase_end("provision", time.monotonic() - started)
     verb = "created" if created else "reused"
     output.info(f"cluster {name} {verb}: {len(result.nodes)} node(s) on {result.provider.name}")

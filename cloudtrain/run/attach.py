@@ -39,7 +39,13 @@ def exec_command(lc: Lifecycle, reporter: Reporter, name: str, script: str, deta
     nodes = connect(list(cluster.nodes[:1]), cluster.provider, lc.config)
     try:
         node = nodes[0]
-        ahead = _send_checks(node, loaded) if loaded is not None and sync and not detach else None
+        from cloudtrain.run import setup_once
+
+        # A node whose setup this machine has not seen done is asked (and set up) before the command.
+        setup_unknown = loaded is not None and bool(loaded.recipe.setup) and not setup_once.remembered(
+            node, loaded.recipe.setup)
+        ahead = (_send_checks(node, loaded) if loaded is not None and sync and not detach and not setup_unknown
+                 else None)
         if ahead is not None:
             # The job's start goes with the checks (one round trip, docs/sync.md); it runs only if they pass.
             node = replace(node, python=ahead[0].python)
@@ -47,6 +53,9 @@ def exec_command(lc: Lifecycle, reporter: Reporter, name: str, script: str, deta
             node = prepare(node, loaded.recipe, reporter)
             if sync:
                 prepare_sync(node, loaded, reporter)
+            if setup_unknown:
+                setup_once.ensure(lc.store, reporter, [node], loaded.recipe, name,
+                                  "it never ran on this node for this recipe")
         else:
             node.transport.run(["mkdir", "-p", node.layout.workdir], what="creating the workdir")
             jobs.install_runtime(node.transport, node.layout)

@@ -301,6 +301,9 @@ class Executor:
             with r.clock.phase("setup"):
                 run_job(self.store, self.reporter, r.nodes, run_id, f"{run_id}-setup", recipe.setup + "\n",
                         recipe, "setup", r.jobs_started)
+            from cloudtrain.run import setup_once
+
+            setup_once.mark_done(r.nodes, recipe.setup)  # an `exec` afterwards need not run it again
         with r.clock.phase("run"):
             script = job_script(recipe)
             if batch_job is not None:
@@ -514,9 +517,10 @@ class Executor:
     # node preparation ----------------------------------------------------------------------------
 
     def up(self, loaded: LoadedRecipe, cluster_name: str,
-           deadline_at: float | None = None) -> tuple[Cluster, bool]:
+           deadline_at: float | None = None, setup: bool = False) -> tuple[Cluster, bool]:
         """`cloudtrain up`: provision (or reuse) and make every node ready to run the recipe.
-        `deadline_at` (a sweep's lease): a new cluster's machines carry it in their launch request."""
+        `deadline_at` (a sweep's lease): a new cluster's machines carry it in their launch request.
+        `setup`: run the recipe's setup on every node where it has not run (run/setup_once.py)."""
         self.check(loaded, cluster_name, "keep")
         cluster, created = self.lc.up(loaded.recipe, cluster_name, str(loaded.path.resolve()), loaded.digest,
                                       usable=self._usable.get(cluster_name), deadline_at=deadline_at)
@@ -527,6 +531,11 @@ class Executor:
             on_all(nodes, lambda n: sync(n, without_buckets(loaded), self.reporter))
             if bucket_mounts(loaded.recipe):  # and the bucket data (a later run copies only what changed)
                 copy_in(self.store, self.reporter, nodes, cluster.provider, new_run_id(cluster_name), loaded.recipe, [])
+            if setup:
+                from cloudtrain.run import setup_once
+
+                setup_once.ensure(self.store, self.reporter, nodes, loaded.recipe, cluster_name,
+                                  "once per node for this setup")
         except BaseException:
             close_all(nodes)
             if created:
