@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TypeVar
 
-from cloudtrain.catalog import Catalog, Offer
+from cloudtrain.catalog import PRICE_UNKNOWN, Catalog, Offer
 from cloudtrain.errors import NotAvailableError, UsageError
 from cloudtrain.recipe import Recipe
 from cloudtrain.yamlfile import did_you_mean
@@ -69,6 +69,10 @@ class Placement:
     vcpus: int | None = None
     memory_gib: float | None = None
     avoid_zones: tuple[str, ...] = ()  # set by run/recover.py: zones a preemption just ruled out
+    # The catalog price's date (ISO) and, when it is undated or over STALE_AFTER_DAYS old, why the
+    # plan line should not be read as today's price. Not part of a placement's identity.
+    price_date: str | None = field(default=None, compare=False)
+    price_flag: str | None = field(default=None, compare=False)
 
     def describe(self) -> str:
         where = "/".join(p for p in (self.cloud, self.zone or self.region) if p)
@@ -81,7 +85,8 @@ class Placement:
             what = "the listed hosts" if implements(self.cloud, GivenHosts) else "this machine"
         gpu = f" ({self.accelerators})" if self.accelerators else ""
         market = " spot" if self.spot else ""
-        return f"{what}{gpu}{market} in {where} at ${self.hourly_price:.4g}/h"
+        flag = f" ({self.price_flag})" if self.price_flag else ""
+        return f"{what}{gpu}{market} in {where} at ${self.hourly_price:.4g}/h{flag}"
 
 
 @dataclass(frozen=True)
@@ -365,10 +370,15 @@ def _fitting_offers(recipe: Recipe, catalog: Catalog, clouds: Sequence[str]) -> 
             raise _refusal(
                 UsageError,
                 "resources.instance_type",
-                f"resources.instance_type: unknown {'/'.join(clouds)} instance type {res.instance_type!r}",
-                hint=did_you_mean(res.instance_type, known) or "see the catalog in cloudtrain/catalog_data/",
+                f"resources.instance_type: {'/'.join(clouds)} instance type {res.instance_type!r} is not in the "
+                "catalog cloudtrain knows",
+                hint=did_you_mean(res.instance_type, known) or "`cloudtrain catalog` lists it; `cloudtrain catalog refresh` updates it",
             )
         offers = catalog.query(instance_type=res.instance_type, **common)  # type: ignore[arg-type]
+        if not offers and catalog.unpriced(cloud=clouds, region=res.region, instance_type=res.instance_type):
+            raise _refusal(NotAvailableError, "resources.instance_type",
+                           f"{res.instance_type}{where}: {PRICE_UNKNOWN}",
+                           hint="pick a type with a known price (`cloudtrain catalog`)")
         if not offers:
             raise _refusal(
                 NotAvailableError,
@@ -387,27 +397,42 @@ def _fitting_offers(recipe: Recipe, catalog: Catalog, clouds: Sequence[str]) -> 
             raise _refusal(
                 UsageError,
                 "resources.accelerators",
-                f"resources.accelerators: no cloud offers a GPU called {name!r}",
+                f"resources.accelerators: the catalog cloudtrain knows has no GPU called {name!r}",
                 hint=_gpu_did_you_mean(name, known_gpus) or f"known GPUs: {', '.join(known_gpus)}",
             )
         count = res.accelerator_count
         anywhere = catalog.query(cloud=clouds, accelerator=canonical)
+        unknown = catalog.unpriced(cloud=clouds, accelerator=canonical, min_accelerators=count)
         if not anywhere:
             others = sorted({o.cloud for o in catalog.query(accelerator=canonical)})
+            if unknown:
+                raise _refusal(
+                    NotAvailableError, "resources.accelerators",
+                    f"resources.accelerators: {canonical} on {'/'.join(dict.fromkeys(o.cloud for o in unknown))} "
+                    f"({_types(unknown)}): {PRICE_UNKNOWN}",
+                    hint=f"priced on {', '.join(others)}" if others else None,
+                )
             raise _refusal(
                 NotAvailableError,
                 "resources.accelerators",
-                f"resources.accelerators: {'/'.join(clouds)} has no {canonical} GPUs",
-                hint=f"offered on {', '.join(others)}" if others else None,
+                f"resources.accelerators: the catalog cloudtrain knows has no {canonical} GPUs on {'/'.join(clouds)}",
+                hint=(f"offered on {', '.join(others)}; " if others else "") + "`cloudtrain catalog refresh` updates it",
             )
         most = max(anywhere, key=lambda o: o.accelerator_count)
         if most.accelerator_count < count:
+            if unknown:
+                raise _refusal(
+                    NotAvailableError, "resources.accelerators",
+                    f"resources.accelerators: {canonical}:{count} on one node ({_types(unknown)}): {PRICE_UNKNOWN}",
+                    hint=f"the most with a known price is {canonical}:{most.accelerator_count} ({most.instance_type}); "
+                         "or use num_nodes",
+                )
             raise _refusal(
                 NotAvailableError,
                 "resources.accelerators",
-                f"resources.accelerators: at most {canonical}:{most.accelerator_count} on one node "
-                f"({most.instance_type}), the recipe asks for {canonical}:{count}",
-                hint="use num_nodes for more GPUs",
+                f"resources.accelerators: the catalog cloudtrain knows has at most {canonical}:{most.accelerator_count} "
+                f"on one node ({most.instance_type}), the recipe asks for {canonical}:{count}",
+                hint="use num_nodes for more GPUs, or `cloudtrain catalog refresh`",
             )
         offers = catalog.query(
             accelerator=canonical,
@@ -488,6 +513,25 @@ def _sizes_field(recipe: Recipe, otherwise: str) -> str:
     return otherwise
 
 
+def _types(offers: Sequence[Offer]) -> str:
+    """A few instance types, for a "price unknown" line."""
+    names = list(dict.fromkeys(o.instance_type for o in offers))
+    return ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+
+
+def _price_flag(offer: Offer) -> str | None:
+    """What the plan line says about a catalog price it should not be read as current."""
+    import datetime as dt
+
+    from cloudtrain.catalog import STALE_AFTER_DAYS
+
+    if offer.price_date is None:
+        return "undated price: `cloudtrain catalog refresh`"
+    if offer.stale(dt.date.today()):
+        return f"STALE price of {offer.price_date.isoformat()}, over {STALE_AFTER_DAYS} days old: `cloudtrain catalog refresh`"
+    return None
+
+
 def _elsewhere(offers: Sequence[Offer]) -> str | None:
     regions = sorted({o.region for o in offers})
     return f"offered in {', '.join(regions)}" if regions else None
@@ -508,6 +552,8 @@ def _placements(offers: Sequence[Offer], zone: str | None, spot: bool) -> list[P
             accelerators=offer.accelerators,
             vcpus=offer.vcpus,
             memory_gib=offer.memory_gib,
+            price_date=offer.price_date.isoformat() if offer.price_date else None,
+            price_flag=_price_flag(offer),
         )
         key = (offer.cloud, offer.region, placement.zone, offer.instance_type)
         # A zone-specific price row and the region's row can both match: keep the cheaper one.

@@ -22,13 +22,16 @@ from cloudtrain.catalog import (
 )
 from cloudtrain.errors import ConfigError
 
+# The priced AWS types (prices recorded 2026-11-21, or read from SkyPilot's catalog 2026-11-28).
 GPU_TYPES = {
     "g4dn.xlarge": ("T4", 1),
     "g4dn.2xlarge": ("T4", 1),
     "g4dn.12xlarge": ("T4", 4),
     "g5.xlarge": ("A10G", 1),
     "g5.2xlarge": ("A10G", 1),
+    "g5.4xlarge": ("A10G", 1),
     "g5.12xlarge": ("A10G", 4),
+    "g5.48xlarge": ("A10G", 8),
     "p3.2xlarge": ("V100", 1),
     "p4d.24xlarge": ("A100", 8),
     "p5.48xlarge": ("H100", 8),
@@ -38,15 +41,17 @@ CPU_TYPES = ("m5.large", "c5.xlarge", "t3.medium")
 REGIONS = ("eu-west-1", "us-east-1", "us-east-2", "us-west-2")
 AWS = Catalog(files=[DATA_DIR / "aws.csv"])
 DAY = dt.date(2026, 11, 21)
+READ = dt.date(2026, 11, 28)
 
 
 def test_bundled_aws_offers() -> None:
     assert AWS.clouds() == ("aws",)
     assert AWS.regions("aws") == REGIONS
-    assert set(AWS.instance_types("aws")) == set(GPU_TYPES) | set(CPU_TYPES)
-    for offer in AWS.offers:
+    priced = [o for o in AWS.offers if o.price is not None]
+    assert {o.instance_type for o in priced} == set(GPU_TYPES) | set(CPU_TYPES)
+    for offer in priced:
         assert offer.price > 0 and (offer.spot_price is None or 0 < offer.spot_price < offer.price)
-        assert offer.price_date == DAY
+        assert offer.price_date in (DAY, READ) and offer.price_source
         if offer.instance_type in GPU_TYPES:
             assert (offer.accelerator, offer.accelerator_count) == GPU_TYPES[offer.instance_type]
             assert offer.gpu_memory_gib == GPU_MEMORY[offer.accelerator]
@@ -57,9 +62,14 @@ def test_bundled_aws_offers() -> None:
     assert t4 == Offer("aws", "us-east-1", None, "g4dn.xlarge", "T4", 1, 4, 16, 0.526, 0.2104,
                        gpu_memory_gib=16, price_date=DAY)
     assert t4.accelerators == "T4:1" and t4.hourly(spot=True) == 0.2104
-    # Every GPU type is sold in us-east-1; p5 is not in eu-west-1 (as on AWS).
+    # Every priced GPU type is sold in us-east-1; p5 is not in eu-west-1 (as on AWS).
     assert {o.instance_type for o in AWS.query(region="us-east-1")} == set(GPU_TYPES) | set(CPU_TYPES)
     assert AWS.find("aws", "eu-west-1", "p5.48xlarge") is None
+    # Sold, price unknown: listed by unpriced(), never by query().
+    g6 = AWS.find("aws", "us-east-1", "g6.xlarge")
+    assert g6 is not None and g6.price is None and g6.price_note and not AWS.query(accelerator="L4")
+    assert [o.instance_type for o in AWS.unpriced(region="us-east-1", accelerator="l4", min_accelerators=8)] == [
+        "g6.48xlarge"]
 
 
 def test_every_bundled_file_loads_and_the_default_catalog_has_every_cloud() -> None:
@@ -68,6 +78,9 @@ def test_every_bundled_file_loads_and_the_default_catalog_has_every_cloud() -> N
     assert {f.stem for f in files} == set(catalog.clouds())
     assert sum(len(read_csv(f)) for f in files) == len(catalog.offers)
     for offer in catalog.offers:
+        if offer.price is None:  # sold there, price unknown: says why, and has no spot price either
+            assert offer.price_note and offer.spot_price is None, offer
+            continue
         assert offer.price > 0 and (offer.spot_price is None or 0 < offer.spot_price < offer.price), offer
 
 
@@ -78,7 +91,7 @@ def test_query_by_gpu_is_case_insensitive_and_cheapest_first() -> None:
     assert prices == sorted(prices)
     assert {o.accelerator for o in offers} == {"T4"}
     assert AWS.canonical_accelerator("a10g") == "A10G" and AWS.canonical_accelerator("T5") is None
-    assert AWS.accelerator_names() == ("A100", "A10G", "H100", "T4", "V100")
+    assert AWS.accelerator_names() == ("A100", "A10G", "H100", "H200", "L4", "L40S", "T4", "V100")
     assert "T4" in default_catalog().accelerator_names()
 
 

@@ -117,7 +117,7 @@ def test_zone_is_carried_into_every_candidate() -> None:
 # (case, resources, extra recipe fields, error type, text the one-line message must contain)
 REFUSED = [
     ("unknown gpu", {"accelerators": "T5:1"}, {}, UsageError, "did you mean 'T4'?"),
-    ("unknown gpu, no close name", {"accelerators": "Z9000"}, {}, UsageError, "known GPUs: A100, A10G, H100, L4, T4, V100"),
+    ("unknown gpu, no close name", {"accelerators": "Z9000"}, {}, UsageError, "known GPUs: A10, A100, A10G, H100, H200, L4, L40S, P100, P4, T4, V100"),
     ("too many gpus per node", {"accelerators": "H100:16"}, {}, NotAvailableError, "at most H100:8"),
     ("gpu not in region", {"accelerators": "H100:8", "region": "eu-west-1"}, {}, NotAvailableError, "offered in us-east-1, us-east-2, us-west-2"),
     ("unknown type", {"instance_type": "g4dn.xlarg"}, {}, UsageError, "did you mean 'g4dn.xlarge'?"),

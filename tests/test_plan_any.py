@@ -56,6 +56,8 @@ def read_rows(paths: Iterable[Path]) -> list[Row]:
     for path in paths:
         with path.open(newline="") as handle:
             for r in csv.DictReader(handle):
+                if not r["price"].strip():
+                    continue  # sold there, price unknown: never a placement
                 rows.append(Row(r["cloud"], r["region"], r["instance_type"], r["accelerator"], int(r["accelerator_count"] or 0),
                                 int(r["vcpus"]), float(r["memory_gib"]), float(r["price"]),
                                 float(r["spot_price"]) if r["spot_price"].strip() else None))
@@ -124,7 +126,8 @@ def bundled_catalog() -> Catalog:
 def test_the_oracle_reads_the_catalog_the_planner_reads() -> None:
     # Guard for the oracle itself: same rows, same prices, or every comparison below is moot.
     mine = sorted((r.cloud, r.region, r.instance_type, r.price, r.spot) for r in BUNDLED)
-    theirs = sorted((o.cloud, o.region, o.instance_type, o.price, o.spot_price) for o in bundled_catalog().offers)
+    theirs = sorted((o.cloud, o.region, o.instance_type, o.price, o.spot_price) for o in bundled_catalog().offers
+                    if o.price is not None)
     assert mine == theirs and len(mine) > 100
 
 
@@ -244,15 +247,20 @@ REFUSED = [
     ("unknown gpu suggests", {"accelerators": "T5:1"}, {}, PRICED, UsageError, "did you mean 'T4'?",
      "resources.accelerators"),
     ("unknown gpu lists them", {"accelerators": "Z9000"}, {}, PRICED, UsageError,
-     "known GPUs: A100, A10G, H100, L4, T4, V100", "resources.accelerators"),
+     "known GPUs: A10, A100, A10G, H100, H200, L4, L40S, P100, P4, T4, V100", "resources.accelerators"),
     ("max hourly just below the cheapest", {"accelerators": "T4:1", "max_hourly_usd": 0.525}, {}, PRICED,
      NotAvailableError, "the cheapest is g4dn.xlarge (T4:1) in aws/us-east-1 at $0.526/h", "resources.max_hourly_usd"),
     ("max hourly below what the usable cloud has", {"accelerators": "T4:1", "max_hourly_usd": 0.53}, {}, ("gcp",),
      NotAvailableError, "the cheapest is n1-standard-4+t4x1 (T4:1) in gcp/us-central1", "resources.max_hourly_usd"),
-    ("A100:8 without aws", {"accelerators": "A100:8"}, {}, ("gcp", "azure"), NotAvailableError, "at most A100:1",
-     "resources.accelerators"),
-    ("L4 without gcp", {"accelerators": "L4"}, {}, ("aws", "azure"), NotAvailableError, "offered on gcp",
-     "resources.accelerators"),
+    ("A100:8 without aws: sold, price unknown", {"accelerators": "A100:8"}, {}, ("gcp", "azure"), NotAvailableError,
+     "A100:8 on one node (Standard_ND96amsr_A100_v4, Standard_ND96asr_v4, a2-highgpu-8g and 2 more): price unknown "
+     "(no published price in the catalog cloudtrain knows; `cloudtrain catalog refresh`)", "resources.accelerators"),
+    ("L4 without gcp: aws sells it, price unknown", {"accelerators": "L4"}, {}, ("aws", "azure"), NotAvailableError,
+     "price unknown (no published price in the catalog cloudtrain knows", "resources.accelerators"),
+    ("H200 nowhere priced", {"accelerators": "H200:8"}, {}, PRICED, NotAvailableError,
+     "H200 on aws/gcp (p5e.48xlarge, a3-ultragpu-8g): price unknown", "resources.accelerators"),
+    ("a GPU no usable cloud sells", {"accelerators": "A10:1"}, {}, ("aws", "gcp"), NotAvailableError,
+     "the catalog cloudtrain knows has no A10 GPUs on aws/gcp", "resources.accelerators"),
     ("T4 with too much memory", {"accelerators": "T4:1", "memory": 4096}, {}, PRICED, NotAvailableError,
      "no offer with T4:1 and 4096 GiB", "resources.memory"),
     ("region typo", {"accelerators": "T4:1", "region": "europe-west"}, {}, PRICED, UsageError,
@@ -361,8 +369,8 @@ def test_credentials_a_cloud_rejects_are_skipped_too(fakes: Any, moto_server: An
 
 # (id, resources, clouds without credentials, text of the planner's own refusal)
 ONLY_ON_SKIPPED = [
-    ("A100:8 is only on aws", {"accelerators": "A100:8"}, ("aws",), "at most A100:1"),
-    ("L4 is only on gcp", {"accelerators": "L4:1"}, ("gcp",), "has no L4 GPUs"),
+    ("A100:8 is priced only on aws", {"accelerators": "A100:8"}, ("aws",), "A100:8 on one node"),
+    ("L4 is priced only on gcp", {"accelerators": "L4:1"}, ("gcp",), "L4 on aws (g6."),
     ("region of azure", {"accelerators": "T4:1", "region": "eastus"}, ("azure",), "'eastus'"),
     ("price limit only aws and azure meet", {"accelerators": "T4:1", "max_hourly_usd": 0.53}, ("aws", "azure"),
      "costs $0.53/h or less"),
@@ -561,7 +569,8 @@ def test_plan_reads_the_users_refreshed_catalog(fakes: Any, tmp_path: Path, miss
 def test_plan_refusal_names_the_skipped_cloud_and_exits_2(fakes: Any, tmp_path: Path) -> None:
     run = run_plan(fakes, tmp_path, {"accelerators": "A100:8"}, {}, ("aws",))
     assert run.result.returncode == 2
-    assert "at most A100:1" in run.result.stderr and "skipped for their credentials: aws: " in run.result.stderr
+    assert "A100:8 on one node" in run.result.stderr and "price unknown" in run.result.stderr
+    assert "skipped for their credentials: aws: " in run.result.stderr
     assert "cloudtrain check aws" in run.result.stderr
     assert created(run) == []
 

@@ -44,10 +44,10 @@ def data(target: str) -> str:
 BAD = [
     # the plan, for priced clouds (aws): what the catalog knows, with did-you-mean
     ("instance-type-typo", aws("instance_type: g4dn.xlarg"),
-     ["recipe.yaml:4: resources.instance_type", "unknown aws instance type 'g4dn.xlarg'", "did you mean 'g4dn.xlarge'?"]),
+     ["recipe.yaml:4: resources.instance_type", "aws instance type 'g4dn.xlarg' is not in the catalog cloudtrain knows", "did you mean 'g4dn.xlarge'?"]),
     ("region-typo", aws("region: us-est-1"), ["recipe.yaml:4: resources.region", "did you mean 'us-east-1'?"]),
     ("gpu-typo", aws("accelerators: T5:1"), ["recipe.yaml:4: resources.accelerators", "did you mean 'T4'?"]),
-    ("gpu-unknown", aws("accelerators: Z9000"), ["recipe.yaml:4: resources.accelerators", "known GPUs: A100"]),
+    ("gpu-unknown", aws("accelerators: Z9000"), ["recipe.yaml:4: resources.accelerators", "known GPUs: A10, A100"]),
     ("region-without-prices", aws("accelerators: T4:1", "region: ap-south-1"),
      ["recipe.yaml:5: resources.region", "catalog covers"]),
     ("too-many-gpus", aws("accelerators: H100:16"), ["recipe.yaml:4: resources.accelerators", "at most H100:8"]),
@@ -60,7 +60,7 @@ BAD = [
     ("ami-without-region", aws("image: ami-0123456789abcdef0"), ["recipe.yaml:4: resources.image", "set resources.region"]),
     # `cloud: any` plans over every priced cloud, with the same checks
     ("cloud-any-gpu-typo", "name: demo\nresources: {cloud: any, accelerators: 'T5:1'}\nrun: x\n",
-     ["recipe.yaml:2: resources.accelerators", "no cloud offers a GPU called 'T5'", "did you mean"]),
+     ["recipe.yaml:2: resources.accelerators", "the catalog cloudtrain knows has no GPU called 'T5'", "did you mean"]),
     ("max-hourly-too-low", aws("accelerators: 'T4:1'", "max_hourly_usd: 0.01"),
      ["resources.max_hourly_usd", "nothing that fits costs $0.01/h or less"]),
     # fields the cloud cannot act on: autostop and budget where machines cannot stop themselves

@@ -3,8 +3,11 @@
 One CSV per cloud in cloudtrain/catalog_data/ (`aws.csv`, `gcp.csv`, `azure.csv`), with the columns
 cloud, region, zone, instance_type, accelerator, accelerator_count, vcpus, memory_gib, price,
 spot_price, and optionally gpu_memory_gib (per GPU) and price_date (YYYY-MM-DD, when the price was
-taken). A file without the optional columns loads as before; its offers have no GPU memory and no
-date. Prices are list prices in USD per hour per instance; spot prices are a typical recent value,
+taken), price_source (where the price was published: a URL or a repository path) and price_note
+(why a price is missing, or what to know about it). A file without the optional columns loads as
+before; its offers have no GPU memory, no date and no source. An empty `price` means the type is sold
+there but no published price is known to cloudtrain: such an offer is listed (`price unknown`) and
+never planned on (query() leaves it out), so nothing is priced on a guess. Prices are list prices in USD per hour per instance; spot prices are a typical recent value,
 good enough to plan with (the bill is what the cloud charges). An empty zone means the price holds
 for every zone of the region.
 
@@ -43,7 +46,8 @@ COLUMNS = (
     "price",
     "spot_price",
 )
-OPTIONAL_COLUMNS = ("gpu_memory_gib", "price_date")
+OPTIONAL_COLUMNS = ("gpu_memory_gib", "price_date", "price_source", "price_note")
+PRICE_UNKNOWN = "price unknown (no published price in the catalog cloudtrain knows; `cloudtrain catalog refresh`)"
 STALE_AFTER_DAYS = 90  # a price taken longer ago than this is flagged by `cloudtrain catalog`
 
 
@@ -57,13 +61,16 @@ class Offer:
     accelerator_count: int
     vcpus: int
     memory_gib: float
-    price: float  # on-demand USD per hour
+    price: float | None  # on-demand USD per hour; None: sold there, but no published price is known
     spot_price: float | None  # None: the type is not sold as spot there
     gpu_memory_gib: float | None = None  # per GPU; None: not known (or no GPU)
     price_date: dt.date | None = None  # when the price was taken; None: not known
     # Where the row came from: "bundled" (shipped with cloudtrain) or "refreshed" (`catalog refresh`);
     # not part of an offer's identity.
     source: str | None = field(default=None, compare=False)
+    # Where the price was published (URL or repository path) and a note (why it is missing).
+    price_source: str | None = field(default=None, compare=False)
+    price_note: str | None = field(default=None, compare=False)
 
     @property
     def accelerators(self) -> str | None:
@@ -72,6 +79,10 @@ class Offer:
 
     def hourly(self, spot: bool) -> float | None:
         return self.spot_price if spot else self.price
+
+    @property
+    def priced(self) -> bool:
+        return self.price is not None
 
     def age_days(self, today: dt.date) -> int | None:
         return (today - self.price_date).days if self.price_date is not None else None
@@ -210,6 +221,29 @@ class Catalog:
             found.append(offer)
         return sorted(found, key=lambda o: (o.hourly(spot), o.cloud, o.region, o.instance_type, o.zone or ""))
 
+    def unpriced(
+        self,
+        *,
+        cloud: str | Iterable[str] | None = None,
+        region: str | None = None,
+        instance_type: str | None = None,
+        accelerator: str | None = None,
+        min_accelerators: int = 0,
+    ) -> list[Offer]:
+        """Offers sold there whose price the catalog does not know (empty `price`): what query()
+        leaves out, so a caller can say "price unknown" instead of "not offered"."""
+        clouds = {cloud} if isinstance(cloud, str) else (set(cloud) if cloud is not None else None)
+        wanted_gpu = accelerator.lower() if accelerator else None
+        return sorted(
+            (o for o in self.offers
+             if o.price is None
+             and (clouds is None or o.cloud in clouds)
+             and (region is None or o.region == region)
+             and (instance_type is None or o.instance_type == instance_type)
+             and (wanted_gpu is None or (o.accelerator or "").lower() == wanted_gpu)
+             and o.accelerator_count >= min_accelerators),
+            key=lambda o: (o.cloud, o.region, o.instance_type, o.zone or ""))
+
     def find(self, cloud: str, region: str, instance_type: str, zone: str | None = None) -> Offer | None:
         """The offer for one type in one place; a zone-specific row wins over the region's row."""
         rows = [
@@ -272,6 +306,12 @@ def _optional_date(text: str | None) -> dt.date | None:
     return dt.date.fromisoformat(text) if text else None
 
 
+def _optional_text(row: list[str], index: int | None) -> str | None:
+    if index is None or index >= len(row):
+        return None
+    return row[index].strip() or None
+
+
 def read_csv(path: Path, hint: str | None = None, source: str | None = None) -> list[Offer]:
     """Parse one catalog file; a malformed row names the file and line. The optional columns
     (OPTIONAL_COLUMNS) may be missing from the header or empty in a row."""
@@ -283,7 +323,8 @@ def read_csv(path: Path, hint: str | None = None, source: str | None = None) -> 
         if missing:
             raise ConfigError(f"{path}: catalog is missing column(s) {', '.join(missing)}", hint=hint)
         (cloud, region, zone, kind, gpu, count, vcpus, memory, price, spot) = (header.index(c) for c in COLUMNS)
-        gpu_memory, date = (header.index(c) if c in header else None for c in OPTIONAL_COLUMNS)
+        gpu_memory, date, price_source, price_note = (header.index(c) if c in header else None
+                                                      for c in OPTIONAL_COLUMNS)
         for line, row in enumerate(reader, start=2):
             if not row:
                 continue
@@ -298,12 +339,14 @@ def read_csv(path: Path, hint: str | None = None, source: str | None = None) -> 
                         accelerator_count=int(row[count] or 0),
                         vcpus=int(row[vcpus]),
                         memory_gib=float(row[memory]),
-                        price=float(row[price]),
+                        price=_optional_float(row[price]),
                         spot_price=_optional_float(row[spot]),
                         gpu_memory_gib=_optional_float(row[gpu_memory]) if gpu_memory is not None
                         and gpu_memory < len(row) else None,
                         price_date=_optional_date(row[date]) if date is not None and date < len(row) else None,
                         source=source,
+                        price_source=_optional_text(row, price_source),
+                        price_note=_optional_text(row, price_note),
                     )
                 )
             except (ValueError, IndexError) as exc:
@@ -327,10 +370,12 @@ def offer_row(offer: Offer) -> dict[str, str]:
         "accelerator_count": str(offer.accelerator_count),
         "vcpus": str(offer.vcpus),
         "memory_gib": _number(offer.memory_gib),
-        "price": repr(float(offer.price)),
+        "price": repr(float(offer.price)) if offer.price is not None else "",
         "spot_price": repr(float(offer.spot_price)) if offer.spot_price is not None else "",
         "gpu_memory_gib": _number(offer.gpu_memory_gib),
         "price_date": offer.price_date.isoformat() if offer.price_date else "",
+        "price_source": offer.price_source or "",
+        "price_note": offer.price_note or "",
     }
 
 

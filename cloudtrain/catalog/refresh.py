@@ -256,7 +256,8 @@ def refresh(
 
 def _write(cloud: str, got: Fetched, chosen: Sequence[str], missing: Sequence[str], out_dir: Path) -> CloudResult:
     keep_regions = set(chosen)
-    new = [o for o in got.converted.offers if o.region in keep_regions]
+    # Each refreshed price names where it was published (the catalog zip, or the directory's file).
+    new = [dataclasses.replace(o, price_source=got.origin) for o in got.converted.offers if o.region in keep_regions]
     path = out_dir / f"{cloud}.csv"
     kept: list[Offer] = []
     if path.exists():

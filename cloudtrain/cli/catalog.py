@@ -58,7 +58,8 @@ def _parse_gpu(value: str, known: Sequence[str]) -> tuple[str, int]:
         count = int(count_text)
     by_lower = {n.lower(): n for n in known}
     if name.lower() not in by_lower:
-        raise _bad("--gpu", name, "no offer in the catalog has that GPU", known, "known GPUs")
+        raise _bad("--gpu", name, "the catalog cloudtrain knows has no such GPU (`cloudtrain catalog refresh` updates it)",
+                   known, "known GPUs")
     return by_lower[name.lower()], count
 
 
@@ -80,6 +81,8 @@ def select(catalog: Catalog, *, gpu: str | None, clouds: Sequence[str], regions:
             raise _bad("--region", region, problem, known_regions, "regions")
     name, count = _parse_gpu(gpu, catalog.accelerator_names()) if gpu else (None, 0)
     offers = catalog.query(cloud=clouds or None, accelerator=name, min_accelerators=count, spot=spot)
+    if not spot:  # sold there, price not known: listed last, never as a price
+        offers += catalog.unpriced(cloud=clouds or None, accelerator=name, min_accelerators=count)
     if regions:
         offers = [o for o in offers if o.region in set(regions)]
     return offers
@@ -97,6 +100,8 @@ def _gib(value: float | None) -> str:
 
 
 def _priced(offer: Offer, today: dt.date) -> str:
+    if offer.price is None:
+        return "-"
     text = offer.price_date.isoformat() if offer.price_date else "unknown"
     return f"{text} STALE" if offer.stale(today) else text
 
@@ -107,6 +112,8 @@ _UNDATED_BUNDLED = "bundled prices written without a recorded source or date"
 
 
 def _source(offer: Offer) -> str:
+    if offer.price is None:
+        return "price unknown"
     if offer.source == "refreshed":
         return "refreshed"
     return "bundled" if offer.price_date else "bundled, undated"
@@ -145,7 +152,7 @@ def catalog(ctx: click.Context, gpu: str | None, clouds: tuple[str, ...], region
             "gpu": o.accelerator, "gpu_count": o.accelerator_count, "gpu_memory_gib": o.gpu_memory_gib,
             "vcpus": o.vcpus, "memory_gib": o.memory_gib, "price": o.price, "spot_price": o.spot_price,
             "price_date": o.price_date.isoformat() if o.price_date else None, "stale": o.stale(today),
-            "source": o.source,
+            "source": o.source, "price_source": o.price_source, "price_note": o.price_note,
         } for o in shown]})
         return
     if not shown:
@@ -155,15 +162,22 @@ def catalog(ctx: click.Context, gpu: str | None, clouds: tuple[str, ...], region
     headers = ["CLOUD", "REGION", *(["ZONE"] if zones else []), "INSTANCE TYPE", "GPU", "GPU MEM", "VCPUS", "RAM",
                "ON-DEMAND/H", "SPOT/H", "PRICE DATE", "SOURCE"]
     rows = [[o.cloud, o.region, *([o.zone] if zones else []), o.instance_type, o.accelerators, _gib(o.gpu_memory_gib),
-             o.vcpus, _gib(o.memory_gib), _price(o.price), _price(o.spot_price), _priced(o, today), _source(o)]
+             o.vcpus, _gib(o.memory_gib), _price(o.price) if o.price is not None else "unknown", _price(o.spot_price),
+             _priced(o, today), _source(o)]
             for o in shown]
     output.table(headers, rows)
-    for cloud in dict.fromkeys(o.cloud for o in shown if o.source != "refreshed" and not o.price_date):
+    from cloudtrain.catalog import PRICE_UNKNOWN
+
+    unknown = [o for o in shown if o.price is None]
+    if unknown:
+        output.info(f"{len(unknown)} offer(s) with {PRICE_UNKNOWN}; plans never use them")
+    for cloud in dict.fromkeys(o.cloud for o in shown
+                               if o.price is not None and o.source != "refreshed" and not o.price_date):
         output.info(f"{cloud}: {_UNDATED_BUNDLED}; "
                     f"`cloudtrain catalog refresh --cloud {cloud}` replaces them with dated prices")
     if len(shown) < len(offers):
         output.info(f"({len(offers) - len(shown)} more; without -n all are shown)")
-    stale = [o for o in shown if o.stale(today)]
+    stale = [o for o in shown if o.price is not None and o.stale(today)]
     if stale:
         output.warn(f"{len(stale)} of {len(shown)} prices are older than {STALE_AFTER_DAYS} days or undated (STALE); "
                     "`cloudtrain catalog refresh` updates them")
@@ -247,7 +261,12 @@ def _report(result: CloudResult, after: Catalog | None, today: dt.date, stale_da
         output.warn(f"{cloud}: the source's prices are from {result.price_date}, older than {stale_days} days")
     if after is None:
         return
-    older = [o for o in after.offers if o.cloud == cloud and o.region in result.regions
+    unknown = sorted({o.instance_type for o in after.offers
+                      if o.cloud == cloud and o.region in result.regions and o.price is None})
+    if unknown:
+        output.info(f"{cloud}: {len(unknown)} type(s) the source does not price either stay 'price unknown' "
+                    f"({', '.join(unknown[:6])}{' and more' if len(unknown) > 6 else ''})")
+    older = [o for o in after.offers if o.cloud == cloud and o.region in result.regions and o.price is not None
              and (o.price_date is None or (result.price_date and o.price_date < result.price_date))]
     if older:
         types = sorted({o.instance_type for o in older})

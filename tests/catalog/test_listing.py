@@ -27,7 +27,9 @@ def offers(*args: str) -> list[dict]:
 def test_the_table_is_sorted_cheapest_first_and_filters_combine() -> None:
     everything = offers()
     assert len(everything) == len(Catalog().offers)
-    assert [o["price"] for o in everything] == sorted(o["price"] for o in everything)
+    priced = [o["price"] for o in everything if o["price"] is not None]
+    # Priced offers cheapest first, then those whose price is unknown (never shown as a price).
+    assert priced == sorted(priced) and everything[:len(priced)] == [o for o in everything if o["price"] is not None]
 
     spot = offers("--spot", "--gpu", "t4")
     assert spot and all(o["gpu"] == "T4" and o["spot_price"] is not None for o in spot)
@@ -45,7 +47,8 @@ def test_the_table_is_sorted_cheapest_first_and_filters_combine() -> None:
     assert lines[0].split() == ["CLOUD", "REGION", "INSTANCE", "TYPE", "GPU", "GPU", "MEM", "VCPUS", "RAM",
                                 "ON-DEMAND/H", "SPOT/H", "PRICE", "DATE", "SOURCE"]
     assert lines[1].split()[:5] == ["aws", "us-east-1", "g5.xlarge", "A10G:1", "24"]
-    assert "$1.006" in lines[1] and lines[-1] == "(10 more; without -n all are shown)"
+    # 12 priced A10G offers, then 18 of sizes sold without a known price (g5.8xlarge, ...).
+    assert "$1.006" in lines[1] and lines[-1] == "(30 more; without -n all are shown)"
     assert run_cli("catalog", "--gpu", "H100", "--region", "eu-west-1", "--cloud", "aws").stdout == "no offers match\n"
 
 
@@ -82,7 +85,8 @@ def test_undated_and_old_refreshed_prices_are_flagged(cloudtrain_home: Path) -> 
     (["--cloud", "gpc"], "error: --cloud 'gpc': no offers of that cloud in the catalog (did you mean 'gcp'?)"),
     (["--cloud", "aws", "--region", "us-east1"], "error: --region 'us-east1': a region of gcp, not of aws (did you mean 'us-east-1'?)"),
     (["--region", "mars-1"], "error: --region 'mars-1': no offers in that region in the catalog (regions: "),
-    (["--gpu", "a10"], "error: --gpu 'a10': no offer in the catalog has that GPU (did you mean 'A10G'?)"),
+    (["--gpu", "l40"], "error: --gpu 'l40': the catalog cloudtrain knows has no such GPU (`cloudtrain catalog refresh` "
+                       "updates it) (did you mean 'L40S'?)"),
     (["--gpu", "T4:0"], "error: --gpu 'T4:0': expected GPU or GPU:COUNT with a COUNT of 1 or more (e.g. --gpu T4:2)"),
     (["-n", "0"], "error: invalid value for '-n' / '--limit'"),
     (["refesh"], "error: no such command 'refesh' (did you mean 'refresh'?"),
@@ -119,8 +123,12 @@ def test_only_refresh_pays_for_the_network_code(args: list[str]) -> None:
 def test_every_price_says_where_it_came_from() -> None:
     table = run_cli("catalog", "--gpu", "T4:1", "--cloud", "aws", "--cloud", "gcp")
     rows = [line.split() for line in table.stdout.splitlines()[1:] if line.startswith(("aws ", "gcp "))]
-    assert rows and {row[0]: " ".join(row[-2:]) for row in rows} == {"aws": "2026-11-21 bundled",
-                                                                      "gcp": "bundled, undated"}
-    # The undated bundled rows are not given a made-up date: their source recorded none.
-    assert "gcp: bundled prices written without a recorded source or date" in table.stdout
+    assert rows and {row[0]: " ".join(row[-2:]) for row in rows if row[-1] == "bundled"} == {
+        "aws": "2026-11-21 bundled", "gcp": "2026-11-23 bundled"}
+    # GCP's prices carry the day cloudtrain recorded them (their source says so), not a made-up one.
+    assert "gcp: bundled prices written without a recorded source or date" not in table.stdout
     assert {o["source"] for o in offers("--cloud", "gcp")} == {"bundled"}
+    assert all(o["price_source"] for o in offers("--cloud", "gcp") if o["price"] is not None)
+    # A type sold there without a known price is listed as such, never with a price.
+    unknown = [row for row in rows if row[-2:] == ["unknown"]]
+    assert all("unknown" in row for row in unknown)
