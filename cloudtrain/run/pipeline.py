@@ -476,6 +476,14 @@ class Executor:
         assert r.cluster is not None
         name = r.cluster.record.name
         provider = r.cluster.provider
+        current = self.store.get_cluster(name)
+        if current is None or current.uid != r.cluster.record.uid:
+            # `down` from another terminal (with --yes) ended it under this run: nothing is left to
+            # tear down or to collect from, and saying "kept, collect fetches them" would be false.
+            lost = "; what was not collected went with it" if results_at_risk else ""
+            self.reporter.warn(f"cluster {name} was taken down by another command while this run went on{lost}")
+            r.fail(f"cluster {name} was taken down during the run")
+            return "gone"
         if policy in ("down", "stop"):
             other = self._other_live_work(r)
             if other is not None:

@@ -28,7 +28,7 @@ class RunJson:
     started_at: float
     ended_at: float
     wall_time_s: float
-    teardown: str  # down | stopped | kept | failed | none
+    teardown: str  # down | stopped | kept | failed | none | gone (another command took it down)
     job_id: str
     result_paths: tuple[str, ...] = ()
     results: tuple[str, ...] = ()  # files written into the run directory

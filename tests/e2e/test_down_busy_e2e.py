@@ -38,3 +38,26 @@ def test_down_of_a_cluster_a_live_run_uses_needs_yes(local_cloud: FakeCloud, tmp
     assert (run_dir / "outputs" / "r.txt").read_text() == "done\n"
     assert json.loads((run_dir / "run.json").read_text())["status"] == "succeeded"
     assert local_cloud.leftovers() == []
+
+
+def test_down_yes_during_a_run_and_the_runs_last_words_are_true(local_cloud: FakeCloud, tmp_path: Path) -> None:
+    started = tmp_path / "started"
+    recipe = local_cloud.recipe(run=f"touch {started}; sleep 120", results=["outputs"])
+    run = subprocess.Popen([sys.executable, "-m", "cloudtrain", "run", str(recipe), "--cluster", local_cloud.cluster,
+                            "--runs-dir", str(local_cloud.runs_dir)], env={**os.environ, **local_cloud.env},
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_until(started.exists, 120, "the job to start")
+        down = local_cloud.cli("down", local_cloud.cluster, "--yes")
+        assert down.ok, down.output
+        out, err = run.communicate(timeout=300)
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.communicate()
+    assert run.returncode != 0, out + err
+    assert f"cluster {local_cloud.cluster} was taken down by another command" in err, err
+    assert "collect" not in err.split("was taken down")[1] and "fetches them" not in err, err  # no promise it can't keep
+    record = json.loads((Path(out.strip().splitlines()[-1]) / "run.json").read_text())
+    assert record["teardown"] == "gone" and record["status"] != "succeeded"
+    assert local_cloud.leftovers() == []
