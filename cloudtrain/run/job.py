@@ -51,8 +51,10 @@ def run_job(store: StateStore, reporter: Reporter, nodes: Sequence[Node], run_id
         if st.state != JobState.SUCCEEDED:
             code = st.exit_code if st.exit_code is not None else 1
             if st.state == JobState.KILLED:
-                raise JobFailedError(f"{what} on node {rank} cancelled (`cloudtrain cancel`; exit code {code})", code,
-                                     cancelled=True)
+                # Ended from outside, not by itself: `cloudtrain cancel` or `down` from another
+                # terminal, or a scheduler's cancel or preemption (Slurm).
+                raise JobFailedError(f"{what} on node {rank} was cancelled (killed from outside: `cloudtrain cancel`, "
+                                     f"`down`, or the scheduler; exit code {code})", code, cancelled=True)
             raise JobFailedError(f"{what} on node {rank} {st.state} (exit code {code})", code)
 
 

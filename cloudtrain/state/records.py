@@ -20,7 +20,7 @@ class RunStatus(StrEnum):
     SUCCEEDED = "succeeded"  # the job succeeded and its results and logs are home, verified
     FAILED = "failed"
     INTERRUPTED = "interrupted"  # Ctrl-C, `kill` or a closed terminal of the `cloudtrain run` itself
-    CANCELLED = "cancelled"  # its job was ended by `cloudtrain cancel` (from another terminal)
+    CANCELLED = "cancelled"  # its job was killed from outside (`cancel`, `down` elsewhere, a scheduler)
     ABANDONED = "abandoned"  # the `cloudtrain run` process died without finishing the row
 
 

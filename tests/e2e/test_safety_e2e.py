@@ -306,7 +306,7 @@ def test_cancel_ends_the_job_and_the_run_following_it_is_cancelled(tmp_path: Pat
     record = json.loads((run_dir / "run.json").read_text())
     # Said as what it was, not `failed (143)` (35.12): the user cancelled it.
     assert record["status"] == "cancelled" and record["teardown"] == "down"
-    assert "cancelled (`cloudtrain cancel`" in record["error"]
+    assert "was cancelled (killed from outside: `cloudtrain cancel`" in record["error"]
     assert status_json()["clusters"] == [] and status_json()["runs"][0]["status"] == "cancelled"
 
 
