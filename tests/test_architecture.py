@@ -184,7 +184,7 @@ def _members(protocol: type) -> set[str]:
     return {name for name, value in vars(protocol).items() if callable(value) and not name.startswith("_")}
 
 
-# What each backend is: the contract as the docs state it (docs/architecture.md).
+# What each backend is: the contract as the docs state it (docs/design/architecture.md).
 IS = {
     "local": {"CreatesMachines", "StopsMachines", "SelfStopping"},
     "ssh": {"GivenHosts"},

@@ -30,7 +30,7 @@ class Node:
     layout: NodeLayout
     python: str | None = None  # the interpreter the bootstrap chose for jobs (remote nodes)
     # prepare's own mkdir made the workdir (it was not there): the sync sends everything without
-    # first asking the node what it holds (one round trip of a first `up`, docs/sync.md)
+    # first asking the node what it holds (one round trip of a first `up`, docs/design/sync.md)
     fresh_workdir: bool = False
 
     @property

@@ -1,4 +1,4 @@
-"""The launch-time deadline every VM carries from its first second (docs/billing.md).
+"""The launch-time deadline every VM carries from its first second (docs/design/billing.md).
 
 It is the backstop for a VM whose on-node watchdog was never installed (the CLI that launched it
 died during boot): it fires DEADLINE_GRACE_S after the budget, so that a watchdog that is there

@@ -12,7 +12,7 @@ first request at once: one round trip instead of the handshake, the channel open
 Why a process started at exit rather than the first command becoming the mux: a paramiko
 connection cannot move between processes (its keys and sequence numbers live in Python objects
 and a reader thread), and a mux started before the first command's work would put its Python
-start and handshake in that command's way (measured: docs/sync.md). Started at exit, its
+start and handshake in that command's way (measured: docs/design/sync.md). Started at exit, its
 handshake happens while the user reads the output.
 
 Security, as OpenSSH's ControlMaster: the socket lives in $CLOUDTRAIN_HOME/mux (0700, ours), is

@@ -174,7 +174,7 @@ def _sync_scanned(transport, scan: TreeScan, remote_dir: str, method: str, warn_
         )
     if method == "auto":
         # tar-delta is faster for new and small files (one stream on the open connection: 0.5x
-        # rsync's time on a first sync of 5,000 files, 0.3x on a re-sync; docs/sync.md). rsync's
+        # rsync's time on a first sync of 5,000 files, 0.3x on a re-sync; docs/design/sync.md). rsync's
         # delta transfer wins only for large files with small edits: use it when such a file changed.
         if remote is None:
             remote = _remote_state(transport, str(remote_dir), entries)

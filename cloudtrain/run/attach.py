@@ -47,7 +47,7 @@ def exec_command(lc: Lifecycle, reporter: Reporter, name: str, script: str, deta
         ahead = (_send_checks(node, loaded) if loaded is not None and sync and not detach and not setup_unknown
                  else None)
         if ahead is not None:
-            # The job's start goes with the checks (one round trip, docs/sync.md); it runs only if they pass.
+            # The job's start goes with the checks (one round trip, docs/design/sync.md); it runs only if they pass.
             node = replace(node, python=ahead[0].python)
         elif loaded is not None:
             node = prepare(node, loaded.recipe, reporter)

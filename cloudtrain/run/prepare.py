@@ -110,7 +110,7 @@ class PendingPrepare:
 
     def _remember_ready(self, python: str) -> None:
         """Write the node's ready file (this recipe's key and python), here and there: the next
-        exec may then send its job's start with the check (docs/sync.md)."""
+        exec may then send its job's start with the check (docs/design/sync.md)."""
         if " " in python or "\n" in python or self.remembered_as is None:
             return  # not a line the check can compare: every exec checks first, as before
         t, line = self.node.transport, f"{self.key} {python}"

@@ -1,8 +1,8 @@
-"""Round trips, counted (not timed): what a distant node costs the edit-run loop (docs/sync.md).
+"""Round trips, counted (not timed): what a distant node costs the edit-run loop (docs/design/sync.md).
 
 The CLI runs as a subprocess against a test-kit sshd; each closed SSH transport appends its
 counted round trips to $CLOUDTRAIN_ROUNDTRIPS_LOG (cloudtrain/remote/roundtrips.py). The bounds
-are the ones docs/sync.md states: a regression that adds a sequential round trip fails here.
+are the ones docs/design/sync.md states: a regression that adds a sequential round trip fails here.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from cloudtrain.testing.sshd import SshdFactory, SshdVM
 from cloudtrain.testing.wait import wait_until
 from tests.conftest import cli_env, start_cli
 
-# docs/sync.md, "Round trips": after connecting, per CLI invocation.
+# docs/design/sync.md, "Round trips": after connecting, per CLI invocation.
 WARM_RUN_UNCHANGED = 5
 EXEC_UNCHANGED = 2  # the helper's channel open, then the checks, the job's start and follow together
 EXEC_UNCHANGED_REUSED = 1  # through the node's mux (ssh.persist_s): its helper is open already
@@ -93,7 +93,7 @@ def test_a_warm_command_makes_at_most_the_documented_round_trips(warm_cluster, w
     assert len(reports) == 1, reports  # one node, one connection
     report = reports[0]
     assert report["connects"] == 1
-    assert report["round_trips"] <= bound, f"{what}: {report} (docs/sync.md promises <= {bound})"
+    assert report["round_trips"] <= bound, f"{what}: {report} (docs/design/sync.md promises <= {bound})"
     # One SSH session for the helper; nothing else needed a channel of its own.
     assert report["sessions"] == 1, report
 
@@ -244,7 +244,7 @@ def test_killing_the_mux_during_an_exec_is_survived_or_said_in_one_line(sshd_vm_
         next(cluster, None)
 
 
-FIRST_UP = 7  # docs/sync.md: the new workdir is sent without asking the node what it holds
+FIRST_UP = 7  # docs/design/sync.md: the new workdir is sent without asking the node what it holds
 
 
 def test_a_first_up_sends_the_new_workdir_without_asking_for_its_manifest(sshd_vm_factory: SshdFactory,
