@@ -217,9 +217,12 @@ class FakeCloud:
     ) -> Path:
         """Your recipe, pointed at this fake: a copy in the test's temp dir. Returns its path.
 
-        - `resources` is replaced by `recipe_resources()`; from a source written for this same
-          cloud, the machine fields are kept (`machine_fields`, e.g. region, instance_type,
-          accelerators, spot; not `image`), then `resources=` overrides are applied;
+        - `resources` is replaced by `recipe_resources()`. The fields that mean the same on every
+          cloud (`spot`, `disk_gb`, `accelerators`, `allow_more_accelerators`, `cpus`, `memory`,
+          `max_hourly_usd`, `allow_cpu_fallback`) are kept whatever cloud the source names, where
+          this cloud takes them (local and ssh have no spot, disk or GPU type); the placement
+          fields (`machine_fields`: region, zone, instance_type) only from a source written for
+          this same cloud; never `image`, `hosts` or `slurm`. Then `resources=` overrides apply;
         - `name` is the test's cluster name (or `name=`);
         - a relative `workdir` and local `data[].source` are made absolute against the source's
           folder, so the copy syncs the same files (bucket URLs stay as written);
@@ -245,6 +248,20 @@ class FakeCloud:
             self.clusters.append(data["name"])
         original = data.get("resources") or {}
         kept = {k: original[k] for k in self.machine_fields if k in original} if original.get("cloud") == self.name else {}
+        # What a field of Resources (cloudtrain/recipe) means on every cloud: kept from any source, so
+        # a spot recipe written for AWS is a spot recipe on the GCP fake too. A cloud without
+        # placement fields takes only those preflight lets through (slurm: accelerators, as --gres).
+        portable = ["spot", "disk_gb", "accelerators", "allow_more_accelerators", "cpus", "memory",
+                    "max_hourly_usd", "allow_cpu_fallback"]
+        from cloudtrain.preflight import CLOUD_ONLY_FIELDS
+        from cloudtrain.providers import available, traits
+
+        if self.name in available() and not traits(self.name).cloud_fields:
+            honoured = traits(self.name).honours_fields
+            portable = [k for k in portable if k != "spot" and (k not in CLOUD_ONLY_FIELDS or k in honoured)]
+        kept.update({k: original[k] for k in portable if k in original})
+        if "accelerators" not in {**kept, **(resources or {})}:
+            kept.pop("allow_more_accelerators", None)  # means nothing without them (refused alone)
         data["resources"] = {**self.recipe_resources(int(data.get("num_nodes") or 1), **kept), **(resources or {})}
         if data.get("workdir") is not None:
             data["workdir"] = str((base / str(data["workdir"])).resolve())
