@@ -207,6 +207,10 @@ def _summary(result) -> None:  # noqa: ANN001
                 rows.append((key, f"{value:.4g}" if isinstance(value, float) else value))
     if result.refused:
         rows.append(("refused", f"{len(result.refused)} unsafe result member(s), listed in run.json"))
+    if result.empty_result_paths:
+        # Said before the teardown too; here where a reader of the end of the output looks.
+        rows.append(("empty results", f"{', '.join(result.empty_result_paths)}: nothing there on node 0 "
+                                      "(run.json: empty_result_paths)"))
     if result.error:
         rows.append(("error", result.error))
     output.echo()
@@ -220,7 +224,10 @@ def _summary(result) -> None:  # noqa: ANN001
 @click.option("--no-sync", "no_sync", is_flag=True, help="Do not sync the recipe's workdir first.")
 @env_option
 def exec_(name: str, command: tuple[str, ...], detach: bool, no_sync: bool, env: dict[str, str]) -> None:
-    """Run COMMAND on cluster NAME (rank 0), in the synced workdir: `cloudtrain exec NAME -- CMD...`."""
+    """Run COMMAND on cluster NAME (rank 0), in the synced workdir: `cloudtrain exec NAME -- CMD...`.
+
+    On a node where the `setup` of the recipe the cluster was made from never ran (`up` and `run`
+    run it), it runs first."""
     from cloudtrain.remote.jobs import JobState
     from cloudtrain.run.attach import exec_command
 
@@ -313,7 +320,7 @@ def cancel(name: str, job: str | None, all_jobs: bool) -> None:
               help="Fetch the results RUN uploaded (recipe `upload:`) from the bucket, with your credentials.")
 def collect(name: str, run_id: str | None, from_bucket: bool) -> None:
     """Fetch RUN's results and logs from cluster NAME again (default: its latest run), verified."""
-    from cloudtrain.run.collect import collect_again
+    from cloudtrain.run.collect import collect_again, empty_warning
 
     lc = open_lifecycle(output.RunDisplay())
     if from_bucket:
@@ -324,6 +331,8 @@ def collect(name: str, run_id: str | None, from_bucket: bool) -> None:
     run, got = collect_again(lc, name, run_id, warn=output.warn)
     for refused in got.refused:
         output.warn(f"refused result {refused.member!r}: {refused.reason}")
+    for path in got.empty_paths if got.complete else ():
+        output.warn(empty_warning(path))
     # `attempts` counts round trips (results and logs are two on a clean link): not news to a user.
     output.info(f"run {run.id}: {len(got.files)} file(s) fetched and verified")
     if not got.complete:

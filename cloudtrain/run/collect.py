@@ -108,6 +108,11 @@ def collect(nodes: Sequence[Node], run_id: str, result_paths: Sequence[str], run
     return Collected(tuple(result_files + log_files), refused, attempts, error, empty_paths=empty)
 
 
+def empty_warning(path: str) -> str:
+    """What `run` and `collect` say of a result path under which node 0 had nothing this run wrote."""
+    return f"results: {path}: nothing this run wrote there on node 0 (a typo in `results:`?)"
+
+
 def empty_paths(result_paths: Sequence[str], names: Sequence[str]) -> tuple[str, ...]:
     """The result paths that none of the fetched files lies under (names relative to the workdir)."""
     fetched = [name.removeprefix("./") for name in names]
@@ -264,9 +269,12 @@ def collect_again(lc, name: str, run_id: str | None, warn: Callable[[str], None]
         error = record.error
         if got.complete and not later and record.exit_code == 0 and (record.error or "").startswith("collect failed"):
             status, error = RunStatus.SUCCEEDED, None
+        # What this collect found under each result path replaces what the run knew (nothing, when
+        # its own collect did not finish); logs only (a later run replaced the results) leave it.
+        empty = got.empty_paths if got.complete and not later and paths else record.empty_result_paths
         record = record.with_collect(results=results, refused=tuple((x.member, x.reason) for x in got.refused),
                                      collect_error=got.error, collect_attempts=record.collect_attempts + got.attempts,
-                                     status=status, error=error)
+                                     status=status, error=error, empty_result_paths=empty)
         record.write(run_dir)
         lc.store.update_run(run.id, status=status, error=error)
     return run, got

@@ -27,7 +27,7 @@ from cloudtrain.shield import no_interrupts as _no_interrupts
 from cloudtrain.shield import signal_name as _signal_name
 from cloudtrain.run import approval
 from cloudtrain.run.approval import Approver
-from cloudtrain.run.collect import Collected, collect
+from cloudtrain.run.collect import Collected, collect, empty_warning
 from cloudtrain.errors import CloudtrainError, JobFailedError, RemoteError, UsageError
 from cloudtrain.events import Reporter
 from cloudtrain.run.jobstate import OPEN_STATES, refresh_jobs
@@ -59,6 +59,7 @@ class RunResult:
     error: str | None = None
     teardown: str = "none"
     refused: tuple[Refused, ...] = ()
+    empty_result_paths: tuple[str, ...] = ()  # result paths node 0 had nothing under (run.json's too)
 
 
 @dataclass
@@ -378,18 +379,28 @@ class Executor:
             detail = exc.one_line() if isinstance(exc, CloudtrainError) else f"{type(exc).__name__}: {exc}"
             return Collected(error=detail)
 
-    def _say_empty_results(self, r: _Run, collected: Collected) -> None:
+    def _say_empty_results(self, r: _Run, collected: Collected, policy: str | None) -> None:
         """A `results:` path with nothing under it is most often a typo (`outputz`): said before the
-        teardown, so that nobody learns it after the node that held the files is gone."""
+        teardown, so that nobody learns it after the node that held the files is gone. `policy`:
+        the teardown about to run (None: no cluster)."""
         if not collected.complete or not collected.empty_paths:
             return
         for path in collected.empty_paths:
-            self.reporter.warn(f"results: {path}: nothing this run wrote there on node 0 (a typo in `results:`?)")
-        paths = r.loaded.recipe.result_paths()
-        if r.cluster is not None and len(collected.empty_paths) == len(paths) and r.cluster.provider.traits.owns_machines:
-            name = r.cluster.record.name
-            self.reporter.warn(f"no result path held anything: the teardown that follows ends {name}'s machines and "
-                               f"what is on them; next time `--keep` keeps {name} to look (`cloudtrain exec {name} -- ls`)")
+            self.reporter.warn(empty_warning(path))
+        if r.cluster is None or len(collected.empty_paths) < len(r.loaded.recipe.result_paths()):
+            return
+        name = r.cluster.record.name
+        if policy == "down":
+            # Whatever the job wrote elsewhere goes with the teardown: the machines on a cloud, the
+            # workdir on this machine or your own hosts.
+            what = (f"deletes {name}'s machines with everything on them" if r.cluster.provider.traits.owns_machines
+                    else f"removes {name}'s workdir with what the job wrote there")
+            self.reporter.warn(f"no result path held anything: the teardown that follows {what}; to look for the "
+                               f"job's files, run again with `--keep` (then `cloudtrain exec {name} -- ls`)")
+        else:
+            start = f"`cloudtrain start {name}`, then " if policy == "stop" else ""
+            self.reporter.warn(f"no result path held anything: the job's files stay on {name}; "
+                               f"{start}`cloudtrain exec {name} -- ls` shows them")
 
     def _teardown_and_record(self, r: _Run, teardown: Teardown, collected: Collected, signals: list[int]) -> RunResult:
         recipe = r.loaded.recipe
@@ -399,14 +410,17 @@ class Executor:
             if not collected.complete:
                 r.fail(f"collect failed: {collected.error}")
                 self.reporter.warn(f"collect failed: {collected.error}")
-            self._say_empty_results(r, collected)
-        hourly = r.cluster.record.hourly_price if r.cluster else 0.0
-        teardown_done = "none"
+        policy: str | None = None
         if r.cluster is not None:
             # Auto: leave things as they were found (a cluster this run made goes, one it started is
             # stopped again, one that was running keeps running).
             auto = "down" if r.created else ("stop" if r.was_stopped else "keep")
             policy = auto if teardown == "auto" else teardown
+        if r.nodes:
+            self._say_empty_results(r, collected, policy)
+        hourly = r.cluster.record.hourly_price if r.cluster else 0.0
+        teardown_done = "none"
+        if r.cluster is not None and policy is not None:
             # Results that are not home live only on the node: never delete it under them.
             results_at_risk = bool(r.jobs_started) and not collected.complete
             try:
@@ -459,7 +473,7 @@ class Executor:
             instance_type=record.instance_type, hourly_price=hourly, error=r.error,
         )
         return RunResult(r.run_id, r.run_dir, r.status, r.exit_code, cost, dict(r.clock.timings), r.error,
-                         teardown_done, collected.refused)
+                         teardown_done, collected.refused, collected.empty_paths)
 
     def _spent(self, cluster: str, since: float, until: float | None = None,
                incarnation: str | None = None) -> float | None:

@@ -38,3 +38,32 @@ def test_every_result_path_empty_on_a_cloud_node_is_said_before_the_teardown(aws
     assert "no result path held anything" in lines[empty + 1] and "--keep" in lines[empty + 1]
     assert empty < next(i for i, line in enumerate(lines) if line.startswith("==> teardown")), proc.stdout
     assert aws_cloud.leftovers() == []
+
+
+def test_every_result_path_empty_is_said_before_the_teardown_removes_the_workdir(local_cloud: FakeCloud) -> None:
+    # On this machine (and your own hosts) `down` removes the workdir: what the job wrote goes too.
+    run = local_cloud.run(local_cloud.recipe(run=JOB, results=["outputz"]))
+    assert run.ok, run.output
+    said = [line for line in run.stderr.splitlines() if "no result path held anything" in line]
+    assert len(said) == 1 and "removes" in said[0] and "workdir" in said[0] and "--keep" in said[0], run.stderr
+    # ...and on the summary, where the reader of the end of the output looks.
+    summary = run.stdout[run.stdout.rindex("teardown"):]
+    assert "empty results" in summary and "outputz: nothing there on node 0" in summary, run.stdout
+
+
+def test_a_kept_node_is_not_said_to_go_and_collect_says_it_again(local_cloud: FakeCloud) -> None:
+    import json
+
+    run = local_cloud.run(local_cloud.recipe(run=JOB, results=["outputz"]), "--keep")
+    assert run.ok, run.output
+    said = [line for line in run.stderr.splitlines() if "no result path held anything" in line]
+    assert len(said) == 1 and "stay on" in said[0] and f"cloudtrain exec {local_cloud.cluster} -- ls" in said[0], said
+    assert "removes" not in said[0] and "deletes" not in said[0]
+    # A run whose own collect did not finish knows nothing of its result paths yet: `collect` finds out.
+    record = json.loads((run.run_dir / "run.json").read_text())
+    record["empty_result_paths"] = []
+    (run.run_dir / "run.json").write_text(json.dumps(record))
+    again = local_cloud.cli("collect", local_cloud.cluster)
+    assert again.ok and "warning: results: outputz: nothing this run wrote there on node 0" in again.stderr, again.output
+    assert json.loads((run.run_dir / "run.json").read_text())["empty_result_paths"] == ["outputz"]
+    assert local_cloud.down().ok
