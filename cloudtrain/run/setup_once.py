@@ -5,6 +5,8 @@ is part of the run) and marks it done too.
 
 The truth is a file on the node (`<cluster root>/setup.done`: the setup's hash); this machine
 remembers what it last saw (remote/homecache.py), so that a warm `exec` asks the node nothing more.
+That memory is only a guess: `up` (and an `exec` without it) always asks the node, since a host that
+`down` cleaned (an `ssh` cluster) comes back under the same name without the setup's work.
 """
 
 from __future__ import annotations
@@ -41,14 +43,17 @@ def remembered(node: Node, setup: str) -> bool:
 
 
 def pending(nodes: Sequence[Node], setup: str) -> list[Node]:
-    """The nodes on which this setup has not run (asked of each node, one round trip)."""
+    """The nodes on which this setup has not run: asked of each node (one round trip), never taken
+    from memory, which a node cleaned by `down` and made again under the same name outlives."""
     key = setup_key(setup)
 
     def done(node: Node) -> bool:
-        if remembered(node, setup):
-            return True
         said = node.transport.run(["cat", _marker(node)], check=False, what="reading the setup mark")
-        return said.exit_code == 0 and said.text.strip() == key
+        ok = said.exit_code == 0 and said.text.strip() == key
+        memory = _memory(node)
+        if memory is not None:
+            homecache.remember(*memory, key if ok else "")
+        return ok
 
     marks = on_all(list(nodes), done)
     return [node for node, ok in zip(nodes, marks) if not ok]

@@ -51,3 +51,25 @@ def test_exec_on_a_node_whose_setup_never_ran_runs_it_first(local_cloud: FakeClo
     twice = local_cloud.cli("exec", local_cloud.cluster, "--", "true")
     assert twice.ok and "==> setup" not in twice.stdout and counter.read_text() == "ran\n", twice.output
     assert local_cloud.down().ok
+
+
+@pytest.mark.skipif(not sshd.sshd_available() and not os.environ.get("CI"), reason="OpenSSH sshd is not installed")
+def test_up_after_down_sets_up_again_a_host_down_cleaned(ssh_cloud: FakeCloud, tmp_path: Path) -> None:
+    # `down` removes cloudtrain's files from your own host (the setup's work and its mark with
+    # them); the host and its name come back the same, so what this machine remembers of it is stale.
+    counter = tmp_path / "setup-count"
+    recipe = ssh_cloud.recipe(setup=_setup(counter), run="true")
+    assert ssh_cloud.up(recipe).ok and counter.read_text() == "ran\n"
+    assert ssh_cloud.down().ok
+    again = ssh_cloud.up(recipe)
+    assert again.ok and "==> setup" in again.stdout and counter.read_text() == "ran\nran\n", again.output
+    used = ssh_cloud.cli("exec", ssh_cloud.cluster, "--", "cat", "lib/helper.py")
+    assert used.ok and "VALUE = 42" in used.stdout, used.output
+    assert ssh_cloud.down().ok
+
+
+def test_up_and_exec_help_say_they_run_setup(local_cloud: FakeCloud) -> None:
+    up_help, exec_help = local_cloud.cli("up", "--help"), local_cloud.cli("exec", "--help")
+    assert up_help.ok and exec_help.ok, up_help.output + exec_help.output
+    assert "run its `setup` on every node where that setup has not run yet" in " ".join(up_help.stdout.split())
+    assert "`setup` of the recipe the cluster was made from never ran" in " ".join(exec_help.stdout.split())
