@@ -188,7 +188,10 @@ class Connecting:
             started = client.get_transport()
             answered = started is not None and bool(getattr(started, "remote_version", ""))
             said = abandon(client, sock, proxy, proxy_err)
-            what, hint = handshake_failure(exc, self.connect_timeout, answered, time.monotonic() - began)
+            # Through a ProxyCommand a quick end is the proxy's (it could not reach the machine), not
+            # a server that answered in another protocol: no elapsed time, no such guess.
+            elapsed = None if proxy else time.monotonic() - began
+            what, hint = handshake_failure(exc, self.connect_timeout, answered, elapsed)
             if proxy and said:
                 hint = f"ProxyCommand {ep.expanded_proxy_command()!r} said: {said}"
             raise SSHConnectError(f"{where}: {what}", hint=hint) from None

@@ -219,7 +219,7 @@ def check_gc(cloud: FakeCloud, name: str, orphan: str, stranger: str, planted: P
     # Just launched: the launch's own liveness mark is fresh, so it is someone's live work (another
     # state of this owner), shown with its evidence and left alone (tests/e2e/test_gc_live_e2e.py: --yes).
     code, first = gc_json(cloud)
-    (held,) = [leak for leak in first["live"] if leak["cluster"] == cloud.cluster]
+    (held,) = [leak for leak in first["live"] if leak["cluster"] == cloud.cluster and leak["kind"] == "instance"]
     assert held["live"] and held["evidence"].startswith("alive ") and cloud.cluster not in {
         leak["cluster"] for leak in first["leaks"] if leak["kind"] == "instance"}
     table = cloud.cli("gc", "--cloud", name)
