@@ -177,6 +177,7 @@ def _fake(cloud_name: str, root: Path) -> Iterator[tuple[Any, dict[str, str], li
         stack.callback(stop_muxes, cloud.home)  # the connections your commands kept open
         stack.callback(_down_everything, cloud)
         project = _project(cloud, root / "project")
+        cloud.configure(runs_dir=str(project / "runs"))  # next to the recipe, as `runs/` from your project
         env = {**cloud.env, **extra, "CLOUDTRAIN_FAKE_PROJECT": str(project)}
         # The teardown must finish even if Ctrl-C is pressed again.
         stack.callback(_hold_signals)
