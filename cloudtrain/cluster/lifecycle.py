@@ -495,9 +495,20 @@ class Lifecycle:
         create whose answer was lost, a second terminal's instance), never only the rows."""
         ids = [n.instance_id for n in nodes if n.state != InstanceState.TERMINATED.value]
         if provider.traits.owns_machines:
-            ids += [i.id for i in machines(provider).list_tagged(name)
-                    if i.state in _LIVE_STATES and i.id not in ids]
+            listed = machines(provider).list_tagged(name)
+            self._observe_before_verb(name, provider, listed)
+            ids += [i.id for i in listed if i.state in _LIVE_STATES and i.id not in ids]
         return ids
+
+    def _observe_before_verb(self, name: str, provider: Provider, listed: Sequence[Instance]) -> None:
+        """What a verb's listing by tag saw before the verb acts enters state first. A machine the
+        cloud stopped on its own (the watchdog, a deadline) says so, at the cloud's time, only until
+        the verb acts: a terminate replaces the stop's time with its own, and a stop of a stopped
+        machine may restamp it; observed only after the verb, it was billed until the command."""
+        record = self.store.get_cluster(name)
+        if listed and record is not None and record.uid is not None:
+            looked = time.time()
+            self._apply(record, provider, [observe(i, looked) for i in listed], complete=False)
 
     # stop / start / refresh ----------------------------------------------------------------------
 
@@ -584,7 +595,9 @@ class Lifecycle:
                     )
                 for failure in failures:
                     self.reporter.warn(f"forgetting {name} although {failure}")
-            ids = {n.instance_id for n in nodes} | {i.id for i in machines(provider).list_tagged(name)}
+            listed = machines(provider).list_tagged(name)
+            self._observe_before_verb(name, provider, listed)
+            ids = {n.instance_id for n in nodes} | {i.id for i in listed}
             if ids:
                 machines(provider).terminate(sorted(ids))
             else:

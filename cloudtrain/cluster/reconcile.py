@@ -11,11 +11,12 @@ Billing follows observations, never a verb's intent: a node bills compute while 
 running or stopping (an Azure VM stopped from inside stays allocated and billed: the provider says
 STOPPING for it) and its disks while it exists. Each interval carries the time the state began, from
 the best source there is: the cloud's own transition time, a verb's answer, else the time we
-looked (an upper bound, marked as such).
+looked (an upper bound, marked as such). Every time the ledger gets is a whole second (see `_second`).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from enum import StrEnum
@@ -42,6 +43,11 @@ class Observation:
     instance: Instance
     at: float  # when the instance entered instance.state (see source)
     source: Source
+    # Our own clock's bound on the change (our call's answer, else when we looked) and its source:
+    # what `at` falls back to where reconcile finds the cloud's time stale (see `_stale_start`).
+    # None: no bound known (reconcile's own time, an upper bound, is used).
+    fallback_at: float | None = None
+    fallback_source: Source = Source.LOOKED
 
 
 @dataclass(frozen=True)
@@ -86,15 +92,43 @@ class Transition:
 
 
 def observe(instance: Instance, looked_at: float, verb_at: float | None = None) -> Observation:
-    """An observation with its best time. When a call of ours made the change (`verb_at`: when it
-    was answered), that time: clouds report transition times to the second, our clock brackets
-    the change more closely. Otherwise the cloud's transition time where the provider reports one
-    for this state, else when we looked (an upper bound)."""
+    """An observation with its best time: the earliest of the cloud's own transition time (for this
+    state, where the provider reports one) and our own bound on the change, which is when our call
+    that made it was answered (`verb_at`), else when we looked (an upper bound).
+
+    With a call of ours, the cloud's time is either that call's own change, to the cloud's whole
+    second (at or a little before our answer), or a change the cloud made before we called: the
+    watchdog stopped the machine an hour before `stop`, a deadline deleted it before `down`. Either
+    way the cloud's time is when billing changed; our answer would bill the machine until our
+    command. A cloud time after our bound is a cloud clock ahead of ours: the bound wins, so that
+    no change lands in the future."""
+    since = instance.state_since
     if verb_at is not None:
-        return Observation(instance, verb_at, Source.VERB)
-    if instance.state_since is not None:
-        return Observation(instance, min(instance.state_since, looked_at), Source.CLOUD)
-    return Observation(instance, looked_at, Source.LOOKED)
+        if since is not None and since < verb_at:
+            return Observation(instance, since, Source.CLOUD, verb_at, Source.VERB)
+        return Observation(instance, verb_at, Source.VERB, verb_at, Source.VERB)
+    if since is not None:
+        return Observation(instance, min(since, looked_at), Source.CLOUD, looked_at, Source.LOOKED)
+    return Observation(instance, looked_at, Source.LOOKED, looked_at, Source.LOOKED)
+
+
+def _second(t: float) -> float:
+    """A ledger time, truncated to its whole second. EC2 reports its transition times truncated to
+    the second (LaunchTime, StateTransitionReason) and bills in whole seconds; our own clock and
+    GCE's/Azure's times have fractions. An interval from one truncated second to another is off
+    from the machine's true life by less than a second either way; mixing ends (opened at our
+    answer, a fraction after the launch, and closed at the cloud's truncated second) made short
+    VMs read up to a couple of seconds short every time."""
+    return float(math.floor(t))
+
+
+def _stale_start(obs: Observation, before: NodeRecord | None) -> bool:
+    """The cloud's start time of a machine we saw stopped is not after the start we already knew
+    of (`started_at`): it is that old start, not this one. EC2 sets LaunchTime at every start;
+    moto keeps the first launch's, which would bill the stopped hours again."""
+    return (before is not None and before.state == InstanceState.STOPPED.value and before.started_at is not None
+            and obs.source is Source.CLOUD and obs.instance.state in COMPUTE_STATES
+            and obs.at <= before.started_at)
 
 
 def _merged(old: NodeRecord, inst: Instance) -> NodeRecord:
@@ -132,7 +166,10 @@ def _billing_ops(obs: Observation, open_now: Mapping[BillKind, BillingRecord], p
         return []
     ops: list[BillingOp] = []
     inst_id = obs.instance.id
-    if first_sighting and launched_at is not None and launched_at < obs.at and BillKind.RUNNING not in wanted:
+    # Whole seconds, both ends of every interval alike (see _second).
+    seen_at = _second(obs.at)
+    launched_at = _second(launched_at) if launched_at is not None else None
+    if first_sighting and launched_at is not None and launched_at < seen_at and BillKind.RUNNING not in wanted:
         # Seen for the first time already stopped or deleted (a create whose answer was lost, then
         # stopped, or terminated by the failed launch's cleanup): it ran from its launch until its
         # stop. Closed intervals, so the bill has them (each start costs the cloud's minimum).
@@ -141,12 +178,12 @@ def _billing_ops(obs: Observation, open_now: Mapping[BillKind, BillingRecord], p
             price = pricing.running if kind is BillKind.RUNNING else pricing.disk_hourly(obs.instance.disk_gb)
             ops.append(BillingOp(True, inst_id, kind, launched_at, price,
                                  pricing.min_s if kind is BillKind.RUNNING else 0.0, Source.CLOUD))
-            ops.append(BillingOp(False, inst_id, kind, obs.at, source=obs.source))
+            ops.append(BillingOp(False, inst_id, kind, seen_at, source=obs.source))
     for kind, interval in open_now.items():
         # A legacy "stopped" interval is the v4 disk: it closes when the disks stop being "stopped".
         still = kind in wanted or (kind is BillKind.STOPPED and obs.instance.state is InstanceState.STOPPED)
         if not still:
-            ops.append(BillingOp(False, inst_id, kind, max(obs.at, interval.started_at), source=obs.source))
+            ops.append(BillingOp(False, inst_id, kind, max(seen_at, interval.started_at), source=obs.source))
     disk = open_now.get(BillKind.DISK)
     if disk is not None and BillKind.DISK in wanted and obs.instance.disk_gb:
         real = pricing.disk_hourly(obs.instance.disk_gb)
@@ -157,7 +194,7 @@ def _billing_ops(obs: Observation, open_now: Mapping[BillKind, BillingRecord], p
     for kind in sorted(wanted - set(open_now)):
         if kind is BillKind.DISK and has_disk:
             continue
-        at = obs.at
+        at = seen_at
         if kind is BillKind.DISK and launched_at is not None and not open_now:
             # Found running with nothing open (adopted after a crash): its disks exist since launch.
             at = min(at, launched_at)
@@ -235,6 +272,9 @@ def reconcile(record: ClusterRecord, nodes: Sequence[NodeRecord], open_billing: 
     ops: list[BillingOp] = []
     for instance_id, obs in sorted(by_id.items()):
         before = known.get(instance_id)
+        if _stale_start(obs, before):
+            obs = replace(obs, at=obs.fallback_at if obs.fallback_at is not None else at,
+                          source=obs.fallback_source)
         if before is not None and before.state != obs.instance.state.value:
             events.append(("observed", f"{instance_id}: {before.state} -> {obs.instance.state.value} "
                                        f"({obs.source.value} time)"))

@@ -150,3 +150,76 @@ def test_an_earlier_incarnations_leftover_is_not_adopted() -> None:
     assert [n.instance_id for n in t.nodes] == ["i-new"]
     assert {op.instance_id for op in t.billing} == {"i-new"}
     assert ("foreign", "i-old belongs to incarnation u0") in t.events
+
+
+# The cloud acted before our verb (issue: `cost` 1.61x / 4.8x the bill after a watchdog stop) ------
+
+def ops_of(t) -> list[tuple[bool, str, str, float]]:  # noqa: ANN001
+    return sorted((op.open, op.instance_id, str(op.kind), op.at) for op in t.billing)
+
+
+@pytest.mark.parametrize(("state", "closed"), [
+    (S.STOPPED, ["running"]),  # the watchdog stopped it; `stop` an hour later
+    (S.TERMINATED, ["disk", "running"]),  # autostop.down deleted it; `down` an hour later
+])
+def test_a_change_the_cloud_made_before_our_verb_keeps_the_clouds_time(state: S, closed: list[str]) -> None:
+    """`stop` or `down` answered at T0+3600 finds a machine the cloud changed at T0+100 (its own
+    transition time, from before our call): billing changed then, not when the command ran."""
+    seen = observe(Instance("i-1", "c", state, launched_at=T0, state_since=T0 + 100), T0 + 3601, verb_at=T0 + 3600.4)
+    assert (seen.source, seen.at) == (Source.CLOUD, T0 + 100)
+    t = reconcile(REC, [node("i-1", S.RUNNING)], [interval("i-1", "running"), interval("i-1", "disk")], [seen],
+                  PRICE, complete=True, at=T0 + 3601)
+    assert ops_of(t) == [(False, "i-1", kind, T0 + 100) for kind in closed]
+
+
+@pytest.mark.parametrize("state_since", [T0 + 3599, T0 + 3600, T0 + 3601])
+def test_our_verbs_own_change_keeps_its_time(state_since: float) -> None:
+    """The cloud's time of the change our own call made is that call's whole second, at or just
+    before our answer (or after it, by a clock ahead of ours): the interval closes within that
+    second, whichever of the two is taken."""
+    seen = observe(Instance("i-1", "c", S.STOPPED, state_since=state_since), T0 + 3602, verb_at=T0 + 3600.4)
+    t = reconcile(REC, [node("i-1", S.RUNNING)], [interval("i-1", "running"), interval("i-1", "disk")], [seen],
+                  PRICE, complete=True, at=T0 + 3602)
+    assert ops_of(t) == [(False, "i-1", "running", min(state_since, T0 + 3600))]
+
+
+@pytest.mark.parametrize(("state_since", "opened"), [
+    (T0, T0 + 7200),  # the first launch's time again (moto keeps LaunchTime): this start is ours
+    (T0 + 7200, T0 + 7200),  # EC2 sets LaunchTime at every start: our start's own second
+    (T0 + 7000, T0 + 7000),  # started from the console before our `start`: the cloud's time
+])
+def test_a_start_is_billed_from_this_start_never_from_an_earlier_one(state_since: float, opened: float) -> None:
+    """A machine we saw stopped (last start known: T0) is started at T0+7200.6. A cloud start time
+    not after the start we knew of is that old start: billing from it would bill the stopped hours."""
+    seen = observe(Instance("i-1", "c", S.RUNNING, launched_at=state_since, state_since=state_since), T0 + 7205,
+                   verb_at=T0 + 7200.6)
+    t = reconcile(replace(REC, status=ClusterStatus.STOPPED), [node("i-1", S.STOPPED)], [interval("i-1", "disk")],
+                  [seen], PRICE, complete=True, at=T0 + 7205)
+    assert ops_of(t) == [(True, "i-1", "running", opened)]
+
+
+# Whole seconds at both ends of an interval (issue: -1.29% on a killed sweep) -----------------------
+
+def test_a_short_vm_is_billed_from_the_clouds_launch_second_to_its_stop_second() -> None:
+    """EC2 launched it at T0+1.x (LaunchTime: T0+1), our create call was answered at T0+1.7, the
+    watchdog stopped it at T0+71.x (StateTransitionReason: T0+71): 70 s of compute, as the cloud
+    counts it, not 69.3 s (our sub-second answer against the cloud's truncated second)."""
+    launched = Instance("i-1", "c", S.PENDING, launched_at=T0 + 1, state_since=T0 + 1)
+    created = reconcile(replace(REC, status=ClusterStatus.PROVISIONING), [], [],
+                        [observe(launched, T0 + 1.7, verb_at=T0 + 1.7)], PRICE, complete=False, at=T0 + 1.7)
+    assert ops_of(created) == [(True, "i-1", "disk", T0 + 1), (True, "i-1", "running", T0 + 1)]
+    open_ = [interval("i-1", "running", T0 + 1), interval("i-1", "disk", T0 + 1)]
+    watchdog = observe(Instance("i-1", "c", S.STOPPED, state_since=T0 + 71), T0 + 95.3)
+    stopped = reconcile(REC, [node("i-1", S.RUNNING)], open_, [watchdog], PRICE, complete=True, at=T0 + 95.3)
+    assert ops_of(stopped) == [(False, "i-1", "running", T0 + 71)]
+
+
+def test_times_of_our_own_clock_are_whole_seconds_too() -> None:
+    """Where the cloud gives no time (our verb's answer, when we looked), the ledger takes the same
+    truncated second, so no interval has one end of each kind."""
+    answered = observe(Instance("i-1", "c", S.STOPPED), T0 + 62.5, verb_at=T0 + 61.8)
+    t = reconcile(REC, [node("i-1", S.RUNNING), node("i-2", S.RUNNING, 1)],
+                  [interval("i-1", "running"), interval("i-1", "disk"), interval("i-2", "running"),
+                   interval("i-2", "disk")], [answered], PRICE, complete=True, at=T0 + 500.37)
+    assert ops_of(t) == [(False, "i-1", "running", T0 + 61),
+                         (False, "i-2", "disk", T0 + 500), (False, "i-2", "running", T0 + 500)]
