@@ -136,6 +136,16 @@ ACCELERATORS = {  # type -> (description, max per instance, zones)
     "nvidia-h100-80gb": ("NVIDIA H100 80GB", 8, _zones(
         "us-central1-a", "us-central1-c", "us-east4-a", "us-east4-b", "us-east4-c", "us-west1-a", "europe-west4-b",
         "europe-west4-c")),
+    "nvidia-tesla-p4": ("NVIDIA P4", 4, _zones(
+        "us-central1-a", "us-central1-c", "us-east4-a", "us-east4-b", "us-east4-c", 
+        "europe-west4-b", "europe-west4-c", "asia-east1-a")),
+    "nvidia-a100-80gb": ("NVIDIA A100 80GB", 8, _zones(
+        "us-central1-a", "us-central1-c", "us-east4-c", "europe-west4-a")),
+    "nvidia-h100-mega-80gb": ("NVIDIA H100 Mega 80GB", 8, _zones(
+        "us-central1-a", "us-central1-c", "us-east4-a", "us-east4-b", "us-east4-c", "us-west1-a", "europe-west4-b",
+        "europe-west4-c")),
+    "nvidia-h200-141gb": ("NVIDIA H200 141GB", 8, _zones(
+        "us-central1-b", "us-east4-b", "us-west1-c", "europe-west4-c")),
 }
 MACHINE_TYPES: dict[str, tuple[int, int, str | None, int]] = {  # name -> (vCPUs, memory MB, GPU built in, count)
     **{f"e2-standard-{n}": (n, 4096 * n, None, 0) for n in (2, 4, 8, 16)},
@@ -145,7 +155,12 @@ MACHINE_TYPES: dict[str, tuple[int, int, str | None, int]] = {  # name -> (vCPUs
     "g2-standard-12": (12, 49152, "nvidia-l4", 1), "g2-standard-24": (24, 98304, "nvidia-l4", 2),
     "a2-highgpu-1g": (12, 87040, "nvidia-tesla-a100", 1), "a2-highgpu-2g": (24, 174080, "nvidia-tesla-a100", 2),
     "a2-highgpu-4g": (48, 348160, "nvidia-tesla-a100", 4), "a2-highgpu-8g": (96, 696320, "nvidia-tesla-a100", 8),
-    "a3-highgpu-8g": (208, 1916928, "nvidia-h100-80gb", 8),
+    **{f"g2-standard-{n}": (n, 4096 * n, "nvidia-l4", g) for n, g in ((16, 1), (32, 1), (48, 4), (96, 8))},
+    "a2-megagpu-16g": (96, 1392640, "nvidia-tesla-a100", 16),
+    **{f"a2-ultragpu-{g}g": (12 * g, 174080 * g, "nvidia-a100-80gb", g) for g in (1, 2, 4, 8)},
+    **{f"a3-highgpu-{g}g": (26 * g, 239616 * g, "nvidia-h100-80gb", g) for g in (1, 2, 4, 8)},
+    "a3-megagpu-8g": (208, 1916928, "nvidia-h100-mega-80gb", 8),
+    "a3-ultragpu-8g": (224, 3022848, "nvidia-h200-141gb", 8),
 }
 # Public images: (project, name) -> (family, disk GB). The families cloudtrain defaults to exist.
 PUBLIC_IMAGES = {
