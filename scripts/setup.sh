@@ -30,6 +30,9 @@ if [ "$want_test" = 1 ]; then
     command -v munged >/dev/null || [ -x /usr/sbin/munged ] || missing+=(munge)
     # Node.js for Azurite, the Azure Blob emulator of the Blob tests (cloudtrain/testing/blob.py).
     command -v npm >/dev/null || missing+=(nodejs npm)
+    # A real browser for the HTML report's test (tests/report): Debian's chromium and its driver.
+    command -v chromium >/dev/null || missing+=(chromium)
+    command -v chromedriver >/dev/null || missing+=(chromium-driver)
     if [ ${#missing[@]} -gt 0 ]; then
         SUDO=""
         [ "$(id -u)" = 0 ] || SUDO="sudo"
