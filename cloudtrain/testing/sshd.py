@@ -177,6 +177,19 @@ class SshdVM:
             self._proc = None
         self._kill_sessions()
         self._kill_jobs()
+        self._settle()
+
+    def _settle(self) -> None:
+        # A session its sshd forked just before the listener went can be between fork and exec (not
+        # yet carrying the VM's HOME) during the first sweep, and exec runner.sh a moment later: sweep
+        # again until a few sweeps in a row find nothing, as a machine that is off runs nothing.
+        quiet, deadline = 0, time.monotonic() + 3.0
+        while quiet < 3 and time.monotonic() < deadline:
+            strays = _pids_with_env(f"HOME={self.home_dir}") + _pids_with_arg_under(self.home_dir)
+            for pid in strays:
+                _kill(pid)
+            quiet = 0 if strays else quiet + 1
+            time.sleep(0.05)
 
     def restart(self, *, new_host_key: bool = False) -> SshdVM:
         self.stop()
@@ -303,6 +316,22 @@ def _descendants(root: int) -> list[int]:
         for child in children.get(todo.pop(), []):
             found.append(child)
             todo.append(child)
+    return found
+
+
+def _pids_with_arg_under(directory: Path) -> list[int]:
+    """Processes running a program or script from under `directory` (a VM's runner, its jobs)."""
+    prefix = str(directory).encode() + b"/"
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
+            continue
+        try:
+            args = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if any(arg.startswith(prefix) for arg in args):
+            found.append(int(proc.name))
     return found
 
 
