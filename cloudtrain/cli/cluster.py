@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
+from typing import Any
 
 import click
 
@@ -47,8 +49,7 @@ def up(recipe_path: str, cluster: str | None, yes: bool) -> None:
 def status(name: str | None, as_json: bool, refresh: bool) -> None:
     """Show clusters (or one cluster), their nodes, and recent runs."""
     # Reads state directly: no provider, config or SDK import on this path unless --refresh or NAME.
-    from cloudtrain.run.jobstate import OPEN_STATES, peek_local
-    from cloudtrain.state import RunStatus, StateStore
+    from cloudtrain.state import StateStore
 
     store = StateStore()
     if refresh or name is not None:
@@ -59,25 +60,10 @@ def status(name: str | None, as_json: bool, refresh: bool) -> None:
         from cloudtrain.errors import ClusterNotFoundError
 
         raise ClusterNotFoundError(f"no cluster named {name!r}", hint="see `cloudtrain status`")
-    # A run whose `cloudtrain run` process died (kill -9, a crash) will never finish its row.
-    for r in runs:
-        if r.status == RunStatus.RUNNING and not r.driver_alive():
-            store.update_run(r.id, status=RunStatus.ABANDONED)
-    runs = store.list_runs(cluster=name, limit=10)
-    latest = {
-        cluster: (peek_local(job) if job.status in OPEN_STATES else job)
-        for cluster, job in store.latest_jobs().items()
-    }
+    view = status_view(store, name)
+    runs, latest = view.runs, view.latest
     if as_json:
-        record = output.json_record
-        output.print_json({
-            "clusters": [
-                {**record(c.__dict__), "nodes": [record(n.__dict__) for n in store.get_nodes(c.name)],
-                 "last_job": record(latest[c.name].__dict__) if c.name in latest else None}
-                for c in clusters
-            ],
-            "runs": [record(r.__dict__, decode=("result_paths",)) for r in runs],
-        })
+        output.print_json(view.as_json(clusters))
         return
     now = time.time()
     if clusters:
@@ -116,6 +102,46 @@ def status(name: str | None, as_json: bool, refresh: bool) -> None:
               time.strftime("%Y-%m-%d %H:%M", time.localtime(r.started_at)),
               (r.error[:77] + "...") if r.error and len(r.error) > 80 else r.error) for r in runs],
         )
+
+
+@dataclass(frozen=True)
+class StatusView:
+    """What `status` shows besides the cluster rows: the recent runs and each cluster's last job."""
+
+    store: Any  # StateStore
+    runs: list[Any]  # RunRecord, newest first
+    latest: dict[str, Any]  # cluster -> its newest JobRecord, open ones as the node's local file says
+
+    def as_json(self, clusters: list[Any]) -> dict[str, Any]:
+        """`status --json` (and `cloudtrain report`'s cluster and run rows) for `clusters` (ClusterRecord)."""
+        record = output.json_record
+        return {
+            "clusters": [
+                {**record(c.__dict__), "nodes": [record(n.__dict__) for n in self.store.get_nodes(c.name)],
+                 "last_job": record(self.latest[c.name].__dict__) if c.name in self.latest else None}
+                for c in clusters
+            ],
+            "runs": [record(r.__dict__, decode=("result_paths",)) for r in self.runs],
+        }
+
+
+def status_view(store: Any, name: str | None = None, run_limit: int = 10) -> StatusView:
+    """The runs and last jobs `status` reports, a plain function the command and `report` share."""
+    from cloudtrain.run.jobstate import OPEN_STATES, peek_local
+    from cloudtrain.state import RunStatus
+
+    runs = store.list_runs(cluster=name, limit=run_limit)
+    # A run whose `cloudtrain run` process died (kill -9, a crash) will never finish its row.
+    dead = [r for r in runs if r.status == RunStatus.RUNNING and not r.driver_alive()]
+    for r in dead:
+        store.update_run(r.id, status=RunStatus.ABANDONED)
+    if dead:
+        runs = store.list_runs(cluster=name, limit=run_limit)
+    latest = {
+        cluster: (peek_local(job) if job.status in OPEN_STATES else job)
+        for cluster, job in store.latest_jobs().items()
+    }
+    return StatusView(store, runs, latest)
 
 
 @click.command()
