@@ -55,6 +55,8 @@ class ClusterRecord:
     # While provisioning: the process launching it (procid.identity) and its last heartbeat.
     driver: str | None = None
     heartbeat_at: float | None = None
+    # The latest moment its machines can live: the launch request's deadline (None: none given).
+    deadline_at: float | None = None
 
     def launch_in_flight(self, now: float, stale_s: float = 120.0) -> bool:
         """Whether a live process is creating this cluster right now (another terminal's `up`):

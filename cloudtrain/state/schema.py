@@ -184,5 +184,11 @@ _MIGRATIONS: list[str] = [
     UPDATE jobs SET incarnation = (SELECT c.uid FROM clusters c WHERE c.name = jobs.cluster) WHERE incarnation IS NULL;
     CREATE INDEX billing_by_incarnation ON billing(incarnation, started_at)
     """,
+    # version 6: a launch intent's deadline, written before the create call: the latest moment its
+    # machines can live (the deadline in the launch request). A machine whose create answer was
+    # lost and that the cloud no longer reports is booked until then, as an estimate.
+    """
+    ALTER TABLE clusters ADD COLUMN deadline_at REAL
+    """,
 ]
 SCHEMA_VERSION = len(_MIGRATIONS)
