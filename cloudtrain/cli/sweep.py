@@ -92,7 +92,7 @@ def status(sweep_id: str | None, as_json: bool) -> None:
     store = StateStore()
     if sweep_id is None:
         rows = store.list_sweeps()
-        data = [_sweep_line(store, r) for r in rows]
+        data = [sweep_line(store, r) for r in rows]
         if as_json:
             output.print_json({"sweeps": [output.json_record(d) for d in data]})
             return
@@ -112,19 +112,9 @@ def status(sweep_id: str | None, as_json: bool) -> None:
     spec = SweepSpec.from_json(row.spec)
     trials = [trial_of(t) for t in store.sweep_trials(row.id)]
     attempts = [attempt_of(a) for a in store.sweep_attempts(row.id)]
-    line = _sweep_line(store, row)
+    line = sweep_line(store, row)
     if as_json:
-        from cloudtrain.sweep.ledger import sweep_spend
-
-        vms = sweep_spend(store, row.id, [(vm.id, vm.slot) for vm in store.sweep_vms(row.id)], time.time())
-        output.print_json({**output.json_record(line), "results_dir": row.results_dir, "ended": row.ended_reason, "error": row.error,
-                           "vms": [v.as_json() for v in vms.vms],
-                           "trials": [{"trial": t.number, "state": t.state.value, "params": t.param_dict(),
-                                       spec.metric: t.value, "attempts": t.attempts, "error": t.error}
-                                      for t in trials],
-                           "attempts": [output.json_record(
-                               {"trial": a.trial, "attempt": a.attempt, "vm": a.vm, "state": a.state.value,
-                                "started_at": a.started_at, "ended_at": a.ended_at}) for a in attempts]})
+        output.print_json(sweep_detail(store, row, line))
         return
     output.info(f"sweep {row.id} ({row.name}): {row.status}{' - ' + row.ended_reason if row.ended_reason else ''}; "
                 f"spent {output.money(line['spent_usd'])} of {output.money(spec.costs.budget_usd)}; "
@@ -190,7 +180,7 @@ def _report(outcome: SweepOutcome, stopping: bool = False) -> None:
         raise SystemExit(1)
 
 
-def _sweep_line(store: Any, row: Any) -> dict[str, Any]:
+def sweep_line(store: Any, row: Any) -> dict[str, Any]:
     from cloudtrain.sweep.ledger import sweep_spend
     from cloudtrain.sweep.spec import SweepSpec
 
@@ -207,6 +197,28 @@ def _sweep_line(store: Any, row: Any) -> dict[str, Any]:
             "best": "-" if best is None else f"{best.value:.4g} (trial {best.number})",
             "spent_usd": round(spent.usd, 6), "billing_now": spent.billing_now, "budget_usd": spec.costs.budget_usd,
             "created_at": row.created_at}
+
+
+def sweep_detail(store: Any, row: Any, line: dict[str, Any] | None = None) -> dict[str, Any]:
+    """`sweep status ID --json`: the sweep's line, its VMs' spend from the ledger, its trials and
+    attempts; a plain function so `cloudtrain report` shows the same numbers."""
+    from cloudtrain.sweep.ledger import sweep_spend
+    from cloudtrain.sweep.spec import SweepSpec
+    from cloudtrain.sweep.store import attempt_of, trial_of
+
+    spec = SweepSpec.from_json(row.spec)
+    line = line if line is not None else sweep_line(store, row)
+    trials = [trial_of(t) for t in store.sweep_trials(row.id)]
+    attempts = [attempt_of(a) for a in store.sweep_attempts(row.id)]
+    vms = sweep_spend(store, row.id, [(vm.id, vm.slot) for vm in store.sweep_vms(row.id)], time.time())
+    return {**output.json_record(line), "results_dir": row.results_dir, "ended": row.ended_reason, "error": row.error,
+            "vms": [v.as_json() for v in vms.vms],
+            "trials": [{"trial": t.number, "state": t.state.value, "params": t.param_dict(),
+                        spec.metric: t.value, "attempts": t.attempts, "error": t.error}
+                       for t in trials],
+            "attempts": [output.json_record(
+                {"trial": a.trial, "attempt": a.attempt, "vm": a.vm, "state": a.state.value,
+                 "started_at": a.started_at, "ended_at": a.ended_at}) for a in attempts]}
 
 
 def _short(value: Any) -> str:
