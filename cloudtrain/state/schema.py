@@ -190,5 +190,22 @@ _MIGRATIONS: list[str] = [
     """
     ALTER TABLE clusters ADD COLUMN deadline_at REAL
     """,
+    # version 7: notifications (cloudtrain/notify): each event once, its body exactly as signed and
+    # sent, and one delivery row per target (a reference to where the target is configured, never
+    # its URL or secret), so a later command sends what a receiver that was down missed.
+    """
+    CREATE TABLE notify_events (
+        id TEXT PRIMARY KEY, type TEXT NOT NULL, at REAL NOT NULL, source TEXT NOT NULL,
+        run_id TEXT, cluster TEXT, body TEXT NOT NULL
+    );
+    CREATE TABLE notify_deliveries (
+        event TEXT NOT NULL REFERENCES notify_events(id) ON DELETE CASCADE,
+        target TEXT NOT NULL, label TEXT NOT NULL, state TEXT NOT NULL,
+        attempts INTEGER NOT NULL DEFAULT 0, rounds INTEGER NOT NULL DEFAULT 0,
+        next_at REAL NOT NULL, last_error TEXT, delivered_at REAL,
+        PRIMARY KEY (event, target)
+    );
+    CREATE INDEX notify_due ON notify_deliveries(state, next_at)
+    """,
 ]
 SCHEMA_VERSION = len(_MIGRATIONS)
