@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -11,7 +12,8 @@ import click
 from cloudtrain.cli import output
 
 if TYPE_CHECKING:
-    from cloudtrain.cluster.gc import Leak, Skipped
+    from cloudtrain.cluster.gc import Leak, Skipped, Total
+    from cloudtrain.config import Config
 
 
 @click.command()
@@ -33,10 +35,9 @@ def gc(clouds: tuple[str, ...], yes: bool, as_json: bool, all_owners: bool, incl
     """Find what cloudtrain created but no longer tracks (by tag, even if local state is lost),
     with its estimated hourly cost. Exits 1 when something leaked and --yes was not given, or
     when a cloud could not be checked (it may have leaked: never reported as clean)."""
-    from cloudtrain.cluster.gc import collect, find_leaks, gc_clouds, total
+    from cloudtrain.cluster.gc import collect, gc_clouds
     from cloudtrain.config import load_config
     from cloudtrain.errors import UsageError
-    from cloudtrain.state import StateStore
 
     known = gc_clouds()
     for cloud in clouds:
@@ -45,23 +46,10 @@ def gc(clouds: tuple[str, ...], yes: bool, as_json: bool, all_owners: bool, incl
 
             raise UsageError(f"--cloud {cloud!r}: gc knows {', '.join(known)}", hint=did_you_mean(cloud, known))
     config = load_config()
-    if all_owners:
-        from cloudtrain.config import ALL_OWNERS
-
-        config = config.model_copy(update={"owner": ALL_OWNERS})  # providers then list every owner's
-    asked = tuple(dict.fromkeys(clouds or known))
-    from pathlib import Path
-
-    found, skipped = find_leaks(StateStore(), config, asked, runs_dir=Path(runs_dir or config.runs_dir))
-    # A cloud with nothing configured here (no credentials at all) holds nothing made from here:
-    # unless it was named with --cloud, it is "not set up", not a cloud that could not be checked.
-    not_set_up = [skip for skip in skipped if not skip.set_up and skip.cloud not in clouds]
-    skipped = [skip for skip in skipped if skip not in not_set_up]
-    # Machines a cloudtrain command elsewhere keeps marking are live work, not leaks (cluster/liveness.py).
-    leaks = [leak for leak in found if include_live or not leak.live]
-    live = [leak for leak in found if leak not in leaks]
-    checked = [cloud for cloud in asked if cloud not in {skip.cloud for skip in skipped + not_set_up}]
-    cost = total(leaks)
+    found = scan(config, clouds or known, all_owners, include_live, Path(runs_dir or config.runs_dir),
+                 named=clouds)
+    config, leaks, live, skipped, not_set_up, checked, cost = (
+        found.config, found.leaks, found.live, found.skipped, found.not_set_up, found.checked, found.cost)
     if as_json:
         removed = collect(leaks, config, include_driven, include_live) if yes and leaks else []
         document: dict[str, Any] = {
@@ -105,6 +93,43 @@ def gc(clouds: tuple[str, ...], yes: bool, as_json: bool, all_owners: bool, incl
         output.info(line)
     if skipped:
         raise SystemExit(1)
+
+
+@dataclass(frozen=True)
+class Scan:
+    """What `gc` finds and lists (before --yes removes anything); `report --gc` shows the same."""
+
+    config: Config  # the one the clouds were asked with (every owner's with --all-owners)
+    leaks: list[Leak]
+    live: list[Leak]  # marked alive by a command elsewhere: listed, left alone
+    skipped: list[Skipped]  # could not be checked
+    not_set_up: list[Skipped]  # nothing configured here for that cloud
+    checked: list[str]
+    cost: Total
+
+
+def scan(config: Config, clouds: Sequence[str], all_owners: bool, include_live: bool, runs_dir: Path,
+         named: Sequence[str] = ()) -> Scan:
+    """Ask `clouds` for what cloudtrain tagged and this state does not track. `named`: the clouds the
+    user named (a named cloud with nothing set up is one that could not be checked)."""
+    from cloudtrain.cluster.gc import find_leaks, total
+    from cloudtrain.state import StateStore
+
+    if all_owners:
+        from cloudtrain.config import ALL_OWNERS
+
+        config = config.model_copy(update={"owner": ALL_OWNERS})  # providers then list every owner's
+    asked = tuple(dict.fromkeys(clouds))
+    found, skipped = find_leaks(StateStore(), config, asked, runs_dir=runs_dir)
+    # A cloud with nothing configured here (no credentials at all) holds nothing made from here:
+    # unless it was named with --cloud, it is "not set up", not a cloud that could not be checked.
+    not_set_up = [skip for skip in skipped if not skip.set_up and skip.cloud not in named]
+    skipped = [skip for skip in skipped if skip not in not_set_up]
+    # Machines a cloudtrain command elsewhere keeps marking are live work, not leaks (cluster/liveness.py).
+    leaks = [leak for leak in found if include_live or not leak.live]
+    live = [leak for leak in found if leak not in leaks]
+    checked = [cloud for cloud in asked if cloud not in {skip.cloud for skip in skipped + not_set_up}]
+    return Scan(config, leaks, live, skipped, not_set_up, checked, total(leaks))
 
 
 def _live(live: Sequence[Leak]) -> None:
