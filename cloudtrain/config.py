@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from cloudtrain import paths
 from cloudtrain.errors import ConfigError
+from cloudtrain.notify.targets import NotifyTarget
 from cloudtrain.yamlfile import format_validation_error, read_yaml
 
 
@@ -78,6 +79,8 @@ class Config(StrictModel):
     aws: AwsConfig = Field(default_factory=AwsConfig)
     gcp: GcpConfig = Field(default_factory=GcpConfig)
     azure: AzureConfig = Field(default_factory=AzureConfig)
+    notify: list[NotifyTarget] = Field(default_factory=list, description="where every run's events go (signed "
+                                       "webhooks, Apprise URLs), besides a recipe's own (docs/notifications.md)")
 
 
 def load_config(path: Path | None = None) -> Config:

@@ -15,6 +15,7 @@ from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, ValidationE
 from cloudtrain.config import StrictModel
 from cloudtrain.errors import RecipeError
 from cloudtrain.names import NAME_RE, NAME_RULE
+from cloudtrain.notify.targets import NotifyTarget
 from cloudtrain.providers import ANY as ANY_CLOUD
 from cloudtrain.providers import KNOWN as KNOWN_CLOUDS
 from cloudtrain.providers.slurm.settings import SlurmSettings
@@ -32,7 +33,8 @@ ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
 _VAR_RE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 # setup/run are shell that runs on the node with `envs` exported: `${VAR}` there is the node
 # shell's business, so we leave those two fields alone.
-_SHELL_FIELDS = frozenset({"setup", "run"})
+# notify: too, whose ${SECRET}s are read when an event is sent, never kept (notify/targets.py).
+_SHELL_FIELDS = frozenset({"setup", "run", "notify"})
 
 
 def _given_hosts(cloud: str) -> bool:
@@ -373,6 +375,8 @@ class Recipe(StrictModel):
         default=None, description="relaunch elsewhere when the node is preempted or lost (default: on for spot); "
                                   "a mapping such as {max_restarts: 3}, true, or false")
     sweep: Sweep | None = Field(default=None, description="makes this a sweep recipe: `cloudtrain sweep run` runs it")
+    notify: list[NotifyTarget] = Field(default_factory=list, description="where this run's events go, besides "
+                                       "config's: signed webhooks, Apprise URLs (docs/notifications.md)")
 
     @field_validator("name")
     @classmethod
