@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from cloudtrain import procid
+from cloudtrain import notify, procid
 from cloudtrain.cost import spend
 from cloudtrain.shield import no_interrupts as _no_interrupts
 from cloudtrain.shield import signal_name as _signal_name
@@ -213,6 +213,7 @@ class Executor:
         r.clock.spent = lambda: (self._spent(cluster_name, r.started, incarnation=r.cluster.record.uid)
                                  if r.cluster is not None else None)
         run_id, run_dir = r.run_id, r.run_dir
+        notify.run_started(self.store, self.config, loaded, run_id, cluster_name, run_dir, warn=self.reporter.warn)
         usage_error: UsageError | None = None
         # While this run holds the cluster its machines say so on their tags: `gc` from another
         # state of this owner leaves them alone (cluster/liveness.py).
@@ -472,6 +473,9 @@ class Executor:
             r.run_id, status=r.status, exit_code=r.exit_code, ended_at=ended, cost_usd=cost,
             instance_type=record.instance_type, hourly_price=hourly, error=r.error,
         )
+        # The run's end is decided: told to notify: targets (bounded, never fails or holds the run).
+        notify.run_ended(self.store, self.config, r.recovery.base if r.recovery else r.loaded, record, r.run_dir,
+                         warn=self.reporter.warn)
         return RunResult(r.run_id, r.run_dir, r.status, r.exit_code, cost, dict(r.clock.timings), r.error,
                          teardown_done, collected.refused, collected.empty_paths)
 
