@@ -98,8 +98,10 @@ def record_delivered(store: StateStore, event_id: str, target: str, label: str, 
                    (event_id, target, label, str(DeliveryState.DELIVERED), when, when))
 
 
-def claim(store: StateStore, force: bool = False, limit: int = 50) -> list[Claim]:
-    """Due deliveries, leased to this process. `force`: every undelivered one, given-up ones too."""
+def claim(store: StateStore, force: bool = False, limit: int = 50,
+          skip: frozenset[tuple[str, str]] = frozenset()) -> list[Claim]:
+    """Due deliveries, leased to this process. `force`: every undelivered one, given-up ones too.
+    `skip`: (event, target) pairs this process tried already (the next command tries them)."""
     now = time.time()
     states = [str(DeliveryState.PENDING)] + ([str(DeliveryState.FAILED)] if force else [])
     marks = ", ".join("?" for _ in states)
@@ -107,7 +109,8 @@ def claim(store: StateStore, force: bool = False, limit: int = 50) -> list[Claim
         rows = db.execute(
             f"SELECT d.*, e.type, e.at, e.body FROM notify_deliveries d JOIN notify_events e ON e.id = d.event "
             f"WHERE d.state IN ({marks}) AND (? OR d.next_at <= ?) ORDER BY e.at, d.event LIMIT ?",
-            (*states, force, now, limit)).fetchall()
+            (*states, force, now, limit + len(skip))).fetchall()
+        rows = [r for r in rows if force or (r["event"], r["target"]) not in skip][:limit]
         for row in rows:
             db.execute("UPDATE notify_deliveries SET next_at = ?, state = ? WHERE event = ? AND target = ?",
                        (now + LEASE_S, str(DeliveryState.PENDING), row["event"], row["target"]))

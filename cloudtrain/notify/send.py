@@ -34,6 +34,9 @@ class _NoRedirect(urllib.request.HTTPRedirectHandler):
 
 
 _OPENER = urllib.request.build_opener(_NoRedirect)
+# What this process has tried: one round per command, so that a receiver down for one command is
+# tried again by the next one (outbox.next_wait_s), not used up by this command's later events.
+_TRIED: set[tuple[str, str]] = set()
 
 
 class Permanent(Exception):
@@ -81,6 +84,9 @@ def _webhook(target: NotifyTarget, claim: Claim, timeout: float, secrets: list[s
             raise Permanent(message) from None
         raise OSError(message) from None
     except urllib.error.URLError as exc:
+        if isinstance(exc.reason, ConnectionRefusedError):
+            # Nothing listens: it is down, not busy; the next command tries again, this one goes on.
+            raise Permanent(str(exc.reason)) from None
         raise OSError(str(exc.reason)) from None
 
 
@@ -149,9 +155,10 @@ class Flushed:
 
 def flush(store, budget_s: float = BUDGET_S, force: bool = False) -> Flushed:  # noqa: ANN001
     """Send what is due (`force`: everything undelivered) within `budget_s`."""
-    claims = outbox.claim(store, force=force)
+    claims = outbox.claim(store, force=force, skip=frozenset(_TRIED))
     if not claims:
         return Flushed()
+    _TRIED.update((c.event_id, c.target) for c in claims)
     deadline = time.monotonic() + budget_s
     by_target: dict[str, list[Claim]] = {}
     for claim in claims:
@@ -174,7 +181,9 @@ def flush(store, budget_s: float = BUDGET_S, force: bool = False) -> Flushed:  #
     left = [c for c in claims if c.event_id + c.target not in started and c.event_id + c.target not in finished]
     for claim in left:
         outbox.release(store, claim)
-    failed = tuple(f"{r.claim.event_type} to {r.claim.label}: {r.error}" for r in done if not r.ok)
+    # Said once per delivery (its first round), not again by every command that retries it.
+    failed = tuple(f"{r.claim.event_type} to {r.claim.label}: {r.error}" for r in done
+                   if not r.ok and r.claim.rounds == 0)
     return Flushed(sum(r.ok for r in done), failed, len(left))
 
 
