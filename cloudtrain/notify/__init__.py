@@ -114,6 +114,8 @@ def run_ended(store: StateStore, config: Config, loaded: LoadedRecipe, record: A
 def attempt_lost(store: StateStore, config: Config, loaded: LoadedRecipe, run_id: str, cluster: str,
                  attempt: Any, run_dir: Path, warn: Warn = None) -> None:
     """A recovering run's attempt ended because its node went (run/recover.Attempt)."""
+    if _is_trial(loaded):
+        return
     emit(store, EventType.RUN_PREEMPTED, _run_data(
         run_id, cluster, attempt.cloud, run_dir, status=attempt.outcome, attempt=attempt.number, reason=attempt.reason,
         instance_type=attempt.instance_type, region=attempt.zone or attempt.region), targets_of(config, loaded),
@@ -124,6 +126,8 @@ def attempt_lost(store: StateStore, config: Config, loaded: LoadedRecipe, run_id
 def attempt_recovered(store: StateStore, config: Config, loaded: LoadedRecipe, run_id: str, cluster: str,
                       attempt: Any, run_dir: Path, warn: Warn = None) -> None:
     """A relaunched attempt's job is about to resume (from its checkpoint, when one was kept)."""
+    if _is_trial(loaded):
+        return
     emit(store, EventType.RUN_RECOVERED, _run_data(
         run_id, cluster, attempt.cloud, run_dir, status="running", attempt=attempt.number,
         instance_type=attempt.instance_type, region=attempt.zone or attempt.region,

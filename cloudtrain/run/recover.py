@@ -46,6 +46,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from cloudtrain import notify
 from cloudtrain.errors import CloudtrainError, LaunchLostError, UsageError
 from cloudtrain.run.recover_rules import NodeLostError, budget_left, next_candidates, rule_out
 from cloudtrain.run.recover_watch import Tee, Watcher, gone_reason
@@ -162,6 +163,8 @@ class Recovery:
                         self._end(current, "failed", exc.one_line())
                         raise
                     self._end(current, *lost)
+                    notify.attempt_lost(self.ex.store, self.ex.config, self.base, self.r.run_id, self.name, current,
+                                        self.r.run_dir, warn=self.ex.reporter.warn)
                     self._relaunch(current, exc)
                     continue
                 except KeyboardInterrupt:
@@ -173,6 +176,8 @@ class Recovery:
                 lost = self._lost_while_collecting(current)
                 if lost is not None:
                     self._end(current, *lost)
+                    notify.attempt_lost(self.ex.store, self.ex.config, self.base, self.r.run_id, self.name, current,
+                                        self.r.run_dir, warn=self.ex.reporter.warn)
                     self._relaunch(current, NodeLostError(f"collect failed: {lost[1]}"))
                     continue
                 self._end(current, "succeeded", None)
@@ -476,6 +481,9 @@ class Recovery:
             self._placed(current, self.r.cluster)  # known from here on, also to a resume after a dead CLI
             self.save()
         self._arm_upload_on_notice()
+        if current.number > 1:  # a relaunched attempt's job is about to go on: the run recovered
+            notify.attempt_recovered(self.ex.store, self.ex.config, self.base, self.r.run_id, self.name, current,
+                                     self.r.run_dir, warn=self.ex.reporter.warn)
         if current.number == 1 or checkpoints.kept_epoch(self.kept) is None or not self.r.nodes:
             return
         try:
