@@ -135,9 +135,13 @@ def attempt_recovered(store: StateStore, config: Config, loaded: LoadedRecipe, r
 
 
 @_never_fails
-def gc_leaks(store: StateStore, config: Config, leaks: list[Any], hourly_usd: float, unknown: int,
+def gc_leaks(store: StateStore | None, config: Config, leaks: list[Any], hourly_usd: float, unknown: int,
              warn: Warn = None) -> None:
-    """What `gc` found leaked (cluster/gc.Leak), with $/h."""
+    """What `gc` found leaked (cluster/gc.Leak), with $/h. `store`: None opens this machine's."""
+    if store is None:
+        from cloudtrain.state import StateStore
+
+        store = StateStore()
     found = [{"cloud": leak.cloud, "cluster": leak.cluster, "ids": list(leak.ids), "reason": leak.reason,
               "hourly_usd": leak.hourly_usd} for leak in leaks]
     clusters = sorted({str(leak.cluster) for leak in leaks})
