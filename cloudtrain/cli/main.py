@@ -32,6 +32,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "cost": ("cloudtrain.cli.cost", "cost", "What was spent, per cluster and per run (billed time x price)."),
     "driver": ("cloudtrain.cli.driver", "driver", "A run started with `run --driver HOST`: status, log, fetch, cancel."),
     "compare": ("cloudtrain.cli.compare", "compare", "Compare runs: device, sec/batch, images/s, speed-up, cost."),
+    "events": ("cloudtrain.cli.events", "events", "Notifications sent to your notify: targets, with each delivery's status; --retry sends."),
     "report": ("cloudtrain.cli.report", "report", "One HTML page of spend, billing now, runs, sweeps (and leaks with --gc)."),
 }
 

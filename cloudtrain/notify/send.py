@@ -127,7 +127,7 @@ def _deliver_all(target: NotifyTarget | None, claims: list[Claim], deadline: flo
             continue
         send = _webhook if target.webhook is not None else _apprise
         attempts, error, ok = 0, None, False
-        secrets: list[str] = [target.secret or ""]
+        secrets: list[str] = []  # the values this delivery used (expanded), never shown
         while True:
             attempts += 1
             try:
@@ -153,8 +153,11 @@ class Flushed:
     left: int = 0  # claims this command had no time for (due again at once)
 
 
-def flush(store, budget_s: float = BUDGET_S, force: bool = False) -> Flushed:  # noqa: ANN001
-    """Send what is due (`force`: everything undelivered) within `budget_s`."""
+def flush(store, budget_s: float = BUDGET_S, force: bool = False, again: bool = False) -> Flushed:  # noqa: ANN001
+    """Send what is due (`force`: everything undelivered) within `budget_s`. `again`: also what
+    this process tried before (a long-lived `events -f` is many rounds, each after the backoff)."""
+    if again:
+        _TRIED.clear()
     claims = outbox.claim(store, force=force, skip=frozenset(_TRIED))
     if not claims:
         return Flushed()
