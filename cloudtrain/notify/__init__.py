@@ -67,7 +67,8 @@ def emit(store: StateStore, event_type: EventType, data: dict[str, Any], targets
 
     event = Event(event_type, {k: v for k, v in data.items() if v is not None})
     outbox.enqueue(store, event, [b for b in targets if b.target.wants(event_type)])
-    send.report(send.flush(store, send.BUDGET_S if budget_s is None else budget_s), warn)
+    known = {b.ref.key(): b.target for b in targets}
+    send.report(send.flush(store, send.BUDGET_S if budget_s is None else budget_s, known=known), warn)
     return event
 
 

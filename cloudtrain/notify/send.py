@@ -153,9 +153,11 @@ class Flushed:
     left: int = 0  # claims this command had no time for (due again at once)
 
 
-def flush(store, budget_s: float = BUDGET_S, force: bool = False, again: bool = False) -> Flushed:  # noqa: ANN001
+def flush(store, budget_s: float = BUDGET_S, force: bool = False, again: bool = False,  # noqa: ANN001
+          known: dict[str, NotifyTarget] | None = None) -> Flushed:
     """Send what is due (`force`: everything undelivered) within `budget_s`. `again`: also what
-    this process tried before (a long-lived `events -f` is many rounds, each after the backoff)."""
+    this process tried before (a long-lived `events -f` is many rounds, each after the backoff).
+    `known`: targets in hand by reference key; others are read again from their config or recipe."""
     if again:
         _TRIED.clear()
     claims = outbox.claim(store, force=force, skip=frozenset(_TRIED))
@@ -170,7 +172,7 @@ def flush(store, budget_s: float = BUDGET_S, force: bool = False, again: bool = 
     started: set[str] = set()
     threads = []
     for key, group in by_target.items():
-        target = resolve(TargetRef.parse(key))
+        target = (known or {}).get(key) or resolve(TargetRef.parse(key))
         thread = threading.Thread(target=_deliver_all, args=(target, group, deadline, results, started),
                                   name=f"notify-{key[-8:]}", daemon=True)
         thread.start()
