@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from cloudtrain.catalog import Catalog, write_csv
+from cloudtrain.catalog import Catalog, bundled_files, write_csv
 from tests.catalog.conftest import _ENTRY, run_cli
 from tests.conftest import cli_env
 
@@ -123,8 +123,13 @@ def test_only_refresh_pays_for_the_network_code(args: list[str]) -> None:
 def test_every_price_says_where_it_came_from() -> None:
     table = run_cli("catalog", "--gpu", "T4:1", "--cloud", "aws", "--cloud", "gcp")
     rows = [line.split() for line in table.stdout.splitlines()[1:] if line.startswith(("aws ", "gcp "))]
-    assert rows and {row[0]: " ".join(row[-2:]) for row in rows if row[-1] == "bundled"} == {
-        "aws": "2026-11-21 bundled", "gcp": "2026-11-23 bundled"}
+    # Each bundled row shows the date its own CSV row carries (the rows cloudtrain recorded, and the
+    # rows priced later from a published catalog, each keep theirs).
+    dated = {(o.cloud, o.region, o.instance_type): o.price_date.isoformat()
+             for o in Catalog(files=bundled_files()).offers if o.price is not None and o.price_date}
+    shown = [row for row in rows if row[-1] == "bundled"]
+    assert {row[0] for row in shown} == {"aws", "gcp"}
+    assert all(row[-2] == dated[(row[0], row[1], row[2])] for row in shown), shown
     # GCP's prices carry the day cloudtrain recorded them (their source says so), not a made-up one.
     assert "gcp: bundled prices written without a recorded source or date" not in table.stdout
     assert {o["source"] for o in offers("--cloud", "gcp")} == {"bundled"}
