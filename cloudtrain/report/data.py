@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -72,7 +73,7 @@ class ReportData:
     at: float
     since: float
     cost: Any  # cli.cost.CostSummary
-    status: dict[str, Any]  # status_view().as_json(): `status --json`
+    clusters: list[Any]  # ClusterRecord: the rows `status --json` prints
     by_cloud: Daily
     by_cluster: Daily
     by_owner: Daily
@@ -91,7 +92,8 @@ def gather(store: StateStore, since: float, now: float, leaks: Any = None,
     from cloudtrain.cli.cluster import status_view
     from cloudtrain.cli.cost import cost_summary
 
-    view = status_view(store, run_limit=RUN_LIMIT)  # marks dead drivers' runs abandoned, as `status` does
+    # A run whose `cloudtrain run` died is shown abandoned, by the rule (and the write) `status` applies.
+    status_view(store, run_limit=RUN_LIMIT)
     clusters = store.list_clusters()
     cost = cost_summary(store, since, now, run_limit=RUN_LIMIT)
     owners = {c.uid: c.owner for c in clusters if c.uid}
@@ -102,7 +104,7 @@ def gather(store: StateStore, since: float, now: float, leaks: Any = None,
 
     runs, names = _runs(cost.runs, now)
     return ReportData(
-        at=now, since=since, cost=cost, status=view.as_json(clusters),
+        at=now, since=since, cost=cost, clusters=clusters,
         by_cloud=daily(intervals, since, now, lambda i: i.cloud),
         by_cluster=daily(intervals, since, now, lambda i: i.cluster).top(7),
         by_owner=daily(intervals, since, now, owner),
@@ -150,7 +152,7 @@ def _runs(records: list[Any], now: float) -> tuple[list[RunRow], list[str]]:
     rows = []
     counts: dict[str, int] = {}
     for r in records:
-        metrics = read_metrics(Path(r.run_dir)) if r.run_dir else {}
+        metrics = read_metrics(r.run_dir) if r.run_dir else {}
         for name in metrics:
             counts[name] = counts.get(name, 0) + 1
         end = r.ended_at if r.ended_at is not None else (now if r.status == "running" else None)
@@ -160,20 +162,32 @@ def _runs(records: list[Any], now: float) -> tuple[list[RunRow], list[str]]:
     return rows, names
 
 
-def read_metrics(run_dir: Path) -> dict[str, float]:
+def read_metrics(run_dir: str) -> dict[str, float]:
     """The numbers of a run's metrics.json, flattened as `compare` does (compare_any.flatten);
-    {} when it has none or it is unreadable (a failed run). outputs/ is looked at first: a walk of
-    the whole run directory (checkpoints and all) for each of thousands of runs is too slow."""
+    {} when it has none or it is unreadable (a failed run). outputs/ is looked at first, with plain
+    string paths: thousands of runs make pathlib's cost and a walk of each whole run directory
+    (checkpoints and all) the slowest part of the report."""
     from cloudtrain.compare import CompareError, find_metrics
     from cloudtrain.compare_any import flatten
 
-    path = next((p for p in (run_dir / "outputs" / "metrics.json", run_dir / "metrics.json") if p.is_file()), None)
+    text = None
+    for candidate in (os.path.join(run_dir, "outputs", "metrics.json"), os.path.join(run_dir, "metrics.json")):
+        try:
+            with open(candidate, encoding="utf-8") as handle:
+                text = handle.read()
+            break
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        except OSError:
+            return {}  # unreadable (permissions): the run is listed without its metrics
     try:
-        if path is None and run_dir.is_dir():
-            path = find_metrics(run_dir)
-        data = json.loads(path.read_text()) if path is not None else {}
+        if text is None:
+            if not os.path.isdir(run_dir):
+                return {}
+            text = find_metrics(Path(run_dir)).read_text()
+        data = json.loads(text)
     except (CompareError, OSError, ValueError):
-        return {}
+        return {}  # no metrics.json (a failed run), or not JSON: the run is listed without metrics
     return flatten(data) if isinstance(data, dict) else {}
 
 
