@@ -34,8 +34,9 @@ class DeliveryState(str, Enum):
 
 def next_wait_s(rounds: int) -> float:
     """How long after a command's failed round the next command may try again: at once for the
-    first (the receiver was down for one command), then doubling from 30 s to an hour."""
-    return 0.0 if rounds <= 1 else min(30.0 * 2 ** (rounds - 2), 3600.0)
+    next three commands (a receiver down a moment; a refused connection costs nothing), then
+    doubling from 30 s to an hour."""
+    return 0.0 if rounds <= 3 else min(30.0 * 2 ** (rounds - 4), 3600.0)
 
 
 @dataclass(frozen=True)
