@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from cloudtrain.notify.model import DEFAULT_ON, Event, EventType, budget_type, run_end_type
-from cloudtrain.notify.targets import Bound, NotifyTarget, bind, recipe_targets
+from cloudtrain.notify.targets import Bound, NotifyTarget, bind, file_targets
 
 if TYPE_CHECKING:
     from cloudtrain.config import Config
@@ -52,7 +52,7 @@ def targets_of(config: Config | None, loaded: LoadedRecipe | None = None,
     if loaded is not None:
         found += bind(list(getattr(loaded.recipe, "notify", None) or ()), "recipe", loaded.path)
     elif recipe_path is not None and recipe_path.is_file():
-        found += bind(recipe_targets(recipe_path), "recipe", recipe_path)
+        found += bind(file_targets(recipe_path), "recipe", recipe_path)
     unique: dict[str, Bound] = {}
     for bound in found:
         unique.setdefault(bound.ref.key(), bound)

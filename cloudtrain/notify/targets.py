@@ -194,24 +194,25 @@ def resolve(ref: TargetRef) -> NotifyTarget | None:
     no longer there). Only the `notify:` list of a recipe is read, not the whole recipe."""
     from cloudtrain.errors import UsageError
 
-    try:
-        if ref.src == "config":
-            from cloudtrain.config import load_config
+    from cloudtrain import paths
 
-            candidates = load_config().notify
-        else:
-            candidates = recipe_targets(Path(ref.path or ""))
+    try:
+        candidates = file_targets(paths.config_file() if ref.src == "config" else Path(ref.path or ""))
     except (UsageError, OSError):
         return None
     return next((t for t in candidates if t.fingerprint() == ref.fingerprint), None)
 
 
-def recipe_targets(path: Path) -> list[NotifyTarget]:
+def file_targets(path: Path) -> list[NotifyTarget]:
+    """The `notify:` list of a config or recipe file (only that key is read and checked here; the
+    command that loads the whole file says what else is wrong with it)."""
     from pydantic import TypeAdapter, ValidationError
 
     from cloudtrain.errors import RecipeError
     from cloudtrain.yamlfile import read_yaml
 
+    if not path.is_file():
+        return []
     data, _, _ = read_yaml(path, RecipeError)
     raw = data.get("notify") if isinstance(data, dict) else None
     if not raw:

@@ -171,9 +171,9 @@ def test_a_target_no_longer_configured_is_given_up(tmp_path: Path, secret: str) 
     store = StateStore(tmp_path / "state.db")
     recipe = tmp_path / "r.yaml"
     recipe.write_text("name: r\nrun: 'true'\nnotify:\n  - webhook: http://127.0.0.1:9/h\n    secret: ${HOOK_SECRET}\n")
-    from cloudtrain.notify.targets import recipe_targets
+    from cloudtrain.notify.targets import file_targets
 
-    targets = bind(recipe_targets(recipe), "recipe", recipe)
+    targets = bind(file_targets(recipe), "recipe", recipe)
     outbox.enqueue(store, Event(EventType.RUN_FAILED, {"run": "r1"}), targets)
     recipe.write_text("name: r\nrun: 'true'\n")
     send.flush(store)
