@@ -33,13 +33,14 @@ background:var(--bg);border:1px solid var(--line);border-radius:6px}
 td{white-space:nowrap}
 @media print{nav,.filter{display:none!important}body{max-width:none;font-size:11px}
 h2{break-after:avoid}table,svg{break-inside:avoid}a{color:inherit;text-decoration:none}
-details{display:block}details>summary{display:none}}
+details>summary{display:none}}
 """
 
 # Sorting (click a column header) and filtering (type in the box above a table); the tables are
 # complete HTML without it. Numbers sort by their data-v (seconds, dollars) or their text.
 JS = """
 document.documentElement.classList.add('js');
+window.addEventListener('beforeprint',function(){document.querySelectorAll('details').forEach(function(d){d.open=true;});});
 function key(td){var v=td.getAttribute('data-v');if(v!==null)return parseFloat(v);
 var t=td.textContent.replace(/[$,%x]/g,'');var f=parseFloat(t);return isNaN(f)||!/^-?[0-9.]/.test(t)?td.textContent:f;}
 document.querySelectorAll('table.sortable').forEach(function(table){
