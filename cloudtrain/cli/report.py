@@ -49,6 +49,8 @@ def report(since_text: str | None, out: str, open_: bool, with_gc: bool, all_use
         from cloudtrain.cluster.gc import gc_clouds
 
         leaks = scan(config, gc_clouds(), all_users, False, Path(config.runs_dir))
+        for skip in leaks.skipped:
+            output.warn(f"NOT CHECKED for leaks: {skip.cloud} ({skip.reason}); it may have leaks")
     path = write_report(store, Path(out), since, time.time(), leaks, problems)
     output.info(f"report: {path} ({path.stat().st_size / 1e6:.2f} MB)")
     if open_:

@@ -103,13 +103,14 @@ def gather(store: StateStore, since: float, now: float, leaks: Any = None,
         return owners.get(item.incarnation or "", NO_OWNER)
 
     runs, names = _runs(cost.runs, now)
+    problems = list(problems or [])
     return ReportData(
         at=now, since=since, cost=cost, clusters=clusters,
         by_cloud=daily(intervals, since, now, lambda i: i.cloud),
         by_cluster=daily(intervals, since, now, lambda i: i.cluster).top(7),
         by_owner=daily(intervals, since, now, owner),
         billing=_billing(store, clusters), budgets=_budgets(store, clusters), runs=runs, metric_names=names,
-        sweeps=_sweeps(store, now), comparison=_comparison(runs), leaks=leaks, problems=list(problems or []))
+        sweeps=_sweeps(store, now), comparison=_comparison(runs, problems), leaks=leaks, problems=problems)
 
 
 def _billing(store: StateStore, clusters: list[Any]) -> list[Billing]:
@@ -204,7 +205,7 @@ def _sweeps(store: StateStore, now: float) -> list[SweepView]:
     return found
 
 
-def _comparison(runs: list[RunRow]) -> list[Any]:
+def _comparison(runs: list[RunRow], problems: list[str]) -> list[Any]:
     """The bundled job's runs, CPU and GPU side by side (compare's table), when there are such runs."""
     from cloudtrain.compare import REQUIRED, CompareError, compare_table, load_runs
 
@@ -214,7 +215,8 @@ def _comparison(runs: list[RunRow]) -> list[Any]:
         return []
     try:
         summaries = load_runs([Path(r.run_dir) for r in reversed(bundled) if r.run_dir][:50])
-    except CompareError:
+    except CompareError as exc:
+        problems.append(f"CPU vs GPU left out: {exc.one_line()}")  # said on the page, the rest stands
         return []
     # CPU first: the speed-up column is against the first run.
     summaries.sort(key=lambda s: (bool(s.gpu_names), s.name))

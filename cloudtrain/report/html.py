@@ -84,7 +84,7 @@ def _summary(data: ReportData) -> str:
     if data.leaks is not None:
         cards.append(("Leaks", f"{money(data.leaks.cost.hourly_usd)}/h", "leaks-h"))
     body = "".join(f'<div class="card" id="card-{i}">{escape(k)}<b>{escape(v)}</b></div>' for k, v, i in cards)
-    problems = "".join(f'<p class="bad">not checked: {escape(p)}</p>' for p in data.problems)
+    problems = "".join(f'<p class="bad">{escape(p)}</p>' for p in data.problems)
     return (f'<p class="muted">Generated {_iso(data.at)}; {since}. Amounts are billed time x price from the '
             f"ledger, as <code>cloudtrain cost</code> reports them; days are UTC.</p>"
             f'<div class="cards" role="group" aria-label="Totals">{body}</div>{problems}')
