@@ -81,12 +81,24 @@ def _is_trial(loaded: LoadedRecipe) -> bool:
     return _TRIAL_ENV in loaded.recipe.envs
 
 
+def _prewarm(targets: list[Bound]) -> None:
+    """Import Apprise while the run goes on (a few hundred ms, more on a busy machine), so that the
+    run's end has its whole budget for sending."""
+    import sys
+    import threading
+
+    if any(b.target.apprise for b in targets) and "apprise" not in sys.modules:
+        threading.Thread(target=__import__, args=("apprise",), name="notify-prewarm", daemon=True).start()
+
+
 @_never_fails
 def run_started(store: StateStore, config: Config, loaded: LoadedRecipe, run_id: str, cluster: str,
                 run_dir: Path, warn: Warn = None) -> None:
     if not _is_trial(loaded):
+        targets = targets_of(config, loaded)
+        _prewarm(targets)
         emit(store, EventType.RUN_STARTED, _run_data(run_id, cluster, loaded.recipe.resources.cloud, run_dir,
-                                                     status="running"), targets_of(config, loaded), warn=warn)
+                                                     status="running"), targets, warn=warn)
 
 
 @_never_fails
