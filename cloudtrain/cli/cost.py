@@ -60,13 +60,18 @@ def cost(since_text: str | None, as_json: bool, no_refresh: bool) -> None:
     if spends:
         output.table(["CLUSTER", "CLOUD", "STATUS", "NODE-HOURS", "SPENT", "BILLING NOW"],
                      [(c["cluster"] + (f" ({c['incarnations']}x)" if c["incarnations"] > 1 else ""), c["cloud"],
-                       c["status"], f"{c['node_hours']:.2f}", output.money(c["usd"]),
+                       c["status"], f"{c['node_hours']:.2f}",
+                       output.money(c["usd"]) + (" (estimate)" if c["estimated_usd"] else ""),
                        "yes" if c["billing_now"] else "no") for c in clusters])
     if runs:
         output.echo()
         output.table(["RUN", "CLUSTER", "STATUS", "COST"],
                      [(r.id, r.cluster, r.status, output.money(r.cost_usd)) for r in runs])
     output.echo()
+    estimated = sum(c["estimated_usd"] for c in clusters)
+    if estimated:
+        output.info(f"estimate: {output.money(estimated)} of it is machines of a launch whose answer was lost and "
+                    "that the cloud no longer reports, booked until their deadline (the most they could have run)")
     output.info(f"total: {output.money(total)}" + ("" if not problems else " (some clusters could not be checked)"))
 
 
@@ -103,13 +108,15 @@ def cost_summary(store: StateStore, since: float, now: float, run_limit: int = 1
     for item in spends:
         entry = names.setdefault(item.cluster, {"cluster": item.cluster, "cloud": item.cloud, "status": "down",
                                                 "usd": 0.0, "node_hours": 0.0, "billing_now": False,
-                                                "incarnations": 0})
+                                                "incarnations": 0, "estimated_usd": 0.0})
         entry["usd"] += item.usd
+        entry["estimated_usd"] += item.estimated_usd
         entry["node_hours"] += item.node_hours
         entry["billing_now"] = entry["billing_now"] or item.billing_now
         entry["incarnations"] += 1
         if item.status != "down":
             entry["status"] = item.status
-    clusters = [{**c, "usd": round(c["usd"], 6), "node_hours": round(c["node_hours"], 4)} for c in names.values()]
+    clusters = [{**c, "usd": round(c["usd"], 6), "estimated_usd": round(c["estimated_usd"], 6),
+                 "node_hours": round(c["node_hours"], 4)} for c in names.values()]
     runs = [r for r in store.list_runs(limit=run_limit) if r.started_at >= since]
     return CostSummary(since, now, spends, clusters, runs, sum(s.usd for s in spends))

@@ -7,6 +7,7 @@ from state, so it works after a crash between create and record).
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
@@ -29,13 +30,13 @@ from cloudtrain.state.locks import cluster_lock
 from cloudtrain.providers import get_provider
 from cloudtrain.providers.base import HostSpec, Instance, InstanceSpec, InstanceState, Provider, owner_id
 from cloudtrain.providers.base import TAG_ALIVE, TAG_INCARNATION, alive_value
-from cloudtrain.providers.base import StopsMachines, launched_by, machines, supports
+from cloudtrain.providers.base import ListsEnded, StopsMachines, launched_by, machines, supports
 from cloudtrain.recipe import Recipe
 from cloudtrain.state import ClusterRecord, ClusterStatus, NodeRecord, RunStatus, StateStore
 from cloudtrain.cluster.hosts import end_work_on_hosts
 from cloudtrain.cluster import access
 from cloudtrain.cluster.intent import Heartbeat, is_me
-from cloudtrain.cluster.reconcile import Observation, Pricing, observe, reconcile
+from cloudtrain.cluster.reconcile import BOOT_ALLOWANCE_S, Observation, Pricing, observe, reconcile
 
 if TYPE_CHECKING:
     from cloudtrain.cluster.planning import UsablePlan
@@ -319,7 +320,12 @@ class Lifecycle:
             # and `down` still know where to look for instances tagged with this cluster.
             from cloudtrain import procid
 
+            from cloudtrain.providers.deadline import deadline_seconds
+
             self.store.upsert_cluster(
+                # The latest its machines can live: what an answer lost to a crash is booked up to.
+                deadline_at=(time.time() + deadline_seconds(attempt.max_run_s)
+                             if attempt.max_run_s is not None else None),
                 name=spec.cluster, provider=cloud, status=ClusterStatus.PROVISIONING, region=attempt.region,
                 zone=attempt.zone, instance_type=attempt.instance_type, num_nodes=recipe.num_nodes,
                 recipe_path=recipe_path, recipe_digest=digest, owner=spec.owner, last_error=None,
@@ -456,12 +462,13 @@ class Lifecycle:
                        disk_per_gb=(disk_price(cloud) or 0.0) / HOURS_PER_MONTH)
 
     def _apply(self, record: ClusterRecord, provider: Provider, observations: Sequence[Observation], *,
-               complete: bool, launch_done: bool = False) -> Cluster:
+               complete: bool, launch_done: bool = False, abandoned: bool = False) -> Cluster:
         """The one way observations enter state: reconcile, then write the transition at once."""
         assert record.uid is not None
         transition = reconcile(record, self.store.get_nodes(record.name), self.store.open_billing(record.uid),
                                observations, self._pricing(record, provider), complete=complete,
-                               launch_done=launch_done, at=time.time())
+                               launch_done=launch_done, abandoned=abandoned, at=time.time(),
+                               boot_allowance_s=float(os.environ.get("CLOUDTRAIN_BOOT_ALLOWANCE_S", BOOT_ALLOWANCE_S)))
         self.store.apply(record.name, transition, record.uid, provider.name)
         updated = self.store.get_cluster(record.name)
         return Cluster(updated or record, tuple(self.store.get_nodes(record.name)), provider)
@@ -477,7 +484,13 @@ class Lifecycle:
         # listed by tag, and its life must still reach the ledger.
         ids = [n.instance_id for n in nodes] + sorted(set(verb_ids) - {n.instance_id for n in nodes})
         described = {i.id: i for i in machines(provider).describe(ids)} if ids else {}
-        for inst in machines(provider).list_tagged(name):
+        abandoned = abandoned_intent(record, launch_done)
+        listed = machines(provider).list_tagged(name)
+        if abandoned and supports(provider, ListsEnded):
+            # Its creator died before the create's answer: a machine that ran and already ended
+            # is known only to the cloud, and only while it still reports it (EC2: about an hour).
+            listed += [i for i in provider.list_ended(name) if i.incarnation in (None, record.uid)]  # type: ignore[attr-defined]
+        for inst in listed:
             known = described.get(inst.id)
             if known is None:
                 described[inst.id] = inst
@@ -488,7 +501,8 @@ class Lifecycle:
         order = ids + [i for i in described if i not in ids]
         observations = [observe(described[i], looked, verb_at if i in verb_ids else None)
                         for i in order if i in described]
-        return self._apply(record, provider, observations, complete=True, launch_done=launch_done)
+        return self._apply(record, provider, observations, complete=True, launch_done=launch_done,
+                           abandoned=abandoned)
 
     def _machines(self, name: str, provider: Provider, nodes: Sequence[NodeRecord]) -> list[str]:
         """What a verb acts on: the rows' machines and whatever else carries this cluster's tag (a
@@ -629,12 +643,21 @@ def _max_run_s(recipe: Recipe, hourly_per_node: float, deadline_at: float | None
     """The budget as running seconds at this placement's price, or less to end by `deadline_at`:
     the deadline every machine gets in its launch request (InstanceSpec.max_run_s)."""
     from cloudtrain.budget import budget_limit
+    from cloudtrain.providers.deadline import DEADLINE_GRACE_S
 
     limit = budget_limit(recipe.budget, hourly_per_node * recipe.num_nodes)
     limits = [limit[0]] if limit is not None else []
     if deadline_at is not None:
-        limits.append(max(1.0, deadline_at - time.time()))
+        # The launch request's backstop fires its grace after max_run_s; a lease (a sweep's) ends
+        # at deadline_at itself, backstop included, so the grace comes off it.
+        limits.append(max(1.0, deadline_at - time.time() - DEADLINE_GRACE_S))
     return min(limits) if limits else None
+
+
+def abandoned_intent(record: ClusterRecord, launch_done: bool = False) -> bool:
+    """A launch whose creating process is gone without hearing its create's answer."""
+    return (record.status == ClusterStatus.PROVISIONING and not launch_done and record.driver is not None
+            and not is_me(record.driver) and not record.launch_in_flight(time.time()))
 
 
 def check_stop_possible(provider: Provider, spot: bool, name: str | None = None) -> None:

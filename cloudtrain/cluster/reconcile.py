@@ -36,6 +36,9 @@ class Source(StrEnum):
     VERB = "verb"  # our call that made the change returned (create, stop, start, terminate)
     WATCHDOG = "watchdog"  # the node's watchdog logged the action itself
     LOOKED = "looked"  # only when we looked: the change happened at or before this time
+    # Nothing was seen: a machine whose create answer was lost and that the cloud no longer
+    # reports, booked at its worst case, from the launch intent to its deadline (see `_estimate`).
+    ESTIMATE = "estimate"
 
 
 @dataclass(frozen=True)
@@ -208,12 +211,41 @@ def _billing_ops(obs: Observation, open_now: Mapping[BillKind, BillingRecord], p
     return ops
 
 
-def _status(record: ClusterRecord, live: Sequence[NodeRecord], launch_done: bool) -> ClusterStatus:
+# An abandoned intent's machine that the cloud never reported may have booted this long after the
+# intent (its deadline counts from first boot): only past deadline + this is it certainly gone.
+# CLOUDTRAIN_BOOT_ALLOWANCE_S overrides it (the test kit's fake machines boot in a second).
+BOOT_ALLOWANCE_S = 600.0
+
+
+def _estimate(record: ClusterRecord, pricing: Pricing, at: float, boot_allowance_s: float) -> list[BillingOp]:
+    """An abandoned launch intent (its creating process died before hearing the create's answer)
+    whose machines the cloud does not report, live or ended (GCE and ARM forget a deleted VM at
+    once; EC2 after about an hour), once its deadline has certainly passed: each node it asked for
+    may have run from the intent until that deadline. Booked so, closed, and marked as an estimate,
+    never as nothing: the bill may have it. No deadline, no bound: nothing is booked (a machine
+    without one still runs, and a listing by tag finds it)."""
+    if record.deadline_at is None or not pricing.priced or at < record.deadline_at + boot_allowance_s:
+        return []
+    ops: list[BillingOp] = []
+    start, end = _second(record.created_at), _second(record.deadline_at)
+    for rank in range(max(1, record.num_nodes)):
+        machine = f"estimate:{record.uid}:{rank}"
+        for kind, price, min_s in ((BillKind.RUNNING, pricing.running, pricing.min_s),
+                                   (BillKind.DISK, pricing.disk, 0.0)):
+            if price <= 0:
+                continue
+            ops.append(BillingOp(True, machine, kind, start, price, min_s, Source.ESTIMATE))
+            ops.append(BillingOp(False, machine, kind, max(start, end), source=Source.ESTIMATE))
+    return ops
+
+
+def _status(record: ClusterRecord, live: Sequence[NodeRecord], launch_done: bool,
+            settled: bool = False) -> ClusterStatus:
     current = ClusterStatus(record.status)
     if current in _VERB_OWNED and live:
         return current  # `down` (or gc) has to finish what a failed verb left; the nodes say nothing of that
     if not live:
-        if current is ClusterStatus.PROVISIONING and not launch_done:
+        if current is ClusterStatus.PROVISIONING and not launch_done and not settled:
             return current  # the create may still be in flight: nothing to see yet
         return ClusterStatus.TERMINATED
     states = {InstanceState(n.state) for n in live}
@@ -226,13 +258,18 @@ def _status(record: ClusterRecord, live: Sequence[NodeRecord], launch_done: bool
 
 def reconcile(record: ClusterRecord, nodes: Sequence[NodeRecord], open_billing: Sequence[BillingRecord],
               observations: Sequence[Observation], pricing: Pricing, *, complete: bool,
-              launch_done: bool = False, at: float) -> Transition:
+              launch_done: bool = False, abandoned: bool = False, at: float,
+              boot_allowance_s: float = BOOT_ALLOWANCE_S) -> Transition:
     """The transition that `observations` make of the cluster's state.
 
     complete     the observations cover every machine of the cluster (describe + listing by tag):
                  a node row that none of them mentions is gone (terminated at `at`, an upper bound).
                  False: only the observed nodes change (a verb that acted on some).
     launch_done  the creating process saw its create answered and its nodes running: PROVISIONING may end.
+    abandoned    PROVISIONING, and the creating process is gone without hearing its create's answer
+                 (`complete` observations, ended machines included where the cloud still lists them):
+                 what the cloud reports of it is all there will be. Machines seen, all ended: the
+                 intent is settled. None seen: booked at its worst case once that is over (`_estimate`).
     """
     by_id: dict[str, Observation] = {}
     events: list[tuple[str, str]] = []
@@ -282,5 +319,16 @@ def reconcile(record: ClusterRecord, nodes: Sequence[NodeRecord], open_billing: 
                             first_sighting=before is None and instance_id not in open_by_node)
 
     live = [n for n in updated if n.state != InstanceState.TERMINATED.value]
+    settled = False
+    if abandoned and complete and not live:
+        if by_id or nodes or open_billing:
+            settled = True  # it was seen (now or before): its ledger is what was observed
+        else:
+            estimate = _estimate(record, pricing, at, boot_allowance_s)
+            if estimate:
+                ops += estimate
+                settled = True
+                events.append(("estimate", "no machine of this launch is reported by the cloud: booked from the "
+                                           "launch to its deadline, as an estimate"))
     # Terminated rows stay (they keep their rank, so rank 0 stays the head); they bill nothing.
-    return Transition(tuple(updated), _status(record, live, launch_done), tuple(ops), tuple(events))
+    return Transition(tuple(updated), _status(record, live, launch_done, settled), tuple(ops), tuple(events))

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 
 from cloudtrain.config import Config
+from cloudtrain.cluster.reconcile import Source
 from cloudtrain.cost import spend
 from cloudtrain.errors import CloudtrainError
 from cloudtrain.state import BillingRecord, ClusterStatus, StateStore
@@ -56,10 +57,14 @@ class IncarnationSpend:
     billing_now: bool
     first: float
     last: float | None  # None: still billing
+    # Of `usd`, what was booked as an estimate: machines of a launch whose answer was lost and that
+    # the cloud no longer reports, at their worst case (reconcile.Source.ESTIMATE).
+    estimated_usd: float = 0.0
 
     def as_json(self) -> dict:
         return {"cluster": self.cluster, "incarnation": self.incarnation, "cloud": self.cloud, "status": self.status,
-                "usd": round(self.usd, 6), "node_hours": round(self.node_hours, 4), "billing_now": self.billing_now,
+                "usd": round(self.usd, 6), "estimated_usd": round(self.estimated_usd, 6),
+                "node_hours": round(self.node_hours, 4), "billing_now": self.billing_now,
                 "from": self.first, "from_iso": iso(self.first), "until": self.last, "until_iso": iso(self.last)}
 
 
@@ -77,5 +82,6 @@ def by_incarnation(store: StateStore, since: float, now: float) -> list[Incarnat
             cluster=items[0].cluster, incarnation=incarnation, cloud=items[0].cloud,
             status=str(record.status) if record is not None else "down", usd=total.usd,
             node_hours=total.billed_s / 3600, billing_now=total.running, first=min(i.started_at for i in items),
-            last=None if None in ends else max(e for e in ends if e is not None)))
+            last=None if None in ends else max(e for e in ends if e is not None),
+            estimated_usd=spend([i for i in items if i.source == Source.ESTIMATE], since=since, until=now).usd))
     return sorted(found, key=lambda s: (s.cluster, s.first))

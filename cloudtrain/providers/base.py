@@ -329,6 +329,16 @@ class MarksAlive(Protocol):
 
 
 @runtime_checkable
+class ListsEnded(Protocol):
+    """Clouds that still report machines after they ended (EC2 describes a terminated instance for
+    about an hour): a launch whose create answer was lost is billed from what they say."""
+
+    def list_ended(self, cluster: str) -> list[Instance]:
+        """The cluster's tagged machines that ended (terminated or shutting down), with their times."""
+        ...
+
+
+@runtime_checkable
 class SaysVmIdentity(Protocol):
     """Machines with credentials of their own that `plan` describes."""
 

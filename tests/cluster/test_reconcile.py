@@ -223,3 +223,42 @@ def test_times_of_our_own_clock_are_whole_seconds_too() -> None:
                    interval("i-2", "disk")], [answered], PRICE, complete=True, at=T0 + 500.37)
     assert ops_of(t) == [(False, "i-1", "running", T0 + 61),
                          (False, "i-2", "disk", T0 + 500), (False, "i-2", "running", T0 + 500)]
+
+
+# An abandoned launch intent (issue 34.3): its creator died before the create's answer.
+INTENT = replace(REC, status=ClusterStatus.PROVISIONING, num_nodes=2, deadline_at=T0 + 900)
+
+
+def test_an_abandoned_intent_whose_machine_the_cloud_still_reports_ended_is_billed_its_life_and_settled() -> None:
+    ended = Observation(Instance("i-7", "c", S.TERMINATED, launched_at=T0 + 3, incarnation="u1"), T0 + 95, Source.CLOUD)
+    t = reconcile(INTENT, [], [], [ended], PRICE, complete=True, abandoned=True, at=T0 + 4000)
+    assert t.status is ClusterStatus.TERMINATED
+    assert [(o.open, o.instance_id, str(o.kind), o.at) for o in t.billing] == [
+        (True, "i-7", "running", T0 + 3), (False, "i-7", "running", T0 + 95),
+        (True, "i-7", "disk", T0 + 3), (False, "i-7", "disk", T0 + 95)]
+
+
+def test_an_abandoned_intent_the_cloud_forgot_is_booked_to_its_deadline_as_an_estimate_once_that_is_over() -> None:
+    from cloudtrain.cluster.reconcile import BOOT_ALLOWANCE_S
+
+    before = reconcile(INTENT, [], [], [], PRICE, complete=True, abandoned=True, at=T0 + 900 + BOOT_ALLOWANCE_S - 1)
+    assert (before.status, before.billing) == (ClusterStatus.PROVISIONING, ())  # it may still be booting
+    t = reconcile(INTENT, [], [], [], PRICE, complete=True, abandoned=True, at=T0 + 900 + BOOT_ALLOWANCE_S)
+    assert t.status is ClusterStatus.TERMINATED and [k for k, _ in t.events] == ["estimate"]
+    opened = [o for o in t.billing if o.open]
+    closed = [o for o in t.billing if not o.open]
+    assert {(o.instance_id, str(o.kind), o.at, o.hourly_price, o.min_s) for o in opened} == {
+        (f"estimate:u1:{r}", "running", T0, 1.0, 60.0) for r in (0, 1)} | {
+        (f"estimate:u1:{r}", "disk", T0, 0.01, 0.0) for r in (0, 1)}
+    assert {(o.instance_id, str(o.kind), o.at) for o in closed} == {
+        (f"estimate:u1:{r}", k, T0 + 900) for r in (0, 1) for k in ("running", "disk")}
+    assert {o.source for o in t.billing} == {Source.ESTIMATE}
+
+
+@pytest.mark.parametrize(("record", "abandoned"), [
+    (replace(INTENT, deadline_at=None), True),  # no deadline: a machine of it would still run, and be listed
+    (INTENT, False),  # its creator may still hear the answer
+])
+def test_no_estimate_without_a_deadline_or_while_the_creator_lives(record: ClusterRecord, abandoned: bool) -> None:
+    t = reconcile(record, [], [], [], PRICE, complete=True, abandoned=abandoned, at=T0 + 10 ** 6)
+    assert (t.status, t.billing) == (ClusterStatus.PROVISIONING, ())

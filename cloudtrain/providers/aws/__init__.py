@@ -30,6 +30,7 @@ import re
 import uuid
 from datetime import datetime, timezone
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 from cloudtrain.catalog import Catalog, default_catalog
@@ -117,6 +118,7 @@ class AwsProvider:
         self.owner: str | None = None if all_owners else owner_id()
         self.catalog = catalog or default_catalog()
         self._where: dict[str, str] = {}  # instance id -> region, learned from launches and lookups
+        self._images: dict[str, str] = {}  # instance id -> its AMI, for an ended one's disk size
 
     @property
     def default_region(self) -> str | None:
@@ -492,19 +494,44 @@ class AwsProvider:
         return [self._instance(found[i][1], found[i][0]) if i in found else Instance(i, "", gone) for i in ids]
 
     def list_tagged(self, cluster: str | None = None) -> list[Instance]:
+        return self._list(cluster, LIVE_STATES)
+
+    def list_ended(self, cluster: str) -> list[Instance]:
+        ended = self._list(cluster, ["shutting-down", "terminated"], sized=False)
+        return [replace(i, disk_gb=self._image_gb(i)) if i.disk_gb is None else i for i in ended]
+
+    def _image_gb(self, instance: Instance) -> float | None:
+        """An ended instance's volumes are gone with it: its disks were its image's root snapshot
+        size (a recipe's larger disk_gb is not in EC2's answer; the ledger then bills the image's)."""
+        region = self._where.get(instance.id)
+        image = self._images.get(instance.id)
+        if region is None or image is None:
+            return None
+        try:
+            found = self.api.ec2(region, "describe_images", ImageIds=[image])["Images"]
+        except AwsApiError as exc:
+            log.debug("aws: image %s of ended %s: %s", image, instance.id, exc)
+            return None
+        sizes = [m["Ebs"]["VolumeSize"] for f in found for m in f.get("BlockDeviceMappings", [])
+                 if m.get("Ebs", {}).get("VolumeSize")]
+        return float(sum(sizes)) if sizes else None
+
+    def _list(self, cluster: str | None, states: Sequence[str], sized: bool = True) -> list[Instance]:
         if cluster:
             tagged = {"Name": f"tag:{TAG_CLUSTER}", "Values": [cluster]}
         else:
             tagged = {"Name": "tag-key", "Values": [TAG_CLUSTER]}
-        filters = [tagged, {"Name": "instance-state-name", "Values": LIVE_STATES}]
+        filters = [tagged, {"Name": "instance-state-name", "Values": list(states)}]
         if self.owner:
             filters.append({"Name": f"tag:{TAG_OWNER}", "Values": [self.owner]})
         found = []
         for region in self.regions():
             raws = self.api.instances(region, filters)
-            sizes = self._disk_sizes(region, [r["InstanceId"] for r in raws]) if raws else {}
+            sizes = self._disk_sizes(region, [r["InstanceId"] for r in raws]) if raws and sized else {}
             for raw in raws:
                 self._where[raw["InstanceId"]] = region
+                if raw.get("ImageId"):
+                    self._images[raw["InstanceId"]] = raw["ImageId"]
                 found.append(self._instance(raw, region, sizes.get(raw["InstanceId"])))
         return found
 
