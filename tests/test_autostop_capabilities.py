@@ -14,7 +14,7 @@ SSH_BASE = 'name: demo\nresources: {cloud: ssh, hosts: [{address: 10.0.0.5, user
 
 @pytest.mark.parametrize(("cloud", "extra", "ok", "fragment"), [
     ("aws", "autostop: {idle_minutes: 10, down: true}\n", True, "plan:"),
-    ("gcp", "autostop: {idle_minutes: 10}\nbudget: {max_hours: 2}\n", True, "at most $1.54 for 2 h (failover may reach $0.7684/h)"),
+    ("gcp", "autostop: {idle_minutes: 10}\nbudget: {max_hours: 2}\n", True, "at most $1.60 for 2 h (failover may reach $0.798/h)"),
     # A GCP VM deletes itself with its service account's token from the metadata server.
     ("gcp", "autostop: {idle_minutes: 10, down: true}\n", True, "plan: n1-standard-4+t4x1 (T4:1) in gcp/us-central1"),
     # Azure VMs deallocate (or delete) themselves through ARM with their managed identity.

@@ -27,6 +27,7 @@ GPU_TYPES = {
     "g4dn.xlarge": ("T4", 1),
     "g4dn.2xlarge": ("T4", 1),
     "g4dn.12xlarge": ("T4", 4),
+    "g4dn.16xlarge": ("T4", 1),
     "g5.xlarge": ("A10G", 1),
     "g5.2xlarge": ("A10G", 1),
     "g5.4xlarge": ("A10G", 1),
@@ -34,6 +35,7 @@ GPU_TYPES = {
     "g5.48xlarge": ("A10G", 8),
     "p3.2xlarge": ("V100", 1),
     "p4d.24xlarge": ("A100", 8),
+    "p4de.24xlarge": ("A100", 8),
     "p5.48xlarge": ("H100", 8),
 }
 GPU_MEMORY = {"T4": 16, "A10G": 24, "V100": 16, "A100": 40, "H100": 80}
@@ -54,7 +56,7 @@ def test_bundled_aws_offers() -> None:
         assert offer.price_date in (DAY, READ) and offer.price_source
         if offer.instance_type in GPU_TYPES:
             assert (offer.accelerator, offer.accelerator_count) == GPU_TYPES[offer.instance_type]
-            assert offer.gpu_memory_gib == GPU_MEMORY[offer.accelerator]
+            assert offer.gpu_memory_gib == {"p4de.24xlarge": 80}.get(offer.instance_type, GPU_MEMORY[offer.accelerator])
         else:
             assert (offer.accelerator, offer.accelerator_count, offer.accelerators, offer.gpu_memory_gib) == (
                 None, 0, None, None)
@@ -104,7 +106,7 @@ def test_query_by_gpu_is_case_insensitive_and_cheapest_first() -> None:
         (dict(cpu_only=True, min_vcpus=4), "c5.xlarge", 4),
         (dict(cpu_only=True, min_memory_gib=8), "m5.large", 8),
         (dict(max_price=0.05), "t3.medium", 4),
-        (dict(accelerator="T4", spot=True), "g4dn.xlarge", 12),
+        (dict(accelerator="T4", spot=True), "g4dn.xlarge", 16),
         (dict(instance_type="p3.2xlarge", region="us-west-2"), "p3.2xlarge", 1),
     ],
 )

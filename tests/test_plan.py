@@ -67,9 +67,10 @@ def test_candidates_fail_over_across_regions_then_bigger_types_in_price_order() 
         ("us-east-1", "g4dn.2xlarge", 0.752),
         ("us-east-2", "g4dn.2xlarge", 0.752),
     ]
-    assert len(p.candidates) == 12  # 3 T4 types x 4 regions; each one is a distinct placement
+    assert len(p.candidates) == 16  # 4 T4 types x 4 regions; each one is a distinct placement
     assert all(c.zone is None and not c.spot and c.accelerators in ("T4:1", "T4:4") for c in p.candidates)
-    assert p.candidates[-1].accelerators == "T4:4"
+    # T4:4 (g4dn.12xlarge) sits between the T4:1 sizes by price; g4dn.16xlarge (T4:1) is dearer.
+    assert {c.accelerators for c in p.candidates} == {"T4:1", "T4:4"}
 
 
 @pytest.mark.parametrize("spot", [True, False])
@@ -78,7 +79,8 @@ def test_failover_keeps_the_gpu_count_the_recipe_asked_for(spot: bool) -> None:
     p = plan({"accelerators": "T4:1", "spot": spot})
     assert p.candidates and all(c.accelerators == "T4:1" for c in p.candidates)
     assert "g4dn.12xlarge" not in {c.instance_type for c in p.candidates}
-    assert p.worst_hourly_cost < (0.5 if spot else 1.0)
+    # The worst case is the dearest T4:1 type (g4dn.16xlarge, priced since 2026-11-28), never a T4:4.
+    assert p.worst_hourly_cost == max(c.hourly_price for c in p.candidates)
     (note,) = p.notes  # and `plan` says what failover may not do, and how to allow it
     assert note.startswith("failover keeps T4:1 per node:") and "g4dn.12xlarge, T4:4" in note
     assert "resources.allow_more_accelerators: true" in note
@@ -132,10 +134,10 @@ REFUSED = [
     ("no type with exactly that many gpus", {"accelerators": "T4:2"}, {}, NotAvailableError,
      "no offer has exactly T4:2 per node; the nearest is g4dn.12xlarge (T4:4) at $3.912/h "
      "(ask for T4:4, or set resources.allow_more_accelerators: true)"),
-    # The issue: a $1 budget below one 60 s minimum of a p5 ($98.32/h: $1.64) launched without a word.
-    ("budget below one billed minimum", {"accelerators": "H100:8"}, {"budget": {"max_usd": 1}}, UsageError,
-     "budget.max_usd: $1.00 left, below one billed minimum: one 60 s minimum of p5.48xlarge on aws costs $1.64 "
-     "(raise budget.max_usd so that $1.64 of it is left, or choose a cheaper type)"),
+    # The issue: a budget below one 60 s minimum of a p5 launched without a word ($55.04/h: $0.92 now).
+    ("budget below one billed minimum", {"accelerators": "H100:8"}, {"budget": {"max_usd": 0.5}}, UsageError,
+     "budget.max_usd: $0.50 left, below one billed minimum: one 60 s minimum of p5.48xlarge on aws costs $0.92 "
+     "(raise budget.max_usd so that $0.92 of it is left, or choose a cheaper type)"),
     ("budget below the minimum of every node", {"accelerators": "T4:1"},
      {"num_nodes": 4, "budget": {"max_usd": 0.03}}, UsageError,
      "one 60 s minimum of g4dn.xlarge on aws x 4 nodes costs $0.0351"),
@@ -230,13 +232,13 @@ def test_budget_keeps_only_affordable_candidates() -> None:
 
 
 def test_a_budget_that_covers_one_minimum_fits() -> None:
-    p = plan({"accelerators": "H100:8"}, budget={"max_usd": 1.64})  # 60 s at $98.32/h: $1.6387
+    p = plan({"accelerators": "H100:8"}, budget={"max_usd": 0.92})  # 60 s at $55.04/h: $0.9173
     assert p.best.instance_type == "p5.48xlarge" and p.notes == ()
 
 
 def test_a_worst_case_shorter_than_the_minimum_is_billed_the_minimum() -> None:
     p = plan({"instance_type": "p5.48xlarge", "region": "us-east-1"}, budget={"max_hours": 0.005})  # 18 s
-    assert p.estimated_cost == pytest.approx(98.32 / 60)
+    assert p.estimated_cost == pytest.approx(55.04 / 60)
 
 
 def test_money_limit_without_hours_gives_a_runway() -> None:

@@ -162,13 +162,15 @@ FITS = [
     # aws and gcp, not on azure ($0.0121), whose cheaper hour is then left out.
     Case("money below azure's longer minimum", {"accelerators": "T4:1", "spot": True}, {"budget": {"max_usd": 0.01}},
          best=("gcp", "us-central1", "n1-standard-4+t4x1", 0.15)),
-    Case("V100 cheapest on gcp", {"accelerators": "V100"}, best=("gcp", "us-central1", "n1-highmem-8+v100x1", 2.953212)),
+    Case("V100 cheapest on gcp", {"accelerators": "V100"}, best=("gcp", "us-central1", "n1-standard-8+v100x1", 2.86)),
     Case("V100 without gcp", {"accelerators": "V100:1"}, clouds=("aws", "azure"),
          best=("aws", "us-east-1", "p3.2xlarge", 3.06)),
     Case("A100:1 azure and gcp", {"accelerators": "A100:1"},
          best=("azure", "eastus", "Standard_NC24ads_A100_v4", 3.673)),
-    Case("A100:8 only aws", {"accelerators": "A100:8"}, best=("aws", "us-east-1", "p4d.24xlarge", 32.7726)),
-    Case("L4 only gcp", {"accelerators": "L4:1"}, best=("gcp", "us-central1", "g2-standard-4", 0.706832)),
+    Case("A100:8 cheapest on aws", {"accelerators": "A100:8"}, best=("aws", "us-east-1", "p4de.24xlarge", 27.44705)),
+    Case("A100:8 without aws", {"accelerators": "A100:8"}, clouds=("gcp", "azure"),
+         best=("gcp", "us-central1", "a2-highgpu-8g", 29.38708)),
+    Case("L4 only gcp", {"accelerators": "L4:1"}, best=("gcp", "us-east4", "g2-standard-4", 0.70452)),
     Case("T4 with 8 vCPUs", {"accelerators": "T4:1", "cpus": 8},
          best=("gcp", "us-central1", "n1-standard-8+t4x1", 0.729998)),
     Case("T4 with 20 GiB only azure's has the memory", {"accelerators": "T4:1", "memory": 20},
@@ -252,13 +254,13 @@ REFUSED = [
      NotAvailableError, "the cheapest is g4dn.xlarge (T4:1) in aws/us-east-1 at $0.526/h", "resources.max_hourly_usd"),
     ("max hourly below what the usable cloud has", {"accelerators": "T4:1", "max_hourly_usd": 0.53}, {}, ("gcp",),
      NotAvailableError, "the cheapest is n1-standard-4+t4x1 (T4:1) in gcp/us-central1", "resources.max_hourly_usd"),
-    ("A100:8 without aws: sold, price unknown", {"accelerators": "A100:8"}, {}, ("gcp", "azure"), NotAvailableError,
-     "A100:8 on one node (Standard_ND96amsr_A100_v4, Standard_ND96asr_v4, a2-highgpu-8g and 2 more): price unknown "
+    ("A100:8 on azure only: sold, price unknown", {"accelerators": "A100:8"}, {}, ("azure",), NotAvailableError,
+     "A100:8 on one node (Standard_ND96amsr_A100_v4, Standard_ND96asr_v4): price unknown "
      "(no published price in the catalog cloudtrain knows; `cloudtrain catalog refresh`)", "resources.accelerators"),
     ("L4 without gcp: aws sells it, price unknown", {"accelerators": "L4"}, {}, ("aws", "azure"), NotAvailableError,
      "price unknown (no published price in the catalog cloudtrain knows", "resources.accelerators"),
-    ("H200 nowhere priced", {"accelerators": "H200:8"}, {}, PRICED, NotAvailableError,
-     "H200 on aws/gcp (p5e.48xlarge, a3-ultragpu-8g): price unknown", "resources.accelerators"),
+    ("H200 on aws: sold, price unknown", {"accelerators": "H200:8"}, {}, ("aws",), NotAvailableError,
+     "H200 on aws (p5e.48xlarge): price unknown", "resources.accelerators"),
     ("a GPU no usable cloud sells", {"accelerators": "A10:1"}, {}, ("aws", "gcp"), NotAvailableError,
      "the catalog cloudtrain knows has no A10 GPUs on aws/gcp", "resources.accelerators"),
     ("T4 with too much memory", {"accelerators": "T4:1", "memory": 4096}, {}, PRICED, NotAvailableError,
@@ -369,7 +371,7 @@ def test_credentials_a_cloud_rejects_are_skipped_too(fakes: Any, moto_server: An
 
 # (id, resources, clouds without credentials, text of the planner's own refusal)
 ONLY_ON_SKIPPED = [
-    ("A100:8 is priced only on aws", {"accelerators": "A100:8"}, ("aws",), "A100:8 on one node"),
+    ("A100:8 is priced only on aws and gcp", {"accelerators": "A100:8"}, ("aws", "gcp"), "A100:8 on one node"),
     ("L4 is priced only on gcp", {"accelerators": "L4:1"}, ("gcp",), "L4 on aws (g6."),
     ("region of azure", {"accelerators": "T4:1", "region": "eastus"}, ("azure",), "'eastus'"),
     ("price limit only aws and azure meet", {"accelerators": "T4:1", "max_hourly_usd": 0.53}, ("aws", "azure"),
@@ -543,13 +545,13 @@ def test_plan_says_failover_keeps_the_gpu_count_and_what_the_budget_left_out(fak
 
 
 def test_plan_refuses_a_budget_below_one_billed_minimum_in_one_line_and_exits_2(fakes: Any, tmp_path: Path) -> None:
-    # The p5: 60 s at $98.32/h is $1.64, over a $1 budget.
-    run = run_plan(fakes, tmp_path, {"cloud": "aws", "accelerators": "H100:8"}, {"budget": {"max_usd": 1}})
+    # The p5: 60 s at $55.04/h is $0.92, over a $0.50 budget.
+    run = run_plan(fakes, tmp_path, {"cloud": "aws", "accelerators": "H100:8"}, {"budget": {"max_usd": 0.5}})
     assert run.result.returncode == 2 and run.result.stdout == ""
     (line,) = run.result.stderr.strip().splitlines()
-    assert "recipe.yaml:" in line and "budget.max_usd: $1.00 left, below one billed minimum: one 60 s minimum of " \
+    assert "recipe.yaml:" in line and "budget.max_usd: $0.50 left, below one billed minimum: one 60 s minimum of " \
         "p5.48xlarge on aws " in line
-    assert "costs $1.64 (raise budget.max_usd so that $1.64 of it is left, or choose a cheaper type)" in line
+    assert "costs $0.92 (raise budget.max_usd so that $0.92 of it is left, or choose a cheaper type)" in line
     assert created(run) == []
 
 
@@ -567,7 +569,7 @@ def test_plan_reads_the_users_refreshed_catalog(fakes: Any, tmp_path: Path, miss
 
 
 def test_plan_refusal_names_the_skipped_cloud_and_exits_2(fakes: Any, tmp_path: Path) -> None:
-    run = run_plan(fakes, tmp_path, {"accelerators": "A100:8"}, {}, ("aws",))
+    run = run_plan(fakes, tmp_path, {"accelerators": "A100:8"}, {}, ("aws", "gcp"))
     assert run.result.returncode == 2
     assert "A100:8 on one node" in run.result.stderr and "price unknown" in run.result.stderr
     assert "skipped for their credentials: aws: " in run.result.stderr

@@ -112,3 +112,27 @@ def test_a_type_sold_without_a_known_price_is_never_planned_and_is_said_so() -> 
     assert PRICE_UNKNOWN in caught.value.one_line()
     plan = make_plan(recipe({"accelerators": "T4:1"}), catalog, ["aws"])
     assert [c.instance_type for c in plan.candidates] == ["g4dn.xlarge"]
+
+
+def test_every_priced_csv_row_names_its_source_and_date_and_no_row_is_priced_without_them() -> None:
+    """Read the bundled files as text, not through Offer (which would hide a cell the loader drops):
+    a price without a source and a date is a guess, and a source or date without a price is a row
+    someone half-edited."""
+    import csv
+
+    checked = 0
+    for path in sorted(DATA_DIR.glob("*.csv")):
+        with path.open(newline="") as handle:
+            for line, row in enumerate(csv.DictReader(handle), start=2):
+                where = f"{path.name}:{line} {row['instance_type']} in {row['region']}"
+                priced = bool((row.get("price") or "").strip())
+                dated = bool((row.get("price_date") or "").strip())
+                sourced = bool((row.get("price_source") or "").strip())
+                assert priced == dated == sourced, where
+                if priced:
+                    dt.date.fromisoformat(row["price_date"])
+                    assert float(row["price"]) > 0, where
+                else:
+                    assert not (row.get("spot_price") or "").strip() and row.get("price_note"), where
+                checked += 1
+    assert checked > 200  # the three clouds' files, not an empty directory

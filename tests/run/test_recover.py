@@ -104,22 +104,23 @@ def test_a_relaunch_gets_what_is_left_of_the_budget(budget: Budget, spent: float
 
 
 def test_a_relaunch_whose_first_billed_minimum_is_over_what_is_left_is_refused() -> None:
-    # The issue: a $2 budget, one p5 attempt billed its 60 s minimum ($1.64), $0.36 left; the
-    # relaunch, planned with what is left (run/recover.py _next_plan), billed another $1.64.
+    # The issue: a $2 budget, one p5 attempt billed its 60 s minimum, the rest below another; the
+    # relaunch, planned with what is left (run/recover.py _next_plan), billed one more. At today's
+    # $55.04/h: $1.20, one minimum ($0.92), $0.28 left.
     from cloudtrain.catalog import default_catalog
     from cloudtrain.errors import UsageError
     from cloudtrain.plan import make_plan
 
     p5 = recipe(resources={"cloud": "aws", "instance_type": "p5.48xlarge", "spot": False},
-                budget={"max_usd": 2.0}, recover={"max_restarts": 3})
-    assert make_plan(p5, default_catalog(), ["aws"]).best.instance_type == "p5.48xlarge"  # $2 covers one start
-    left = budget_left(p5.budget, 98.32 / 60, 0.01)
-    assert left.max_usd == pytest.approx(0.36, abs=0.005)
+                budget={"max_usd": 1.2}, recover={"max_restarts": 3})
+    assert make_plan(p5, default_catalog(), ["aws"]).best.instance_type == "p5.48xlarge"  # $1.20 covers one start
+    left = budget_left(p5.budget, 55.04 / 60, 0.01)
+    assert left.max_usd == pytest.approx(0.28, abs=0.005)
     with pytest.raises(UsageError) as caught:
         make_plan(p5.model_copy(update={"budget": left}), default_catalog(), ["aws"])
     assert caught.value.one_line() == (
-        "budget.max_usd: $0.36 left, below one billed minimum: one 60 s minimum of p5.48xlarge on aws costs $1.64 "
-        "(raise budget.max_usd so that $1.64 of it is left, or choose a cheaper type)")
+        "budget.max_usd: $0.28 left, below one billed minimum: one 60 s minimum of p5.48xlarge on aws costs $0.92 "
+        "(raise budget.max_usd so that $0.92 of it is left, or choose a cheaper type)")
 
 
 class _Provider:

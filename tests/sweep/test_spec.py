@@ -112,19 +112,19 @@ def test_a_sweeps_worst_case_hour_keeps_the_gpu_count_the_recipe_asked_for(tmp_p
     # Failover never moves a T4:1 trial to a T4:4 type, so admission need not price every VM at one.
     base = "name: s\nresources: {cloud: aws, accelerators: T4:1, spot: true}\nrun: echo\nsweep:\n"
     spec = check(write(tmp_path, "parameters: {X: [1]}\nmax_trials: 1\nbudget_usd: 5\nmetric: m\ngoal: max\n", base))
-    assert spec.costs.hourly_usd == pytest.approx(0.3352)  # the dearest T4:1 spot: g4dn.2xlarge in eu-west-1
+    assert spec.costs.hourly_usd == pytest.approx(1.2535)  # the dearest T4:1 spot: g4dn.16xlarge in eu-west-1
 
 
 def test_a_trial_budget_below_one_billed_minimum_is_refused_before_anything_exists(tmp_path: Path) -> None:
     # Each trial's VM is a launch like any other: its recipe budget must cover one billed minimum.
     base = ("name: s\nresources: {cloud: aws, region: us-east-1, instance_type: p5.48xlarge}\nrun: echo\n"
-            "budget: {max_usd: 1}\nsweep:\n")
+            "budget: {max_usd: 0.5}\nsweep:\n")
     path = write(tmp_path, "parameters: {X: [1]}\nmax_trials: 1\nbudget_usd: 100\nmetric: m\ngoal: max\n", base)
     with pytest.raises(UsageError) as err:
         check(path)
     assert err.value.one_line() == (
-        f"{path}:4: budget.max_usd: $1.00 left, below one billed minimum: one 60 s minimum of p5.48xlarge on aws "
-        "costs $1.64 (raise budget.max_usd so that $1.64 of it is left, or choose a cheaper type)")
+        f"{path}:4: budget.max_usd: $0.50 left, below one billed minimum: one 60 s minimum of p5.48xlarge on aws "
+        "costs $0.92 (raise budget.max_usd so that $0.92 of it is left, or choose a cheaper type)")
 
 
 def test_a_vm_start_is_billed_the_budgets_minimum() -> None:
