@@ -36,7 +36,7 @@ from cloudtrain.state import ClusterRecord, ClusterStatus, NodeRecord, RunStatus
 from cloudtrain.cluster.hosts import end_work_on_hosts
 from cloudtrain.cluster import access
 from cloudtrain.cluster.intent import Heartbeat, is_me
-from cloudtrain.cluster.reconcile import BOOT_ALLOWANCE_S, Observation, Pricing, observe, reconcile
+from cloudtrain.cluster.reconcile import LISTING_SETTLE_S, Observation, Pricing, observe, reconcile
 
 if TYPE_CHECKING:
     from cloudtrain.cluster.planning import UsablePlan
@@ -462,19 +462,20 @@ class Lifecycle:
                        disk_per_gb=(disk_price(cloud) or 0.0) / HOURS_PER_MONTH)
 
     def _apply(self, record: ClusterRecord, provider: Provider, observations: Sequence[Observation], *,
-               complete: bool, launch_done: bool = False, abandoned: bool = False) -> Cluster:
+               complete: bool, launch_done: bool = False, abandoned: bool = False, final: bool = False) -> Cluster:
         """The one way observations enter state: reconcile, then write the transition at once."""
         assert record.uid is not None
         transition = reconcile(record, self.store.get_nodes(record.name), self.store.open_billing(record.uid),
                                observations, self._pricing(record, provider), complete=complete,
-                               launch_done=launch_done, abandoned=abandoned, at=time.time(),
-                               boot_allowance_s=float(os.environ.get("CLOUDTRAIN_BOOT_ALLOWANCE_S", BOOT_ALLOWANCE_S)))
+                               launch_done=launch_done, abandoned=abandoned, final=final, at=time.time(),
+                               settle_s=float(os.environ.get("CLOUDTRAIN_LISTING_SETTLE_S", LISTING_SETTLE_S)))
         self.store.apply(record.name, transition, record.uid, provider.name)
         updated = self.store.get_cluster(record.name)
         return Cluster(updated or record, tuple(self.store.get_nodes(record.name)), provider)
 
     def _observe_all(self, name: str, provider: Provider, *, verb_at: float | None = None,
-                     verb_ids: Sequence[str] | set[str] = (), launch_done: bool = False) -> Cluster:
+                     verb_ids: Sequence[str] | set[str] = (), launch_done: bool = False,
+                     final: bool = False) -> Cluster:
         """Ask the provider about every machine of the cluster (its rows, and whatever carries its
         tag) and reconcile. `verb_at`: when our own call that changed `verb_ids` was answered."""
         record = self.store.get_cluster(name)
@@ -502,7 +503,7 @@ class Lifecycle:
         observations = [observe(described[i], looked, verb_at if i in verb_ids else None)
                         for i in order if i in described]
         return self._apply(record, provider, observations, complete=True, launch_done=launch_done,
-                           abandoned=abandoned)
+                           abandoned=abandoned, final=final)
 
     def _machines(self, name: str, provider: Provider, nodes: Sequence[NodeRecord]) -> list[str]:
         """What a verb acts on: the rows' machines and whatever else carries this cluster's tag (a
@@ -621,7 +622,7 @@ class Lifecycle:
                     self.reporter.warn(f"kept for now: {kept.kind} {kept.id} ({kept.note})")
             answered = time.time()
             if provider.traits.owns_machines:
-                cluster = self._observe_all(name, provider, verb_at=answered, verb_ids=ids)
+                cluster = self._observe_all(name, provider, verb_at=answered, verb_ids=ids, final=True)
                 left = [n for n in cluster.nodes if n.state != InstanceState.TERMINATED.value]
                 if left and not forget:
                     detail = ", ".join(f"{n.instance_id} ({n.state})" for n in left)

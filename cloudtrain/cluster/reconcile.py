@@ -211,23 +211,28 @@ def _billing_ops(obs: Observation, open_now: Mapping[BillKind, BillingRecord], p
     return ops
 
 
-# An abandoned intent's machine that the cloud never reported may have booted this long after the
-# intent (its deadline counts from first boot): only past deadline + this is it certainly gone.
-# CLOUDTRAIN_BOOT_ALLOWANCE_S overrides it (the test kit's fake machines boot in a second).
-BOOT_ALLOWANCE_S = 600.0
+# How long after an abandoned intent's last sign of life an empty listing is believed: a machine
+# whose create was accepted is listed within seconds (EC2's describe is eventually consistent).
+# CLOUDTRAIN_LISTING_SETTLE_S overrides it (the test kit's fakes list at once).
+LISTING_SETTLE_S = 120.0
 
 
-def _estimate(record: ClusterRecord, pricing: Pricing, at: float, boot_allowance_s: float) -> list[BillingOp]:
+def _estimate(record: ClusterRecord, pricing: Pricing, at: float, settle_s: float,
+              final: bool) -> tuple[list[BillingOp], str] | None:
     """An abandoned launch intent (its creating process died before hearing the create's answer)
     whose machines the cloud does not report, live or ended (GCE and ARM forget a deleted VM at
-    once; EC2 after about an hour), once its deadline has certainly passed: each node it asked for
-    may have run from the intent until that deadline. Booked so, closed, and marked as an estimate,
-    never as nothing: the bill may have it. No deadline, no bound: nothing is booked (a machine
-    without one still runs, and a listing by tag finds it)."""
-    if record.deadline_at is None or not pricing.priced or at < record.deadline_at + boot_allowance_s:
-        return []
+    once; EC2 after about an hour). Not listed now, each node it asked for ran at most from the
+    intent until now or its deadline, whichever came first: booked so, closed, marked as an
+    estimate (the bill may have it; never $0). Without a deadline nothing bounds it: nothing is
+    booked (a machine without one would still run, and be listed). None: too early to believe the
+    listing (`final`: the caller forgets the cluster now; this is the last look)."""
+    if not final and at < max(record.created_at, record.heartbeat_at or 0.0) + settle_s:
+        return None
+    if record.deadline_at is None or not pricing.priced:
+        return [], "no machine of this launch is reported by the cloud and it had no deadline: nothing booked"
     ops: list[BillingOp] = []
-    start, end = _second(record.created_at), _second(record.deadline_at)
+    start = _second(record.created_at)
+    end = max(start, _second(min(record.deadline_at, at)))
     for rank in range(max(1, record.num_nodes)):
         machine = f"estimate:{record.uid}:{rank}"
         for kind, price, min_s in ((BillKind.RUNNING, pricing.running, pricing.min_s),
@@ -235,8 +240,9 @@ def _estimate(record: ClusterRecord, pricing: Pricing, at: float, boot_allowance
             if price <= 0:
                 continue
             ops.append(BillingOp(True, machine, kind, start, price, min_s, Source.ESTIMATE))
-            ops.append(BillingOp(False, machine, kind, max(start, end), source=Source.ESTIMATE))
-    return ops
+            ops.append(BillingOp(False, machine, kind, end, source=Source.ESTIMATE))
+    return ops, ("no machine of this launch is reported by the cloud: booked from the launch until its deadline "
+                 "or now, whichever came first, as an estimate")
 
 
 def _status(record: ClusterRecord, live: Sequence[NodeRecord], launch_done: bool,
@@ -258,8 +264,8 @@ def _status(record: ClusterRecord, live: Sequence[NodeRecord], launch_done: bool
 
 def reconcile(record: ClusterRecord, nodes: Sequence[NodeRecord], open_billing: Sequence[BillingRecord],
               observations: Sequence[Observation], pricing: Pricing, *, complete: bool,
-              launch_done: bool = False, abandoned: bool = False, at: float,
-              boot_allowance_s: float = BOOT_ALLOWANCE_S) -> Transition:
+              launch_done: bool = False, abandoned: bool = False, final: bool = False, at: float,
+              settle_s: float = LISTING_SETTLE_S) -> Transition:
     """The transition that `observations` make of the cluster's state.
 
     complete     the observations cover every machine of the cluster (describe + listing by tag):
@@ -269,7 +275,8 @@ def reconcile(record: ClusterRecord, nodes: Sequence[NodeRecord], open_billing: 
     abandoned    PROVISIONING, and the creating process is gone without hearing its create's answer
                  (`complete` observations, ended machines included where the cloud still lists them):
                  what the cloud reports of it is all there will be. Machines seen, all ended: the
-                 intent is settled. None seen: booked at its worst case once that is over (`_estimate`).
+                 intent is settled. None seen: booked at its worst case (`_estimate`).
+    final        the caller forgets the cluster after this (down): the last chance to book it.
     """
     by_id: dict[str, Observation] = {}
     events: list[tuple[str, str]] = []
@@ -324,11 +331,10 @@ def reconcile(record: ClusterRecord, nodes: Sequence[NodeRecord], open_billing: 
         if by_id or nodes or open_billing:
             settled = True  # it was seen (now or before): its ledger is what was observed
         else:
-            estimate = _estimate(record, pricing, at, boot_allowance_s)
-            if estimate:
-                ops += estimate
+            estimate = _estimate(record, pricing, at, settle_s, final)
+            if estimate is not None:
+                ops += estimate[0]
                 settled = True
-                events.append(("estimate", "no machine of this launch is reported by the cloud: booked from the "
-                                           "launch to its deadline, as an estimate"))
+                events.append(("estimate", estimate[1]))
     # Terminated rows stay (they keep their rank, so rank 0 stays the head); they bill nothing.
     return Transition(tuple(updated), _status(record, live, launch_done, settled), tuple(ops), tuple(events))

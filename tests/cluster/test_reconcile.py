@@ -238,12 +238,14 @@ def test_an_abandoned_intent_whose_machine_the_cloud_still_reports_ended_is_bill
         (True, "i-7", "disk", T0 + 3), (False, "i-7", "disk", T0 + 95)]
 
 
-def test_an_abandoned_intent_the_cloud_forgot_is_booked_to_its_deadline_as_an_estimate_once_that_is_over() -> None:
-    from cloudtrain.cluster.reconcile import BOOT_ALLOWANCE_S
-
-    before = reconcile(INTENT, [], [], [], PRICE, complete=True, abandoned=True, at=T0 + 900 + BOOT_ALLOWANCE_S - 1)
-    assert (before.status, before.billing) == (ClusterStatus.PROVISIONING, ())  # it may still be booting
-    t = reconcile(INTENT, [], [], [], PRICE, complete=True, abandoned=True, at=T0 + 900 + BOOT_ALLOWANCE_S)
+@pytest.mark.parametrize(("at", "final", "end"), [
+    (T0 + 5000, False, T0 + 900),  # long after: it cannot have outlived its deadline
+    (T0 + 300, False, T0 + 300),  # not listed now: it ended by now at the latest
+    (T0 + 5, True, T0 + 5),  # `down` forgets the cluster: the last look books it at once
+])
+def test_an_abandoned_intent_the_cloud_forgot_is_booked_at_its_worst_case_as_an_estimate(
+        at: float, final: bool, end: float) -> None:
+    t = reconcile(INTENT, [], [], [], PRICE, complete=True, abandoned=True, final=final, at=at)
     assert t.status is ClusterStatus.TERMINATED and [k for k, _ in t.events] == ["estimate"]
     opened = [o for o in t.billing if o.open]
     closed = [o for o in t.billing if not o.open]
@@ -251,14 +253,22 @@ def test_an_abandoned_intent_the_cloud_forgot_is_booked_to_its_deadline_as_an_es
         (f"estimate:u1:{r}", "running", T0, 1.0, 60.0) for r in (0, 1)} | {
         (f"estimate:u1:{r}", "disk", T0, 0.01, 0.0) for r in (0, 1)}
     assert {(o.instance_id, str(o.kind), o.at) for o in closed} == {
-        (f"estimate:u1:{r}", k, T0 + 900) for r in (0, 1) for k in ("running", "disk")}
+        (f"estimate:u1:{r}", k, end) for r in (0, 1) for k in ("running", "disk")}
     assert {o.source for o in t.billing} == {Source.ESTIMATE}
 
 
-@pytest.mark.parametrize(("record", "abandoned"), [
-    (replace(INTENT, deadline_at=None), True),  # no deadline: a machine of it would still run, and be listed
-    (INTENT, False),  # its creator may still hear the answer
-])
-def test_no_estimate_without_a_deadline_or_while_the_creator_lives(record: ClusterRecord, abandoned: bool) -> None:
-    t = reconcile(record, [], [], [], PRICE, complete=True, abandoned=abandoned, at=T0 + 10 ** 6)
+def test_an_empty_listing_right_after_the_intent_is_not_believed_yet() -> None:
+    from cloudtrain.cluster.reconcile import LISTING_SETTLE_S
+
+    t = reconcile(INTENT, [], [], [], PRICE, complete=True, abandoned=True, at=T0 + LISTING_SETTLE_S - 1)
+    assert (t.status, t.billing) == (ClusterStatus.PROVISIONING, ())  # EC2 may not list it yet
+
+
+def test_an_abandoned_intent_without_a_deadline_is_settled_with_nothing_booked() -> None:
+    t = reconcile(replace(INTENT, deadline_at=None), [], [], [], PRICE, complete=True, abandoned=True, at=T0 + 10 ** 6)
+    assert (t.status, t.billing, [k for k, _ in t.events]) == (ClusterStatus.TERMINATED, (), ["estimate"])
+
+
+def test_no_estimate_while_the_creator_lives() -> None:
+    t = reconcile(INTENT, [], [], [], PRICE, complete=True, abandoned=False, at=T0 + 10 ** 6)
     assert (t.status, t.billing) == (ClusterStatus.PROVISIONING, ())
