@@ -12,7 +12,11 @@ import pytest
 from cloudtrain.compare_any import load_all, table
 from cloudtrain.tbscalars import final_scalars, read_event_file
 
-tf = pytest.importorskip("tensorflow")  # the [tf] extra; the test suite's setup installs it
+from tests.lazy import Lazy, requires
+
+# The [tf] extra; the test suite's setup installs it. Imported by the first test that writes events.
+pytestmark = requires("tensorflow")
+tf = Lazy("tensorflow")
 
 
 def _write(logdir: Path, points: list[tuple[str, int, float, str]]) -> None:

@@ -18,9 +18,10 @@ import yaml
 from cloudtrain.testing import sshd
 from cloudtrain.testing.gcp import DEFAULT_SERVICE_ACCOUNT, GcpCloud
 from cloudtrain.testing.gcs import OWNER, GcsBuckets
+from tests.lazy import requires
 
-pytest.importorskip("google.cloud.compute_v1")
-pytest.importorskip("obstore")
+pytestmark = requires("google.cloud.compute_v1", "obstore")
+
 if not sshd.sshd_available() and not os.environ.get("CI"):
     pytest.skip("OpenSSH sshd is not installed (apt-get install openssh-server)", allow_module_level=True)
 

@@ -21,8 +21,10 @@ from cloudtrain.providers.base import TAG_CLUSTER, TAG_OWNER
 from cloudtrain.testing import sshd
 from cloudtrain.testing.gcp import GcpCloud
 from tests.conftest import REPO, cloudtrain
+from tests.lazy import requires
 
-pytest.importorskip("google.cloud.compute_v1")
+pytestmark = requires("google.cloud.compute_v1")
+
 if not sshd.sshd_available() and not os.environ.get("CI"):
     pytest.skip("OpenSSH sshd is not installed (apt-get install openssh-server)", allow_module_level=True)
 

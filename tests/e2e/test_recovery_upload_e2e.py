@@ -30,8 +30,10 @@ from cloudtrain.testing import recovery as rk
 from cloudtrain.testing import sshd
 from cloudtrain.testing.faults import NodeCommandGate
 from cloudtrain.testing.wait import wait_until
+from tests.lazy import requires
 
-pytest.importorskip("obstore")
+pytestmark = requires("obstore")
+
 if not sshd.sshd_available() and not os.environ.get("CI"):
     pytest.skip("OpenSSH sshd is not installed (apt-get install openssh-server)", allow_module_level=True)
 

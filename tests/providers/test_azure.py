@@ -36,8 +36,10 @@ from cloudtrain.providers.base import (
 )
 from cloudtrain.testing.azure import SUBSCRIPTION, ArmServer, acting_principal
 
-pytest.importorskip("azure.identity")
 from cloudtrain.providers.azure import AzureProvider, make_provider
+from tests.lazy import requires
+
+pytestmark = requires("azure.identity")
 
 KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFakeKeyForTheAzureProviderTests test"
 CIDR = "203.0.113.7/32"

@@ -15,10 +15,12 @@ from cloudtrain.providers.base import InstanceSpec
 from cloudtrain.testing.gcp import DEFAULT_SERVICE_ACCOUNT, GceServer
 from cloudtrain.testing.gcs import GcsBuckets
 
-pytest.importorskip("google.cloud.compute_v1")
 from cloudtrain.providers.gcp import GcpProvider, build
 from cloudtrain.providers.gcp.api import Backoff
 from cloudtrain.providers.gcp.storage import binding_for
+from tests.lazy import requires
+
+pytestmark = requires("google.cloud.compute_v1")
 
 KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFakeKeyForTheGcpStorageTests test"
 MEMBER = f"serviceAccount:{DEFAULT_SERVICE_ACCOUNT}"

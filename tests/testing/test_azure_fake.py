@@ -16,12 +16,13 @@ import pytest
 import requests
 
 from cloudtrain.testing.azure import CLIENT_ID, SUBSCRIPTION, TENANT, ArmServer
+from tests.lazy import Lazy, requires
 
-azure_identity = pytest.importorskip("azure.identity")
-from azure.core.exceptions import ClientAuthenticationError, HttpResponseError
-from azure.mgmt.compute import models as cm
-from azure.mgmt.network import models as nm
-from azure.mgmt.resource.resources.models import ResourceGroup
+pytestmark = requires("azure.identity")
+azure_errors = Lazy("azure.core.exceptions")
+cm = Lazy("azure.mgmt.compute.models")
+nm = Lazy("azure.mgmt.network.models")
+resource_models = Lazy("azure.mgmt.resource.resources.models")
 
 KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFakeKeyForTheFakeArmServerOnly test"
 
@@ -37,7 +38,7 @@ class Arm:
         self.authorization = server.client("authorization")
 
     def group(self, name: str = "rg", region: str = "eastus", tags: dict | None = None) -> Any:
-        return self.resource.resource_groups.create_or_update(name, ResourceGroup(location=region, tags=tags))
+        return self.resource.resource_groups.create_or_update(name, resource_models.ResourceGroup(location=region, tags=tags))
 
     def nic(self, group: str, name: str, region: str = "eastus", *, delete_ip: bool = True) -> Any:
         net = self.network
@@ -109,7 +110,7 @@ def test_a_service_principal_gets_a_token_over_https_and_arm_requires_it(arm_ser
     assert token.token and token.expires_on > time.time()
     wrong = ClientSecretCredential(TENANT, CLIENT_ID, "wrong", authority=arm_server.url,
                                    disable_instance_discovery=True)
-    with pytest.raises(ClientAuthenticationError, match="AADSTS7000215"):
+    with pytest.raises(azure_errors.ClientAuthenticationError, match="AADSTS7000215"):
         wrong.get_token(f"{arm_server.url}/.default")
     anonymous = raw(arm_server, "GET", f"/subscriptions/{SUBSCRIPTION}?api-version=2022-12-01", token=False)
     assert anonymous.status_code == 401 and anonymous.json()["error"]["code"] == "InvalidAuthenticationToken"
@@ -237,42 +238,42 @@ def test_power_states_deallocate_power_off_start(arm: Arm) -> None:
 def test_vm_bodies_are_validated_like_arm(arm: Arm, change: dict, code: str, target: str) -> None:
     arm.group("rg")
     nic = arm.nic("rg", "n0")
-    with pytest.raises(HttpResponseError) as caught:
+    with pytest.raises(azure_errors.HttpResponseError) as caught:
         arm.compute.virtual_machines.begin_create_or_update("rg", "vm0", arm.vm_body(nic.id, **change))
     assert caught.value.status_code == 400 and code_of(caught) == code and caught.value.error.target == target
     assert arm.server.find("Microsoft.Compute/virtualMachines") == []
 
 
 def test_names_regions_images_and_references_are_validated(arm: Arm) -> None:
-    with pytest.raises(HttpResponseError) as caught:
+    with pytest.raises(azure_errors.HttpResponseError) as caught:
         arm.group("bad/name?")
     assert caught.value.status_code in (400, 404)
-    with pytest.raises(HttpResponseError) as caught:
+    with pytest.raises(azure_errors.HttpResponseError) as caught:
         arm.group("rg", region="moon-1")
     assert code_of(caught) == "LocationNotAvailableForResourceType"
     arm.group("rg")
     nic = arm.nic("rg", "n0")
-    with pytest.raises(HttpResponseError) as caught:  # a NIC in another region
+    with pytest.raises(azure_errors.HttpResponseError) as caught:  # a NIC in another region
         arm.compute.virtual_machines.begin_create_or_update("rg", "vm0", arm.vm_body(nic.id, region="westus2"))
     assert code_of(caught) == "InvalidResourceReference"
-    with pytest.raises(HttpResponseError) as caught:
+    with pytest.raises(azure_errors.HttpResponseError) as caught:
         arm.compute.virtual_machines.begin_create_or_update("rg", "vm_0!", arm.vm_body(nic.id))
     assert code_of(caught) == "InvalidResourceName"
     body = arm.vm_body(nic.id)
     body.storage_profile.image_reference = cm.ImageReference(publisher="nobody", offer="x", sku="y", version="1")
-    with pytest.raises(HttpResponseError) as caught:
+    with pytest.raises(azure_errors.HttpResponseError) as caught:
         arm.compute.virtual_machines.begin_create_or_update("rg", "vm0", body)
     assert code_of(caught) == "PlatformImageNotFound"
     image = arm.server.create_image("images", "mine", region="westus2")
     body.storage_profile.image_reference = cm.ImageReference(id=image)
-    with pytest.raises(HttpResponseError) as caught:  # a managed image lives in one region
+    with pytest.raises(azure_errors.HttpResponseError) as caught:  # a managed image lives in one region
         arm.compute.virtual_machines.begin_create_or_update("rg", "vm0", body)
     assert code_of(caught) == "InvalidParameter"
     arm.compute.virtual_machines.begin_create_or_update("rg", "vm0", arm.vm_body(nic.id)).result()
-    with pytest.raises(HttpResponseError) as caught:  # one NIC, one VM
+    with pytest.raises(azure_errors.HttpResponseError) as caught:  # one NIC, one VM
         arm.compute.virtual_machines.begin_create_or_update("rg", "vm1", arm.vm_body(nic.id))
     assert code_of(caught) == "NicInUse"
-    with pytest.raises(HttpResponseError) as caught:
+    with pytest.raises(azure_errors.HttpResponseError) as caught:
         arm.network.network_security_groups.begin_create_or_update("rg", "nsg", nm.NetworkSecurityGroup(
             location="eastus", security_rules=[nm.SecurityRule(name="x", protocol="Tcp", access="Allow",
                                                                direction="Inbound", priority=50,
@@ -293,14 +294,14 @@ def test_role_assignments_need_a_known_role_and_principal(arm: Arm) -> None:
                                             principal_type="ServicePrincipal")
     made = create(group.id, "5f0c8c43-6b0c-4d6b-9a53-0c3a0a1b2c3d", params)
     assert made.scope == group.id
-    with pytest.raises(HttpResponseError) as caught:
+    with pytest.raises(azure_errors.HttpResponseError) as caught:
         create(group.id, "6f0c8c43-6b0c-4d6b-9a53-0c3a0a1b2c3d", params)
     assert code_of(caught) == "RoleAssignmentExists"
-    with pytest.raises(HttpResponseError) as caught:
+    with pytest.raises(azure_errors.HttpResponseError) as caught:
         create(group.id, "7f0c8c43-6b0c-4d6b-9a53-0c3a0a1b2c3d", RoleAssignmentCreateParameters(
             role_definition_id=contributor, principal_id="00000000-0000-0000-0000-000000000000"))
     assert code_of(caught) == "PrincipalNotFound"
-    with pytest.raises(HttpResponseError) as caught:
+    with pytest.raises(azure_errors.HttpResponseError) as caught:
         create(group.id, "8f0c8c43-6b0c-4d6b-9a53-0c3a0a1b2c3d", RoleAssignmentCreateParameters(
             role_definition_id=contributor.replace("b24988ac", "00000000"), principal_id=vm.identity.principal_id))
     assert code_of(caught) == "RoleDefinitionDoesNotExist"
@@ -333,7 +334,7 @@ def test_deleting_a_group_takes_everything_in_it(arm: Arm) -> None:
     arm.resource.resource_groups.begin_delete("rg").result()
     assert [g["name"] for g in arm.server.find("Microsoft.Resources/resourceGroups")] == ["other"]
     assert [r for r in arm.server.resources.values() if "/resourcegroups/rg/" in r["id"].lower()] == []
-    with pytest.raises(HttpResponseError) as caught:
+    with pytest.raises(azure_errors.HttpResponseError) as caught:
         arm.resource.resource_groups.begin_delete("rg").result()
     assert caught.value.status_code == 404 and code_of(caught) == "ResourceGroupNotFound"
 
@@ -344,7 +345,7 @@ def test_deleting_a_group_takes_everything_in_it(arm: Arm) -> None:
 def test_capacity_faults_fail_the_operation_and_leave_a_failed_vm(arm: Arm) -> None:
     arm.group("rg")
     arm.server.faults.add("AllocationFailed", regions={"eastus"}, times=1)
-    with pytest.raises(HttpResponseError) as caught:
+    with pytest.raises(azure_errors.HttpResponseError) as caught:
         arm.vm("rg", "vm0")
     assert code_of(caught) == "AllocationFailed"
     assert arm.compute.virtual_machines.get("rg", "vm0").provisioning_state == "Failed"  # as Azure keeps it
@@ -356,14 +357,14 @@ def test_other_faults_answer_the_request_itself_per_region(arm: Arm) -> None:
     arm.group("rg")
     arm.group("west", region="westus2")
     arm.server.faults.add("SkuNotAvailable", regions={"eastus"})
-    with pytest.raises(HttpResponseError) as caught:
+    with pytest.raises(azure_errors.HttpResponseError) as caught:
         arm.vm("rg", "vm0")
     assert caught.value.status_code == 409 and code_of(caught) == "SkuNotAvailable"
     assert "Standard_D2s_v5" in caught.value.error.message and "eastus" in caught.value.error.message
     assert arm.server.find("Microsoft.Compute/virtualMachines") == []
     arm.vm("west", "vm0", region="westus2")
     arm.server.faults.add("AuthorizationFailed", action="write")
-    with pytest.raises(HttpResponseError) as caught:
+    with pytest.raises(azure_errors.HttpResponseError) as caught:
         arm.group("another")
     assert caught.value.status_code == 403
     assert "Microsoft.Resources/subscriptions/resourceGroups/write" in caught.value.error.message
@@ -373,7 +374,7 @@ def test_other_faults_answer_the_request_itself_per_region(arm: Arm) -> None:
 def test_a_disabled_subscription_is_read_only(arm: Arm) -> None:
     arm.group("rg")
     arm.server.subscription_state = "Disabled"
-    with pytest.raises(HttpResponseError) as caught:
+    with pytest.raises(azure_errors.HttpResponseError) as caught:
         arm.group("rg2")
     assert code_of(caught) == "ReadOnlyDisabledSubscription"
     assert arm.resource.resource_groups.get("rg").name == "rg"

@@ -16,9 +16,10 @@ from cloudtrain.testing.azure import SUBSCRIPTION, ArmServer
 from cloudtrain.testing.blob import DENIED_MESSAGE, AzureBlobs, BlobCall, blob_call, error_body
 from cloudtrain.testing.metadata import MetadataServer
 
-pytest.importorskip("azure.mgmt.authorization")
-pytest.importorskip("obstore")
-from tests.testing.test_azure_fake import Arm  # noqa: E402
+from tests.testing.test_azure_fake import Arm
+from tests.lazy import requires
+
+pytestmark = requires("azure.mgmt.authorization", "obstore")
 
 READER = "2a2b9908-6ea1-4ae2-8e65-a410df84e7d1"
 CONTRIBUTOR = "ba92f5b4-2d11-453d-a403-e96b0029c9fe"

@@ -15,12 +15,14 @@ from pathlib import Path
 
 import pytest
 import yaml
-from botocore.exceptions import ClientError
 
 from cloudtrain.names import NAME_RE
 from cloudtrain.testing.aws import AwsCloud
 from cloudtrain.testing.cloud import LocalCloud, SshCloud
 from cloudtrain.testing.tcpproxy import TcpProxy
+from tests.lazy import Lazy
+
+botocore_errors = Lazy("botocore.exceptions")
 
 # ------------------------------------------------------------------------------ TcpProxy
 
@@ -183,7 +185,7 @@ def test_faults_say_what_status_they_send_and_whether_botocore_retries(aws_cloud
     ec2 = aws_cloud.ec2()  # boto3's defaults: retries on
     launch = {"ImageId": aws_cloud.image(), "InstanceType": "t3.medium", "MinCount": 1, "MaxCount": 1}
     once = aws_cloud.fail("capacity", times=1)
-    with pytest.raises(ClientError, match="InsufficientInstanceCapacity"):
+    with pytest.raises(botocore_errors.ClientError, match="InsufficientInstanceCapacity"):
         ec2.run_instances(**launch)
     assert once.hits == 1 and aws_cloud.faults.count("RunInstances") == 1  # not retried
 

@@ -15,12 +15,14 @@ import pytest
 
 from cloudtrain.testing.gcp import PROJECT, GceServer
 
-compute_v1 = pytest.importorskip("google.cloud.compute_v1")
-from google.api_core import exceptions as api_exceptions
+from tests.lazy import Lazy, requires
+
+pytestmark = requires("google.cloud.compute_v1")
+compute_v1 = Lazy("google.cloud.compute_v1")
+api_exceptions = Lazy("google.api_core.exceptions")
 
 KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFakeKeyForTheFakeGceServerOnly test"
 ZONE = "us-central1-a"
-DONE = compute_v1.Operation.Status.DONE
 DLVM = "projects/deeplearning-platform-release/global/images/family/common-cu128-ubuntu-2204-nvidia-570"
 
 
@@ -56,7 +58,7 @@ class Gce:
 
     def create(self, zone: str = ZONE, **body: Any) -> Any:
         done = self.wait(self.insert(zone, **body), zone)
-        assert done.status == DONE and not done.error.errors, done
+        assert done.status == compute_v1.Operation.Status.DONE and not done.error.errors, done
         return self.instances.get(project=PROJECT, zone=zone, instance=body.get("name", "vm"))
 
     def names(self, expression: str) -> list[str]:
@@ -94,11 +96,11 @@ def test_google_auth_signs_and_the_fake_checks_the_signature(gce: Gce, gce_serve
 
 def test_insert_is_an_operation_and_wait_returns_it_done(gce: Gce) -> None:
     op = gce.insert()
-    assert op.status != DONE and op.operation_type == "insert" and op.target_link.endswith("/instances/vm")
+    assert op.status != compute_v1.Operation.Status.DONE and op.operation_type == "insert" and op.target_link.endswith("/instances/vm")
     inst = gce.instances.get(project=PROJECT, zone=ZONE, instance="vm")
     assert inst.status in ("PROVISIONING", "RUNNING")  # exists from the moment the insert is accepted
     done = gce.wait(op)
-    assert done.status == DONE and not done.error.errors
+    assert done.status == compute_v1.Operation.Status.DONE and not done.error.errors
     inst = gce.instances.get(project=PROJECT, zone=ZONE, instance="vm")
     assert inst.status == "RUNNING" and inst.network_interfaces[0].access_configs[0].nat_i_p.startswith("34.")
     assert inst.self_link.endswith(f"/projects/{PROJECT}/zones/{ZONE}/instances/vm")
@@ -233,7 +235,7 @@ def test_machine_and_accelerator_types_say_where_they_are_sold(gce: Gce) -> None
 def test_stockouts_come_as_done_operations_and_the_instance_is_gone(gce: Gce, gce_server: GceServer) -> None:
     gce_server.faults.add("ZONE_RESOURCE_POOL_EXHAUSTED", zones={ZONE})
     done = gce.wait(gce.insert())
-    assert done.status == DONE and done.http_error_status_code == 503
+    assert done.status == compute_v1.Operation.Status.DONE and done.http_error_status_code == 503
     (error,) = done.error.errors
     assert error.code == "ZONE_RESOURCE_POOL_EXHAUSTED"
     assert error.message.startswith(f"The zone 'projects/{PROJECT}/zones/{ZONE}' does not have enough resources")
@@ -267,10 +269,10 @@ def test_stop_start_delete_and_the_machine_behind(gce: Gce, gce_server: GceServe
     stop = gce.instances.stop(project=PROJECT, zone=ZONE, instance="vm")
     assert gce.instances.get(project=PROJECT, zone=ZONE, instance="vm").status == "STOPPING"
     gce_server.wait_seconds = 0.1
-    assert gce.wait(stop).status != DONE  # `wait` may return before the operation is done
+    assert gce.wait(stop).status != compute_v1.Operation.Status.DONE  # `wait` may return before the operation is done
     gce_server.settle()
     gce_server.op_seconds = 0
-    assert gce.wait(stop).status == DONE
+    assert gce.wait(stop).status == compute_v1.Operation.Status.DONE
     stopped = gce.instances.get(project=PROJECT, zone=ZONE, instance="vm")
     assert stopped.status == "TERMINATED" and not stopped.network_interfaces[0].access_configs[0].nat_i_p
     gce.wait(gce.instances.start(project=PROJECT, zone=ZONE, instance="vm"))
@@ -298,7 +300,7 @@ def test_set_metadata_replaces_the_items_guarded_by_the_fingerprint(gce: Gce) ->
     fresh = compute_v1.Metadata(fingerprint=created.metadata.fingerprint, items=[
         *created.metadata.items, compute_v1.Items(key="cloudtrain-buckets", value="a b")])
     done = gce.wait(gce.instances.set_metadata(project=PROJECT, zone=ZONE, instance="vm", metadata_resource=fresh))
-    assert done.status == DONE and not done.error.errors
+    assert done.status == compute_v1.Operation.Status.DONE and not done.error.errors
     after = gce.instances.get(project=PROJECT, zone=ZONE, instance="vm").metadata
     assert {(i.key, i.value) for i in after.items} >= {("cloudtrain-buckets", "a b"), ("ssh-keys", f"me:{KEY}")}
     assert after.fingerprint != created.metadata.fingerprint
@@ -330,7 +332,7 @@ def test_firewalls_insert_list_patch_delete_and_what_they_admit(gce: Gce, gce_se
         return gce.global_ops.wait(project=PROJECT, operation=op.name)
 
     assert insert(name="cloudtrain-x-ssh", description="ours", allowed=[{"I_p_protocol": "tcp", "ports": ["22"]}],
-                  source_ranges=["203.0.113.7/32"], target_tags=["cloudtrain-x"]).status == DONE
+                  source_ranges=["203.0.113.7/32"], target_tags=["cloudtrain-x"]).status == compute_v1.Operation.Status.DONE
     insert(name="open-rule", allowed=[{"I_p_protocol": "tcp", "ports": ["80"]}])  # no source: the whole internet
     rule = gce.firewalls.get(project=PROJECT, firewall="open-rule")
     assert list(rule.source_ranges) == ["0.0.0.0/0"] and rule.network.endswith("/global/networks/default")

@@ -20,8 +20,11 @@ from cloudtrain.testing.gcp import DEFAULT_SERVICE_ACCOUNT, PROJECT, GceServer
 from cloudtrain.testing.gcs import GcsBuckets, condition_allows
 from cloudtrain.testing.metadata import MetadataServer
 
-compute_v1 = pytest.importorskip("google.cloud.compute_v1")
-obstore = pytest.importorskip("obstore")
+from tests.lazy import Lazy, requires
+
+pytestmark = requires("google.cloud.compute_v1", "obstore")
+compute_v1 = Lazy("google.cloud.compute_v1")
+obstore = Lazy("obstore")
 ZONE = "us-central1-a"
 NS = "{http://doc.s3.amazonaws.com/2006-03-01}"
 

@@ -28,8 +28,10 @@ from tests.watchdog.conftest import (
     wait_busy_beyond_idle,
     wait_until,
 )
+from tests.lazy import requires
 
-pytest.importorskip("azure.identity")
+pytestmark = requires("azure.identity")
+
 if not sshd.sshd_available():
     pytest.skip("OpenSSH sshd is not installed (apt-get install openssh-server)", allow_module_level=True)
 

@@ -34,8 +34,10 @@ from tests.watchdog.conftest import (
     wait_busy_beyond_idle,
     wait_until,
 )
+from tests.lazy import requires
 
-pytest.importorskip("google.cloud.compute_v1")
+pytestmark = requires("google.cloud.compute_v1")
+
 if not sshd.sshd_available():
     pytest.skip("OpenSSH sshd is not installed (apt-get install openssh-server)", allow_module_level=True)
 
