@@ -459,3 +459,18 @@ def listing_owner(config: Any) -> str | None:
     from cloudtrain.config import ALL_OWNERS
 
     return None if getattr(config, "owner", None) == ALL_OWNERS else owner_id(config)
+
+
+def sdk_installed(*modules: str) -> bool:
+    """Whether a cloud's SDK modules can be imported, asked without importing them: providers
+    import their SDK on first use (a verb that never calls the cloud must not pay seconds for it),
+    yet a missing SDK should be said when the provider is made, not in the middle of a call."""
+    from importlib.util import find_spec
+
+    for module in modules:
+        try:
+            if find_spec(module) is None:
+                return False
+        except ModuleNotFoundError:  # a parent package is missing
+            return False
+    return True
