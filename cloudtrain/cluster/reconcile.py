@@ -172,10 +172,11 @@ def _billing_ops(obs: Observation, open_now: Mapping[BillKind, BillingRecord], p
     # Whole seconds, both ends of every interval alike (see _second).
     seen_at = _second(obs.at)
     launched_at = _second(launched_at) if launched_at is not None else None
-    if first_sighting and launched_at is not None and launched_at < seen_at and BillKind.RUNNING not in wanted:
+    if first_sighting and launched_at is not None and launched_at <= seen_at and BillKind.RUNNING not in wanted:
         # Seen for the first time already stopped or deleted (a create whose answer was lost, then
         # stopped, or terminated by the failed launch's cleanup): it ran from its launch until its
-        # stop. Closed intervals, so the bill has them (each start costs the cloud's minimum).
+        # stop. Closed intervals, so the bill has them (each start costs the cloud's minimum, even
+        # one ended within the second it was launched in: EC2's times are whole seconds).
         history = [BillKind.RUNNING] + ([BillKind.DISK] if BillKind.DISK not in wanted else [])
         for kind in history:
             price = pricing.running if kind is BillKind.RUNNING else pricing.disk_hourly(obs.instance.disk_gb)
