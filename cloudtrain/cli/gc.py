@@ -12,8 +12,9 @@ import click
 from cloudtrain.cli import output
 
 if TYPE_CHECKING:
-    from cloudtrain.cluster.gc import Leak, Skipped, Total
+    from cloudtrain.cluster.gc import Skipped, Total
     from cloudtrain.config import Config
+    from cloudtrain.providers.leak import Leak
 
 
 @click.command()

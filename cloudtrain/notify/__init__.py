@@ -150,7 +150,7 @@ def attempt_recovered(store: StateStore, config: Config, loaded: LoadedRecipe, r
 @_never_fails
 def gc_leaks(store: StateStore | None, config: Config, leaks: list[Any], hourly_usd: float, unknown: int,
              warn: Warn = None) -> None:
-    """What `gc` found leaked (cluster/gc.Leak), with $/h. `store`: None opens this machine's."""
+    """What `gc` found leaked (providers/leak.Leak), with $/h. `store`: None opens this machine's."""
     if store is None:
         from cloudtrain.state import StateStore
 

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     from cloudtrain.buckets.grants import BucketGrant
-    from cloudtrain.cluster.gc import Leak
+    from cloudtrain.providers.leak import Leak
     from cloudtrain.recipe import Recipe
     from cloudtrain.state import StateStore
 

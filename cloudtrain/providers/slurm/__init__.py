@@ -29,7 +29,7 @@ from cloudtrain.providers.base import (
 )
 
 if TYPE_CHECKING:
-    from cloudtrain.cluster.gc import Leak
+    from cloudtrain.providers.leak import Leak
     from cloudtrain.recipe import Recipe
     from cloudtrain.state import StateStore
 

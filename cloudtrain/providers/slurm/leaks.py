@@ -15,7 +15,7 @@ from cloudtrain.errors import RemoteError
 from cloudtrain.providers.slurm.batch import job_name
 
 if TYPE_CHECKING:
-    from cloudtrain.cluster.gc import Leak
+    from cloudtrain.providers.leak import Leak
     from cloudtrain.cluster.nodes import Node
     from cloudtrain.config import Config
     from cloudtrain.providers.base import Provider
@@ -56,7 +56,7 @@ def parse_queue(text: str) -> list[QueuedJob]:
 
 def find(store: StateStore, config: Config, provider: Provider, owner: str | None) -> list[Leak]:
     """Leaks on every Slurm cluster in state; raises RemoteError naming a login node that did not answer."""
-    from cloudtrain.cluster.gc import Item, Leak
+    from cloudtrain.providers.leak import Item, Leak
     from cloudtrain.cluster.nodes import close_all, connect
 
     clusters = [c for c in store.list_clusters() if c.provider == provider.name]
