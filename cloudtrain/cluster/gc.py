@@ -18,9 +18,11 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from cloudtrain.catalog import Catalog, default_catalog
 from cloudtrain.config import Config
@@ -37,9 +39,12 @@ from cloudtrain.providers.base import (
     machines,
     supports,
 )
-from cloudtrain.providers.leak import Item, Leak
+from cloudtrain.providers.leak import Item, Leak, OpenLogin
 from cloudtrain.state import StateStore
 from cloudtrain.cluster.liveness import evidence, is_live
+
+if TYPE_CHECKING:
+    from cloudtrain.cluster.nodes import Node
 
 log = logging.getLogger("cloudtrain.gc")
 
@@ -121,7 +126,8 @@ def find_leaks(store: StateStore, config: Config, clouds: Sequence[str] | None =
             # A cluster whose machines are live elsewhere still uses its key pair, firewall, group.
             held = {leak.cluster: leak for leak in found if leak.live}
             if supports(provider, Schedules):
-                leaks += provider.leaked_jobs(store)
+                mine = [c.name for c in store.list_clusters() if c.provider == cloud]
+                leaks += provider.leaked_jobs(mine, set(tracked), _login_opener(store, provider, config))
             by_cluster: dict[str, list[ClusterResource]] = {}
             for resource in machines(provider).list_resources():
                 if resource.cluster not in tracked:
@@ -234,6 +240,22 @@ class Pricer:
         return disk_hourly(self.cloud, size_gb)
 
 
+def _login_opener(store: StateStore, provider: Provider, config: Config) -> OpenLogin:
+    """What a scheduler's provider lists and cancels its leaked jobs through: the login node (rank 0)
+    of a cluster in `store`, connected here (providers never open SSH) and closed on leaving."""
+    from cloudtrain.cluster.nodes import close_all, connect
+
+    @contextmanager
+    def open_login(cluster: str) -> Iterator[Node | None]:
+        nodes = connect(store.get_nodes(cluster)[:1], provider, config)
+        try:
+            yield nodes[0] if nodes else None
+        finally:
+            close_all(nodes)
+
+    return open_login
+
+
 def collect(leaks: Sequence[Leak], config: Config, include_driven: bool = False,
             include_live: bool = False) -> list[str]:
     """Terminate leaked instances and release leftover resources; return what was done. A cluster
@@ -254,7 +276,7 @@ def collect(leaks: Sequence[Leak], config: Config, include_driven: bool = False,
             continue
         provider = providers.setdefault(leak.cloud, get_provider(leak.cloud, config))
         if leak.kind == "queued-job":
-            provider.cancel_leaked(leak)  # type: ignore[attr-defined]
+            provider.cancel_leaked(leak, _login_opener(StateStore(), provider, config))  # type: ignore[attr-defined]
             done.append(f"{leak.cloud}: cancelled job {', '.join(leak.ids)} ({leak.cluster})")
             continue
         if leak.kind == "instance":

@@ -9,16 +9,15 @@ from __future__ import annotations
 import getpass
 import os
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     from cloudtrain.buckets.grants import BucketGrant
-    from cloudtrain.providers.leak import Leak
+    from cloudtrain.providers.leak import Leak, OpenLogin
     from cloudtrain.recipe import Recipe
-    from cloudtrain.state import StateStore
 
 TAG_CLUSTER = "cloudtrain-cluster"
 TAG_OWNER = "cloudtrain-owner"
@@ -300,11 +299,12 @@ class Schedules(Protocol):
 
     def plan_document(self, recipe: Recipe) -> dict[str, Any]: ...
 
-    def leaked_jobs(self, store: StateStore) -> list[Leak]:
-        """`gc`: our jobs still queued that nothing follows."""
+    def leaked_jobs(self, clusters: Sequence[str], tracked: Collection[str], open_login: OpenLogin) -> list[Leak]:
+        """`gc`: our jobs still queued that nothing follows, seen from the login node of each of
+        `clusters` (this backend's in state); `tracked`: every cluster name in state."""
         ...
 
-    def cancel_leaked(self, leak: Leak) -> None: ...
+    def cancel_leaked(self, leak: Leak, open_login: OpenLogin) -> None: ...
 
 
 # Smaller capabilities, of the clouds whose machines have an address to admit and an identity.

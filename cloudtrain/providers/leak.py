@@ -3,7 +3,14 @@ them, because a scheduler's provider (Slurm's queued jobs) reports its own leaks
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from cloudtrain.remote.jobs import NodeLayout
+    from cloudtrain.remote.transport import Transport
 
 
 @dataclass(frozen=True)
@@ -42,3 +49,19 @@ class Leak:
         """The sum of its items' prices; None when any of them is unknown."""
         prices = [item.hourly_usd for item in self.items]
         return None if any(p is None for p in prices) else sum(p for p in prices if p is not None)
+
+
+class LoginNode(Protocol):
+    """A scheduler's login node, connected by the caller (cluster/nodes.Node is one): providers
+    never open SSH nor read state, so a scheduler's leaks are listed and cancelled through these."""
+
+    transport: Transport
+    layout: NodeLayout
+
+    @property
+    def address(self) -> str: ...
+
+
+# Opens the login node of a cluster in state and closes it on leaving; None where that cluster is no
+# longer in state or has no node (cluster/gc.py passes one to a scheduler's leaked_jobs/cancel_leaked).
+OpenLogin = Callable[[str], AbstractContextManager["LoginNode | None"]]

@@ -29,9 +29,10 @@ from cloudtrain.providers.base import (
 )
 
 if TYPE_CHECKING:
-    from cloudtrain.providers.leak import Leak
+    from collections.abc import Collection, Sequence
+
+    from cloudtrain.providers.leak import Leak, OpenLogin
     from cloudtrain.recipe import Recipe
-    from cloudtrain.state import StateStore
 
 
 def instance_id(cluster: str, address: str) -> str:
@@ -80,19 +81,19 @@ class SlurmProvider:
 
         return plan_document(recipe)
 
-    def leaked_jobs(self, store: StateStore) -> list[Leak]:
-        """`gc`: our jobs still queued on a Slurm cluster in state that nothing follows (leaks.py)."""
+    def leaked_jobs(self, clusters: Sequence[str], tracked: Collection[str], open_login: OpenLogin) -> list[Leak]:
+        """`gc`: our jobs still queued on a Slurm cluster in state that nothing follows (leaks.py),
+        through the login nodes the caller opens."""
         from cloudtrain.providers.base import listing_owner
         from cloudtrain.providers.slurm.leaks import find
 
-        return find(store, self.config, self, listing_owner(self.config))
+        return find(clusters, tracked, open_login, self.name, listing_owner(self.config))
 
-    def cancel_leaked(self, leak: Leak) -> None:
+    def cancel_leaked(self, leak: Leak, open_login: OpenLogin) -> None:
         """`gc --yes`: scancel the job through the login node it was found through."""
         from cloudtrain.providers.slurm.leaks import cancel
-        from cloudtrain.state import StateStore
 
-        cancel(StateStore(), self.config, self, leak)
+        cancel(leak, open_login)
 
     def batch_job(self, recipe: Recipe, run: str, setup: str | None, job_id: str, cluster: str) -> str:
         """The script the login node runs for one run: one sbatch job doing `setup` then `run` on

@@ -8,6 +8,7 @@ Such a job holds an allocation until its time limit; `gc --yes` cancels it with 
 from __future__ import annotations
 
 import shlex
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -15,11 +16,9 @@ from cloudtrain.errors import RemoteError
 from cloudtrain.providers.slurm.batch import job_name
 
 if TYPE_CHECKING:
-    from cloudtrain.providers.leak import Leak
-    from cloudtrain.cluster.nodes import Node
-    from cloudtrain.config import Config
-    from cloudtrain.providers.base import Provider
-    from cloudtrain.state import StateStore
+    from collections.abc import Collection, Sequence
+
+    from cloudtrain.providers.leak import Leak, LoginNode, OpenLogin
 
 _PREFIX = "cloudtrain:"
 _NAME_PREFIX = job_name("")
@@ -54,55 +53,50 @@ def parse_queue(text: str) -> list[QueuedJob]:
     return jobs
 
 
-def find(store: StateStore, config: Config, provider: Provider, owner: str | None) -> list[Leak]:
-    """Leaks on every Slurm cluster in state; raises RemoteError naming a login node that did not answer."""
+def find(clusters: Sequence[str], tracked: Collection[str], open_login: OpenLogin, cloud: str,
+         owner: str | None) -> list[Leak]:
+    """Leaks on every Slurm cluster in state (`clusters`), each seen from its login node, which
+    `open_login` opens (the caller's connection: a provider never opens SSH); a login node that does
+    not answer raises RemoteError naming it."""
     from cloudtrain.providers.leak import Item, Leak
-    from cloudtrain.cluster.nodes import close_all, connect
 
-    clusters = [c for c in store.list_clusters() if c.provider == provider.name]
-    tracked = {c.name for c in store.list_clusters()}
     leaks: list[Leak] = []
     seen: set[str] = set()
-    for record in clusters:
-        nodes = connect(store.get_nodes(record.name)[:1], provider, config)
-        try:
-            login = nodes[0]
+    for name in clusters:
+        with open_login(name) as login:
+            if login is None:
+                continue  # no node recorded: nothing to ask
             for job in _queue(login):
                 found = job.owner_and_cluster
                 if job.id in seen or found is None or (owner is not None and found[0] != owner):
                     continue
                 seen.add(job.id)
-                why = _why_leaked(job, found[1], tracked, login, record.name)
+                why = _why_leaked(job, found[1], tracked, login, name)
                 if why is not None:
-                    leaks.append(Leak(provider.name, found[1], "queued-job", (job.id,), why, (Item(
-                        "queued-job", job.id, record.name, f"{job.state} ({job.name}) via {login.address}", 0.0,
+                    leaks.append(Leak(cloud, found[1], "queued-job", (job.id,), why, (Item(
+                        "queued-job", job.id, name, f"{job.state} ({job.name}) via {login.address}", 0.0,
                         "not billed by cloudtrain (your cluster)"),)))
-        finally:
-            close_all(nodes)
     return leaks
 
 
-def cancel(store: StateStore, config: Config, provider: Provider, leak: Leak) -> None:
-    """scancel a leaked job, through the login node of the cluster it was found on."""
-    from cloudtrain.cluster.nodes import close_all, connect
-
+def cancel(leak: Leak, open_login: OpenLogin) -> None:
+    """scancel a leaked job, through the login node of the cluster it was found on (its item's
+    `region`, as find records it)."""
     found_on = leak.items[0].region if leak.items else None
-    nodes = connect(store.get_nodes(found_on)[:1] if found_on else [], provider, config)
-    if not nodes:
-        raise RemoteError(f"slurm job {', '.join(leak.ids)}: cluster {found_on} is no longer in state")
-    try:
-        nodes[0].transport.run(["scancel", *leak.ids], what="cancelling the slurm job")
-    finally:
-        close_all(nodes)
+    with open_login(found_on) if found_on else nullcontext() as login:
+        if login is None:
+            raise RemoteError(f"slurm job {', '.join(leak.ids)}: cluster {found_on} is no longer in state")
+        login.transport.run(["scancel", *leak.ids], what="cancelling the slurm job")
 
 
-def _queue(login: Node) -> list[QueuedJob]:
+def _queue(login: LoginNode) -> list[QueuedJob]:
     result = login.transport.run(["sh", "-c", "squeue -h -o " + shlex.quote("%i|%j|%T|%k")],
                                  what="listing the slurm queue")
     return parse_queue(result.text)
 
 
-def _why_leaked(job: QueuedJob, cluster: str, tracked: set[str], login: Node, login_cluster: str) -> str | None:
+def _why_leaked(job: QueuedJob, cluster: str, tracked: Collection[str], login: LoginNode,
+                login_cluster: str) -> str | None:
     if cluster not in tracked:
         return "cluster not in state"
     ct_job = job.cloudtrain_job
