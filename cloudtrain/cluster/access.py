@@ -30,10 +30,14 @@ def grant(name: str, provider: Provider, config: Config, reporter: Reporter) -> 
 
 
 def revoke(name: str, provider: Provider, instance_ids: Iterable[str]) -> None:
-    """The cluster is gone: forget its machines' pinned host keys, its key and its ssh config entry."""
+    """The cluster is gone: forget its machines' pinned host keys, its key, its ssh config entry
+    and what we remembered of its SSH rule."""
     if not provider.traits.remote:
         return
+    from cloudtrain.cluster.ingress import forget
     from cloudtrain.remote import keys
+
+    forget(name)
 
     for instance_id in instance_ids:
         keys.KnownHosts().forget(instance_id)

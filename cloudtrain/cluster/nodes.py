@@ -109,7 +109,7 @@ def connect(records: Sequence[NodeRecord], provider: Provider, config: Config) -
     """One open Transport per record; if any node fails, none stays open (raises that failure)."""
     from cloudtrain.cluster.ingress import follow_caller
 
-    follow_caller(records, provider, config)  # the cluster's SSH rule, brought to where we are now
+    check = follow_caller(records, provider, config)  # the cluster's SSH rule, brought to where we are now
     if len(records) > 1 and provider.traits.remote:
         shared_imports()
 
@@ -124,8 +124,20 @@ def connect(records: Sequence[NodeRecord], provider: Provider, config: Config) -
 
     # A leaked SSH transport is a paramiko thread, a socket and maybe a ProxyCommand process that
     # live until this process exits (for a long `run`, hours).
-    return on_all(list(records), one, label=lambda r: f"node {r.rank} ({r.instance_id})",
-                  cleanup=lambda node: node.transport.close())
+    def connect_all() -> list[Node]:
+        return on_all(list(records), one, label=lambda r: f"node {r.rank} ({r.instance_id})",
+                      cleanup=lambda node: node.transport.close())
+
+    try:
+        return connect_all()
+    except RemoteError as exc:
+        from cloudtrain.remote.channel import SSHConnectError
+
+        # The rule's answer was remembered, not asked (cluster/ingress.py): if it was wrong, the
+        # cloud now has the rule at our address, and one more try may reach the node.
+        if not isinstance(exc, SSHConnectError) or not check.after_failure():
+            raise
+    return connect_all()
 
 
 def shared_imports() -> None:

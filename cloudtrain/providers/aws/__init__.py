@@ -77,6 +77,7 @@ from cloudtrain.providers.base import (
     InstanceState,
     listing_owner,
     owner_id,
+    sdk_installed,
 )
 
 __all__ = ["AwsApiError", "AwsCapacityError", "AwsProvider", "ZoneAttempt", "make_provider"]
@@ -783,8 +784,8 @@ def _imds_identity(instance_id: str) -> dict[str, Any]:
 
 
 def make_provider(config: Config) -> AwsProvider:
-    try:
-        return AwsProvider(region=config.aws.region, profile=config.aws.profile,
-                           all_owners=listing_owner(config) is None)  # gc --all-owners
-    except ImportError:
-        raise NotAvailableError("cloud aws needs boto3", hint="pip install 'cloudtrain[aws]'") from None
+    # boto3 is imported on first use (api.Ec2Api); whether it is there is asked now.
+    if not sdk_installed("boto3", "botocore"):
+        raise NotAvailableError("cloud aws needs boto3", hint="pip install 'cloudtrain[aws]'")
+    return AwsProvider(region=config.aws.region, profile=config.aws.profile,
+                       all_owners=listing_owner(config) is None)  # gc --all-owners

@@ -127,26 +127,32 @@ class Ec2Api:
     """A boto3 session with one client per (service, region), and errors mapped to ours."""
 
     def __init__(self, region: str | None, profile: str | None, max_attempts: int | None = None) -> None:
-        import boto3  # heavy: imported only when AWS is used
-        import botocore.exceptions
-
-        self._boto3 = boto3
-        self.exc = botocore.exceptions
-        # Credential chain failures (expired SSO token, broken credential_process, partial keys):
-        # the user must re-authenticate, so they are credentials errors, not provider errors.
-        self._credential_failures: tuple[type[Exception], ...] = (
-            self.exc.NoCredentialsError,
-            self.exc.PartialCredentialsError,
-            self.exc.CredentialRetrievalError,
-            self.exc.TokenRetrievalError,
-            self.exc.SSOError,
-            self.exc.NoAuthTokenError,
-        )
+        # No SDK here: a provider is made for every verb on an AWS cluster, `exec` and `logs` too,
+        # which never call EC2; boto3 is imported by the first session (`_boto3`).
         self.profile = profile
         self.configured_region = region
         self.max_attempts = max_attempts or _env_int("AWS_MAX_ATTEMPTS", DEFAULT_MAX_ATTEMPTS)
         self._session: Any = None
         self._clients: dict[tuple[str, str], Any] = {}
+
+    @property
+    def _boto3(self) -> Any:
+        import boto3
+
+        return boto3
+
+    @property
+    def exc(self) -> Any:
+        import botocore.exceptions
+
+        return botocore.exceptions
+
+    @property
+    def _credential_failures(self) -> tuple[type[Exception], ...]:
+        """Credential chain failures (expired SSO token, broken credential_process, partial keys):
+        the user must re-authenticate, so they are credentials errors, not provider errors."""
+        return (self.exc.NoCredentialsError, self.exc.PartialCredentialsError, self.exc.CredentialRetrievalError,
+                self.exc.TokenRetrievalError, self.exc.SSOError, self.exc.NoAuthTokenError)
 
     def session(self) -> Any:
         if self._session is None:

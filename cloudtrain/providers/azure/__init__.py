@@ -70,6 +70,7 @@ from cloudtrain.providers.base import (
     InstanceState,
     listing_owner,
     owner_id,
+    sdk_installed,
 )
 
 __all__ = ["AzureApiError", "AzureProvider", "make_provider"]
@@ -601,9 +602,10 @@ def _public_ip_hourly(ip: Any) -> float | None:
 
 
 def make_provider(config: Config) -> AzureProvider:
-    try:
-        return AzureProvider(subscription_id=config.azure.subscription_id, region=config.azure.region,
-                             arm_endpoint=config.azure.arm_endpoint, authority=config.azure.authority,
-                             owner=listing_owner(config), all_owners=listing_owner(config) is None)
-    except ImportError:
-        raise NotAvailableError("cloud azure needs the Azure SDKs", hint="pip install 'cloudtrain[azure]'") from None
+    # The SDKs are imported on first use (api.ArmApi); whether they are there is asked now.
+    if not sdk_installed("azure.core", "azure.identity", "azure.mgmt.compute", "azure.mgmt.network",
+                         "azure.mgmt.resource"):
+        raise NotAvailableError("cloud azure needs the Azure SDKs", hint="pip install 'cloudtrain[azure]'")
+    return AzureProvider(subscription_id=config.azure.subscription_id, region=config.azure.region,
+                         arm_endpoint=config.azure.arm_endpoint, authority=config.azure.authority,
+                         owner=listing_owner(config), all_owners=listing_owner(config) is None)

@@ -117,15 +117,21 @@ class ArmApi:
         polling_interval: float | None = None,
         credential: Any = None,
     ) -> None:
-        import azure.core.exceptions as exc  # heavy: imported only when Azure is used
-
-        self.exc = exc
+        # No SDK here: a provider is made for every verb on an Azure cluster, `exec` and `logs`
+        # too, which never call ARM on their warm path (see `exc`).
         self.subscription_id, self.subscription_source = subscription_of(subscription_id)
         self.arm_endpoint = (arm_endpoint or PUBLIC_ARM).rstrip("/")
         self.authority = authority.rstrip("/") if authority else None
         self.polling_interval = DEFAULT_POLLING_S if polling_interval is None else polling_interval
         self._credential = credential
         self._clients: dict[str, Any] = {}
+
+    @property
+    def exc(self) -> Any:
+        """azure.core.exceptions, imported when an error is first read (a call has loaded it by then)."""
+        import azure.core.exceptions
+
+        return azure.core.exceptions
 
     # credentials and clients -----------------------------------------------------------------
 

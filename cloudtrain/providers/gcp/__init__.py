@@ -66,6 +66,7 @@ from cloudtrain.providers.base import (
     InstanceState,
     listing_owner,
     owner_id,
+    sdk_installed,
 )
 from cloudtrain.providers.gcp import build
 from cloudtrain.providers.gcp.api import (
@@ -576,9 +577,10 @@ class GcpProvider:
 
 
 def make_provider(config: Config) -> GcpProvider:
-    try:
-        return GcpProvider(project=config.gcp.project, region=config.gcp.region, api_endpoint=config.gcp.api_endpoint,
-                           service_account=config.gcp.service_account, owner=listing_owner(config),
-                           all_owners=listing_owner(config) is None)
-    except ImportError:
-        raise NotAvailableError("cloud gcp needs google-cloud-compute", hint="pip install 'cloudtrain[gcp]'") from None
+    # The SDK is imported on first use (api.ComputeApi.v1); whether it is there is asked now,
+    # without importing it, so a missing one is said here and not in the middle of a call.
+    if not sdk_installed("google.cloud.compute_v1", "google.auth"):
+        raise NotAvailableError("cloud gcp needs google-cloud-compute", hint="pip install 'cloudtrain[gcp]'")
+    return GcpProvider(project=config.gcp.project, region=config.gcp.region, api_endpoint=config.gcp.api_endpoint,
+                       service_account=config.gcp.service_account, owner=listing_owner(config),
+                       all_owners=listing_owner(config) is None)

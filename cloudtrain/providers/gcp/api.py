@@ -159,21 +159,42 @@ class ComputeApi:
     """Credentials, project and one REST client per kind, with errors mapped to ours."""
 
     def __init__(self, project: str | None, region: str | None, api_endpoint: str | None) -> None:
-        import google.api_core.exceptions  # heavy: only when GCP is used
-        import google.auth
-        import google.auth.exceptions
-        from google.cloud import compute_v1
-
-        self.v1 = compute_v1
-        self._auth = google.auth
-        self._auth_errors = google.auth.exceptions
-        self._api_errors = google.api_core.exceptions
+        # No SDK here: a provider is made for every verb on a GCP cluster, `exec` and `logs` too,
+        # which never call Compute Engine on their warm path; compute_v1 alone imports in 2-4 s.
         self.configured_project = project
         self.configured_region = region
         self.endpoint = api_endpoint
         self._credentials: tuple[Any, str | None] | None = None
         self._clients: dict[str, Any] = {}
         self.backoff = Backoff()
+
+    # the SDK, imported on first use ------------------------------------------------------------
+
+    @property
+    def v1(self) -> Any:
+        """google.cloud.compute_v1: the first client or message built imports it (all of it: its
+        package __init__ imports every service, so importing one submodule costs the same)."""
+        from google.cloud import compute_v1
+
+        return compute_v1
+
+    @property
+    def _auth(self) -> Any:
+        import google.auth
+
+        return google.auth
+
+    @property
+    def _auth_errors(self) -> Any:
+        import google.auth.exceptions
+
+        return google.auth.exceptions
+
+    @property
+    def _api_errors(self) -> Any:
+        import google.api_core.exceptions
+
+        return google.api_core.exceptions
 
     # credentials and project --------------------------------------------------------------------
 
