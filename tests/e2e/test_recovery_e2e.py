@@ -135,7 +135,11 @@ def test_a_checkpoint_written_after_the_notice_arrives_home_before_the_node_is_g
     assert cloud.leftovers() == []
 
 
-@pytest.mark.parametrize("cloud_name", ["aws", "gcp", "azure"])
+# One cloud: what the bundled job adds (its own checkpoints, `resumed_from_epoch`, the history kept
+# once) does not depend on the cloud, and each cloud's preemption and relaunch elsewhere is proven
+# by test_a_preempted_run_job_resumes_in_another_zone_with_the_same_results[aws|gcp|azure] (the
+# shell job: seconds, not two TensorFlow starts). GCP's is the quickest of the three fakes here.
+@pytest.mark.parametrize("cloud_name", ["gcp"])
 def test_the_bundled_cnn_preempted_once_resumes_from_its_own_checkpoint(fake_cloud: Any, cloud_name: str) -> None:
     """The bundled TensorFlow job: its per-epoch checkpoints come home as it trains; preempted, it
     relaunches in another zone (Azure: region) and resumes from the newest one
@@ -233,7 +237,10 @@ def test_a_node_preempted_while_it_boots_is_relaunched_without_waiting_out_the_s
     assert cloud.leftovers() == []
 
 
-@pytest.mark.parametrize("cloud_name", ["aws", "gcp", "azure"])
+# When in the attempt the loss comes (setup here, collect below) is the controller's business, the
+# same on every cloud: one cloud proves it. How each cloud's loss is seen and where it relaunches
+# is proven per cloud by test_a_preempted_run_job_resumes_in_another_zone_with_the_same_results.
+@pytest.mark.parametrize("cloud_name", ["aws"])
 def test_a_node_preempted_during_setup_is_relaunched_and_setup_runs_again(
         fake_cloud: Any, cloud_name: str, tmp_path: Path) -> None:
     """The loss comes while `setup` runs (before any checkpoint): the next attempt, in another zone
@@ -308,7 +315,10 @@ def test_the_bundled_cnn_told_by_the_notice_saves_where_it_is_and_the_next_attem
     cloud = fake_cloud("aws")
     cloud.env["CLOUDTRAIN_WATCHDOG_METADATA_URL"] = metadata_server.url
     monkeypatch.setenv("CLOUDTRAIN_WATCHDOG_METADATA_URL", metadata_server.url)
-    epochs = 60
+    # 40 steps an epoch (1.3-3 s each): the TERM lands inside an epoch; 24 of them keep the first
+    # attempt training for 30 s or more, past the first kept checkpoint and the watchdog's 5 s
+    # notice tick, without a long second attempt.
+    epochs = 24
     recipe = cloud.recipe(
         job={"name": "mnist_cnn", "params": {"epochs": epochs, "data": "bundled", "no_placement_log": True,
                                              "limit_train": 2560, "limit_test": 256, "batch_size": 64}},
@@ -339,7 +349,7 @@ def test_the_bundled_cnn_told_by_the_notice_saves_where_it_is_and_the_next_attem
     assert cloud.leftovers() == []
 
 
-@pytest.mark.parametrize("cloud_name", ["aws", "gcp"])
+@pytest.mark.parametrize("cloud_name", ["aws"])  # one cloud: see the setup test above
 def test_a_node_preempted_while_its_results_are_collected_is_relaunched_and_collected_again(
         fake_cloud: Any, cloud_name: str, tmp_path: Path) -> None:
     """The job succeeded; while collect copies its results (the node's `tar` of them parked at a
