@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 if TYPE_CHECKING:
     from cloudtrain.buckets.grants import BucketGrant
     from cloudtrain.providers.leak import Leak, OpenLogin
-    from cloudtrain.recipe import Recipe
+    from cloudtrain.providers.scheduling import ScheduledRecipe
 
 TAG_CLUSTER = "cloudtrain-cluster"
 TAG_OWNER = "cloudtrain-owner"
@@ -291,13 +291,13 @@ class Schedules(Protocol):
     """A scheduler that allocates the compute nodes per run (Slurm): the cluster is its login node,
     and a run is one batch job."""
 
-    def batch_job(self, recipe: Recipe, run: str, setup: str | None, job_id: str, cluster: str) -> str:
+    def batch_job(self, recipe: ScheduledRecipe, run: str, setup: str | None, job_id: str, cluster: str) -> str:
         """The script the login node runs for one run: `setup` then `run` on every allocated node."""
         ...
 
-    def plan_lines(self, recipe: Recipe) -> list[str]: ...
+    def plan_lines(self, recipe: ScheduledRecipe) -> list[str]: ...
 
-    def plan_document(self, recipe: Recipe) -> dict[str, Any]: ...
+    def plan_document(self, recipe: ScheduledRecipe) -> dict[str, Any]: ...
 
     def leaked_jobs(self, clusters: Sequence[str], tracked: Collection[str], open_login: OpenLogin) -> list[Leak]:
         """`gc`: our jobs still queued that nothing follows, seen from the login node of each of

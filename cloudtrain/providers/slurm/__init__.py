@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from collections.abc import Collection, Sequence
 
     from cloudtrain.providers.leak import Leak, OpenLogin
-    from cloudtrain.recipe import Recipe
+    from cloudtrain.providers.scheduling import ScheduledRecipe
 
 
 def instance_id(cluster: str, address: str) -> str:
@@ -69,14 +69,14 @@ class SlurmProvider:
         return [login]
 
     @staticmethod
-    def plan_lines(recipe: Recipe) -> list[str]:
+    def plan_lines(recipe: ScheduledRecipe) -> list[str]:
         """What `plan` says: where the batch job would queue, its sbatch options, its time limit and cost."""
         from cloudtrain.providers.slurm.plan import plan_lines
 
         return plan_lines(recipe)
 
     @staticmethod
-    def plan_document(recipe: Recipe) -> dict[str, Any]:
+    def plan_document(recipe: ScheduledRecipe) -> dict[str, Any]:
         from cloudtrain.providers.slurm.plan import plan_document
 
         return plan_document(recipe)
@@ -95,7 +95,7 @@ class SlurmProvider:
 
         cancel(leak, open_login)
 
-    def batch_job(self, recipe: Recipe, run: str, setup: str | None, job_id: str, cluster: str) -> str:
+    def batch_job(self, recipe: ScheduledRecipe, run: str, setup: str | None, job_id: str, cluster: str) -> str:
         """The script the login node runs for one run: one sbatch job doing `setup` then `run` on
         every allocated node (templates/slurm_submit.sh)."""
         from cloudtrain.providers.slurm.batch import submit_script

@@ -11,10 +11,10 @@ from cloudtrain import paths
 from cloudtrain.providers.slurm.states import shell_reasons, shell_table
 
 if TYPE_CHECKING:
-    from cloudtrain.recipe import Recipe
+    from cloudtrain.providers.scheduling import ScheduledRecipe
 
 
-def time_minutes(recipe: Recipe) -> int | None:
+def time_minutes(recipe: ScheduledRecipe) -> int | None:
     """`--time` in whole minutes (Slurm's unit): the smaller of slurm.time_minutes and budget.max_hours."""
     limits = []
     settings = recipe.resources.slurm
@@ -26,7 +26,7 @@ def time_minutes(recipe: Recipe) -> int | None:
     return min(limits) if limits else None
 
 
-def sbatch_options(recipe: Recipe) -> list[str]:
+def sbatch_options(recipe: ScheduledRecipe) -> list[str]:
     """Where and how the job is queued: nodes, partition, account, qos, time, GPUs, CPUs."""
     options = [f"--nodes={recipe.num_nodes}"]
     settings = recipe.resources.slurm
@@ -53,7 +53,7 @@ def comment(owner: str, cluster: str) -> str:
     return f"cloudtrain:{owner}:{cluster}"
 
 
-def submit_script(recipe: Recipe, run: str, setup: str | None, job_id: str, owner: str, cluster: str) -> str:
+def submit_script(recipe: ScheduledRecipe, run: str, setup: str | None, job_id: str, owner: str, cluster: str) -> str:
     """The login node's script for one run: settings as shell variables, then the submit template."""
     templates = paths.templates_dir()
     settings = {

@@ -8,10 +8,10 @@ from typing import TYPE_CHECKING, Any
 from cloudtrain.providers.slurm.batch import sbatch_options, time_minutes
 
 if TYPE_CHECKING:
-    from cloudtrain.recipe import Recipe
+    from cloudtrain.providers.scheduling import ScheduledRecipe
 
 
-def plan_document(recipe: Recipe) -> dict[str, Any]:
+def plan_document(recipe: ScheduledRecipe) -> dict[str, Any]:
     res = recipe.resources
     settings = res.slurm
     login = res.hosts[0] if res.hosts else None
@@ -34,7 +34,7 @@ def plan_document(recipe: Recipe) -> dict[str, Any]:
     }
 
 
-def plan_lines(recipe: Recipe) -> list[str]:
+def plan_lines(recipe: ScheduledRecipe) -> list[str]:
     doc = plan_document(recipe)
     where = f"partition {doc['partition']}" if doc["partition"] else "the cluster's default partition"
     lines = [f"plan: one Slurm batch job, {doc['nodes']} node(s) on {where}, submitted from {doc['login']}",
