@@ -52,7 +52,7 @@ def gc(clouds: tuple[str, ...], yes: bool, as_json: bool, all_owners: bool, incl
     config, leaks, live, skipped, not_set_up, checked, cost = (
         found.config, found.leaks, found.live, found.skipped, found.not_set_up, found.checked, found.cost)
     if leaks:  # news for notify: targets (gc.leaks; bounded, never changes what gc says or exits)
-        from cloudtrain import notify
+        from cloudtrain.notify import hooks as notify
 
         notify.gc_leaks(None, config, leaks, cost.hourly_usd, cost.unknown, warn=output.warn)
     if as_json:

@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from cloudtrain import notify, procid
+from cloudtrain import procid
+from cloudtrain.notify import hooks as notify
 from cloudtrain.cost import spend
 from cloudtrain.shield import no_interrupts as _no_interrupts
 from cloudtrain.shield import signal_name as _signal_name

@@ -46,7 +46,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from cloudtrain import notify
+from cloudtrain.notify import hooks as notify
 from cloudtrain.errors import CloudtrainError, LaunchLostError, UsageError
 from cloudtrain.run.recover_rules import NodeLostError, budget_left, next_candidates, rule_out
 from cloudtrain.run.recover_watch import Tee, Watcher, gone_reason

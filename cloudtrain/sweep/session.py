@@ -236,7 +236,7 @@ def _finish(lc: Lifecycle, row: SweepRecord, spec: SweepSpec, scheduler: Schedul
     written = write_results(results_dir, spec, scheduler.snapshot(), summary, now)
     error = f"could not take down {', '.join(leaked)}" if leaked else None
     lc.store.update_sweep(row.id, status=status, ended_at=now, pid=None, error=error)
-    from cloudtrain import notify  # sweep.finished and its budget events (bounded, never fails the sweep)
+    from cloudtrain.notify import hooks as notify  # sweep.finished and its budget events (bounded, never fails the sweep)
 
     notify.sweep_finished(lc.store, lc.config, row.recipe_path, summary, warn=lc.reporter.warn)
     return SweepOutcome(row.id, status, scheduler.counters.ended, results_dir, written, scheduler.best(spec.goal),

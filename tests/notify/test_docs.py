@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from cloudtrain.notify import EventType, emit, outbox, send
+from cloudtrain.notify import outbox, send
+from cloudtrain.notify.hooks import EventType, emit
 from cloudtrain.notify.model import Event
 from cloudtrain.notify.signing import headers, new_secret, secret_key
 from cloudtrain.notify.targets import NotifyTarget, bind

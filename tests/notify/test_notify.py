@@ -15,7 +15,8 @@ from standardwebhooks import Webhook
 
 from cloudtrain.config import load_config
 from cloudtrain.errors import ConfigError
-from cloudtrain.notify import EventType, emit, outbox, send
+from cloudtrain.notify import outbox, send
+from cloudtrain.notify.hooks import EventType, emit
 from cloudtrain.notify.model import Event, budget_type, line, run_end_type
 from cloudtrain.notify.signing import headers, new_secret, secret_key
 from cloudtrain.notify.targets import NotifyTarget, TargetRef, bind, expand
