@@ -630,6 +630,11 @@ class Lifecycle:
                     raise ProviderError(f"{provider.name} still reports {detail} after terminating them",
                                         hint=f"`cloudtrain down {name}` again; `cloudtrain status {name} --refresh` shows them")
             access.revoke(name, provider, ids)
+            if provider.traits.remote:
+                from cloudtrain.remote import muxkeep
+
+                for instance_id in sorted(ids):
+                    muxkeep.stop(instance_id)  # its kept connections end with its pin (revoke forgot it)
             if record.uid is not None:
                 # Machines nobody bills, or forgotten: nothing more will be observed of them.
                 self.store.end_billing(record.uid, answered)

@@ -207,17 +207,14 @@ class KnownHosts:
             return pin
 
     def forget(self, instance_id: str) -> bool:
-        """Drop a pin (the instance was terminated). Returns whether one existed. Then the node's
-        kept connections (remote/muxlink.py) end: none outlives the pin it was checked against,
-        and one still logging in finds no pin to log in with."""
-        from cloudtrain.remote import muxkeep
-
+        """Drop a pin (the instance was terminated). Returns whether one existed. The caller then
+        ends the node's kept connections (remote/muxkeep.stop), so that none outlives the pin it was
+        checked against; one still logging in finds no pin to log in with."""
         with _locked(self.path.with_name(self.path.name + ".lock")):
             pins = self._read()
             existed = pins.pop(instance_id, None) is not None
             if existed:
                 self._write(pins)
-        muxkeep.stop(instance_id)
         return existed
 
     def ensure_openssh_file(self) -> Path:

@@ -100,8 +100,9 @@ def test_an_idle_mux_exits_and_leaves_no_process(sshd_vm: SshdVM, sshd_vm_factor
 
 def test_down_stops_the_mux_at_once(sshd_vm: SshdVM, sshd_vm_factory: SshdFactory) -> None:
     spec, proc = _started_mux(sshd_vm, sshd_vm_factory)
-    # `down` forgets the node's pinned host key, which stops its muxes first.
+    # `down` forgets the node's pinned host key, then stops its muxes (cluster/lifecycle.py).
     KnownHosts(Path(spec.known_hosts)).forget(spec.instance_id)
+    muxkeep.stop(spec.instance_id)
     assert proc.wait(timeout=10) == 0
 
 
