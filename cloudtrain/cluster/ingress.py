@@ -57,7 +57,7 @@ class Check:
             return False
         forget(self.records[0].cluster)
         log.info("connect failed after a remembered SSH rule: asking the cloud")
-        return _ask(self.records, self.provider, self.cidr) is not None
+        return _ask(self.records, self.provider, self.cidr, after_failure=True) is not None
 
 
 def follow_caller(records: Sequence[NodeRecord], provider: Provider, config: Config) -> Check:
@@ -89,11 +89,14 @@ def forget(cluster: str) -> None:
         pass
 
 
-def _ask(records: tuple[NodeRecord, ...], provider: Provider, cidr: str) -> str | None:
+def _ask(records: tuple[NodeRecord, ...], provider: Provider, cidr: str, *, after_failure: bool = False) -> str | None:
     """Ask the cloud (the provider's follow_caller), remember the answer; the old ranges if moved."""
     cluster = records[0].cluster
     before = provider.follow_caller(cluster, cidr)  # type: ignore[attr-defined]
-    if before is not None:
+    if before is not None and after_failure:
+        # Our address is what we remembered: the rule is what changed (another machine, the console).
+        log.warning("SSH to cluster %s admitted %s, not you: now admitted from %s", cluster, before, cidr)
+    elif before is not None:
         log.warning("your address changed: SSH to cluster %s now admitted from %s (was %s)", cluster, cidr, before)
     _remember(records, cidr)
     return before
