@@ -121,3 +121,21 @@ def test_disk_and_flat_prices_come_from_the_storage_tables() -> None:
     # flat.csv: Azure's listed price of a Standard static IPv4 public IP, per hour.
     assert flat_hourly("azure", "public-ip") == 0.005
     assert flat_hourly("azure", "nat-gateway") is None and flat_hourly("elsewhere", "public-ip") is None
+
+
+def test_runs_that_split_a_vms_life_add_up_to_its_bill_and_the_minimum_is_paid_once() -> None:
+    """Issue 35.11: two short runs on one VM within its first minute each paid the whole minimum,
+    so per-run rows summed past the bill. Windows now add up; the minimum belongs to the window
+    that holds the start."""
+    from cloudtrain.state import BillingRecord
+
+    vm = BillingRecord(1, "c", "aws", "i-1", "running", 3.6, T0, T0 + 40, "u", 60.0, "verb")
+    windows = [(T0 - 5, T0 + 10), (T0 + 10, T0 + 20), (T0 + 20, T0 + 3600)]
+    shares = [vm.billed_seconds(until=b, since=a) for a, b in windows]
+    assert shares == [60.0, 0.0, 0.0]  # the launch's run pays the minimum; the VM ran 40 s of it
+    assert sum(shares) == vm.billed_seconds(until=T0 + 3600) == 60.0
+    longer = BillingRecord(2, "c", "aws", "i-2", "running", 3.6, T0, T0 + 100, "u", 60.0, "verb")
+    parts = [longer.billed_seconds(until=b, since=a) for a, b in [(T0 - 1, T0 + 30), (T0 + 30, T0 + 70),
+                                                                     (T0 + 70, T0 + 200)]]
+    assert parts == [60.0, 10.0, 30.0] and sum(parts) == 100.0
+    assert longer.billed_seconds(until=T0 - 1) == 0.0  # nothing before it started

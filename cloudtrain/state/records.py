@@ -143,13 +143,20 @@ class BillingRecord:
     min_s: float = 0.0  # the cloud bills at least this long per start (AWS/GCP 60 s, Azure 300 s)
     source: str | None = None  # where started_at came from (reconcile.Source)
 
+    def billed_by(self, t: float) -> float:
+        """Seconds billed from the start up to `t`. The start is billed at least `min_s` the moment
+        it happens (the cloud charges it even if the machine goes within a second), then by the
+        second once the machine has run longer than that."""
+        if t <= self.started_at:  # windows are (since, until]: one starting at the start holds it
+            return 0.0
+        end = self.ended_at if self.ended_at is not None else t
+        return max(min(t, end) - self.started_at, self.min_s)
+
     def billed_seconds(self, until: float, since: float = 0.0) -> float:
-        """Seconds billed between `since` and `until`. A start is billed at least `min_s` as soon
-        as it happens (the cloud will charge it even if the machine goes in a second), so the
-        minimum is not cut by `until`; `since` clips as for any interval."""
-        end = self.ended_at if self.ended_at is not None else until
-        end = max(min(end, until), self.started_at + self.min_s)
-        return max(0.0, end - max(self.started_at, since))
+        """Seconds billed between `since` and `until`: additive, so that windows that split a
+        period (the runs on one cluster) add up to the period's bill. The minimum belongs to the
+        window holding the start; a window after it pays only the time beyond the minimum."""
+        return max(0.0, self.billed_by(until) - self.billed_by(since))
 
     def cost(self, until: float, since: float = 0.0) -> float:
         """USD billed between `since` and `until`."""

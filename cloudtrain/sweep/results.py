@@ -53,14 +53,25 @@ def trial_rows(snapshot: Snapshot, results_dir: Path, now: float) -> list[TrialR
     for t in sorted(snapshot.trials, key=lambda t: t.number):
         attempts = tuple(sorted(by_trial.get(t.number, []), key=lambda a: a.attempt))
         run_dir = None
-        for a in reversed(attempts):
+        cost = 0.0
+        for a in attempts:
             found = sorted(p for p in attempt_dir(results_dir, a.trial, a.attempt).glob("*") if p.is_dir())
-            if found:
-                run_dir = found[-1]
-                break
+            run_dir = found[-1] if found else run_dir
+            ran = _run_cost(found[-1]) if found else None
+            # An attempt still running (or whose run left no record) counts its VM time so far.
+            cost += ran if ran is not None else a.cost_usd(now)
         duration = sum(((a.ended_at or now) - a.started_at) for a in attempts)
-        rows.append(TrialRow(t, attempts, duration, sum(a.cost_usd(now) for a in attempts), run_dir))
+        rows.append(TrialRow(t, attempts, duration, cost, run_dir))
     return rows
+
+
+def _run_cost(run_dir: Path) -> float | None:
+    """One number per run: the attempt's run.json (its share of its VM's billed time, as `cost`
+    lists the run); None where it has none yet."""
+    try:
+        return float(json.loads((run_dir / "run.json").read_text())["cost_usd"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def ranked(rows: Sequence[TrialRow], goal: str) -> list[TrialRow]:
@@ -110,12 +121,20 @@ def write_results(results_dir: Path, spec: SweepSpec, snapshot: Snapshot, summar
     return Written(leaderboard, table, plots, best, error)
 
 
+def _shared_note(rows: Sequence[TrialRow], summary: dict[str, Any]) -> str:
+    """Trial costs are their runs' shares of their VMs' billed time: what the sweep spent beyond
+    them (boots, idle VMs between trials, billing minimums) is said, so the rows add up."""
+    rest = float(summary.get("spent_usd", 0) or 0) - sum(r.cost_usd for r in rows)
+    return f" (${rest:.4f} of it outside trials: boots, idle VMs, billing minimums)" if rest >= 0.00005 else ""
+
+
 def leaderboard_text(rows: Sequence[TrialRow], spec: SweepSpec, summary: dict[str, Any]) -> str:
     ended = summary.get("ended")
     head = (f"sweep {summary.get('id')} ({summary.get('name')}): {summary.get('status')}"
             f"{' - ' + str(ended) if ended and ended != summary.get('status') else ''}\n"
             f"metric {spec.metric} ({'higher' if spec.goal == 'max' else 'lower'} is better); "
-            f"spent ${summary.get('spent_usd', 0):.4f} of ${spec.costs.budget_usd:g}\n\n")
+            f"spent ${summary.get('spent_usd', 0):.4f} of ${spec.costs.budget_usd:g}"
+            f"{_shared_note(rows, summary)}\n\n")
     headers = ["rank", "trial", "state", *spec.params, spec.metric, "duration", "cost", "attempts"]
     cells = [headers]
     for rank, r in enumerate(rows, 1):

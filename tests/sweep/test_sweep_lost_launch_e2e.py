@@ -5,6 +5,7 @@ equal to `cost`; the budget left is what the bill leaves, not the lease's worst 
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import signal
@@ -66,3 +67,13 @@ def test_a_launch_whose_answer_was_lost_is_in_the_sweeps_spend_after_resume(
     ours = {b["incarnation"]: b["usd"] for b in billed if b["cluster"].startswith(f"sw-{sweep_id}-")}
     assert len(ours) == 2 and all(usd >= 0.0416 * 60 / 3600 - 1e-6 for usd in ours.values()), ours  # one minimum each
     assert abs(summary["spent_usd"] - sum(ours.values())) < 1e-5, (summary["spent_usd"], ours)
+    # One number per run (issue 35.11): the leaderboard's trial cost is the run's row in `cost`, and
+    # what the sweep spent beyond its trials (boots, idle VMs, minimums) is said, so the rows add up.
+    results = Path(summary["results_dir"]) if "results_dir" in summary else next((tmp_path / "runs").rglob("sweep.csv")).parent
+    (row,) = list(csv.DictReader((results / "sweep.csv").open()))
+    runs = json.loads(cloudtrain("cost", "--json").stdout)["runs"]
+    trial_runs = [r for r in runs if r["cluster"].startswith(f"sw-{sweep_id}-")]
+    assert float(row["cost_usd"]) == pytest.approx(sum(r["usd"] for r in trial_runs), abs=2e-6), (row, trial_runs)
+    assert sum(r["usd"] for r in trial_runs) <= summary["spent_usd"] + 1e-6
+    board = (results / "leaderboard.txt").read_text()
+    assert "outside trials" in board or float(row["cost_usd"]) == pytest.approx(summary["spent_usd"], abs=1e-4), board
