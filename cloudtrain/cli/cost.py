@@ -67,6 +67,11 @@ def cost(since_text: str | None, as_json: bool, no_refresh: bool) -> None:
         output.echo()
         output.table(["RUN", "CLUSTER", "STATUS", "COST"],
                      [(r.id, r.cluster, r.status, output.money(r.cost_usd)) for r in runs])
+        outside = total - sum(r.cost_usd for r in runs)
+        if spends and outside >= 0.00005:
+            # Each run's cost is its share of its cluster's billed time; they add up to the total.
+            output.info(f"{output.money(outside)} of the total was billed outside these runs "
+                        "(boots, kept or idle clusters, billing minimums, earlier runs)")
     output.echo()
     estimated = sum(c["estimated_usd"] for c in clusters)
     if estimated:
