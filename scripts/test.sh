@@ -5,4 +5,5 @@ cd "$(dirname "$0")/.."
 scripts/setup.sh --test
 # Two workers: most tests wait on sshd, fake clouds and watchdog ticks, so two halve the wall time
 # on a 2-core machine (26.8 -> 15.7 min measured). CLOUDTRAIN_TEST_WORKERS=0 runs in one process.
+# `scripts/test.sh -m quick` runs only the edit-loop tier (docs/testing.md); CI runs everything.
 exec .venv/bin/python -m pytest -n "${CLOUDTRAIN_TEST_WORKERS:-2}" --dist worksteal "$@"
