@@ -158,7 +158,8 @@ class Executor:
         # (a sweep approves its budget once, not every VM).
         self.approve = approve
         self._restarted: set[str] = set()  # clusters found stopped behind our back and started again
-        self._usable: dict[str, object] = {}  # cluster -> UsablePlan checked before anything existed
+        # cluster -> UsablePlan checked before anything existed (a recovering run narrows it)
+        self.usable: dict[str, Any] = {}
 
     # run -----------------------------------------------------------------------------------------
 
@@ -179,7 +180,7 @@ class Executor:
             # The plan made with them is the one the launch uses (no second credentials call).
             from cloudtrain.cluster.planning import plan_with_credentials
 
-            self._usable[cluster_name] = usable = plan_with_credentials(loaded.recipe, self.config)
+            self.usable[cluster_name] = usable = plan_with_credentials(loaded.recipe, self.config)
             if self.approve is not None:
                 self.approve(approval.for_launch(cluster_name, loaded.recipe, usable))
         elif (existing is not None and existing.status == ClusterStatus.STOPPED and self.approve is not None
@@ -211,7 +212,7 @@ class Executor:
             r = self._new_run(loaded, cluster_name, runs_dir)
         # This run's incarnation only, also once `down` removed its row: never the spend of an
         # earlier cluster of the same name (the meter must say what `cost` says of this run).
-        r.clock.spent = lambda: (self._spent(cluster_name, r.started, incarnation=r.cluster.record.uid)
+        r.clock.spent = lambda: (self.spent(cluster_name, r.started, incarnation=r.cluster.record.uid)
                                  if r.cluster is not None else None)
         run_id, run_dir = r.run_id, r.run_dir
         notify.run_started(self.store, self.config, loaded, run_id, cluster_name, run_dir, warn=self.reporter.warn)
@@ -289,7 +290,7 @@ class Executor:
             before = self.store.get_cluster(cluster_name)
             r.was_stopped = before is not None and before.status == ClusterStatus.STOPPED
             r.cluster, r.created = self.lc.up(recipe, cluster_name, str(loaded.path.resolve()), loaded.digest,
-                                              run_id=run_id, usable=self._usable.get(cluster_name))
+                                              run_id=run_id, usable=self.usable.get(cluster_name))
             r.cluster_started = time.time()
             r.nodes = self._ready_nodes(r.cluster, recipe, r.created)
             if cluster_name in self._restarted:
@@ -444,7 +445,7 @@ class Executor:
             r.error = r.error or f"interrupted during cleanup ({_signal_name(signals[0])})"
         ended = time.time()
         # The run's share of its cluster's billed intervals (a reused cluster bills before and after).
-        cost = ((self._spent(r.cluster.record.name, r.started, ended, r.cluster.record.uid) or 0.0)
+        cost = ((self.spent(r.cluster.record.name, r.started, ended, r.cluster.record.uid) or 0.0)
                 if r.cluster else 0.0)
         attempts: tuple[dict[str, Any], ...] = ()
         if r.recovery is not None:  # every attempt's incarnation, each billed on its own
@@ -480,7 +481,7 @@ class Executor:
         return RunResult(r.run_id, r.run_dir, r.status, r.exit_code, cost, dict(r.clock.timings), r.error,
                          teardown_done, collected.refused, collected.empty_paths)
 
-    def _spent(self, cluster: str, since: float, until: float | None = None,
+    def spent(self, cluster: str, since: float, until: float | None = None,
                incarnation: str | None = None) -> float | None:
         """What this run's cluster incarnation billed while the run went on (never a predecessor's
         of the same name)."""
@@ -550,7 +551,7 @@ class Executor:
         `setup`: run the recipe's setup on every node where it has not run (run/setup_once.py)."""
         self.check(loaded, cluster_name, "keep")
         cluster, created = self.lc.up(loaded.recipe, cluster_name, str(loaded.path.resolve()), loaded.digest,
-                                      usable=self._usable.get(cluster_name), deadline_at=deadline_at)
+                                      usable=self.usable.get(cluster_name), deadline_at=deadline_at)
         nodes: list[Node] = []
         try:
             nodes = self._ready_nodes(cluster, loaded.recipe, created)

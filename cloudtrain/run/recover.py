@@ -57,7 +57,7 @@ from cloudtrain.sweep.checkpoints import CHECKPOINT_ENV
 if TYPE_CHECKING:
     from cloudtrain.cluster.lifecycle import Cluster
     from cloudtrain.recipe.recover import Recover
-    from cloudtrain.run.pipeline import Executor, _Run
+    from cloudtrain.run.recovering import RunSoFar, Runs
 
 NOTICE_FILE = "interruption.json"  # beside the watchdog's config, ~/.cloudtrain/<cluster>/
 ATTEMPTS_DIR = "attempts"
@@ -97,7 +97,7 @@ class Attempt:
         return f"{where} ({self.instance_type}{' spot' if self.spot else ''})" if self.instance_type else where
 
 
-def recovery_for(executor: Executor, r: _Run, cluster_name: str) -> Recovery | None:
+def recovery_for(executor: Runs, r: RunSoFar, cluster_name: str) -> Recovery | None:
     """The run's Recovery, or None when it does not recover (no `recover:` in force, none left to
     give, or machines cloudtrain cannot relaunch)."""
     from cloudtrain.providers import ANY
@@ -115,7 +115,7 @@ def recovery_for(executor: Executor, r: _Run, cluster_name: str) -> Recovery | N
 
 
 class Recovery:
-    def __init__(self, executor: Executor, r: _Run, cluster_name: str, settings: Recover) -> None:
+    def __init__(self, executor: Runs, r: RunSoFar, cluster_name: str, settings: Recover) -> None:
         self.ex = executor
         self.r = r
         self.name = cluster_name
@@ -415,7 +415,7 @@ class Recovery:
             raise NodeLostError(f"not relaunched: no placement's worst case fits what is left of the budget "
                                 f"({exc.message})") from exc
         candidates = next_candidates(usable.plan.candidates, self.avoid)
-        self.ex._usable[self.name] = replace(usable, plan=replace(usable.plan, candidates=candidates))
+        self.ex.usable[self.name] = replace(usable, plan=replace(usable.plan, candidates=candidates))
 
     # money, logs, record ---------------------------------------------------------------------------------
 
@@ -426,7 +426,7 @@ class Recovery:
         return seen
 
     def spent_so_far(self, until: float | None = None) -> float | None:
-        costs = [self.ex._spent(self.name, self.r.started, until, uid) for uid in self.incarnations()]
+        costs = [self.ex.spent(self.name, self.r.started, until, uid) for uid in self.incarnations()]
         known = [c for c in costs if c is not None]
         return sum(known) if known else None
 
@@ -439,7 +439,7 @@ class Recovery:
                 a.ended_at = ended
             if a.incarnation is None and a is self.attempts[-1] and self.r.cluster is not None:
                 self._placed(a, self.r.cluster)
-            a.cost_usd = round(self.ex._spent(self.name, self.r.started, ended, a.incarnation) or 0.0, 6) \
+            a.cost_usd = round(self.ex.spent(self.name, self.r.started, ended, a.incarnation) or 0.0, 6) \
                 if a.incarnation else 0.0
             total += a.cost_usd
         if len(self.attempts) > 1:
@@ -514,7 +514,7 @@ class Recovery:
         return open_rank0(Lifecycle(StateStore(self.ex.store.path), self.ex.config), self.name)
 
 
-def resume(executor: Executor, loaded: Any, run_id: str, teardown: Any, runs_dir: Path,
+def resume(executor: Runs, loaded: Any, run_id: str, teardown: Any, runs_dir: Path,
            env_overrides: Any = None) -> Any:
     """`cloudtrain run RECIPE --resume RUN`: a recovering run whose CLI died goes on in its run
     directory. Its machines gone (preempted, or deleted by their deadline, while no CLI ran): the

@@ -29,7 +29,7 @@ from cloudtrain.errors import CloudtrainError
 if TYPE_CHECKING:
     from cloudtrain.cluster.nodes import Node
     from cloudtrain.recipe import Recipe
-    from cloudtrain.run.recover import Recovery
+    from cloudtrain.run.recovering import Recovering
 
 SCRIPT = "on_notice.sh"  # the watchdog starts it on a notice (templates/watchdog.py NOTICE_SCRIPT)
 RESULT = "on_notice.json"
@@ -108,7 +108,7 @@ def read(node: Node, wait_s: float = READ_WAIT_S) -> dict[str, Any] | None:
 # ------------------------------------------------------------------------- what a Recovery does with it
 
 
-def after_notice(rec: Recovery) -> dict[str, Any]:
+def after_notice(rec: Recovering) -> dict[str, Any]:
     """What the upload on the notice did (on_notice.json, once written), or, when the node did not
     say (it went first, or never finished), what the bucket holds under the run's prefix, listed
     from this machine. The prefix is the run's, so an earlier attempt's upload is listed too
@@ -137,7 +137,7 @@ def after_notice(rec: Recovery) -> dict[str, Any]:
     return {"url": url, "ok": None, "answered": False, "listed_at": time.time(), **listed}
 
 
-def final_upload(rec: Recovery, step: Callable[[], object]) -> None:
+def final_upload(rec: Recovering, step: Callable[[], object]) -> None:
     """The run's own upload at its end (`upload:`, after the last attempt collected) with the cloud
     watcher on again. Its node lost meanwhile (the watcher saw it, or the cloud, asked now, says
     so) while the results are home: the run does not fail for the lost node. A relaunch would be
