@@ -127,7 +127,8 @@ class StatusView:
 
 def status_view(store: Any, name: str | None = None, run_limit: int = 10) -> StatusView:
     """The runs and last jobs `status` reports, a plain function the command and `report` share."""
-    from cloudtrain.run.jobstate import OPEN_STATES, peek_local
+    from cloudtrain.remote.jobs import OPEN_STATES
+    from cloudtrain.run.jobstate import peek_local
     from cloudtrain.state import RunStatus
 
     runs = store.list_runs(cluster=name, limit=run_limit)
@@ -241,7 +242,8 @@ def _confirm_ending_a_run(name: str, run, yes: bool) -> None:  # noqa: ANN001 - 
 def _refresh(store, name: str | None, instances: bool) -> None:  # noqa: ANN001
     """Ask the providers (instances) and the nodes (open jobs) for the truth, for NAME or every cluster."""
     from cloudtrain.errors import CloudtrainError
-    from cloudtrain.run.jobstate import OPEN_STATES, refresh_jobs
+    from cloudtrain.remote.jobs import OPEN_STATES
+    from cloudtrain.run.jobstate import refresh_jobs
     from cloudtrain.state import ClusterStatus
     from cloudtrain.cluster.nodes import close_all, connect
 

@@ -32,6 +32,7 @@ from cloudtrain.providers.base import HostSpec, Instance, InstanceSpec, Instance
 from cloudtrain.providers.base import TAG_ALIVE, TAG_INCARNATION, alive_value
 from cloudtrain.providers.base import ListsEnded, StopsMachines, launched_by, machines, supports
 from cloudtrain.recipe import Recipe
+from cloudtrain.remote.jobs import OPEN_STATES, JobState
 from cloudtrain.state import ClusterRecord, ClusterStatus, NodeRecord, RunStatus, StateStore
 from cloudtrain.cluster.hosts import end_work_on_hosts
 from cloudtrain.cluster import access
@@ -536,8 +537,6 @@ class Lifecycle:
             answered = time.time()
             self.store.add_event(name, "stop", f"stop asked for {len(ids)} instance(s)")
             # A stopped machine runs nothing: its jobs ended with it.
-            from cloudtrain.run.jobstate import end_open_jobs
-
             end_open_jobs(self.store, name)
             if ids and cluster.provider.traits.owns_machines:
                 # "stopped" is said only once the cloud says so.
@@ -658,6 +657,13 @@ def _max_run_s(recipe: Recipe, hourly_per_node: float, deadline_at: float | None
         # at deadline_at itself, backstop included, so the grace comes off it.
         limits.append(max(1.0, deadline_at - time.time() - DEADLINE_GRACE_S))
     return min(limits) if limits else None
+
+
+def end_open_jobs(store: StateStore, cluster: str, state: str = JobState.KILLED) -> None:
+    """The cluster's machines stopped or went away: nothing of it runs any more."""
+    for job in store.list_jobs(cluster):
+        if job.status in OPEN_STATES:
+            store.update_job(job.id, status=state, ended_at=time.time())
 
 
 def abandoned_intent(record: ClusterRecord, launch_done: bool = False) -> bool:

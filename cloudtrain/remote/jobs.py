@@ -26,6 +26,7 @@ class JobState(StrEnum):
 
 
 TERMINAL_STATES = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.KILLED, JobState.LOST})
+OPEN_STATES = frozenset({JobState.PENDING, JobState.RUNNING})
 
 
 @dataclass(frozen=True)

@@ -275,7 +275,9 @@ def cancel(lc: Lifecycle, name: str, job_id: str | None, all_jobs: bool) -> list
     Returns (job id, final state) for each job that was open. The job's processes and everything
     they started get TERM, then KILL after a grace period (templates/runner.sh).
     """
-    from cloudtrain.run.jobstate import OPEN_STATES, end_open_jobs, refresh_jobs
+    from cloudtrain.cluster.lifecycle import end_open_jobs
+    from cloudtrain.remote.jobs import OPEN_STATES
+    from cloudtrain.run.jobstate import refresh_jobs
 
     cluster = lc.get(name)
     if job_id is not None and (lc.store.get_job(job_id) is None or lc.store.get_job(job_id).cluster != name):  # type: ignore[union-attr]

@@ -12,13 +12,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from cloudtrain.remote.jobs import JobState
+from cloudtrain.remote.jobs import OPEN_STATES, JobState
 from cloudtrain.state import JobRecord, StateStore
 
 if TYPE_CHECKING:
     from cloudtrain.cluster.nodes import Node
-
-OPEN_STATES = frozenset({JobState.PENDING, JobState.RUNNING})
 
 
 def refresh_jobs(store: StateStore, cluster: str, nodes: Sequence[Node]) -> list[JobRecord]:
@@ -35,13 +33,6 @@ def refresh_jobs(store: StateStore, cluster: str, nodes: Sequence[Node]) -> list
                 store.update_job(job.id, status=status.state, exit_code=status.exit_code,
                                  ended_at=status.ended_at or time.time())
     return store.list_jobs(cluster)
-
-
-def end_open_jobs(store: StateStore, cluster: str, state: str = JobState.KILLED) -> None:
-    """The cluster's machines stopped or went away: nothing of it runs any more."""
-    for job in store.list_jobs(cluster):
-        if job.status in OPEN_STATES:
-            store.update_job(job.id, status=state, ended_at=time.time())
 
 
 def peek_local(job: JobRecord) -> JobRecord:

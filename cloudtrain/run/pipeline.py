@@ -31,7 +31,8 @@ from cloudtrain.run.approval import Approver
 from cloudtrain.run.collect import Collected, collect, empty_warning
 from cloudtrain.errors import CloudtrainError, JobFailedError, RemoteError, UsageError
 from cloudtrain.events import Reporter
-from cloudtrain.run.jobstate import OPEN_STATES, refresh_jobs
+from cloudtrain.remote.jobs import OPEN_STATES
+from cloudtrain.run.jobstate import refresh_jobs
 from cloudtrain.cluster.liveness import AliveMarks
 from cloudtrain.cluster.lifecycle import Cluster, Lifecycle
 from cloudtrain.cluster.nodes import Node, close_all, connect, on_all
