@@ -940,7 +940,7 @@ def save_interrupted(loop: Loop, rep: Reporter, out: Path, config: dict[str, Any
     """SIGTERM mid-epoch: save the weights after `step` as ckpt-EPOCH (epoch_var one less, step_var
     the step; the epoch's own checkpoint later replaces it under the same name) and the sums of the
     epoch's steps so far, then raise Terminated. The newest ckpt-N is what cloudtrain copies home
-    on an interruption notice (sweep/checkpoints.py pull_newest)."""
+    on an interruption notice (run/checkpoints.py pull_newest)."""
     tf = loop.tf
     partial = {"epoch": epoch, "step": step, "counted": counted, "time_s": time_before + time_now,
                "loss_sum": float(tf.add_n([r[0] for r in results])),

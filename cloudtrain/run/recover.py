@@ -10,7 +10,7 @@ While an attempt runs:
   node the cloud reports gone or going (terminated, stopping, stopped: a spot reclaim, a lost host)
   ends the attempt at once: the watcher makes the pipeline's connections give up instead of waiting
   out their SSH retries;
-- each epoch the job reports makes a Puller (sweep/checkpoints.py, shared with sweeps) copy its
+- each epoch the job reports makes a Puller (run/checkpoints.py, shared with sweeps) copy its
   newest checkpoint into `<run dir>/checkpoint/`;
 - every line the job prints is also kept in `<run dir>/attempts/aN.log`.
 
@@ -51,8 +51,8 @@ from cloudtrain.errors import CloudtrainError, LaunchLostError, UsageError
 from cloudtrain.run.recover_rules import NodeLostError, budget_left, next_candidates, rule_out
 from cloudtrain.run.recover_watch import Tee, Watcher, gone_reason
 from cloudtrain.state import RunStatus
-from cloudtrain.sweep import checkpoints
-from cloudtrain.sweep.checkpoints import CHECKPOINT_ENV
+from cloudtrain.run import checkpoints
+from cloudtrain.run.checkpoints import CHECKPOINT_ENV
 
 if TYPE_CHECKING:
     from cloudtrain.cluster.lifecycle import Cluster

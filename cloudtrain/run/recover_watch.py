@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from cloudtrain.errors import CloudtrainError
 from cloudtrain.remote import gone
-from cloudtrain.sweep.checkpoints import epoch_event
+from cloudtrain.run.checkpoints import epoch_event
 
 if TYPE_CHECKING:
     from cloudtrain.cluster.lifecycle import Cluster

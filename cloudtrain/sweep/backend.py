@@ -48,8 +48,8 @@ from typing import Any
 from cloudtrain.config import Config
 from cloudtrain.errors import CloudtrainError
 from cloudtrain.recipe import LoadedRecipe
-from cloudtrain.sweep import checkpoints
-from cloudtrain.sweep.checkpoints import CHECKPOINT_ENV, Puller, epoch_event
+from cloudtrain.run import checkpoints
+from cloudtrain.run.checkpoints import CHECKPOINT_ENV, Puller, epoch_event
 from cloudtrain.sweep import ledger
 from cloudtrain.sweep.ledger import cluster_name
 from cloudtrain.sweep.model import (

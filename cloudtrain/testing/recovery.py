@@ -74,7 +74,7 @@ def kept(cloud: FakeCloud, timeout: float = 300, at_least: int = 0) -> Path:
 def kept_epoch(info: Path) -> int | None:
     """The kept checkpoint's epoch (its cloudtrain-checkpoint.json); None while there is none, and
     for the moment a newer copy replaces the directory whole
-    (sweep/checkpoints.py `_replace_dir`: the old one is renamed away, then the new one in)."""
+    (run/checkpoints.py `_replace_dir`: the old one is renamed away, then the new one in)."""
     try:
         return int(json.loads(info.read_text())["epoch"])
     except FileNotFoundError:
