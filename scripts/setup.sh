@@ -33,6 +33,8 @@ if [ "$want_test" = 1 ]; then
     # A real browser for the HTML report's test (tests/report): Debian's chromium and its driver.
     command -v chromium >/dev/null || missing+=(chromium)
     command -v chromedriver >/dev/null || missing+=(chromium-driver)
+    # A real PostgreSQL for the shared-state tests (cloudtrain/testing/postgres.py): Debian's server binaries.
+    ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing+=(postgresql)
     if [ ${#missing[@]} -gt 0 ]; then
         SUDO=""
         [ "$(id -u)" = 0 ] || SUDO="sudo"
