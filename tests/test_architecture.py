@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.quick
+
 PACKAGE = Path(__file__).resolve().parents[1] / "cloudtrain"
 # Where clouds may be named: the providers themselves, their fakes, their price lists, their config.
 CLOUD_AWARE = ("providers", "testing", "catalog", "config.py", "jobs")

@@ -22,6 +22,8 @@ from cloudtrain.catalog import (
 )
 from cloudtrain.errors import ConfigError
 
+pytestmark = pytest.mark.quick
+
 # The priced AWS types (prices recorded 2026-11-21, or read from SkyPilot's catalog 2026-11-28).
 GPU_TYPES = {
     "g4dn.xlarge": ("T4", 1),

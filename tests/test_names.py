@@ -7,6 +7,8 @@ import pytest
 from cloudtrain.errors import UsageError
 from cloudtrain.names import NAME_RULE, check_cluster_name
 
+pytestmark = pytest.mark.quick
+
 VALID = [
     "a",
     "x",

@@ -11,6 +11,8 @@ import pytest
 from cloudtrain.errors import ConfigError
 from cloudtrain.netaddr import caller_cidr
 
+pytestmark = pytest.mark.quick
+
 
 @pytest.fixture
 def echo_server(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[bytes]]:

@@ -6,6 +6,8 @@ import pytest
 
 from cloudtrain.cli import output
 
+pytestmark = pytest.mark.quick
+
 
 def test_summary_table_without_headers_has_no_empty_header_row(capsys: pytest.CaptureFixture[str],
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:

@@ -13,6 +13,8 @@ from cloudtrain.errors import NotAvailableError, UsageError
 from cloudtrain.plan import Placement, Plan, make_plan, refused_field
 from cloudtrain.recipe import Recipe, load_recipe
 
+pytestmark = pytest.mark.quick
+
 CLOUDS = ("local", "ssh", "aws")
 
 

@@ -12,6 +12,8 @@ import pytest
 
 from cloudtrain.cli.main import main, python_too_old
 
+pytestmark = pytest.mark.quick
+
 
 @pytest.mark.parametrize(
     ("version", "ok"),

@@ -9,6 +9,8 @@ import pytest
 from cloudtrain import readlimit
 from cloudtrain.readlimit import read_at_most
 
+pytestmark = pytest.mark.quick
+
 
 class _Counting(io.BytesIO):
     def __init__(self, data: bytes) -> None:

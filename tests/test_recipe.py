@@ -10,6 +10,8 @@ import pytest
 from cloudtrain.errors import RecipeError
 from cloudtrain.recipe import json_schema, load_recipe
 
+pytestmark = pytest.mark.quick
+
 OK_BASE = "name: demo\nrun: echo hi\n"
 
 # (id, recipe text, substrings the one-line message must contain)

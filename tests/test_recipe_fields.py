@@ -9,6 +9,8 @@ import pytest
 from cloudtrain.errors import RecipeError
 from cloudtrain.recipe import Autostop, load_recipe
 
+pytestmark = pytest.mark.quick
+
 
 @pytest.mark.parametrize(("text", "expected"), [
     ("autostop: 30\n", "r.yaml:3: autostop: write the idle time as a mapping: `autostop: {idle_minutes: 30}`"),

@@ -9,6 +9,8 @@ import pytest
 from cloudtrain.errors import RecipeError
 from cloudtrain.yamlfile import read_yaml
 
+pytestmark = pytest.mark.quick
+
 # yaml.org/type/merge.html: all four maps are equal. Keys of one and of several characters both,
 # because PyYAML 6.0.4 gets the precedence right only for one-character keys (yaml/pyyaml#953).
 SPEC_EXAMPLE = """\

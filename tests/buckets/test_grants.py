@@ -1,6 +1,10 @@
 from types import SimpleNamespace
 
+import pytest
+
 from cloudtrain.buckets.grants import grants_for, recipe_grants
+
+pytestmark = pytest.mark.quick
 
 
 def test_read_on_data_write_on_upload_one_grant_per_url() -> None:

@@ -2,6 +2,8 @@ import pytest
 
 from cloudtrain.buckets.url import BucketUrl, Store, parse_bucket_url
 
+pytestmark = pytest.mark.quick
+
 
 @pytest.mark.parametrize("text, expected", [
     ("s3://my-data/imagenet/train", BucketUrl(Store.S3, "my-data", "imagenet/train")),

@@ -7,6 +7,8 @@ import pytest
 from cloudtrain.cli.recipes import summary
 from cloudtrain.recipe import bundled_recipes
 
+pytestmark = pytest.mark.quick
+
 
 @pytest.mark.parametrize(("text", "expected"), [
     ("# Short one.\nname: x\n", "Short one."),

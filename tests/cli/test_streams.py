@@ -8,6 +8,8 @@ import pytest
 
 from cloudtrain.cli.streams import GuardedStream
 
+pytestmark = pytest.mark.quick
+
 
 def test_a_write_after_the_reader_closed_the_pipe_is_kept_not_raised() -> None:
     read_end, write_end = os.pipe()

@@ -10,6 +10,8 @@ from cloudtrain.cluster.reconcile import Observation, Pricing, Source, observe, 
 from cloudtrain.providers.base import Instance, InstanceState as S
 from cloudtrain.state import BillingRecord, ClusterRecord, ClusterStatus, NodeRecord
 
+pytestmark = pytest.mark.quick
+
 T0 = 1_700_000_000.0
 PRICE = Pricing(running=1.0, disk=0.01, min_s=60.0)
 REC = ClusterRecord(name="c", provider="aws", status=ClusterStatus.UP, region="r", zone=None, instance_type="t",

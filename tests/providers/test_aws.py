@@ -36,6 +36,8 @@ from cloudtrain.providers.base import (
 )
 from cloudtrain.testing.aws import MotoServer, isolate_aws_env
 
+pytestmark = pytest.mark.quick
+
 REGION = "us-east-1"
 CIDR = "203.0.113.7/32"
 

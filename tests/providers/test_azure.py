@@ -39,7 +39,7 @@ from cloudtrain.testing.azure import SUBSCRIPTION, ArmServer, acting_principal
 from cloudtrain.providers.azure import AzureProvider, make_provider
 from tests.lazy import requires
 
-pytestmark = requires("azure.identity")
+pytestmark = [pytest.mark.quick, requires("azure.identity")]
 
 KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFakeKeyForTheAzureProviderTests test"
 CIDR = "203.0.113.7/32"

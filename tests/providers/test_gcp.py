@@ -49,7 +49,7 @@ from cloudtrain.providers.gcp import GcpProvider, build, make_provider
 from cloudtrain.providers.gcp.api import NO_CREDENTIALS, Backoff
 from tests.lazy import requires
 
-pytestmark = requires("google.cloud.compute_v1")
+pytestmark = [pytest.mark.quick, requires("google.cloud.compute_v1")]
 
 KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFakeKeyForTheGcpProviderTests test"
 CIDR = "203.0.113.7/32"

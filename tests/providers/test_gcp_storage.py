@@ -20,7 +20,7 @@ from cloudtrain.providers.gcp.api import Backoff
 from cloudtrain.providers.gcp.storage import binding_for
 from tests.lazy import requires
 
-pytestmark = requires("google.cloud.compute_v1")
+pytestmark = [pytest.mark.quick, requires("google.cloud.compute_v1")]
 
 KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFakeKeyForTheGcpStorageTests test"
 MEMBER = f"serviceAccount:{DEFAULT_SERVICE_ACCOUNT}"

@@ -14,6 +14,8 @@ import pytest
 from cloudtrain.errors import RemoteError
 from cloudtrain.remote.archive import safe_extract
 
+pytestmark = pytest.mark.quick
+
 
 def _file(name: str, data: bytes = b"x") -> tuple[tarfile.TarInfo, bytes]:
     info = tarfile.TarInfo(name)

@@ -13,6 +13,8 @@ from cloudtrain.remote.ignore import IgnoreMatcher, load_ignore
 from cloudtrain.remote.sync import scan_tree
 from tests.bounded import run_bounded
 
+pytestmark = pytest.mark.quick
+
 # (patterns, path, ignored?) - directories end with '/'
 CASES = [
     (["*.log"], "train.log", True),

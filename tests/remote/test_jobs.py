@@ -9,6 +9,8 @@ from cloudtrain.remote import jobs
 from cloudtrain.remote.jobs import NodeLayout
 from cloudtrain.remote.transport import CommandResult
 
+pytestmark = pytest.mark.quick
+
 GOOD = b'{"state": "running", "pid": 7, "exit_code": null, "started_at": 1.0, "ended_at": null, "log_bytes": 12}'
 
 

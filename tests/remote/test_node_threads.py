@@ -14,6 +14,8 @@ from cloudtrain.errors import RemoteError
 from cloudtrain.remote.channel import ConnectionLostError, transfer_errors
 from cloudtrain.state import NodeRecord
 
+pytestmark = pytest.mark.quick
+
 
 def _record(rank: int) -> NodeRecord:
     return NodeRecord(cluster="c", rank=rank, instance_id=f"vm-{rank}", state="running", public_ip="10.0.0.1",

@@ -18,6 +18,8 @@ from cloudtrain.remote.ssh import SSHConnectError, open_transport
 from cloudtrain.testing.sshd import free_port
 from tests.remote.conftest import fast_config
 
+pytestmark = pytest.mark.quick
+
 
 class SilentListener:
     """Accepts TCP connections and never says a word (a mistyped port on some other service)."""

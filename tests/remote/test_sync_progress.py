@@ -9,6 +9,8 @@ import pytest
 
 from cloudtrain.remote.sync import PROGRESS_AFTER_S, PROGRESS_EVERY_S, _Progress
 
+pytestmark = pytest.mark.quick
+
 
 def test_a_transfer_past_a_few_seconds_reports_progress_then_every_few_seconds(caplog: pytest.LogCaptureFixture) -> None:
     now = [0.0]

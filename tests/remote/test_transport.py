@@ -14,6 +14,8 @@ import pytest
 from cloudtrain.errors import RemoteError
 from cloudtrain.remote.local import LocalTransport
 
+pytestmark = pytest.mark.quick
+
 
 @contextmanager
 def umask(value: int) -> Iterator[None]:

@@ -10,6 +10,8 @@ from cloudtrain.run import follow
 from cloudtrain.run.follow import split_lines
 from tests.bounded import run_bounded
 
+pytestmark = pytest.mark.quick
+
 BIG = follow.MAX_LINE_BYTES
 
 # (data, whole lines with the bytes each used, rest)

@@ -14,6 +14,8 @@ from cloudtrain.errors import CloudtrainError
 from cloudtrain.run.recover_logs import Followed, attempt_ended, followed_attempt
 from cloudtrain.state import RunRecord, StateStore
 
+pytestmark = pytest.mark.quick
+
 
 def _run(tmp_path: Path, status: str, attempts: list[dict[str, Any]] | None) -> Path:
     run_dir = tmp_path / "runs" / "r1"

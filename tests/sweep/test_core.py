@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import pytest
+
 from cloudtrain.sweep.core import Scheduler
 from cloudtrain.sweep.model import (
     AttemptEnded, Cancel, Costs, Launch, Limits, Outcome, Progress, Release, ReleaseFailed, Start,
     StopRequested, TrialState, VmFailed, VmGone, VmReady, VmState,
 )
 from cloudtrain.sweep.sim import MemoryJournal, SeededSampler
+
+pytestmark = pytest.mark.quick
 
 COSTS = Costs(budget_usd=100, hourly_usd=1.0, boot_s=60, prep_s=60, deadline_s=600, post_s=60, release_s=60)
 

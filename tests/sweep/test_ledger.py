@@ -10,6 +10,8 @@ from cloudtrain.cost import spend
 from cloudtrain.state.records import BillingRecord
 from cloudtrain.sweep.ledger import gone_at, incarnations, sweep_spend, vm_spend
 
+pytestmark = pytest.mark.quick
+
 
 @dataclass
 class Rows:

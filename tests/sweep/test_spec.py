@@ -19,6 +19,8 @@ from cloudtrain.sweep.spec import SweepSpec, check_sweep, trial_recipe
 from cloudtrain.sweep.store import StoreJournal, load_snapshot
 from tests.conftest import REPO
 
+pytestmark = pytest.mark.quick
+
 BASE = """\
 name: s
 job: {name: mnist_cnn, params: {epochs: 2, data: bundled}}

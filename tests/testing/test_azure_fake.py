@@ -18,7 +18,7 @@ import requests
 from cloudtrain.testing.azure import CLIENT_ID, SUBSCRIPTION, TENANT, ArmServer
 from tests.lazy import Lazy, requires
 
-pytestmark = requires("azure.identity")
+pytestmark = [pytest.mark.quick, requires("azure.identity")]
 azure_errors = Lazy("azure.core.exceptions")
 cm = Lazy("azure.mgmt.compute.models")
 nm = Lazy("azure.mgmt.network.models")

@@ -17,7 +17,7 @@ from cloudtrain.testing.gcp import PROJECT, GceServer
 
 from tests.lazy import Lazy, requires
 
-pytestmark = requires("google.cloud.compute_v1")
+pytestmark = [pytest.mark.quick, requires("google.cloud.compute_v1")]
 compute_v1 = Lazy("google.cloud.compute_v1")
 api_exceptions = Lazy("google.api_core.exceptions")
 

@@ -10,6 +10,8 @@ import pytest
 
 from cloudtrain.testing.tcpproxy import TcpProxy
 
+pytestmark = pytest.mark.quick
+
 
 def _pair(rtt_ms: float) -> tuple[TcpProxy, socket.socket, socket.socket, socket.socket]:
     server = socket.socket()

@@ -13,6 +13,8 @@ import pytest
 
 from tests.watchdog.conftest import WATCHDOG
 
+pytestmark = pytest.mark.quick
+
 
 def _watchdog() -> ModuleType:
     spec = importlib.util.spec_from_file_location("watchdog_template", WATCHDOG)
