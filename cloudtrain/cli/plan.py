@@ -103,7 +103,8 @@ def autostop_line(recipe: Recipe) -> str:
         return "autostop: off (`autostop: false`): an idle node bills until you stop it or its budget ends"
     action = "delete" if stop.down else "stop"
     default = " (the default for priced clusters; `autostop: false` for none)" if recipe.autostop_is_default else ""
-    return f"autostop: {action} after {stop.idle_minutes} min idle{default}"
+    gpu = f" (a job with every GPU under {stop.gpu_util_below:g}% is idle)" if stop.gpu_util_below is not None else ""
+    return f"autostop: {action} after {stop.idle_minutes} min idle{gpu}{default}"
 
 
 def _autostop_doc(recipe: Recipe) -> dict:
