@@ -221,6 +221,16 @@ class Autostop(StrictModel):
     wait_for: Literal["jobs_and_ssh", "jobs", "none"] = Field(
         default="jobs_and_ssh",
         description="what keeps a node up: cloudtrain jobs and SSH sessions, jobs only, or nothing")
+    gpu_util_below: Annotated[float, Field(gt=0, le=100)] | None = Field(
+        default=None, description="a running job keeps the node up only while a GPU's utilization is at least this "
+                                  "percent (docs/watchdog.md)")
+
+    @model_validator(mode="after")
+    def _gpu_needs_jobs(self) -> Autostop:
+        if self.gpu_util_below is not None and self.wait_for == "none":
+            raise ValueError("gpu_util_below judges running jobs, and wait_for: none waits for none: "
+                             "use wait_for: jobs or jobs_and_ssh, or drop gpu_util_below")
+        return self
 
 
 # What a priced cluster gets when its recipe does not mention autostop (docs/watchdog.md).
