@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from cloudtrain import paths
 from cloudtrain.errors import ConfigError
@@ -81,6 +81,22 @@ class Config(StrictModel):
     azure: AzureConfig = Field(default_factory=AzureConfig)
     notify: list[NotifyTarget] = Field(default_factory=list, description="where every run's events go (signed "
                                        "webhooks, Apprise URLs), besides a recipe's own (docs/notifications.md)")
+    state_url: str | None = Field(
+        default=None,
+        description="a team's shared state database, postgresql://[user@]host[:port]/dbname[?sslmode=...] "
+                    "(password in ~/.pgpass, never here); $CLOUDTRAIN_STATE_URL wins; unset: this machine's "
+                    "SQLite file (docs/teams.md)",
+    )
+
+    @field_validator("state_url")
+    @classmethod
+    def _state_url(cls, value: str | None) -> str | None:
+        from cloudtrain.state.location import check
+
+        try:
+            return None if value is None else check(value, "state_url")
+        except ConfigError as exc:  # pydantic places a ValueError at its line in the file
+            raise ValueError(exc.one_line().removeprefix("state_url: ")) from None
 
 
 def load_config(path: Path | None = None) -> Config:

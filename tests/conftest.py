@@ -100,6 +100,7 @@ def cloudtrain_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     user_home.mkdir()
     monkeypatch.setenv("HOME", str(user_home))
     monkeypatch.delenv("CLOUDTRAIN_CONFIG", raising=False)
+    monkeypatch.delenv("CLOUDTRAIN_STATE_URL", raising=False)  # a team database: only via state_backend
     monkeypatch.delenv("CLOUDTRAIN_DEBUG", raising=False)
     return home
 

@@ -1,4 +1,5 @@
-"""State store: schema versioning and two processes writing at once."""
+"""State store: schema versioning and two processes writing at once, on SQLite and on PostgreSQL
+(`state_backend`: the same test on this machine's file and on a team database)."""
 
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ WRITER = textwrap.dedent("""
 """)
 
 
-def test_two_processes_write_concurrently(cloudtrain_home: Path) -> None:
+def test_two_processes_write_concurrently(cloudtrain_home: Path, state_backend: str) -> None:
     StateStore().close()
     procs = [
         subprocess.Popen([sys.executable, "-c", WRITER, who], env=cli_env(), stderr=subprocess.PIPE, text=True)
@@ -38,12 +39,14 @@ def test_two_processes_write_concurrently(cloudtrain_home: Path) -> None:
         _, err = proc.communicate(timeout=120)
         assert proc.returncode == 0, err
     store = StateStore()
+    assert (str(store.path).startswith("postgresql://")) == (state_backend == "postgres")
+    assert (cloudtrain_home / "state.db").exists() == (state_backend == "sqlite")
     assert len(store.list_clusters()) == 20
     assert len(store.list_events()) == 300
     assert len(store.list_jobs("a-3")) == 15
 
 
-def test_two_cli_runs_at_once_share_one_state_db(tmp_path: Path) -> None:
+def test_two_cli_runs_at_once_share_one_state_db(tmp_path: Path, state_backend: str) -> None:
     for name in ("alpha", "beta"):
         (tmp_path / f"{name}.yaml").write_text(f"name: {name}\nrun: echo {name}; sleep 1\n")
     procs = [
@@ -71,7 +74,7 @@ def test_schema_version_and_wal(cloudtrain_home: Path) -> None:
         StateStore()
 
 
-def test_log_cursor_round_trip(cloudtrain_home: Path) -> None:
+def test_log_cursor_round_trip(cloudtrain_home: Path, state_backend: str) -> None:
     store = StateStore()
     assert store.get_log_cursor("j") == 0
     store.set_log_cursor("j", 42)

@@ -27,7 +27,6 @@ class Heartbeat:
 
     def _beat(self) -> None:
         import logging
-        import sqlite3
 
         store = StateStore(self._path)  # type: ignore[arg-type]
         try:
@@ -37,7 +36,7 @@ class Heartbeat:
                     return
                 try:
                     store.heartbeat(self._name, record.uid)
-                except sqlite3.Error as exc:  # a busy database: the next beat tries again
+                except store.errors as exc:  # a busy or unreachable database: the next beat tries again
                     logging.getLogger(__name__).debug("heartbeat of %s: %s", self._name, exc)
         finally:
             store.close()

@@ -80,13 +80,13 @@ def enqueue(store: StateStore, event: Event, targets: list[Bound]) -> None:
     now = time.time()
     data = event.data
     with store._write() as db:
-        db.execute("INSERT OR IGNORE INTO notify_events (id, type, at, source, run_id, cluster, body) "
-                   "VALUES (?, ?, ?, ?, ?, ?, ?)",
+        db.execute("INSERT INTO notify_events (id, type, at, source, run_id, cluster, body) "
+                   "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
                    (event.id, str(event.type), event.at, event.source, data.get("run"), data.get("cluster"),
                     event.body()))
         for bound in targets:
-            db.execute("INSERT OR IGNORE INTO notify_deliveries (event, target, label, state, next_at) "
-                       "VALUES (?, ?, ?, ?, ?)", (event.id, bound.ref.key(), bound.target.label(),
+            db.execute("INSERT INTO notify_deliveries (event, target, label, state, next_at) "
+                       "VALUES (?, ?, ?, ?, ?) ON CONFLICT DO NOTHING", (event.id, bound.ref.key(), bound.target.label(),
                                                   str(DeliveryState.PENDING), now))
 
 
@@ -109,7 +109,7 @@ def claim(store: StateStore, force: bool = False, limit: int = 50,
     with store._write() as db:
         rows = db.execute(
             f"SELECT d.*, e.type, e.at, e.body FROM notify_deliveries d JOIN notify_events e ON e.id = d.event "
-            f"WHERE d.state IN ({marks}) AND (? OR d.next_at <= ?) ORDER BY e.at, d.event LIMIT ?",
+            f"WHERE d.state IN ({marks}) AND (? = 1 OR d.next_at <= ?) ORDER BY e.at, d.event LIMIT ?",
             (*states, force, now, limit + len(skip))).fetchall()
         rows = [r for r in rows if force or (r["event"], r["target"]) not in skip][:limit]
         for row in rows:
@@ -153,12 +153,13 @@ def pending_count(store: StateStore) -> int:
 def events(store: StateStore, since: float = 0.0, after: str | None = None, limit: int = 200) -> list[EventRow]:
     """Events at or after `since`, oldest first, each with its deliveries; `after`: only those
     stored after that event (what `events -f` has not shown yet)."""
-    query = "SELECT rowid, * FROM notify_events WHERE at >= ?"
+    # rowid: the order events were stored in (SQLite's own; a column of that name on PostgreSQL).
+    query = "SELECT rowid AS seq, id, type, at, source, run_id, cluster, body FROM notify_events WHERE at >= ?"
     args: list[object] = [since]
     if after is not None:
         query += " AND rowid > (SELECT rowid FROM notify_events WHERE id = ?)"
         args.append(after)
-    rows = store._db.execute(f"SELECT * FROM ({query} ORDER BY rowid DESC LIMIT ?) ORDER BY rowid",
+    rows = store._db.execute(f"SELECT * FROM ({query} ORDER BY seq DESC LIMIT ?) ORDER BY seq",
                              (*args, limit)).fetchall()
     found = []
     for row in rows:

@@ -1,8 +1,14 @@
-"""SQLite state: clusters, nodes, jobs, runs, events, log cursors.
+"""State: clusters, nodes, jobs, runs, billing, events, log cursors, sweeps, notifications.
 
-One file under $CLOUDTRAIN_HOME. WAL mode plus short `BEGIN IMMEDIATE` write transactions make two
-CLI processes at once safe: readers never block, writers queue on the busy timeout instead of
-failing. The schema is versioned with `PRAGMA user_version` and migrated forward on open.
+By default one SQLite file under $CLOUDTRAIN_HOME. WAL mode plus short `BEGIN IMMEDIATE` write
+transactions make two CLI processes at once safe: readers never block, writers queue on the busy
+timeout instead of failing. The schema is versioned with `PRAGMA user_version` and migrated
+forward on open.
+
+With `state_url: postgresql://...` (or $CLOUDTRAIN_STATE_URL) the same tables live in a team's
+PostgreSQL database (state/pg.py: the same SQL through a small translating connection, writers
+serialized by an advisory lock as BEGIN IMMEDIATE does); its schema is migrated only by
+`cloudtrain team migrate` (state/team.py). Nothing above this module knows which engine it has.
 """
 
 from __future__ import annotations
@@ -38,7 +44,11 @@ from cloudtrain.state.schema import _MIGRATIONS, SCHEMA_VERSION
 R = TypeVar("R")
 
 
-def _rows(cursor: sqlite3.Cursor, record: type[R]) -> list[R]:
+# The primary key of each table the sweep journal upserts (`INSERT ... ON CONFLICT` names it).
+_SWEEP_KEYS = {"sweep_trials": "sweep, number", "sweep_attempts": "sweep, trial, attempt", "sweep_vms": "sweep, id"}
+
+
+def _rows(cursor: Any, record: type[R]) -> list[R]:
     names = [f.name for f in fields(record)]  # type: ignore[arg-type]
     return [record(**{n: row[n] for n in names}) for row in cursor.fetchall()]
 
@@ -46,19 +56,40 @@ def _rows(cursor: sqlite3.Cursor, record: type[R]) -> list[R]:
 class StateStore:
     """The only place SQL lives. `lifecycle` is the only writer of cluster state."""
 
-    def __init__(self, path: Path | None = None) -> None:
-        self.path = path or paths.state_db()
-        self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    def __init__(self, path: Path | str | None = None) -> None:
+        """`path`: a SQLite file or a postgresql:// URL; None: where the config says (location.py).
+        `self.path` opens the same store again (threads that need a connection of their own)."""
+        if path is None:
+            from cloudtrain.state.location import state_url
+
+            path = state_url() or paths.state_db()
+        # What a write transaction starts with: for PostgreSQL, BEGIN and the writers' lock.
+        self._begin: tuple[str, ...] = ("BEGIN IMMEDIATE",)
+        self.errors: tuple[type[BaseException], ...] = (sqlite3.Error,)
+        self.path: Path | str
+        if isinstance(path, str) and path.startswith(("postgresql://", "postgres://")):
+            from cloudtrain.state import pg
+
+            self.path = path
+            self._db: Any = pg.open_store(path)
+            self._begin = (pg.BEGIN, pg.AFTER_BEGIN)
+            self.errors = pg.errors()
+            return
+        self._open_sqlite(Path(path))
+
+    def _open_sqlite(self, path: Path) -> None:
+        self.path = path
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         # Owner-only before SQLite opens it (SQLite gives its -wal and -shm files the same mode):
         # the file names every cluster, address and key path of the user. Only a file that does
         # not exist yet is opened here: closing any descriptor of a database file drops every
         # POSIX lock this process holds on it, those of SQLite connections in other threads too.
         try:
-            os.close(os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600))
+            os.close(os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600))
         except FileExistsError:
-            if self.path.stat().st_mode & 0o077:
-                os.chmod(self.path, 0o600)
-        self._db = sqlite3.connect(self.path, timeout=30.0, isolation_level=None, check_same_thread=False)
+            if path.stat().st_mode & 0o077:
+                os.chmod(path, 0o600)
+        self._db = sqlite3.connect(path, timeout=30.0, isolation_level=None, check_same_thread=False)
         self._db.row_factory = sqlite3.Row
         self._db.execute("PRAGMA busy_timeout = 30000")
         self._db.execute("PRAGMA foreign_keys = ON")
@@ -72,11 +103,13 @@ class StateStore:
         self._db.close()
 
     @contextmanager
-    def _write(self) -> Iterator[sqlite3.Connection]:
+    def _write(self) -> Iterator[Any]:
         # IMMEDIATE takes the write lock up front, so two processes never both read-then-upgrade
-        # and deadlock; the loser waits on busy_timeout.
-        self._db.execute("BEGIN IMMEDIATE")
+        # and deadlock; the loser waits on busy_timeout. PostgreSQL: the writers' advisory lock.
+        self._db.execute(self._begin[0])
         try:
+            for statement in self._begin[1:]:
+                self._db.execute(statement)
             yield self._db
         except BaseException:
             self._db.execute("ROLLBACK")
@@ -307,14 +340,14 @@ class StateStore:
         return _rows(cur, EventRecord)
 
     def get_log_cursor(self, job_id: str) -> int:
-        row = self._db.execute("SELECT offset FROM log_cursors WHERE job_id = ?", (job_id,)).fetchone()
+        row = self._db.execute('SELECT "offset" FROM log_cursors WHERE job_id = ?', (job_id,)).fetchone()
         return int(row["offset"]) if row else 0
 
     def set_log_cursor(self, job_id: str, offset: int) -> None:
         with self._write() as db:
             db.execute(
-                "INSERT INTO log_cursors (job_id, offset) VALUES (?, ?) "
-                "ON CONFLICT(job_id) DO UPDATE SET offset = excluded.offset",
+                'INSERT INTO log_cursors (job_id, "offset") VALUES (?, ?) '
+                'ON CONFLICT(job_id) DO UPDATE SET "offset" = excluded."offset"',
                 (job_id, offset),
             )
 
@@ -344,8 +377,10 @@ class StateStore:
             for table, rows in (("sweep_trials", trials), ("sweep_attempts", attempts), ("sweep_vms", vms)):
                 for row in rows:
                     cols = [f.name for f in fields(row)]
-                    db.execute(f"INSERT OR REPLACE INTO {table} ({', '.join(cols)}) "
-                               f"VALUES ({', '.join('?' for _ in cols)})", [getattr(row, c) for c in cols])
+                    # Every column is given, so an update of all of them is what REPLACE did.
+                    db.execute(f"INSERT INTO {table} ({', '.join(cols)}) VALUES ({', '.join('?' for _ in cols)}) "
+                               f"ON CONFLICT ({_SWEEP_KEYS[table]}) DO UPDATE SET "
+                               f"{', '.join(f'{c} = excluded.{c}' for c in cols)}", [getattr(row, c) for c in cols])
             if counters:
                 sets = ", ".join(f"{k} = :{k}" for k in counters)
                 db.execute(f"UPDATE sweeps SET {sets}, updated_at = :now WHERE id = :id",

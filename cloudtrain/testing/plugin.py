@@ -14,6 +14,7 @@ The parts they are made of, for tests of your own:
 - azure_blobs: Azurite with the fake ARM's Storage Blob Data roles enforced by a front (testing/blob.py)
 - metadata_server: instance metadata fakes (GCE, Azure IMDS, EC2 role credentials; testing/metadata.py)
 - ssh_persist_off (autouse), no_mux_left: no SSH connection kept after a command, unless asked (testing/mux.py)
+- postgres_server, state_backend: a real PostgreSQL of the session; a test run on SQLite and on it (testing/postgres.py)
 
 One import line per module, fixtures listed by name: a cloud's fake adds its own line.
 """
@@ -30,3 +31,4 @@ from cloudtrain.testing.gcs import gcs_buckets  # noqa: F401
 from cloudtrain.testing.metadata import metadata_server  # noqa: F401
 from cloudtrain.testing.blob import azure_blobs  # noqa: F401
 from cloudtrain.testing.mux import no_mux_left, ssh_persist_off  # noqa: F401
+from cloudtrain.testing.postgres import postgres_server, state_backend  # noqa: F401

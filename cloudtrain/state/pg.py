@@ -1,0 +1,211 @@
+"""StateStore's PostgreSQL backend: a connection that takes StateStore's SQL as SQLite reads it.
+
+Why an adapter and not a second store class: StateStore's ~40 queries are plain SQL that both
+engines read alike except for a handful of spellings, so one copy of every query (and of the
+notify outbox's) stays the contract, and a query added later runs on both without being written
+twice. The differences, all translated here in one place:
+
+- placeholders: `?` and `:name` become psycopg's `%s` and `%(name)s` (a literal `%` is doubled);
+- SQLite's two-argument scalar `MAX(a, b)` is PostgreSQL's `GREATEST(a, b)`;
+- a Python bool is bound as 0/1, as SQLite stores it (the columns are INTEGER on both);
+- rows answer `row["name"]` and `row[0]`, like sqlite3.Row.
+
+Transactions keep SQLite's model: the connection autocommits single statements (readers never
+wait), and a write transaction (`StateStore._write`) takes one transaction-level advisory lock
+first, so writers run one at a time across every CLI of the team exactly as `BEGIN IMMEDIATE`
+makes them do on one file: a read-then-write in a transaction can never interleave with another.
+Writes are milliseconds long; 50 CLIs queue for a few milliseconds each, never deadlock.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterator, Mapping, Sequence
+from functools import lru_cache
+from typing import Any
+
+from cloudtrain.errors import CloudtrainError, UsageError
+
+# Advisory lock keys (bigint, per database): every write transaction, and `team migrate`.
+WRITE_LOCK = 0x63740001
+MIGRATE_LOCK = 0x63740002
+BEGIN = "BEGIN"
+AFTER_BEGIN = f"SELECT pg_advisory_xact_lock({WRITE_LOCK})"
+VERSION_TABLE = "cloudtrain_schema"
+CONNECT_TIMEOUT_S = 10
+
+_MAX2 = re.compile(r"\bMAX\(([^(),]+),([^(),]+)\)", re.IGNORECASE)
+
+
+@lru_cache(maxsize=512)
+def translate(sql: str, with_params: bool) -> str:
+    """SQLite-flavoured SQL as psycopg takes it (see the module's docstring)."""
+    sql = _MAX2.sub(r"GREATEST(\1,\2)", sql)
+    out: list[str] = []
+    quote: str | None = None
+    i = 0
+    while i < len(sql):
+        ch = sql[i]
+        if quote:
+            out.append("%%" if ch == "%" and with_params else ch)
+            if ch == quote:
+                quote = None
+        elif ch in "'\"":
+            quote = ch
+            out.append(ch)
+        elif ch == "?":
+            out.append("%s")
+        elif ch == ":" and sql[i + 1:i + 2] == ":":  # a cast, `x::text`
+            out.append("::")
+            i += 1
+        elif ch == ":" and re.match(r"[A-Za-z_]", sql[i + 1:i + 2]):
+            name = re.match(r"\w+", sql[i + 1:])
+            assert name is not None
+            out.append(f"%({name.group(0)})s")
+            i += len(name.group(0))
+        elif ch == "%" and with_params:
+            out.append("%%")
+        else:
+            out.append(ch)
+        i += 1
+    return "".join(out)
+
+
+def _bind(value: Any) -> Any:
+    return int(value) if isinstance(value, bool) else value
+
+
+class Row:
+    """One result row, read by column name or position (what sqlite3.Row offers)."""
+
+    __slots__ = ("_names", "_values")
+
+    def __init__(self, names: Mapping[str, int], values: Sequence[Any]) -> None:
+        self._names, self._values = names, values
+
+    def __getitem__(self, key: str | int) -> Any:
+        return self._values[self._names[key]] if isinstance(key, str) else self._values[key]
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self._values)
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    def keys(self) -> list[str]:
+        return list(self._names)
+
+
+def _row_factory(cursor: Any) -> Any:
+    names = {column.name: i for i, column in enumerate(cursor.description or ())}
+    return lambda values: Row(names, values)
+
+
+class PgConnection:
+    """What StateStore and the outbox call on `_db`: execute (translated), close."""
+
+    def __init__(self, conn: Any) -> None:
+        self._conn = conn
+
+    def execute(self, sql: str, params: Sequence[Any] | Mapping[str, Any] | None = None) -> Any:
+        if not params:
+            return self._conn.execute(translate(sql, False))
+        if isinstance(params, Mapping):
+            bound: Any = {k: _bind(v) for k, v in params.items()}
+        else:
+            bound = [_bind(v) for v in params]
+        return self._conn.execute(translate(sql, True), bound)
+
+    def close(self) -> None:
+        self._conn.close()
+
+
+def connect(url: str) -> Any:
+    """A raw psycopg connection in autocommit mode. libpq reads the URL, so sslmode, passfile
+    (~/.pgpass, PGPASSFILE), service files (PGSERVICEFILE, `service=`) and PG* variables apply."""
+    try:
+        import psycopg
+    except ImportError:
+        raise UsageError("state_url is a PostgreSQL database, and psycopg is not installed",
+                         hint="pip install 'cloudtrain[team]'") from None
+    from psycopg.conninfo import conninfo_to_dict
+
+    try:
+        given = conninfo_to_dict(url)
+    except psycopg.ProgrammingError as exc:
+        raise UsageError(f"state_url {url!r}: not a libpq URL ({_first_line(exc)})",
+                         hint="e.g. postgresql://alice@db.example.com/cloudtrain?sslmode=require") from None
+    extra: dict[str, Any] = {}
+    # A database that does not answer must not hang a CLI; a timeout the user set (URL, service
+    # file, PGCONNECT_TIMEOUT) wins.
+    if not ({"connect_timeout", "service"} & set(given)) and "PGCONNECT_TIMEOUT" not in os.environ \
+            and "PGSERVICE" not in os.environ:
+        extra["connect_timeout"] = CONNECT_TIMEOUT_S
+    if "application_name" not in given:
+        extra["application_name"] = "cloudtrain"
+    try:
+        return psycopg.connect(url, autocommit=True, row_factory=_row_factory, **extra)
+    except psycopg.Error as exc:
+        raise CloudtrainError(f"could not reach the state database {display(url)}: {_first_line(exc)}",
+                              hint="check state_url / CLOUDTRAIN_STATE_URL and that the server is up") from None
+
+
+def errors() -> tuple[type[BaseException], ...]:
+    import psycopg
+
+    return (psycopg.Error,)
+
+
+def schema_version(conn: Any) -> int | None:
+    """The version the database is at; None where it has no cloudtrain schema."""
+    exists = conn.execute("SELECT to_regclass(%s) IS NOT NULL", (VERSION_TABLE,)).fetchone()[0]
+    if not exists:
+        return None
+    return int(conn.execute(f"SELECT COALESCE(MAX(version), 0) FROM {VERSION_TABLE}").fetchone()[0])
+
+
+def check_version(conn: Any, url: str) -> None:
+    """A CLI uses only a database at its own schema version; it never migrates one on open (a
+    shared database is migrated by an admin, `cloudtrain team migrate`)."""
+    from cloudtrain.state.schema_pg import PG_SCHEMA_VERSION
+
+    version = schema_version(conn)
+    where = display(url)
+    if version is None:
+        raise UsageError(f"the state database {where} has no cloudtrain schema yet",
+                         hint="an admin runs `cloudtrain team init` once (docs/teams.md)")
+    if version < PG_SCHEMA_VERSION:
+        raise UsageError(f"the state database {where} is at schema v{version}, older than this cloudtrain "
+                         f"(v{PG_SCHEMA_VERSION})", hint="an admin runs `cloudtrain team migrate`")
+    if version > PG_SCHEMA_VERSION:
+        raise UsageError(f"the state database {where} is at schema v{version}, newer than this cloudtrain "
+                         f"(v{PG_SCHEMA_VERSION})", hint="upgrade cloudtrain: pip install -U 'cloudtrain[team]'")
+
+
+def open_store(url: str) -> PgConnection:
+    conn = connect(url)
+    try:
+        check_version(conn, url)
+    except BaseException:
+        conn.close()
+        raise
+    return PgConnection(conn)
+
+
+def display(url: str) -> str:
+    """The URL as messages show it: never a password (location.check refuses one, but a message
+    must not depend on that)."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.hostname or ""
+    netloc = f"{parts.username or ''}@{host}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
