@@ -16,7 +16,21 @@ counted against the budget; it survives reboots), watchdog.pid and watchdog.lock
 cluster and machine: the loop holds an exclusive lock on it).
 
 Decisions: `start`, `config` (settings changed; the idle clock restarts), `busy`, `idle`, `stop` /
-`delete` (acting), `waiting` (acted; the machine should be going down), `interruption`, `error`, `exit`.
+`delete` (acting), `waiting` (acted; the machine should be going down), `interruption`, `mark`,
+`error`, `exit`.
+
+GPUs (`autostop.gpu_util_below`: P): a job that runs while every GPU's utilization.gpu (nvidia-smi,
+sampled every gpu_sample_s, default 10 s, while jobs run) stays below P is no activity: the idle
+clock counts from the first sample of that quiet run (gpu_rule). A sample that fails, hangs or
+cannot be read counts as busy; so does any job whose id matches `busy_jobs` (setup, bucket copies).
+
+Liveness mark (`mark`, from the provider's MarksItself; docs/design/billing.md): while this node
+works (a job, setup or copy running or starting, a user's ssh session), the loop renews the
+instance's `cloudtrain-alive` label/tag every `mark_every_s` (300) with the machine's own identity:
+{"kind": "http-mark", "key", "token", "get": url, "field": "labels"|"tags", "fingerprint": field or
+absent, "method", "url", "ok", "retry"} (read, merge, write back; renew_mark). {"kind": "none",
+"why"}: the machine has no identity that may (nothing is tried). A failed mark is logged, retried
+with backoff, and changes no decision.
 
 Interruption notices (`interruption`: the cloud's name, set for runs that recover, docs/recovery.md):
 every NOTICE_TICK_S the loop asks the metadata server whether the cloud is taking the machine back
@@ -72,6 +86,7 @@ acting again; a failed action is retried on the next ticks, with backoff.
 from __future__ import annotations
 
 import errno
+import fnmatch
 import json
 import os
 import shlex
@@ -93,6 +108,7 @@ ACTION_TIMEOUT_S = 120.0
 # The last argument of cloudtrain's node helper (cloudtrain/remote/helper.py NODE_HELPER_MARK): a
 # connection whose sessions are only such helpers, idle, is cloudtrain's kept connection (ssh_activity).
 NODE_HELPER_MARK = "cloudtrain-node-helper"
+MARK_EVERY_S = 300.0  # the liveness mark's renewal while the node works (cloudtrain/cluster/liveness.py)
 
 
 def utc_now() -> str:
@@ -373,6 +389,68 @@ def session_rule(seen: int, now, absent: int):
     return None, True, 0, 0
 
 
+# ------------------------------------------------------------------------------------ GPU idleness
+
+GPU_QUERY = ["nvidia-smi", "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits"]
+GPU_SAMPLE_S = 10.0  # how often the GPUs are sampled while a job runs (`gpu_sample_s` overrides, for tests)
+GPU_SAMPLE_TIMEOUT_S = 5.0
+
+
+def sample_gpus(timeout: float = GPU_SAMPLE_TIMEOUT_S) -> tuple[list | None, str]:
+    """Every GPU's utilization.gpu in %, or (None, why) when nvidia-smi is missing, fails, hangs or
+    says something else than numbers (MIG's [N/A]): such a sample counts as busy. The sampler runs in
+    a session of its own, so that a hung one is ended with whatever it started."""
+    try:
+        proc = subprocess.Popen(GPU_QUERY, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+    except OSError as exc:
+        return None, f"nvidia-smi: {type(exc).__name__}: {exc}"
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except OSError:
+            proc.kill()
+        proc.communicate()
+        return None, f"nvidia-smi timed out after {timeout:g}s"
+    text = out.decode("utf-8", "replace").strip()
+    if proc.returncode != 0:
+        return None, "nvidia-smi exited {}: {}".format(proc.returncode, (text.splitlines() or [""])[-1][:120])
+    try:
+        values = [float(line) for line in text.splitlines() if line.strip()]
+    except ValueError:
+        return None, f"nvidia-smi said {text[:80]!r}"
+    if not values:
+        return None, "nvidia-smi listed no GPU"
+    return values, ",".join(f"{v:g}%" for v in values)
+
+
+def gpu_rule(samples: list, below: float, window_s: float, now: float) -> tuple[str, float | None, str]:
+    """What the GPUs say of the jobs running: ("busy", None, why), ("quiet", since, why) or
+    ("idle", since, why). samples: (monotonic time, [utilization % per GPU] or None for a failed
+    sample), oldest first. `since` is the first sample of the trailing run in which every sample read
+    every GPU below `below`: the idle clock counts from there (not from the last busy sample: between
+    samples nothing is known). "idle": that run spans `window_s`. No sample yet, a failed last sample
+    or any GPU at `below` or more: busy (a broken check never stops a VM)."""
+    since, count = None, 0
+    for at, values in reversed(samples):
+        if values is None or any(v >= below for v in values):
+            break
+        since, count = at, count + 1
+    if not samples:
+        return "busy", None, f"gpu: no sample yet (< {below:g}% to idle)"
+    last = samples[-1][1]
+    if last is None:
+        return "busy", None, "gpu: the last sample failed (counts as busy)"
+    shown = ",".join(f"{v:g}%" for v in last)
+    if since is None:
+        return "busy", None, f"gpu {shown} (not all < {below:g}%)"
+    quiet = now - since
+    return ("idle" if quiet >= window_s else "quiet"), since, "gpu {} < {:g}% for {:.0f}/{:g}s ({} sample(s))".format(
+        shown, below, quiet, window_s, count)
+
+
 # ------------------------------------------------------------------------------------ acting
 
 
@@ -408,48 +486,96 @@ def rebase(url: str, base) -> str:
     return urlunsplit((new.scheme, new.netloc, old.path, old.query, old.fragment))
 
 
-def http_action(action: dict, cfg: dict) -> tuple[bool, str]:
+def bearer(token_spec, cfg: dict) -> tuple[dict | None, str]:
+    """{"Authorization": "Bearer ..."} from the instance metadata server (`token_spec` from the
+    provider: url, headers, field), or (None, why). Never logged."""
+    import urllib.error
+    import urllib.request
+
+    if not token_spec:
+        return {}, ""
+    # The metadata server is link-local: never through a proxy from the environment.
+    direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    token_url = rebase(token_spec["url"], cfg.get("metadata_url"))
+    request = urllib.request.Request(token_url, headers=dict(token_spec.get("headers") or {}), method="GET")
+    try:
+        with direct.open(request, timeout=15) as answer:
+            token = json.load(answer)[token_spec.get("field", "access_token")]
+    except urllib.error.HTTPError as exc:
+        return None, f"token from {token_url}: HTTP {exc.code}"
+    except (OSError, ValueError, KeyError) as exc:
+        return None, f"token from {token_url}: {type(exc).__name__}: {exc}"
+    return {"Authorization": f"Bearer {token}"}, ""
+
+
+def api_call(method: str, url: str, headers: dict, body, cfg: dict) -> tuple[int | None, object, str]:
+    """One call of a cloud API: (HTTP status or None, the answer's JSON or None, a line for the log)."""
     import ssl
     import urllib.error
     import urllib.request
 
     context = ssl.create_default_context(cafile=cfg["ca_file"]) if cfg.get("ca_file") else None
-    headers = dict(action.get("headers") or {})
-    token_spec = action.get("token")
-    if token_spec:
-        # The metadata server is link-local: never through a proxy from the environment.
-        direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-        token_url = rebase(token_spec["url"], cfg.get("metadata_url"))
-        request = urllib.request.Request(token_url, headers=dict(token_spec.get("headers") or {}), method="GET")
-        try:
-            with direct.open(request, timeout=15) as answer:
-                token = json.load(answer)[token_spec.get("field", "access_token")]
-        except urllib.error.HTTPError as exc:
-            return False, f"token from {token_url}: HTTP {exc.code}"
-        except (OSError, ValueError, KeyError) as exc:
-            return False, f"token from {token_url}: {type(exc).__name__}: {exc}"
-        headers["Authorization"] = f"Bearer {token}"
-    method = action.get("method", "POST").upper()
-    body = action.get("body")
+    headers = dict(headers)
     if body is not None:
         data = json.dumps(body).encode()
         headers.setdefault("Content-Type", "application/json")
     else:
         data = b"" if method in ("POST", "PUT", "PATCH") else None
-    request = urllib.request.Request(action["url"], data=data, headers=headers, method=method)
+    request = urllib.request.Request(url, data=data, headers=headers, method=method)
     try:
         with urllib.request.urlopen(request, timeout=60, context=context) as answer:
-            status = answer.status
+            status, raw = answer.status, answer.read(1 << 20)
     except urllib.error.HTTPError as exc:
-        status = exc.code
         detail = exc.read()[:300].decode("utf-8", "replace").replace("\n", " ")
-        if not (status == 404 and action.get("gone_ok")):
-            return False, f"{method} {action['url']}: HTTP {status} {detail}"
+        return exc.code, None, f"{method} {url}: HTTP {exc.code} {detail}"
     except (OSError, ValueError) as exc:
-        return False, "{} {}: {}: {}".format(method, action["url"], type(exc).__name__, exc)
-    if status not in (action.get("ok") or [200, 201, 202, 204]) and not (status == 404 and action.get("gone_ok")):
-        return False, f"{method} {action['url']}: unexpected HTTP {status}"
-    return True, f"{method} {action['url']}: HTTP {status}"
+        return None, None, f"{method} {url}: {type(exc).__name__}: {exc}"
+    try:
+        parsed = json.loads(raw.decode("utf-8", "replace")) if raw.strip() else None
+    except ValueError:
+        parsed = None
+    return status, parsed, f"{method} {url}: HTTP {status}"
+
+
+def http_action(action: dict, cfg: dict) -> tuple[bool, str]:
+    headers, why = bearer(action.get("token"), cfg)
+    if headers is None:
+        return False, why
+    method = action.get("method", "POST").upper()
+    status, _, detail = api_call(method, action["url"], {**(action.get("headers") or {}), **headers},
+                                 action.get("body"), cfg)
+    if status == 404 and action.get("gone_ok"):
+        return True, detail
+    if status not in (action.get("ok") or [200, 201, 202, 204]):
+        return False, detail if status is None or status >= 400 else f"{detail} (unexpected)"
+    return True, detail
+
+
+def renew_mark(mark: dict, cfg: dict, now: float) -> tuple[bool, str]:
+    """Set this machine's liveness mark (mark["key"], whole epoch seconds) with its own identity: read
+    the instance, write its label/tag map (mark["field"]) back with the mark renewed, as the CLI's
+    MarksAlive does. Compute Engine guards labels with a fingerprint read alongside: a stale one is
+    412 (someone changed them meanwhile), so the read is done again."""
+    headers, why = bearer(mark.get("token"), cfg)
+    if headers is None:
+        return False, why
+    value, field = str(int(now)), mark["field"]
+    for _ in range(3):
+        status, answer, detail = api_call("GET", mark["get"], headers, None, cfg)
+        if status != 200 or not isinstance(answer, dict):
+            return False, detail
+        tags = dict(answer.get(field) or {})
+        tags[mark["key"]] = value
+        body = {field: tags}
+        if mark.get("fingerprint"):
+            body[mark["fingerprint"]] = answer.get(mark["fingerprint"])
+        method = mark.get("method", "PATCH").upper()
+        status, _, detail = api_call(method, mark["url"], headers, body, cfg)
+        if status in (mark.get("ok") or [200, 202]):
+            return True, f"{mark['key']}={value} ({detail})"
+        if status not in (mark.get("retry") or ()):
+            return False, detail
+    return False, f"{detail} three times (the labels keep changing)"
 
 
 # The clouds' interruption notices, read from this machine's metadata server (`interruption` in the
@@ -600,8 +726,15 @@ def describe_settings(cfg: dict) -> str:
             float(auto["idle_s"]), action.get("effect", "stop"), waits.get(auto.get("wait_for"), auto.get("wait_for"))))
     else:
         parts.append("autostop off")
+    if auto and auto.get("gpu_util_below") is not None:
+        parts.append("a running job is idle while every GPU stays < {:g}%".format(float(auto["gpu_util_below"])))
     if budget:
         parts.append("budget {:g}s of running time ({})".format(float(budget["limit_s"]), budget.get("why", "")))
+    mark = cfg.get("mark") or {}
+    if mark.get("kind") == "http-mark":
+        parts.append("liveness mark every {:g}s while working".format(float(cfg.get("mark_every_s") or MARK_EVERY_S)))
+    elif mark.get("why"):
+        parts.append("no liveness mark ({})".format(mark["why"]))
     if cfg.get("lease"):
         parts.append(describe_lease(cfg["lease"]))
     parts.append("action {}".format(action.get("kind", "none")))
@@ -667,6 +800,11 @@ class Watchdog:
         self.lease_key = None
         self.noticed = os.path.exists(os.path.join(self.paths.root, NOTICE_FILE))
         self.hook_text = read_text(self.paths.hook)  # how this loop survives reboots (its files may go)
+        self.gpu_samples = []  # (monotonic time, [% per GPU] or None) while jobs run (gpu_util_below)
+        self.gpu_why = ""
+        self.marked_at = None  # when this loop last renewed the liveness mark (monotonic)
+        self.mark_failures = 0
+        self.mark_retry = 0.0
 
     def load(self):
         cfg = read_json(self.paths.config)
@@ -742,31 +880,45 @@ class Watchdog:
                 self.log("error", "cannot count ssh sessions (no sshd port known or no /proc/net/tcp); jobs only")
         session_busy, sessions_ended, self.sessions_seen, self.sessions_absent = session_rule(
             self.sessions_seen, sessions, self.sessions_absent)
-        busy = []
+        busy, gpu_since, gpu_text = [], None, ""
         if auto and wait_for in ("jobs", "jobs_and_ssh"):
             if jobs["running"]:
-                busy.append("{} job(s) running ({})".format(len(jobs["running"]), ", ".join(jobs["running"][:3])))
+                verdict, gpu_since, gpu_text = self.gpu_verdict(cfg, auto, jobs["running"], now_m)
+                if verdict == "busy":
+                    busy.append("{} job(s) running ({}){}".format(len(jobs["running"]), ", ".join(jobs["running"][:3]),
+                                                                  f"; {gpu_text}" if gpu_text else ""))
             if jobs["starting"]:
                 busy.append("job(s) starting ({})".format(", ".join(jobs["starting"][:3])))
             if new_jobs:
                 busy.append("new job(s) ({})".format(", ".join(new_jobs[:3])))
             if session_busy:
                 busy.append(session_busy)
+        if not jobs["running"]:
+            self.gpu_samples = []  # a job's GPUs are judged from its own samples only
+        working = bool(jobs["running"] or jobs["starting"] or new_jobs or session_busy)
         if busy:
             self.idle_from, self.idle_since = now_m, "busy"
         elif auto and wait_for in ("jobs", "jobs_and_ssh"):
             mark, why = self.activity_ended(jobs, sessions_ended, now, now_m)
+            if gpu_since is not None and gpu_since > mark:
+                mark, why = gpu_since, "the GPUs went quiet"
             if mark > self.idle_from:
                 self.idle_from, self.idle_since = mark, why
+        if self.acted_at is None:
+            try:
+                self.keep_mark(cfg, working, now_m)
+            except Exception as exc:  # noqa: BLE001 - a failed mark must never keep the node from stopping
+                self.log("error", f"liveness mark: {type(exc).__name__}: {exc}")
         self.over_seen = set(jobs["over"])
         self.prev_running = set(jobs["running"])
         idle_s = now_m - self.idle_from
         budget_text = ""
         if budget:
             budget_text = "; budget {:.0f}/{:.0f}s".format(used, float(budget["limit_s"]))
-        facts = "jobs running {}, ssh sessions {}{}{}".format(
+        facts = "jobs running {}, ssh sessions {}{}{}{}".format(
             len(jobs["running"]), "-" if sessions is None else sessions,
-            " (+{} cloudtrain's, idle: not counted)".format(kept) if kept else "", budget_text)
+            " (+{} cloudtrain's, idle: not counted)".format(kept) if kept else "", budget_text,
+            f"; {gpu_text}" if gpu_text and not busy else "")
 
         action = cfg.get("action") or {}
         effect = action.get("effect", "stop")
@@ -826,6 +978,55 @@ class Watchdog:
         self.next_try = time.monotonic() + backoff
         self.log("error", f"{effect} failed (try {self.failures}, next in {backoff:.0f}s): {detail}")
         return True
+
+    def gpu_verdict(self, cfg: dict, auto: dict, running: list, now_m: float) -> tuple[str, float | None, str]:
+        """gpu_rule for the jobs running, sampling the GPUs when a sample is due. Not armed
+        (`autostop.gpu_util_below` unset), or a setup or bucket copy among them (`busy_jobs`, their
+        ids' patterns from the CLI): busy, as any job."""
+        below = auto.get("gpu_util_below")
+        if below is None:
+            return "busy", None, ""
+        steady = [j for j in running if any(fnmatch.fnmatchcase(j, p) for p in cfg.get("busy_jobs") or ())]
+        if steady:
+            return "busy", None, "setup or copy ({}): busy whatever the GPUs do".format(", ".join(steady[:3]))
+        every = max(0.05, float(cfg.get("gpu_sample_s") or GPU_SAMPLE_S))
+        if not self.gpu_samples or now_m - self.gpu_samples[-1][0] >= every:
+            values, self.gpu_why = sample_gpus(min(GPU_SAMPLE_TIMEOUT_S, max(1.0, every)))
+            self.gpu_samples.append((now_m, values))
+            # What gpu_rule can still need: the window and one sample before it.
+            keep_from = now_m - float(auto["idle_s"]) - 2 * every
+            self.gpu_samples = [s for s in self.gpu_samples if s[0] >= keep_from]
+        self.wake_in = min(self.wake_in, every)
+        verdict, since, text = gpu_rule(self.gpu_samples, float(below), float(auto["idle_s"]), now_m)
+        if self.gpu_samples[-1][1] is None:
+            text += f": {self.gpu_why}"
+        return verdict, since, text
+
+    def keep_mark(self, cfg: dict, working: bool, now_m: float) -> None:
+        """While this node works (a job, setup or copy running or starting, a user's ssh session), its
+        liveness mark renewed every `mark_every_s` with the machine's own identity (`mark`, from the
+        provider), so that `gc` from any state leaves it alone with no CLI holding it. A failed mark
+        is logged and tried again (backoff); it changes no decision."""
+        mark = cfg.get("mark") or {}
+        if mark.get("kind") != "http-mark":
+            return
+        every = max(0.05, float(cfg.get("mark_every_s") or MARK_EVERY_S))
+        if (self.marked_at is not None and now_m - self.marked_at < every) or now_m < self.mark_retry:
+            return
+        if not working and cfg.get("count_ssh") and (cfg.get("autostop") or {}).get("wait_for") != "jobs_and_ssh":
+            activity = ssh_activity(cfg.get("ssh_port"))  # (the autostop rule did not read the sessions)
+            working = bool(activity and activity[0])
+        if not working:
+            return
+        ok, detail = renew_mark(mark, cfg, time.time())
+        if ok:
+            self.marked_at, self.mark_failures, self.mark_retry = now_m, 0, 0.0
+            self.log("mark", f"alive: {detail}")
+            return
+        self.mark_failures += 1
+        backoff = min(every, tick_of(cfg) * (2 ** min(self.mark_failures, 10)))
+        self.mark_retry = now_m + backoff
+        self.log("error", f"liveness mark failed (try {self.mark_failures}, next in {backoff:.0f}s): {detail}")
 
     def watch_for_notice(self, cfg: dict) -> None:
         """The cloud's interruption notice: once seen, say so in a file the CLI reads, and TERM the
@@ -1156,6 +1357,13 @@ def ensure(config_path: str, new: dict, python: str, program: str) -> dict:
     if new.get("action") is None:
         if old.get("action") and old.get("action_key") == new.get("action_key"):
             new["action"] = old["action"]
+        else:
+            return {"status": "need-action", "down": str(new.get("action_key") or "").endswith(":delete")}
+    if new.get("mark_key") and not new.get("mark"):
+        # The liveness mark's call (or the provider's word that this machine cannot mark itself),
+        # kept per instance like the action.
+        if old.get("mark") and old.get("mark_key") == new["mark_key"]:
+            new["mark"] = old["mark"]
         else:
             return {"status": "need-action", "down": str(new.get("action_key") or "").endswith(":delete")}
     refused = power_off_refusal(new)

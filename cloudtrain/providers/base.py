@@ -329,6 +329,17 @@ class MarksAlive(Protocol):
 
 
 @runtime_checkable
+class MarksItself(Protocol):
+    """Machines whose own identity may renew their liveness mark: the on-node watchdog does, while
+    the node works, with no CLI holding it (docs/watchdog.md, the mark)."""
+
+    def mark_action(self, instance: Instance) -> dict[str, Any] | None:
+        """The watchdog's call that sets TAG_ALIVE on `instance` from the machine itself (kind
+        `http-mark`), or None where that machine has no identity that may."""
+        ...
+
+
+@runtime_checkable
 class ListsEnded(Protocol):
     """Clouds that still report machines after they ended (EC2 describes a terminated instance for
     about an hour): a launch whose create answer was lost is billed from what they say."""

@@ -17,6 +17,11 @@ on the node, is rewritten here and reread by the watchdog on every tick:
                  (Provider.watchdog_action), cached on the node per instance and effect
     interruption the cloud whose interruption notice the node watches for (a run with `recover:`),
                  or null (docs/recovery.md)
+    mark         the node's own call renewing its liveness mark while it works (Provider.mark_action
+                 of MarksItself), cached like the action per `mark_key` (the instance); {"kind":
+                 "none", "why"} where the machine has no identity that may; absent on other clouds
+    mark_every_s its renewal (liveness.MARK_EVERY_S; CLOUDTRAIN_WATCHDOG_MARK_S overrides, for tests)
+    busy_jobs    patterns of the job ids that are busy whatever the GPUs do (setup, bucket copies)
     count_ssh, ssh_port, shutdown_command, metadata_url, ca_file, persist  (see docs/watchdog.md)
 
 Writing it costs one round trip per node when the node already holds an action for the same
@@ -59,6 +64,12 @@ ENV_SHUTDOWN = "CLOUDTRAIN_WATCHDOG_SHUTDOWN"  # shell words replacing the OS sh
 ENV_METADATA_URL = "CLOUDTRAIN_WATCHDOG_METADATA_URL"  # replaces the metadata server in token URLs
 ENV_CA_FILE = "CLOUDTRAIN_WATCHDOG_CA_FILE"  # CA bundle for the watchdog's HTTPS calls
 ENV_PERSIST = "CLOUDTRAIN_WATCHDOG_PERSIST"  # auto | none (none: no systemd unit or crontab line)
+ENV_MARK_S = "CLOUDTRAIN_WATCHDOG_MARK_S"  # the liveness mark's renewal, replacing 300 s
+ENV_GPU_SAMPLE_S = "CLOUDTRAIN_WATCHDOG_GPU_SAMPLE_S"  # GPU sampling, replacing 10 s
+# Jobs that count as busy whatever the GPUs do (autostop.gpu_util_below): a recipe's setup (run's
+# `<run>-setup`, setup_once's `setup-...`) and the bucket copies (buckets/steps.py: `<run>-data`,
+# `<run>-upload`). fnmatch patterns on the job's id (tests/watchdog/test_gpu_rule.py pins them).
+BUSY_JOBS = ("*-setup", "setup-*", "*-data", "*-upload")
 
 # Runs on the node with its python3: installs watchdog.py (only when it changed) and calls its
 # ensure() with the config, in one round trip. stdin: {"program": source, "config": {...}}.
@@ -87,7 +98,7 @@ print(json.dumps(module.ensure(config, payload["config"], sys.executable, progra
 class Settings:
     """What the watchdog enforces, independent of the node it runs on."""
 
-    autostop: dict[str, Any] | None  # {"idle_s", "down", "wait_for"}
+    autostop: dict[str, Any] | None  # {"idle_s", "down", "wait_for", "gpu_util_below"}
     budget: dict[str, Any] | None  # {"limit_s", "used_s", "epoch", "why"}
     keep: tuple[str, ...] = ()  # config keys this write leaves as the node has them
     lease: dict[str, Any] | None = None  # {"until", "why"} (sent with "sent_at")
@@ -109,8 +120,10 @@ class Settings:
             idle = float(self.autostop["idle_s"])
             when = f"{idle / 60:g} min" if idle >= 60 and idle % 60 == 0 else f"{idle:g}s"
             waits = {"jobs_and_ssh": "jobs and SSH sessions", "jobs": "jobs", "none": "nothing"}
+            gpu = self.autostop.get("gpu_util_below")
             parts.append(f"autostop after {when} idle ({'delete' if self.down else 'stop'}; "
-                         f"waits for {waits[self.autostop['wait_for']]})")
+                         f"waits for {waits[self.autostop['wait_for']]}"
+                         + (f"; a job counts while a GPU is at {gpu:g}% or more" if gpu is not None else "") + ")")
         else:
             parts.append("autostop off")
         if self.budget:
@@ -148,11 +161,15 @@ def _env_float(name: str) -> float | None:
     return value
 
 
-def autostop_settings(idle_minutes: float, down: bool, wait_for: str) -> dict[str, Any]:
+def autostop_settings(idle_minutes: float, down: bool, wait_for: str,
+                      gpu_util_below: float | None = None) -> dict[str, Any]:
     if wait_for not in WAIT_FOR:
         raise UsageError(f"autostop wait_for must be one of {', '.join(WAIT_FOR)}, got {wait_for!r}")
     idle_s = _env_float(ENV_IDLE_S) or idle_minutes * 60.0
-    return {"idle_s": idle_s, "down": bool(down), "wait_for": wait_for}
+    out: dict[str, Any] = {"idle_s": idle_s, "down": bool(down), "wait_for": wait_for}
+    if gpu_util_below is not None:
+        out["gpu_util_below"] = float(gpu_util_below)
+    return out
 
 
 def running_seconds(store: StateStore, cluster: str, now: float | None = None) -> float:
@@ -175,7 +192,8 @@ def running_seconds(store: StateStore, cluster: str, now: float | None = None) -
 def settings_from_recipe(recipe: Recipe, store: StateStore, cluster: str, cluster_hourly: float) -> Settings:
     autostop = None
     if recipe.autostop is not None:
-        autostop = autostop_settings(recipe.autostop.idle_minutes, recipe.autostop.down, recipe.autostop.wait_for)
+        autostop = autostop_settings(recipe.autostop.idle_minutes, recipe.autostop.down, recipe.autostop.wait_for,
+                                     recipe.autostop.gpu_util_below)
     budget = None
     limit = budget_limit(recipe.budget, cluster_hourly)
     if limit is not None:
@@ -195,6 +213,9 @@ def _test_overrides() -> dict[str, Any]:
     for key, env in (("metadata_url", ENV_METADATA_URL), ("ca_file", ENV_CA_FILE)):
         if os.environ.get(env):
             extra[key] = os.environ[env]
+    gpu_sample_s = _env_float(ENV_GPU_SAMPLE_S)
+    if gpu_sample_s is not None:
+        extra["gpu_sample_s"] = gpu_sample_s
     persist = os.environ.get(ENV_PERSIST, "auto")
     if persist not in ("auto", "none"):
         raise UsageError(f"{ENV_PERSIST} must be auto or none, got {persist!r}")
@@ -202,7 +223,11 @@ def _test_overrides() -> dict[str, Any]:
     return extra
 
 
-def node_config(cluster: Cluster, node: Node, settings: Settings, action: Mapping[str, Any] | None) -> dict[str, Any]:
+def node_config(cluster: Cluster, node: Node, settings: Settings, action: Mapping[str, Any] | None,
+                mark: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    from cloudtrain.cluster.liveness import MARK_EVERY_S
+    from cloudtrain.providers.base import MarksItself, supports
+
     config: dict[str, Any] = {
         "version": 1,
         "cluster": cluster.record.name,
@@ -215,6 +240,11 @@ def node_config(cluster: Cluster, node: Node, settings: Settings, action: Mappin
         "action": dict(action) if action is not None else None,
         "action_key": f"{node.record.instance_id}:{'delete' if settings.down else 'stop'}",
         "interruption": settings.interruption,
+        # The node renews its own liveness mark where its machine has an identity (MarksItself).
+        "mark": dict(mark) if mark is not None else None,
+        "mark_key": node.record.instance_id if supports(cluster.provider, MarksItself) else None,
+        "mark_every_s": _env_float(ENV_MARK_S) or MARK_EVERY_S,
+        "busy_jobs": list(BUSY_JOBS),
         # On machines reached over SSH a session of the user counts as activity; here it cannot.
         "count_ssh": cluster.provider.traits.remote,
         "ssh_port": None,
@@ -266,11 +296,13 @@ def ensure_on_node(cluster: Cluster, node: Node, settings: Settings, eager_actio
         return dict(cluster.provider.watchdog_action(instance_of(node.record), down))
 
     first = action(settings.down) if eager_action else None
-    answer = _send(cluster, node, node_config(cluster, node, settings, first))
+    mark = mark_action(cluster, node) if eager_action else None
+    answer = _send(cluster, node, node_config(cluster, node, settings, first, mark))
     if answer.get("status") == "need-action":
         # The node says which effect it needs: a lease kept there needs the delete.
         first = action(bool(answer.get("down", settings.down)))
-        answer = _send(cluster, node, node_config(cluster, node, settings, first))
+        mark = mark_action(cluster, node)
+        answer = _send(cluster, node, node_config(cluster, node, settings, first, mark))
     if answer.get("status") == "refused":
         # The node cannot act on itself (no passwordless sudo for the power-off): refused at `up`,
         # never a silent autostop or budget that would not fire.
@@ -282,6 +314,20 @@ def ensure_on_node(cluster: Cluster, node: Node, settings: Settings, eager_actio
         raise RemoteError(f"{node.transport.label}: the watchdog did not start (see {node.layout.root}/{LOG_NAME})")
     return NodeResult(node.rank, str(answer["status"]), bool(answer.get("running")), bool(answer.get("started")),
                       str(answer.get("hook") or "none"), (first or {}).get("effect"))
+
+
+def mark_action(cluster: Cluster, node: Node) -> dict[str, Any] | None:
+    """The node's own liveness-mark call (MarksItself), {"kind": "none", "why"} where the provider
+    says its machine has no identity that may, or None on clouds whose nodes never mark (AWS)."""
+    from cloudtrain.cluster.nodes import instance_of
+    from cloudtrain.providers.base import MarksItself, supports
+
+    provider = cluster.provider
+    if not supports(provider, MarksItself):
+        return None
+    found = provider.mark_action(instance_of(node.record))  # type: ignore[attr-defined]
+    return dict(found) if found is not None else {
+        "kind": "none", "why": "its machine runs with no identity that may label it; the CLI's marks only"}
 
 
 def ensure_on_nodes(cluster: Cluster, nodes: Sequence[Node], settings: Settings,

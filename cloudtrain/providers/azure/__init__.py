@@ -381,6 +381,14 @@ class AzureProvider:
         return build.watchdog_action(self.api.arm_endpoint, self.api.require_subscription(), group, name,
                                      down=down, whole_group=whole_group)
 
+    def mark_action(self, instance: Instance) -> dict[str, Any] | None:
+        """The VM's own renewal of its liveness tag (MarksItself), with the identity and role its
+        stop and delete already use (watchdog_action refuses a watchdog whose identity has none)."""
+        parsed = build.parse_instance_id(instance.id)
+        if parsed is None:
+            return None
+        return build.mark_action(self.api.arm_endpoint, self.api.require_subscription(), *parsed)
+
     def _require_self_role(self, group: str, vm: Any, roles: frozenset[str]) -> None:
         """NotAvailableError unless the VM's identity (user-assigned, or the system-assigned one of
         VMs launched by earlier versions) holds one of `roles` on its group (or wider): what its

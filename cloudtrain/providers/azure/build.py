@@ -24,7 +24,7 @@ from typing import Any
 
 from cloudtrain.errors import NotAvailableError, UsageError
 from cloudtrain.providers.azure.api import log
-from cloudtrain.providers.base import InstanceSpec
+from cloudtrain.providers.base import TAG_ALIVE, InstanceSpec
 
 SSH_USER = "azureuser"
 TAG_SSH_USER = "cloudtrain-ssh-user"  # on a custom image: the login user its VMs expect
@@ -308,6 +308,19 @@ def watchdog_action(arm_endpoint: str, subscription: str, group: str, vm: str, *
     return {"kind": "http", "effect": "delete", "method": "DELETE",
             "url": f"{vm_url}?api-version={COMPUTE_API_VERSION}", "ok": [200, 202, 204], "gone_ok": True,
             "token": token}
+
+
+def mark_action(arm_endpoint: str, subscription: str, group: str, vm: str) -> dict[str, Any]:
+    """The watchdog's renewal of its own VM's liveness tag (docs/watchdog.md): GET the VM, PATCH its
+    whole tag map back with the mark set (a PATCH replaces the map), with the managed identity's
+    token. Its role on the group (Contributor, given at launch for the stop and delete) already
+    allows Microsoft.Compute/virtualMachines/read and /write: nothing is granted for the mark."""
+    arm = arm_endpoint.rstrip("/")
+    url = (f"{arm}/subscriptions/{subscription}/resourceGroups/{group}/providers/Microsoft.Compute/virtualMachines/"
+           f"{vm}?api-version={COMPUTE_API_VERSION}")
+    return {"kind": "http-mark", "key": TAG_ALIVE, "get": url, "field": "tags", "method": "PATCH", "url": url,
+            "ok": [200, 202], "token": {"url": IMDS_TOKEN_URL.format(resource=f"{arm}/"),
+                                         "headers": {"Metadata": "true"}, "field": "access_token"}}
 
 
 def disk_tags(tags: dict[str, str]) -> Any:

@@ -515,6 +515,17 @@ class GcpProvider:
                      "the cluster again")
         return build.delete_action(self.api.endpoint or PUBLIC_ENDPOINT, self.api.project, *parsed)
 
+    def mark_action(self, instance: Instance) -> dict[str, Any] | None:
+        """The VM's own renewal of its liveness label (MarksItself): only where it already runs as
+        a service account with the compute scope (a watchdog that deletes it: autostop.down, a
+        sweep's lease). A VM that only stops carries no credentials, and none is added for the mark
+        (any process on the VM could use them): the CLI's marks cover it while a command holds it."""
+        parsed = build.parse_instance_id(instance.id)
+        raw = self._raw(*parsed) if parsed is not None else None
+        if parsed is None or raw is None or not build.can_delete_itself(raw):
+            return None
+        return build.mark_action(self.api.endpoint or PUBLIC_ENDPOINT, self.api.project, *parsed)
+
     # helpers -----------------------------------------------------------------------------------
 
     def _tagged(self, cluster: str | None) -> list[tuple[str, Any]]:

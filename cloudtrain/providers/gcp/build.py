@@ -20,7 +20,7 @@ from datetime import datetime
 from typing import Any
 
 from cloudtrain.errors import NotAvailableError, UsageError
-from cloudtrain.providers.base import TAG_CLUSTER, TAG_INCARNATION, TAG_OWNER, Instance, InstanceState, alive_of
+from cloudtrain.providers.base import TAG_ALIVE, TAG_CLUSTER, TAG_INCARNATION, TAG_OWNER, Instance, InstanceState, alive_of
 
 SSH_USER = "cloudtrain"  # the login user our key is installed for (the guest agent creates it)
 LABEL_SSH_USER = "cloudtrain-ssh-user"  # on an image: its login user; on an instance: a non-default user
@@ -316,6 +316,20 @@ def delete_action(api_endpoint: str, project: str, zone: str, name: str) -> dict
             "url": f"{base}/compute/v1/projects/{project}/zones/{zone}/instances/{name}",
             "token": {"url": METADATA_TOKEN_URL, "headers": {"Metadata-Flavor": "Google"}, "field": "access_token"},
             "ok": [200], "gone_ok": True}
+
+
+def mark_action(api_endpoint: str, project: str, zone: str, name: str) -> dict[str, Any]:
+    """The watchdog's renewal of its own VM's liveness label (docs/watchdog.md): instances.get for
+    the labels and their fingerprint, then instances.setLabels with the mark set, with the VM's
+    service-account token (the `compute` scope: `compute.readonly` cannot set labels). A 412 (the
+    labels changed since the read) reads again."""
+    base = api_endpoint.rstrip("/")
+    if "://" not in base:
+        base = "https://" + base
+    url = f"{base}/compute/v1/projects/{project}/zones/{zone}/instances/{name}"
+    return {"kind": "http-mark", "key": TAG_ALIVE, "get": url, "field": "labels", "fingerprint": "labelFingerprint",
+            "method": "POST", "url": f"{url}/setLabels", "ok": [200], "retry": [412],
+            "token": {"url": METADATA_TOKEN_URL, "headers": {"Metadata-Flavor": "Google"}, "field": "access_token"}}
 
 
 def can_delete_itself(raw: Any) -> bool:
