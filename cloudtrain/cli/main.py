@@ -34,6 +34,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "compare": ("cloudtrain.cli.compare", "compare", "Compare runs: device, sec/batch, images/s, speed-up, cost."),
     "events": ("cloudtrain.cli.events", "events", "Notifications sent to your notify: targets, with each delivery's status; --retry sends."),
     "report": ("cloudtrain.cli.report", "report", "One HTML page of spend, billing now, runs, sweeps (and leaks with --gc)."),
+    "team": ("cloudtrain.cli.team", "team", "A team's shared state database (state_url): init, migrate."),
 }
 
 

@@ -1,0 +1,107 @@
+"""A team's PostgreSQL state database: init, grants, migrations (one at a time, however many
+admins run them), and a CLI whose schema differs says so in one line."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from cloudtrain.state import ClusterStatus, StateStore
+from cloudtrain.state.schema_pg import PG_SCHEMA_VERSION
+from cloudtrain.state.team import migrate
+from cloudtrain.testing.postgres import PostgresServer
+from tests.conftest import cli_env, cloudtrain
+
+
+@pytest.fixture
+def empty_db(postgres_server: PostgresServer, monkeypatch: pytest.MonkeyPatch):  # noqa: ANN201
+    name = postgres_server.create_database()
+    monkeypatch.setenv("CLOUDTRAIN_STATE_URL", postgres_server.url(name))
+    yield name
+    postgres_server.drop_database(name)
+
+
+def _versions(server: PostgresServer, db: str) -> list[int]:
+    with psycopg.connect(server.url(db)) as conn:
+        return [r[0] for r in conn.execute("SELECT version FROM cloudtrain_schema ORDER BY version")]
+
+
+def test_a_store_on_an_empty_database_says_to_init_and_migrate_refuses_it(empty_db: str) -> None:
+    done = cloudtrain("status")
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines()[-1].startswith("error: the state database postgresql:///")
+    assert "has no cloudtrain schema yet (an admin runs `cloudtrain team init` once" in done.stderr
+    assert "Traceback" not in done.stderr
+    done = cloudtrain("team", "migrate")
+    assert done.returncode == 2 and "`cloudtrain team init` prepares an empty database" in done.stderr
+
+
+def test_init_prints_grants_that_let_a_member_use_the_state_and_nothing_more(
+        empty_db: str, postgres_server: PostgresServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    done = cloudtrain("team", "init")
+    assert done.returncode == 0, done.stderr
+    assert f"cloudtrain schema v{PG_SCHEMA_VERSION} created" in done.stdout
+    grants = [line for line in done.stdout.splitlines() if line.startswith("GRANT") or line.startswith("CREATE ROLE")]
+    assert grants[0] == "CREATE ROLE cloudtrain_member NOLOGIN;"
+    postgres_server.sql("DROP ROLE IF EXISTS alice")
+    for statement in grants:
+        try:
+            postgres_server.sql(statement, empty_db)
+        except psycopg.errors.DuplicateObject:  # the role is cluster-wide: another test made it
+            pass
+    postgres_server.sql("CREATE ROLE alice LOGIN IN ROLE cloudtrain_member")
+    try:
+        monkeypatch.setenv("CLOUDTRAIN_STATE_URL", postgres_server.url(empty_db, user="alice"))
+        store = StateStore()
+        store.upsert_cluster(name="a1", provider="local", status=str(ClusterStatus.UP), owner="alice")
+        store.add_event("a1", "test", "hello")
+        assert [c.name for c in store.list_clusters()] == ["a1"]
+        assert [e.message for e in store.list_events("a1")] == ["hello"]
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            store._db.execute("CREATE TABLE mine (x INTEGER)")
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            store._db.execute("DELETE FROM cloudtrain_schema")
+        store.close()
+        again = cloudtrain("team", "init")
+        assert again.returncode == 0 and "already at schema" in again.stdout
+    finally:
+        postgres_server.sql(f"REVOKE ALL ON DATABASE {empty_db} FROM cloudtrain_member")
+        postgres_server.sql("DROP OWNED BY alice", empty_db)
+        postgres_server.sql("DROP ROLE alice")
+
+
+def test_two_migrations_at_once_apply_each_step_once(empty_db: str, postgres_server: PostgresServer) -> None:
+    procs = [subprocess.Popen([sys.executable, "-m", "cloudtrain", "team", "init"], env=cli_env(),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    outs = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0, err
+        outs.append(out)
+    assert sorted("created" in out for out in outs) == [False, True]
+    assert _versions(postgres_server, empty_db) == list(range(1, PG_SCHEMA_VERSION + 1))
+
+
+def test_a_cli_older_or_newer_than_the_schema_says_what_to_run(empty_db: str, postgres_server: PostgresServer) -> None:
+    migrate(postgres_server.url(empty_db), init=True)
+    postgres_server.sql(f"INSERT INTO cloudtrain_schema VALUES ({PG_SCHEMA_VERSION + 1}, 0, 'x', '9.9')", empty_db)
+    done = cloudtrain("status")
+    assert done.returncode == 2
+    assert (f"is at schema v{PG_SCHEMA_VERSION + 1}, newer than this cloudtrain (v{PG_SCHEMA_VERSION}) "
+            "(upgrade cloudtrain: pip install -U 'cloudtrain[team]')") in done.stderr
+    assert cloudtrain("team", "migrate").returncode == 2
+    postgres_server.sql(f"DELETE FROM cloudtrain_schema WHERE version >= {PG_SCHEMA_VERSION}", empty_db)
+    done = cloudtrain("status")
+    assert done.returncode == 2
+    assert (f"older than this cloudtrain (v{PG_SCHEMA_VERSION}) (an admin runs `cloudtrain team migrate`)"
+            in done.stderr)
+
+
+def test_team_verbs_without_a_team_database_say_how_to_name_one(tmp_path: Path) -> None:
+    done = cloudtrain("team", "migrate")
+    assert done.returncode == 2
+    assert "no team database is configured" in done.stderr and "CLOUDTRAIN_STATE_URL" in done.stderr
