@@ -159,7 +159,7 @@ def events(store: StateStore, since: float = 0.0, after: str | None = None, limi
     if after is not None:
         query += " AND rowid > (SELECT rowid FROM notify_events WHERE id = ?)"
         args.append(after)
-    rows = store._db.execute(f"SELECT * FROM ({query} ORDER BY seq DESC LIMIT ?) ORDER BY seq",
+    rows = store._db.execute(f"SELECT * FROM ({query} ORDER BY seq DESC LIMIT ?) AS newest ORDER BY seq",
                              (*args, limit)).fetchall()
     found = []
     for row in rows:
