@@ -120,10 +120,11 @@ class NodeDir:
             self.started.append(int(answer["pid"]))
         return answer
 
-    def run(self) -> subprocess.Popen:
+    def run(self, env: dict[str, str] | None = None) -> subprocess.Popen:
         """`watchdog.py run CONFIG` in the foreground of a process of our own (ended at teardown)."""
         proc = subprocess.Popen([sys.executable, str(self.root / "runtime" / "watchdog.py"), "run",
-                                 str(self.config_path)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                                 str(self.config_path)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                env={**os.environ, **(env or {})})
         self.started.append(proc.pid)
         return proc
 
@@ -260,3 +261,43 @@ def autostop_cli(cloud: Any, *args: str, timeout: float = 300) -> subprocess.Com
     env = {**os.environ, **cloud.env}
     return subprocess.run([sys.executable, "-m", "cloudtrain", "autostop", *args], cwd=str(cloud.root), env=env,
                           capture_output=True, text=True, timeout=timeout, check=False)
+
+
+# ---------------------------------------------------------------------------------------- GPUs
+
+# A stand-in for nvidia-smi's `--query-gpu=utilization.gpu --format=csv,noheader,nounits`, scripted
+# by a file the test rewrites: "0 0" (two GPUs at 0%), "50", "hang" (never answers), "fail" (exit 1,
+# as with no driver). Every call is counted, so a test can wait for samples of a new mode.
+FAKE_NVIDIA_SMI = """#!/bin/sh
+echo x >> "{calls}"
+case "$(cat "{mode}" 2>/dev/null)" in
+  hang) exec sleep 600 ;;
+  fail) echo "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver."; exit 1 ;;
+  *) for value in $(cat "{mode}"); do echo "$value"; done ;;
+esac
+"""
+
+
+@dataclass
+class FakeGpus:
+    """nvidia-smi at `bin_dir/nvidia-smi`, answering what `set(mode)` last said."""
+
+    bin_dir: Path
+    state: Path
+
+    def __post_init__(self) -> None:
+        self.bin_dir.mkdir(parents=True, exist_ok=True)
+        self.state.mkdir(parents=True, exist_ok=True)
+        tool = self.bin_dir / "nvidia-smi"
+        tool.write_text(FAKE_NVIDIA_SMI.format(mode=self.state / "mode", calls=self.state / "calls"))
+        tool.chmod(0o755)
+
+    def set(self, mode: str) -> None:
+        tmp = self.state / "mode.part"
+        tmp.write_text(mode + "\n")
+        os.replace(tmp, self.state / "mode")
+
+    @property
+    def calls(self) -> int:
+        path = self.state / "calls"
+        return len(path.read_text().splitlines()) if path.exists() else 0
