@@ -34,17 +34,18 @@ def check(url: str, where: str) -> str:
     return url
 
 
-def state_url() -> str | None:
-    """The team database's URL, or None for this machine's SQLite file."""
-    env = os.environ.get(ENV)
-    if env:
-        return check(env, f"${ENV}")
+PROJECT_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,62}$"
+
+
+def _config(key: str) -> tuple[object, str] | None:
+    """The config's top-level `key` and where it was read; the YAML is parsed only when the file
+    mentions the key at all (most configs never do)."""
     path = paths.config_file()
     try:
         text = path.read_text()
     except FileNotFoundError:
         return None
-    if "state_url" not in text:
+    if key not in text:
         return None
     import yaml
 
@@ -55,9 +56,32 @@ def state_url() -> str | None:
 
         load_config(path)  # says where the YAML is broken, in the config's own words
         raise
-    url = data.get("state_url") if isinstance(data, dict) else None
-    if url is None:
+    value = data.get(key) if isinstance(data, dict) else None
+    return None if value is None else (value, str(path))
+
+
+def state_url() -> str | None:
+    """The team database's URL, or None for this machine's SQLite file."""
+    env = os.environ.get(ENV)
+    if env:
+        return check(env, f"${ENV}")
+    found = _config("state_url")
+    if found is None:
         return None
+    url, where = found
     if not isinstance(url, str):
-        raise ConfigError(f"{path}: state_url: expected a string, got {type(url).__name__}")
-    return check(url, str(path))
+        raise ConfigError(f"{where}: state_url: expected a string, got {type(url).__name__}")
+    return check(url, where)
+
+
+def project() -> str:
+    """The config's `project:` (what a team database records with every row), else 'default'."""
+    import re
+
+    found = _config("project")
+    if found is None:
+        return "default"
+    value, where = found
+    if not isinstance(value, str) or not re.match(PROJECT_PATTERN, value):
+        raise ConfigError(f"{where}: project: expected lowercase letters, digits, - or _ (at most 63), got {value!r}")
+    return value
