@@ -144,3 +144,38 @@ def test_run_after_the_watchdog_stopped_the_cluster_starts_it_again(cloud: AwsCl
     status = cloud.cli("status", cloud.cluster, "--json")
     assert status.ok and '"stopped"' in status.stdout, status.output
     finish(cloud)
+
+
+def test_a_job_whose_gpus_idle_stops_the_instance_and_busy_or_broken_samplers_never_do(
+    cloud: AwsCloud, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """autostop.gpu_util_below (issue 39.2) with nvidia-smi scripted on the VM's PATH: a job with a
+    GPU at 50%, a sampler that hangs and one that fails each keep it up past the idle period; every
+    GPU under the threshold stops it while the job still runs."""
+    from tests.watchdog.conftest import FakeGpus
+
+    monkeypatch.setenv("CLOUDTRAIN_WATCHDOG_IDLE_S", "3600")  # nothing may act before the job runs
+    monkeypatch.setenv("CLOUDTRAIN_WATCHDOG_GPU_SAMPLE_S", str(TICK_S))
+    autostop = {"idle_minutes": 1, "wait_for": "jobs", "gpu_util_below": 10}  # this test's SSH calls: no activity
+    recipe = cloud.recipe(run="echo hi", autostop=autostop)
+    assert cloud.up(recipe).ok
+    gpus = FakeGpus(cloud.machines.vm(the_instance(cloud)["InstanceId"]).bin_dir, tmp_path / "gpus")
+    gpus.set("50 0")
+    job = cloud.cli("exec", cloud.cluster, "--detach", "--", "sleep", "300")
+    assert job.ok, job.output
+    monkeypatch.setenv("CLOUDTRAIN_WATCHDOG_IDLE_S", str(IDLE_S))
+    again = cloud.up(recipe)  # the recipe's settings again, with the short idle period: one round trip
+    assert again.ok, again.output
+    log = watchdog_log(cloud)
+    wait_busy_beyond_idle(log, IDLE_S, TICK_S, "gpu 50%,0% (not all < 10%)", after_config=True)
+    for mode, reason in (("hang", "nvidia-smi timed out"), ("fail", "nvidia-smi exited 1")):
+        gpus.set(mode)
+        wait_busy_beyond_idle(log, IDLE_S, TICK_S, reason)
+    assert state(cloud) == "running"
+    gpus.set("0 0")
+    wait_until(lambda: state(cloud) == "stopped", timeout=IDLE_S + 60, what="the instance to stop itself")
+    (stop,) = [detail for d, detail in decisions(log) if d == "stop" and "->" in detail]
+    assert stop.startswith("autostop: idle")
+    # Idle while the job still ran: the GPUs said so.
+    assert any(d == "idle" and "jobs running 1," in detail and "gpu 0%,0% < 10%" in detail for d, detail in decisions(log))
+    finish(cloud)
