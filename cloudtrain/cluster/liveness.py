@@ -7,6 +7,11 @@ machine says it is alive where every state can see it, on the machine itself: it
 (label) holds the whole epoch second of the last mark. The launch request carries the first one;
 while a command holds the cluster (`run`, a sweep's trials, `up`, `exec`) the mark is renewed every
 MARK_EVERY_S. A mark younger than LIVE_FOR_S is live work: `gc` shows it and leaves it alone.
+
+The node renews it too while it works, with no CLI holding it (a detached job, a closed laptop):
+its watchdog, every MARK_EVERY_S, with the machine's own identity where it has one that may
+(MarksItself.mark_action; cloudtrain/run/watchdog.py sends the call and the period). AWS nodes and
+GCP VMs that run as no service account do not: only the commands here mark them.
 """
 
 from __future__ import annotations
