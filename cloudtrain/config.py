@@ -88,6 +88,10 @@ class Config(StrictModel):
                     "SQLite file (docs/teams.md)",
     )
 
+    project: Annotated[str, Field(pattern=OWNER_PATTERN)] = Field(
+        default="default", description="with state_url: the project every row you write in the team database is "
+                                       "recorded under (docs/teams.md)")
+
     @field_validator("state_url")
     @classmethod
     def _state_url(cls, value: str | None) -> str | None:

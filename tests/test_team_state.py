@@ -61,6 +61,8 @@ def test_init_prints_grants_that_let_a_member_use_the_state_and_nothing_more(
         store.add_event("a1", "test", "hello")
         assert [c.name for c in store.list_clusters()] == ["a1"]
         assert [e.message for e in store.list_events("a1")] == ["hello"]
+        # The row records who wrote it: the database role, filled in by the server.
+        assert store._db.execute("SELECT member FROM clusters WHERE name = 'a1'").fetchone()[0] == "alice"
         with pytest.raises(psycopg.errors.InsufficientPrivilege):
             store._db.execute("CREATE TABLE mine (x INTEGER)")
         with pytest.raises(psycopg.errors.InsufficientPrivilege):
@@ -105,3 +107,29 @@ def test_team_verbs_without_a_team_database_say_how_to_name_one(tmp_path: Path) 
     done = cloudtrain("team", "migrate")
     assert done.returncode == 2
     assert "no team database is configured" in done.stderr and "CLOUDTRAIN_STATE_URL" in done.stderr
+
+
+@pytest.mark.parametrize("released", range(1, PG_SCHEMA_VERSION))
+def test_migrating_from_every_released_version_keeps_the_rows(
+        released: int, empty_db: str, postgres_server: PostgresServer, cloudtrain_home: Path) -> None:
+    url = postgres_server.url(empty_db)
+    migrate(url, init=True, to=released)
+    # Rows as the CLI of that version wrote them (its columns only).
+    postgres_server.sql("INSERT INTO clusters (name, provider, status, owner, created_at, updated_at, uid) "
+                        "VALUES ('old', 'aws', 'up', 'bob', 1, 1, 'u1'); "
+                        "INSERT INTO billing (cluster, cloud, instance_id, kind, hourly_price, started_at, incarnation) "
+                        "VALUES ('old', 'aws', 'i-1', 'running', 0.5, 1, 'u1')", empty_db)
+    assert "older than this cloudtrain" in cloudtrain("status").stderr
+    done = cloudtrain("team", "migrate")
+    assert done.returncode == 0, done.stderr
+    assert f"migrated v{released} -> v{PG_SCHEMA_VERSION}" in done.stdout
+    assert _versions(postgres_server, empty_db) == list(range(1, PG_SCHEMA_VERSION + 1))
+    cloudtrain_home.mkdir(exist_ok=True)
+    (cloudtrain_home / "config.yaml").write_text("project: vision\n")
+    store = StateStore()
+    assert [(b.instance_id, b.hourly_price) for b in store.billing("old")] == [("i-1", 0.5)]
+    store.upsert_cluster(name="new", provider="aws", status="up", owner="alice")
+    rows = {r["name"]: (r["member"], r["project"])
+            for r in store._db.execute("SELECT name, member, project FROM clusters")}
+    assert rows == {"old": (postgres_server.superuser, "default"), "new": (postgres_server.superuser, "vision")}
+    store.close()

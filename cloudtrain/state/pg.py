@@ -184,9 +184,13 @@ def check_version(conn: Any, url: str) -> None:
 
 
 def open_store(url: str) -> PgConnection:
+    from cloudtrain.state.location import project
+
     conn = connect(url)
     try:
         check_version(conn, url)
+        # What every row this connection writes records as its project (schema v2's defaults).
+        conn.execute("SELECT set_config('cloudtrain.project', %s, false)", (project(),))
     except BaseException:
         conn.close()
         raise

@@ -176,6 +176,40 @@ PG_MIGRATIONS: list[str] = [
     );
     CREATE INDEX notify_due ON notify_deliveries(state, next_at)
     """,
+    # version 2: who wrote each row: `member` is the database role of the CLI that wrote it (the
+    # server fills it in from the login, not from anything the CLI says), `project` the writer's
+    # config `project:` (the session setting cloudtrain.project, set on connect; 'default').
+    # Rows from before take the migrating admin's role and 'default'.
+    """
+    ALTER TABLE clusters ADD COLUMN member TEXT NOT NULL DEFAULT current_user;
+    ALTER TABLE clusters ADD COLUMN project TEXT NOT NULL DEFAULT {PROJECT};
+    ALTER TABLE nodes ADD COLUMN member TEXT NOT NULL DEFAULT current_user;
+    ALTER TABLE nodes ADD COLUMN project TEXT NOT NULL DEFAULT {PROJECT};
+    ALTER TABLE runs ADD COLUMN member TEXT NOT NULL DEFAULT current_user;
+    ALTER TABLE runs ADD COLUMN project TEXT NOT NULL DEFAULT {PROJECT};
+    ALTER TABLE jobs ADD COLUMN member TEXT NOT NULL DEFAULT current_user;
+    ALTER TABLE jobs ADD COLUMN project TEXT NOT NULL DEFAULT {PROJECT};
+    ALTER TABLE events ADD COLUMN member TEXT NOT NULL DEFAULT current_user;
+    ALTER TABLE events ADD COLUMN project TEXT NOT NULL DEFAULT {PROJECT};
+    ALTER TABLE log_cursors ADD COLUMN member TEXT NOT NULL DEFAULT current_user;
+    ALTER TABLE log_cursors ADD COLUMN project TEXT NOT NULL DEFAULT {PROJECT};
+    ALTER TABLE billing ADD COLUMN member TEXT NOT NULL DEFAULT current_user;
+    ALTER TABLE billing ADD COLUMN project TEXT NOT NULL DEFAULT {PROJECT};
+    ALTER TABLE sweeps ADD COLUMN member TEXT NOT NULL DEFAULT current_user;
+    ALTER TABLE sweeps ADD COLUMN project TEXT NOT NULL DEFAULT {PROJECT};
+    ALTER TABLE sweep_trials ADD COLUMN member TEXT NOT NULL DEFAULT current_user;
+    ALTER TABLE sweep_trials ADD COLUMN project TEXT NOT NULL DEFAULT {PROJECT};
+    ALTER TABLE sweep_attempts ADD COLUMN member TEXT NOT NULL DEFAULT current_user;
+    ALTER TABLE sweep_attempts ADD COLUMN project TEXT NOT NULL DEFAULT {PROJECT};
+    ALTER TABLE sweep_vms ADD COLUMN member TEXT NOT NULL DEFAULT current_user;
+    ALTER TABLE sweep_vms ADD COLUMN project TEXT NOT NULL DEFAULT {PROJECT};
+    ALTER TABLE notify_events ADD COLUMN member TEXT NOT NULL DEFAULT current_user;
+    ALTER TABLE notify_events ADD COLUMN project TEXT NOT NULL DEFAULT {PROJECT};
+    ALTER TABLE notify_deliveries ADD COLUMN member TEXT NOT NULL DEFAULT current_user;
+    ALTER TABLE notify_deliveries ADD COLUMN project TEXT NOT NULL DEFAULT {PROJECT};
+    CREATE INDEX clusters_by_member ON clusters(member, project);
+    CREATE INDEX billing_by_project ON billing(project, started_at)
+    """.replace("{PROJECT}", "COALESCE(NULLIF(current_setting('cloudtrain.project', true), ''), 'default')"),
 ]
 PG_SCHEMA_VERSION = len(PG_MIGRATIONS)
 

@@ -35,9 +35,10 @@ def _create_version_table(conn: Any) -> None:
                  "applied_at DOUBLE PRECISION NOT NULL, applied_by TEXT NOT NULL, cli_version TEXT NOT NULL)")
 
 
-def migrate(url: str, *, init: bool = False) -> Migrated:
-    """Apply every step the database lacks. `init`: the database may have no cloudtrain schema
-    yet (`team init`); `migrate` refuses one, so a mistyped URL never grows a schema."""
+def migrate(url: str, *, init: bool = False, to: int = PG_SCHEMA_VERSION) -> Migrated:
+    """Apply every step the database lacks (up to `to`: the tests build each released version).
+    `init`: the database may have no cloudtrain schema yet (`team init`); `migrate` refuses one,
+    so a mistyped URL never grows a schema."""
     from cloudtrain import __version__
 
     conn = pg.connect(url)
@@ -53,7 +54,7 @@ def migrate(url: str, *, init: bool = False) -> Migrated:
             raise UsageError(f"the state database {where} is at schema v{before}, newer than this cloudtrain "
                              f"(v{PG_SCHEMA_VERSION})", hint="upgrade cloudtrain: pip install -U 'cloudtrain[team]'")
         applied = []
-        for step in range(before or 0, PG_SCHEMA_VERSION):
+        for step in range(before or 0, to):
             conn.execute("BEGIN")
             try:
                 _create_version_table(conn)
