@@ -52,9 +52,9 @@ def _config(key: str) -> tuple[object, str] | None:
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError:
-        from cloudtrain.config import load_config
+        from cloudtrain.yamlfile import read_yaml
 
-        load_config(path)  # says where the YAML is broken, in the config's own words
+        read_yaml(path, ConfigError)  # says where the YAML is broken, as load_config does (config is above state)
         raise
     value = data.get(key) if isinstance(data, dict) else None
     return None if value is None else (value, str(path))
