@@ -133,3 +133,38 @@ def test_migrating_from_every_released_version_keeps_the_rows(
             for r in store._db.execute("SELECT name, member, project FROM clusters")}
     assert rows == {"old": (postgres_server.superuser, "default"), "new": (postgres_server.superuser, "vision")}
     store.close()
+
+
+HOLDER = """
+import sys, time
+from cloudtrain.state.locks import cluster_lock
+with cluster_lock("shared"):
+    print("held", flush=True)
+    time.sleep(float(sys.argv[1]))
+    print("released", flush=True)
+"""
+
+
+def test_a_cluster_lock_is_one_across_the_team_and_a_killed_holder_frees_it(
+        state_backend: str, cloudtrain_home: Path) -> None:
+    """Two CLIs (two machines: nothing shared but the state) take turns; SIGKILL of the holder
+    frees the cluster at once (the server ends its session; no lock file is left behind)."""
+    import time
+
+    first = subprocess.Popen([sys.executable, "-c", HOLDER, "60"], env=cli_env(), stdout=subprocess.PIPE, text=True)
+    assert first.stdout is not None and first.stdout.readline().strip() == "held"
+    second = subprocess.Popen([sys.executable, "-c", HOLDER, "0"], env=cli_env(), stdout=subprocess.PIPE, text=True)
+    try:
+        time.sleep(1.5)
+        assert second.poll() is None  # waiting for the first
+        first.kill()
+        first.wait(timeout=10)
+        out, _ = second.communicate(timeout=30)
+        assert out.split() == ["held", "released"]
+    finally:
+        for proc in (first, second):
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    if state_backend == "postgres":
+        assert not (cloudtrain_home / "locks").exists()
