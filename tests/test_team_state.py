@@ -168,3 +168,19 @@ def test_a_cluster_lock_is_one_across_the_team_and_a_killed_holder_frees_it(
                 proc.wait()
     if state_backend == "postgres":
         assert not (cloudtrain_home / "locks").exists()
+
+
+def test_a_database_lost_mid_command_is_one_line_and_the_heartbeat_survives_it(
+        empty_db: str, postgres_server: PostgresServer) -> None:
+    from cloudtrain.state.pg import StateUnavailable
+
+    migrate(postgres_server.url(empty_db), init=True)
+    store = StateStore()
+    store.upsert_cluster(name="c", provider="aws", status="up", owner="me")
+    pid = store._db.execute("SELECT pg_backend_pid()").fetchone()[0]
+    postgres_server.sql(f"SELECT pg_terminate_backend({pid})")
+    with pytest.raises(StateUnavailable, match=r"^lost the state database postgresql:///") as caught:
+        store.get_cluster("c")
+    assert isinstance(caught.value, store.errors)  # what the launch heartbeat catches and retries
+    assert "run the command again once it is back" in caught.value.one_line()
+    store.close()

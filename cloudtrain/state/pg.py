@@ -102,20 +102,32 @@ def _row_factory(cursor: Any) -> Any:
     return lambda values: Row(names, values)
 
 
+class StateUnavailable(CloudtrainError):
+    """The team database went away during a command (server down, network, connection killed)."""
+
+
 class PgConnection:
     """What StateStore and the outbox call on `_db`: execute (translated), close."""
 
-    def __init__(self, conn: Any) -> None:
-        self._conn = conn
+    def __init__(self, conn: Any, url: str) -> None:
+        self._conn, self._url = conn, url
 
     def execute(self, sql: str, params: Sequence[Any] | Mapping[str, Any] | None = None) -> Any:
+        import psycopg
+
         if not params:
-            return self._conn.execute(translate(sql, False))
-        if isinstance(params, Mapping):
-            bound: Any = {k: _bind(v) for k, v in params.items()}
+            query, bound = translate(sql, False), None
+        elif isinstance(params, Mapping):
+            query, bound = translate(sql, True), {k: _bind(v) for k, v in params.items()}
         else:
-            bound = [_bind(v) for v in params]
-        return self._conn.execute(translate(sql, True), bound)
+            query, bound = translate(sql, True), [_bind(v) for v in params]
+        try:
+            return self._conn.execute(query, bound)
+        except psycopg.OperationalError as exc:
+            # One line, not a driver traceback: what the user can act on is that the database is away.
+            raise StateUnavailable(f"lost the state database {display(self._url)}: {_first_line(exc)}",
+                                   hint="run the command again once it is back; the nodes' jobs, watchdogs and "
+                                        "deadlines do not need it, and `gc` finds by tag what a launch left") from exc
 
     def close(self) -> None:
         self._conn.close()
@@ -154,7 +166,7 @@ def connect(url: str) -> Any:
 def errors() -> tuple[type[BaseException], ...]:
     import psycopg
 
-    return (psycopg.Error,)
+    return (psycopg.Error, StateUnavailable)
 
 
 def schema_version(conn: Any) -> int | None:
@@ -194,7 +206,7 @@ def open_store(url: str) -> PgConnection:
     except BaseException:
         conn.close()
         raise
-    return PgConnection(conn)
+    return PgConnection(conn, url)
 
 
 def display(url: str) -> str:
