@@ -89,6 +89,8 @@ class LaunchLostError(ProviderError):
     started, a pending instance the cloud terminated): a loss, not a bad request. Lifecycle has
     already cleaned up what the launch made; a recovering run (run/recover.py) relaunches elsewhere."""
 
+    phase_note = "the machine was lost while it started"
+
     def __init__(self, message: str, lost: LostLaunch, *, hint: str | None = None) -> None:
         super().__init__(message, hint=hint)
         self.lost = lost

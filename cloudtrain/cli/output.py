@@ -169,14 +169,14 @@ class RunDisplay:
             click.echo(text)
 
     def phase_start(self, phase: str, detail: str = "") -> None:
-        if self.quiet:
+        if self.quiet and phase != "recover":  # a lost node and its relaunch are news even when quiet
             return
         self._print(f"==> {phase}{': ' + detail if detail else ''}", style="bold cyan")
 
     def phase_end(self, phase: str, seconds: float, detail: str = "", ok: bool = True) -> None:
         if phase in ("run", "setup"):
             self._stop_progress()
-        if self.quiet and ok:
+        if self.quiet and ok and phase != "recover":
             return
         mark = "ok" if ok else "FAILED"
         self._print(f"<== {phase} {mark} ({seconds:.1f}s){' ' + detail if detail else ''}",

@@ -87,8 +87,10 @@ class _PhaseClock:
         try:
             outcome.ok = True
             yield outcome
-        except BaseException:
+        except BaseException as exc:
             outcome.ok = False
+            # A lost node ends the phase; what happens next (recover) is said once, by its own phase.
+            outcome.detail = outcome.detail or getattr(exc, "phase_note", "")
             raise
         finally:
             elapsed = time.monotonic() - start

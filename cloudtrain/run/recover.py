@@ -394,7 +394,6 @@ class Recovery:
             kept = checkpoints.kept_epoch(self.kept)
             outcome.detail = (f"attempt {lost.number + 1} of up to {self.settings.max_restarts + 1}; resuming from "
                               + (f"the checkpoint of epoch {kept}" if kept is not None else "the start (no checkpoint)"))
-        self.ex.reporter.warn(f"{why}: relaunching (attempt {lost.number + 1})")
 
     def _next_plan(self, lost: Attempt) -> None:
         """The plan again, with what is left of the budget and without what the loss ruled out."""

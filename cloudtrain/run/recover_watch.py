@@ -31,6 +31,8 @@ class NodeGone(CloudtrainError):
     """Raised in the run's thread by the watcher: the cloud says the node is gone (not a RemoteError,
     which the log follower would retry). Raised as a class, so it makes its own message."""
 
+    phase_note = "the node is gone"
+
     def __init__(self, message: str = "the cloud says the node is gone", **kwargs: Any) -> None:
         super().__init__(message, **kwargs)
 
@@ -89,8 +91,7 @@ class Watcher:
                     continue
                 if why is not None:
                     self.detected_at = time.time()
-                    self.lost = why
-                    rec.ex.reporter.warn(f"node gone: {why}")
+                    self.lost = why  # said once, by the recover phase that follows
                     with rec.follow_lock:
                         if rec.following:
                             # The job's follower may be inside a reconnect loop that began before the
