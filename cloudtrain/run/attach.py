@@ -43,7 +43,7 @@ def exec_command(lc: Lifecycle, reporter: Reporter, name: str, script: str, deta
 
         # A node whose setup this machine has not seen done is asked (and set up) before the command.
         setup_unknown = loaded is not None and bool(loaded.recipe.setup) and not setup_once.remembered(
-            node, loaded.recipe.setup)
+            node, loaded.recipe)
         ahead = (_send_checks(node, loaded) if loaded is not None and sync and not detach and not setup_unknown
                  else None)
         if ahead is not None:

@@ -310,7 +310,7 @@ class Executor:
                         recipe, "setup", r.jobs_started)
             from cloudtrain.run import setup_once
 
-            setup_once.mark_done(r.nodes, recipe.setup)  # an `exec` afterwards need not run it again
+            setup_once.mark_done(r.nodes, recipe)  # an `exec` afterwards need not run it again
         with r.clock.phase("run"):
             script = job_script(recipe)
             if batch_job is not None:

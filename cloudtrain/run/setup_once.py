@@ -23,8 +23,13 @@ from cloudtrain.remote import homecache
 from cloudtrain.state import StateStore
 
 
-def setup_key(setup: str) -> str:
-    return hashlib.sha256(setup.encode()).hexdigest()[:32]
+def setup_key(recipe: Recipe) -> str:
+    """What makes a setup the same: its text and the `envs` it runs with (a changed version pin in
+    envs is a new setup), in a canonical order."""
+    import json
+
+    envs = json.dumps({k: str(v) for k, v in sorted(recipe.envs.items())}, separators=(",", ":"))
+    return hashlib.sha256(f"{recipe.setup or ''}\0{envs}".encode()).hexdigest()[:32]
 
 
 def _marker(node: Node) -> str:
@@ -36,16 +41,16 @@ def _memory(node: Node) -> tuple[str, str, str] | None:
     return None if endpoint is None else (endpoint.instance_id, endpoint.user, f"setup:{node.layout.root}")
 
 
-def remembered(node: Node, setup: str) -> bool:
+def remembered(node: Node, recipe: Recipe) -> bool:
     """Whether this machine saw this setup done on the node (a guess; `pending` asks the node)."""
     memory = _memory(node)
-    return memory is not None and homecache.remembered(*memory) == setup_key(setup)
+    return memory is not None and homecache.remembered(*memory) == setup_key(recipe)
 
 
-def pending(nodes: Sequence[Node], setup: str) -> list[Node]:
+def pending(nodes: Sequence[Node], recipe: Recipe) -> list[Node]:
     """The nodes on which this setup has not run: asked of each node (one round trip), never taken
     from memory, which a node cleaned by `down` and made again under the same name outlives."""
-    key = setup_key(setup)
+    key = setup_key(recipe)
 
     def done(node: Node) -> bool:
         said = node.transport.run(["cat", _marker(node)], check=False, what="reading the setup mark")
@@ -59,8 +64,8 @@ def pending(nodes: Sequence[Node], setup: str) -> list[Node]:
     return [node for node, ok in zip(nodes, marks) if not ok]
 
 
-def mark_done(nodes: Sequence[Node], setup: str) -> None:
-    key = setup_key(setup)
+def mark_done(nodes: Sequence[Node], recipe: Recipe) -> None:
+    key = setup_key(recipe)
 
     def write(node: Node) -> None:
         write_file = 'umask 077 && printf %s "$2" > "$1.part" && mv -f "$1.part" "$1"'
@@ -80,7 +85,7 @@ def ensure(store: StateStore, reporter: Reporter, nodes: Sequence[Node], recipe:
 
     if not recipe.setup:
         return
-    if not pending(nodes, recipe.setup):
+    if not pending(nodes, recipe):
         return
     reporter.phase_start("setup", why)
     started = time.monotonic()
@@ -91,5 +96,5 @@ def ensure(store: StateStore, reporter: Reporter, nodes: Sequence[Node], recipe:
         ok = True
     finally:
         reporter.phase_end("setup", time.monotonic() - started, ok=ok)
-    mark_done(nodes, recipe.setup)
+    mark_done(nodes, recipe)
 

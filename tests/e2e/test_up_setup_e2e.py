@@ -73,3 +73,16 @@ def test_up_and_exec_help_say_they_run_setup(local_cloud: FakeCloud) -> None:
     assert up_help.ok and exec_help.ok, up_help.output + exec_help.output
     assert "run its `setup` on every node where that setup has not run yet" in " ".join(up_help.stdout.split())
     assert "`setup` of the recipe the cluster was made from never ran" in " ".join(exec_help.stdout.split())
+
+
+def test_a_setup_whose_envs_changed_runs_again(local_cloud: FakeCloud, tmp_path: Path) -> None:
+    # The setup installs what envs pins (`pip install torch==$TORCH`): a new pin is a new setup.
+    counter = tmp_path / "setup-count"
+    setup = f"echo $PIN >> {counter}"
+    assert local_cloud.up(local_cloud.recipe(setup=setup, run="true", envs={"PIN": "1"})).ok
+    same = local_cloud.up(local_cloud.recipe(setup=setup, run="true", envs={"PIN": "1"}))
+    assert same.ok and "==> setup" not in same.stdout, same.output
+    pinned = local_cloud.up(local_cloud.recipe(setup=setup, run="true", envs={"PIN": "2"}))
+    assert pinned.ok and "==> setup" in pinned.stdout, pinned.output
+    assert counter.read_text() == "1\n2\n"
+    assert local_cloud.down().ok
