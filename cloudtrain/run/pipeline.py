@@ -640,7 +640,7 @@ class Executor:
                 # From here on the nodes stop themselves when idle or over budget, laptop or not.
                 from cloudtrain.run.watchdog import start_from_recipe
 
-                start_from_recipe(self.store, cluster, nodes, recipe, self.reporter, created)
+                start_from_recipe(self.store, cluster, nodes, recipe, self.reporter, created, self.config)
         except BaseException:
             close_all(nodes)
             raise
