@@ -17,7 +17,12 @@ cluster and machine: the loop holds an exclusive lock on it).
 
 Decisions: `start`, `config` (settings changed; the idle clock restarts), `busy`, `idle`, `stop` /
 `delete` (acting), `waiting` (acted; the machine should be going down), `interruption`, `mark`,
-`error`, `exit`.
+`notify`, `error`, `exit`.
+
+Notify (`notify`, the recipe's and config's webhook targets that want watchdog.stopped,
+watchdog.deleted or deadline.reached): just before it acts, the loop POSTs that event, signed as
+Standard Webhooks specifies, with each target's secret from its 0600 file, within NOTIFY_BUDGET_S
+(see tell); each result is a `notify` line and a line of notify.sent.jsonl, which ensure returns.
 
 GPUs (`autostop.gpu_util_below`: P): a job that runs while every GPU's utilization.gpu (nvidia-smi,
 sampled every gpu_sample_s, default 10 s, while jobs run) stays below P is no activity: the idle
@@ -714,6 +719,158 @@ def perform(action: dict, cfg: dict) -> tuple[bool, str]:
     return False, f"unknown action kind {kind!r}"
 
 
+# ------------------------------------------------------------------------------------ telling (notify)
+# The node's own events (docs/notifications.md), sent just before it stops or deletes itself, so a
+# closed laptop still hears. `notify` in the config (cloudtrain/run/watchdog.py): {"cloud", "targets":
+# [{"name", "ref", "url", "on": [types], "secret_file"}]}; each secret is a 0600 file beside the
+# config, never in the config, a log line or a command line. The envelope and signature are
+# cloudtrain/notify/model.py's and signing.py's (Standard Webhooks), redone with the standard library.
+
+NOTIFY_BUDGET_S = 3.0  # all targets together: the stop waits no longer than this
+NOTIFY_WAITS = (0.2, 0.5, 1.0)  # between attempts, the same id on each
+SENT_LOG = "notify.sent.jsonl"  # what the node sent; the CLI reconciles it into its outbox
+NOTIFY_TYPES = {"stop": "watchdog.stopped", "delete": "watchdog.deleted"}  # a lease's end: deadline.reached
+SENT_KEEP = 50  # lines kept: the CLI records idempotently, and a node sends once per stop
+
+
+def node_event(cfg: dict, kind: str, reason: str) -> tuple[str, str]:
+    """(id, body): the envelope as the laptop builds it (version 1, key-sorted, compact)."""
+    import secrets as random
+
+    now = time.time()
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + ".{:03d}Z".format(int(now % 1 * 1000))
+    event_id = "msg_" + random.token_hex(12)
+    data = {"cluster": cfg.get("cluster"), "cloud": (cfg.get("notify") or {}).get("cloud"),
+            "instance": cfg.get("instance_id"), "reason": reason}
+    envelope = {"version": 1, "type": kind, "id": event_id, "timestamp": stamp, "source": "node",
+                "data": {k: v for k, v in data.items() if v is not None}}
+    return event_id, json.dumps(envelope, sort_keys=True, separators=(",", ":"))
+
+
+def webhook_headers(secret: str, event_id: str, body: str) -> dict:
+    """Standard Webhooks: v1,<base64 HMAC-SHA256 of "{id}.{timestamp}.{body}"> keyed with the base64
+    bytes after whsec_ (cloudtrain/notify/signing.py)."""
+    import base64
+    import hashlib
+    import hmac
+
+    text = secret.strip()
+    text = text[len("whsec_"):] if text.startswith("whsec_") else text
+    key = base64.b64decode(text + "=" * (-len(text) % 4))
+    stamp = str(int(time.time()))
+    digest = hmac.new(key, f"{event_id}.{stamp}.{body}".encode(), hashlib.sha256).digest()
+    return {"webhook-id": event_id, "webhook-timestamp": stamp,
+            "webhook-signature": "v1," + base64.b64encode(digest).decode(), "content-type": "application/json",
+            "user-agent": "cloudtrain-watchdog/1"}
+
+
+def post_hook(target: dict, root: str, event_id: str, body: str, deadline: float) -> tuple[bool, int, str]:
+    """One target, tried until delivered (2xx) or out of time: (ok, attempts, error)."""
+    import urllib.error
+    import urllib.request
+
+    class NoRedirect(urllib.request.HTTPRedirectHandler):
+        def redirect_request(self, *args, **kwargs):  # a redirected POST loses its body: refused
+            return None
+
+    opener = urllib.request.build_opener(NoRedirect)
+    attempts, error = 0, ""
+    try:
+        secret = read_text(os.path.join(root, os.path.basename(str(target["secret_file"]))))
+        if not secret:
+            return False, 0, "its secret file is missing (`cloudtrain up` sends it again)"
+        webhook_headers(secret, event_id, body)
+    except (KeyError, ValueError) as exc:
+        return False, 0, f"no usable secret: {type(exc).__name__}"
+    while time.monotonic() < deadline:
+        attempts += 1
+        headers = webhook_headers(secret, event_id, body)  # the attempt's timestamp, the same id
+        request = urllib.request.Request(str(target["url"]), data=body.encode(), headers=headers, method="POST")
+        try:
+            with opener.open(request, timeout=max(0.1, deadline - time.monotonic())) as answer:
+                answer.read(1 << 16)
+            return True, attempts, ""
+        except urllib.error.HTTPError as exc:
+            error = f"HTTP {exc.code}"
+            exc.close()
+            if 400 <= exc.code < 500 and exc.code not in (408, 409, 425, 429):
+                break  # refused (a wrong secret or URL): trying again cannot help
+        except (OSError, ValueError) as exc:
+            error = type(exc).__name__ + (f": {exc.reason}" if isinstance(exc, urllib.error.URLError) else "")
+        wait = NOTIFY_WAITS[min(attempts - 1, len(NOTIFY_WAITS) - 1)]
+        if time.monotonic() + wait >= deadline:
+            break
+        time.sleep(wait)
+    return False, attempts, error
+
+
+def tell(cfg: dict, paths: Paths, log, kind: str, reason: str) -> None:
+    """Send `kind` to every target that wants it, in parallel, within NOTIFY_BUDGET_S; log each
+    result (the target's name, never its URL) and append it to the sent-log."""
+    import threading
+
+    targets = [t for t in (cfg.get("notify") or {}).get("targets") or () if kind in (t.get("on") or ())]
+    if not targets:
+        return
+    event_id, body = node_event(cfg, kind, reason)
+    deadline = time.monotonic() + NOTIFY_BUDGET_S
+    results = {}
+
+    def send(index: int, target: dict) -> None:
+        results[index] = post_hook(target, paths.root, event_id, body, deadline)
+
+    threads = [threading.Thread(target=send, args=(i, t), daemon=True) for i, t in enumerate(targets)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(max(0.0, deadline - time.monotonic()) + 0.2)
+    lines = []
+    for index, target in enumerate(targets):
+        ok, attempts, error = results.get(index, (False, 0, "out of time"))
+        name = str(target.get("name") or "webhook")
+        log("notify", f"{kind} {event_id} to {name}: " + (f"delivered ({attempts} attempt(s))" if ok
+                                                          else f"not delivered after {attempts} attempt(s): {error}"))
+        lines.append(json.dumps({"id": event_id, "type": kind, "target": target.get("ref"), "name": name,
+                                 "status": "delivered" if ok else "failed", "attempts": attempts, "error": error or None,
+                                 "at": time.time(), "body": body}, sort_keys=True))
+    path = os.path.join(paths.root, SENT_LOG)
+    try:
+        kept = read_text(path).splitlines()[-(SENT_KEEP - len(lines)):] if os.path.exists(path) else []
+        with open(path + ".tmp", "w", encoding="utf-8") as handle:
+            handle.write("".join(line + "\n" for line in [*kept, *lines]))
+        os.replace(path + ".tmp", path)
+    except OSError as exc:
+        log("error", f"cannot write {SENT_LOG}: {exc}")
+
+
+def sent_log(paths: Paths) -> list:
+    """The sent-log's entries (ensure returns them: the CLI records them as delivered by the node)."""
+    found = []
+    for line in read_text(os.path.join(paths.root, SENT_LOG)).splitlines():
+        try:
+            found.append(json.loads(line))
+        except ValueError:
+            continue
+    return found
+
+
+def write_secrets(paths: Paths, cfg: dict, secrets: dict) -> None:
+    """Each target's secret as a 0600 file beside the config (from ensure's stdin); those of targets
+    no longer configured removed."""
+    wanted = {os.path.basename(str(t.get("secret_file"))) for t in (cfg.get("notify") or {}).get("targets") or ()}
+    for name, value in (secrets or {}).items():
+        name = os.path.basename(str(name))
+        if name in wanted:
+            tmp = os.path.join(paths.root, f".{name}.tmp")
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w", encoding="utf-8") as handle:
+                handle.write(str(value))
+            os.replace(tmp, os.path.join(paths.root, name))
+    for name in os.listdir(paths.root):
+        if name.startswith("notify-") and name.endswith(".secret") and name not in wanted:
+            os.unlink(os.path.join(paths.root, name))
+
+
 # ------------------------------------------------------------------------------------ the loop
 
 
@@ -805,6 +962,7 @@ class Watchdog:
         self.marked_at = None  # when this loop last renewed the liveness mark (monotonic)
         self.mark_failures = 0
         self.mark_retry = 0.0
+        self.told = False  # this stop's or delete's event sent (once, however often the action is retried)
 
     def load(self):
         cfg = read_json(self.paths.config)
@@ -849,6 +1007,7 @@ class Watchdog:
             self.idle_from, self.idle_since = now_m, "settings"
             self.acted_at = None
             self.failures, self.next_try = 0, 0.0
+            self.told = False
         used = None
         if budget:
             if self.state.get("epoch") != budget.get("epoch"):
@@ -963,6 +1122,14 @@ class Watchdog:
         if not action:
             self.log("error", f"{reason}, but the config has no action; nothing done")
             return True
+        if not self.told:
+            # Before the action (a stopped machine sends nothing), within NOTIFY_BUDGET_S.
+            self.told = True
+            kind = "deadline.reached" if reason.startswith("lease") else NOTIFY_TYPES.get(effect, "watchdog.stopped")
+            try:
+                tell(cfg, self.paths, self.log, kind, reason)
+            except Exception as exc:  # noqa: BLE001 - a notification never keeps the machine up
+                self.log("error", f"notify: {type(exc).__name__}: {exc}")
         self.log(effect, "{} -> {}".format(reason, action.get("kind")))
         ok, detail = perform(action, cfg)
         if ok:
@@ -1331,7 +1498,7 @@ def power_off_refusal(cfg: dict) -> str:
             f"`sudo -n` says: {last}")
 
 
-def ensure(config_path: str, new: dict, python: str, program: str) -> dict:
+def ensure(config_path: str, new: dict, python: str, program: str, secrets=None) -> dict:
     """Write `new` if it changed and make sure a loop runs. `new` may lack its action (the CLI
     avoids a cloud call when the node already has the action for the same instance and effect):
     then the old one is kept, or {"status": "need-action"} comes back and nothing is written."""
@@ -1382,8 +1549,12 @@ def ensure(config_path: str, new: dict, python: str, program: str) -> dict:
             # The same lease (kept, or sent again with other changes) keeps the node's first reading.
             new["lease"] = dict(before) if same and "mono_until" in before else stamp_lease(lease)
         write_json(paths.config, new)
+    write_secrets(paths, new, secrets or {})
     result = {"status": "written" if changed else "unchanged", "started": False, "hook": read_text(paths.hook) or "none",
               "ssh_port": new.get("ssh_port")}
+    sent = sent_log(paths)
+    if sent:
+        result["sent"] = sent  # what this node told its targets: the CLI records it
     if not new.get("autostop") and not new.get("budget") and not new.get("lease"):
         pid = running_pid(paths)
         result.update(running=pid is not None, pid=pid)

@@ -170,3 +170,25 @@ def events(store: StateStore, since: float = 0.0, after: str | None = None, limi
         found.append(EventRow(row["id"], row["type"], row["at"], row["source"], row["run_id"], row["cluster"],
                               row["body"], deliveries))
     return found
+
+
+
+def record_node(store: StateStore, event_id: str, event_type: str, at: float, data: dict, body: str, target: str,
+                label: str, delivered: bool) -> bool:
+    """An event the node's watchdog sent itself (its sent-log, read later): kept once with the
+    node's body; delivered, or pending for this machine to send (the same id) where the node could
+    not. A delivery already recorded is left as it is. True: the event was new here."""
+    with store._write() as db:
+        new = db.execute("SELECT 1 FROM notify_events WHERE id = ?", (event_id,)).fetchone() is None
+        db.execute("INSERT INTO notify_events (id, type, at, source, run_id, cluster, body) "
+                   "VALUES (?, ?, ?, 'node', ?, ?, ?) ON CONFLICT DO NOTHING",
+                   (event_id, event_type, at, data.get("run"), data.get("cluster"), body))
+        if delivered:
+            db.execute("INSERT INTO notify_deliveries (event, target, label, state, attempts, rounds, next_at, "
+                       "delivered_at) VALUES (?, ?, ?, ?, 1, 1, ?, ?) ON CONFLICT(event, target) DO UPDATE SET "
+                       "state = excluded.state, delivered_at = excluded.delivered_at",
+                       (event_id, target, label, str(DeliveryState.DELIVERED), at, at))
+        else:
+            db.execute("INSERT INTO notify_deliveries (event, target, label, state, next_at) VALUES (?, ?, ?, ?, ?) "
+                       "ON CONFLICT DO NOTHING", (event_id, target, label, str(DeliveryState.PENDING), at))
+    return new

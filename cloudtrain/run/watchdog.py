@@ -47,6 +47,7 @@ from cloudtrain.errors import NotAvailableError, RemoteError, UsageError
 
 if TYPE_CHECKING:
     from cloudtrain.cluster.lifecycle import Cluster, Lifecycle
+    from cloudtrain.config import Config
     from cloudtrain.cluster.nodes import Node
     from cloudtrain.events import Reporter
     from cloudtrain.recipe import Budget, Recipe
@@ -90,7 +91,7 @@ if old != payload["program"]:
 spec = importlib.util.spec_from_file_location("cloudtrain_watchdog", program)
 module = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(module)
-print(json.dumps(module.ensure(config, payload["config"], sys.executable, program)))
+print(json.dumps(module.ensure(config, payload["config"], sys.executable, program, payload.get("secrets"))))
 """
 
 
@@ -103,6 +104,8 @@ class Settings:
     keep: tuple[str, ...] = ()  # config keys this write leaves as the node has them
     lease: dict[str, Any] | None = None  # {"until", "why"} (sent with "sent_at")
     interruption: str | None = None  # the cloud whose interruption notice it watches for (run/recover.py)
+    # The webhook targets the node tells itself (notify/node.NodeTarget); None: kept as the node has them.
+    notify: tuple[Any, ...] | None = None
 
     @property
     def down(self) -> bool:
@@ -143,6 +146,7 @@ class NodeResult:
     started: bool
     hook: str  # how it survives a reboot: systemd ..., cron @reboot, or none (why)
     effect: str | None
+    sent: tuple[dict[str, Any], ...] = ()  # the node's sent-log (notify/node.reconcile records it)
 
 
 # ---------------------------------------------------------------------------------------- settings
@@ -251,8 +255,13 @@ def node_config(cluster: Cluster, node: Node, settings: Settings, action: Mappin
         "written_at": time.time(),
         **_test_overrides(),
     }
-    if settings.keep:
-        config["keep"] = list(settings.keep)
+    if settings.notify is not None:
+        from cloudtrain.notify.node import node_config as notify_config
+
+        config["notify"] = notify_config(cluster.provider.name, list(settings.notify))
+    keep = settings.keep + (("notify",) if settings.notify is None else ())
+    if keep:
+        config["keep"] = list(keep)
     return config
 
 
@@ -273,8 +282,12 @@ def _python(cluster: Cluster, node: Node) -> str:
     return node.python or "python3"
 
 
-def _send(cluster: Cluster, node: Node, config: dict[str, Any]) -> dict[str, Any]:
-    payload = json.dumps({"program": (paths.templates_dir() / "watchdog.py").read_text(), "config": config})
+def _send(cluster: Cluster, node: Node, config: dict[str, Any], settings: Settings) -> dict[str, Any]:
+    from cloudtrain.notify.node import node_secrets
+
+    # The targets' secrets travel on stdin only, and land in 0600 files (never the config or argv).
+    payload = json.dumps({"program": (paths.templates_dir() / "watchdog.py").read_text(), "config": config,
+                          "secrets": node_secrets(list(settings.notify or ()))})
     result = node.transport.run([_python(cluster, node), "-c", _BOOT, program_path(node), config_path(node)],
                                 input=payload.encode(), timeout=120, what="starting the watchdog")
     for line in reversed(result.text.strip().splitlines()):
@@ -297,12 +310,12 @@ def ensure_on_node(cluster: Cluster, node: Node, settings: Settings, eager_actio
 
     first = action(settings.down) if eager_action else None
     mark = mark_action(cluster, node) if eager_action else None
-    answer = _send(cluster, node, node_config(cluster, node, settings, first, mark))
+    answer = _send(cluster, node, node_config(cluster, node, settings, first, mark), settings)
     if answer.get("status") == "need-action":
         # The node says which effect it needs: a lease kept there needs the delete.
         first = action(bool(answer.get("down", settings.down)))
         mark = mark_action(cluster, node)
-        answer = _send(cluster, node, node_config(cluster, node, settings, first, mark))
+        answer = _send(cluster, node, node_config(cluster, node, settings, first, mark), settings)
     if answer.get("status") == "refused":
         # The node cannot act on itself (no passwordless sudo for the power-off): refused at `up`,
         # never a silent autostop or budget that would not fire.
@@ -313,7 +326,8 @@ def ensure_on_node(cluster: Cluster, node: Node, settings: Settings, eager_actio
     if settings.enforces and not answer.get("running"):
         raise RemoteError(f"{node.transport.label}: the watchdog did not start (see {node.layout.root}/{LOG_NAME})")
     return NodeResult(node.rank, str(answer["status"]), bool(answer.get("running")), bool(answer.get("started")),
-                      str(answer.get("hook") or "none"), (first or {}).get("effect"))
+                      str(answer.get("hook") or "none"), (first or {}).get("effect"),
+                      tuple(e for e in answer.get("sent") or () if isinstance(e, dict)))
 
 
 def mark_action(cluster: Cluster, node: Node) -> dict[str, Any] | None:
@@ -352,14 +366,17 @@ def report(reporter: Reporter, settings: Settings, results: Sequence[NodeResult]
 
 
 def start_from_recipe(store: StateStore, cluster: Cluster, nodes: Sequence[Node], recipe: Recipe,
-                      reporter: Reporter, created: bool) -> list[NodeResult]:
+                      reporter: Reporter, created: bool, config: Config | None = None) -> list[NodeResult]:
     """`up` / `run`: the recipe's autostop and budget, enforced on every node from now on. A new
-    cluster asks the provider for the action right away (its launch set the cloud side up)."""
+    cluster asks the provider for the action right away (its launch set the cloud side up). The
+    config's and recipe's webhook targets that want the node's events go with it (notify/node.py)."""
     settings = settings_from_recipe(recipe, store, cluster.record.name, cluster.record.hourly_price)
+    settings = replace(settings, notify=tuple(_node_targets(config, recipe, cluster, reporter)))
     if recipe.recovery is not None and cluster.provider.traits.remote:
         # A recovering run: the node also watches for its cloud's interruption notice.
         settings = replace(settings, interruption=cluster.provider.name)
     results = ensure_on_nodes(cluster, nodes, settings, eager_action=created)
+    reconcile_sent(store, results, reporter)
     if any(r.status == "written" for r in results):
         report(reporter, settings, results)
         store.add_event(cluster.record.name, "watchdog", settings.describe())
@@ -393,7 +410,33 @@ def set_autostop(lc: Lifecycle, name: str, idle_minutes: float | None, down: boo
     finally:
         close_all(nodes)
     lc.store.add_event(name, "autostop", settings.describe() or "autostop off")
+    reconcile_sent(lc.store, results, reporter)
     return settings, results
+
+
+def _node_targets(config: Config | None, recipe: Recipe, cluster: Cluster, reporter: Reporter) -> list[Any]:
+    from pathlib import Path
+
+    from cloudtrain.notify.node import node_targets
+    from cloudtrain.notify.targets import bind
+
+    found = bind(list(getattr(config, "notify", None) or ()), "config")
+    where = cluster.record.recipe_path
+    found += bind(list(recipe.notify or ()), "recipe", Path(where) if where else None)
+    unique = {b.ref.key(): b for b in found}
+    return node_targets(unique.values(), reporter.warn)
+
+
+def reconcile_sent(store: StateStore, results: Sequence[NodeResult], reporter: Reporter | None = None) -> int:
+    """What the nodes' watchdogs sent themselves, into this machine's outbox (never sent again)."""
+    from cloudtrain.notify.node import reconcile
+
+    try:
+        return sum(reconcile(store, r.sent) for r in results if r.sent)
+    except Exception as exc:  # noqa: BLE001 - a notification record never fails the command
+        if reporter is not None:
+            reporter.warn(f"notify: could not record the node's events: {type(exc).__name__}: {exc}")
+        return 0
 
 
 def lease_until(lease_end: float, release_s: float) -> float:
