@@ -69,10 +69,10 @@ def test_candidates_fail_over_across_regions_then_bigger_types_in_price_order() 
         ("us-east-1", "g4dn.2xlarge", 0.752),
         ("us-east-2", "g4dn.2xlarge", 0.752),
     ]
-    assert len(p.candidates) == 16  # 4 T4 types x 4 regions; each one is a distinct placement
-    assert all(c.zone is None and not c.spot and c.accelerators in ("T4:1", "T4:4") for c in p.candidates)
-    # T4:4 (g4dn.12xlarge) sits between the T4:1 sizes by price; g4dn.16xlarge (T4:1) is dearer.
-    assert {c.accelerators for c in p.candidates} == {"T4:1", "T4:4"}
+    assert len(p.candidates) == 28  # 7 T4 types x 4 regions; each one is a distinct placement
+    assert all(c.zone is None and not c.spot and c.accelerators in ("T4:1", "T4:4", "T4:8") for c in p.candidates)
+    # T4:4 (g4dn.12xlarge) sits between the T4:1 sizes by price; g4dn.metal (T4:8) is the dearest.
+    assert {c.accelerators for c in p.candidates} == {"T4:1", "T4:4", "T4:8"}
 
 
 @pytest.mark.parametrize("spot", [True, False])
@@ -87,9 +87,9 @@ def test_failover_keeps_the_gpu_count_the_recipe_asked_for(spot: bool) -> None:
     assert note.startswith("failover keeps T4:1 per node:") and "g4dn.12xlarge, T4:4" in note
     assert "resources.allow_more_accelerators: true" in note
     allowed = plan({"accelerators": "T4:1", "spot": spot, "allow_more_accelerators": True})
-    assert {c.accelerators for c in allowed.candidates} == {"T4:1", "T4:4"}
+    assert {c.accelerators for c in allowed.candidates} == {"T4:1", "T4:4", "T4:8"}
     (note,) = allowed.notes
-    assert "failover may move to more GPUs per node than T4:1" in note and "g4dn.12xlarge (T4:4)" in note
+    assert "failover may move to more GPUs per node than T4:1" in note and "g4dn.metal (T4:8)" in note
 
 
 def test_an_instance_type_says_nothing_about_gpu_failover() -> None:
@@ -203,7 +203,7 @@ def test_refusals_name_the_recipe_field(case: str, resources: dict, top: dict, e
     [
         ({"instance_type": "g5.xlarge", "memory": 64}, "resources.memory"),
         ({"accelerators": "T4:1", "memory": 1024}, "resources.memory"),
-        ({"accelerators": "T4:1", "cpus": 96}, "resources.cpus"),
+        ({"accelerators": "T4:1", "cpus": 128}, "resources.cpus"),  # more than any T4 type (g4dn.metal: 96)
         ({"memory": 100000}, "resources.memory"),
     ],
 )

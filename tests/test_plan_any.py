@@ -257,7 +257,7 @@ REFUSED = [
     ("A100:8 on azure only: sold, price unknown", {"accelerators": "A100:8"}, {}, ("azure",), NotAvailableError,
      "A100:8 on one node (Standard_ND96amsr_A100_v4, Standard_ND96asr_v4): price unknown "
      "(no published price in the catalog cloudtrain knows; `cloudtrain catalog refresh`)", "resources.accelerators"),
-    ("L4 without gcp: aws sells it, price unknown", {"accelerators": "L4"}, {}, ("aws", "azure"), NotAvailableError,
+    ("A10 on azure: sold, price unknown", {"accelerators": "A10"}, {}, ("aws", "azure"), NotAvailableError,
      "price unknown (no published price in the catalog cloudtrain knows", "resources.accelerators"),
     ("H200 on aws: sold, price unknown", {"accelerators": "H200:8"}, {}, ("aws",), NotAvailableError,
      "H200 on aws (p5e.48xlarge): price unknown", "resources.accelerators"),
@@ -372,7 +372,7 @@ def test_credentials_a_cloud_rejects_are_skipped_too(fakes: Any, moto_server: An
 # (id, resources, clouds without credentials, text of the planner's own refusal)
 ONLY_ON_SKIPPED = [
     ("A100:8 is priced only on aws and gcp", {"accelerators": "A100:8"}, ("aws", "gcp"), "A100:8 on one node"),
-    ("L4 is priced only on gcp", {"accelerators": "L4:1"}, ("gcp",), "L4 on aws (g6."),
+    ("P100 is priced only on gcp", {"accelerators": "P100:1"}, ("gcp",), "P100"),
     ("region of azure", {"accelerators": "T4:1", "region": "eastus"}, ("azure",), "'eastus'"),
     ("price limit only aws and azure meet", {"accelerators": "T4:1", "max_hourly_usd": 0.53}, ("aws", "azure"),
      "costs $0.53/h or less"),

@@ -64,9 +64,12 @@ def test_refresh_writes_the_users_catalog_the_listing_prefers_it_and_the_bundled
     assert (fresh["price"], fresh["spot_price"], fresh["price_date"]) == (0.5, 0.19, PUBLISHED.isoformat())
     assert t4[("us-east-1", "g4dn.12xlarge")]["price"] == 3.912  # not in the source: the bundled row
     assert "ap-south-1" not in {o["region"] for o in listing("--cloud", "aws")}  # regions are not widened
-    # A new type from the source (L4 on g6) joins; GCP's N1+T4 carries the provider's name.
-    assert [o["instance_type"] for o in listing("--gpu", "L4", "--cloud", "aws") if o["price"] is not None] == [
-        "g6.xlarge"]
+    # A type the source carries (L4 on g6.xlarge) takes the source's price over the bundled one;
+    # GCP's N1+T4 carries the provider's name.
+    l4 = {(o["region"], o["instance_type"]): o for o in listing("--gpu", "L4", "--cloud", "aws")}
+    g6 = l4[("us-east-1", "g6.xlarge")]
+    assert (g6["price"], g6["spot_price"], g6["price_date"]) == (0.8048, 0.33, PUBLISHED.isoformat())
+    assert l4[("us-east-2", "g6.xlarge")]["price_date"] == "2026-11-28"  # not in the source: the bundled row
     gcp_t4 = listing("--gpu", "T4", "--cloud", "gcp", "--region", "us-central1")
     assert gcp_t4[0]["instance_type"] == "n1-standard-4+t4x1" and gcp_t4[0]["price"] == 0.54
 
@@ -104,8 +107,9 @@ def test_a_failed_or_partial_download_keeps_the_current_prices(
     assert f"(gpuhunt {LATER_VERSION})" in proc.stdout and "aws: " not in proc.stdout  # the others were refreshed
     [g2] = [o for o in listing("--cloud", "gcp", "--region", "us-central1") if o["instance_type"] == "g2-standard-4"]
     assert g2["price"] == round(0.7068 * 1.5, 6)
-    # The other bundled L4 types (g6 sizes the source does not carry) stay listed, price unknown.
-    assert [o["price"] for o in listing("--cloud", "aws", "--gpu", "L4") if o["price"] is not None] == [0.8048]
+    # The aws file kept the first refresh: g6.xlarge in us-east-1 at the source's price, not 1.5x it.
+    [g6] = [o for o in listing("--cloud", "aws", "--gpu", "L4", "--region", "us-east-1") if o["instance_type"] == "g6.xlarge"]
+    assert g6["price"] == 0.8048 and g6["spot_price"] == 0.33
 
 
 def test_a_cloud_that_fails_before_any_refresh_leaves_the_bundled_prices(
