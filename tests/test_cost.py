@@ -139,3 +139,13 @@ def test_runs_that_split_a_vms_life_add_up_to_its_bill_and_the_minimum_is_paid_o
                                                                      (T0 + 70, T0 + 200)]]
     assert parts == [60.0, 10.0, 30.0] and sum(parts) == 100.0
     assert longer.billed_seconds(until=T0 - 1) == 0.0  # nothing before it started
+
+
+def test_a_window_from_within_the_starts_whole_second_holds_the_start() -> None:
+    """A run that started at 100.6 and launched its VM at 100.9 (booked at 100, EC2's whole second)
+    pays that VM's minimum: three recovery e2e under load paid only one of two minimums."""
+    from cloudtrain.state import BillingRecord
+
+    vm = BillingRecord(1, "c", "aws", "i-1", "running", 3.6, T0, T0 + 2, "u", 60.0, "cloud")
+    assert vm.billed_seconds(until=T0 + 30, since=T0 + 0.6) == 60.0
+    assert vm.billed_seconds(until=T0 + 30, since=T0 + 1.0) == 0.0  # a later second: past the start

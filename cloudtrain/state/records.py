@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -155,8 +157,9 @@ class BillingRecord:
     def billed_seconds(self, until: float, since: float = 0.0) -> float:
         """Seconds billed between `since` and `until`: additive, so that windows that split a
         period (the runs on one cluster) add up to the period's bill. The minimum belongs to the
-        window holding the start; a window after it pays only the time beyond the minimum."""
-        return max(0.0, self.billed_by(until) - self.billed_by(since))
+        window holding the start; a window after it pays only the time beyond the minimum. Ledger
+        times are whole seconds (a start at 100.9 is booked at 100): a window from 100.6 holds it."""
+        return max(0.0, self.billed_by(until) - self.billed_by(math.floor(since)))
 
     def cost(self, until: float, since: float = 0.0) -> float:
         """USD billed between `since` and `until`."""

@@ -107,6 +107,8 @@ class PostgresServer:
 
 @pytest.fixture(scope="session")
 def postgres_server() -> Iterator[PostgresServer]:
+    """A real PostgreSQL server for this test session: its own cluster in a temp directory, on a
+    unix socket only (run as `postgres` when the tests run as root), stopped at the session's end."""
     bindir = server_binaries()
     if bindir is None:
         message = "PostgreSQL server binaries not installed (apt-get install postgresql; scripts/setup.sh --test)"
