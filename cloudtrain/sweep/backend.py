@@ -63,6 +63,8 @@ RETRY_S = 15.0  # the first wait before a release that failed is tried again
 RETRY_MAX_S = 120.0
 WATCH_S = 15.0  # how often the cloud is asked whether a busy VM is still there
 log = logging.getLogger(__name__)
+# What the watcher writes in an attempt's handle when its VM vanished under it (it reports the loss).
+LOST_WITH_VM = "lost with its VM"
 
 
 class TrialStopped(CloudtrainError):
@@ -274,7 +276,11 @@ class PipelineBackend:
                 gone = None
                 if outcome == Outcome.FAILED:
                     gone = self._vanished(lc, handle.cluster)
-                if gone is not None:
+                if handle.reason == LOST_WITH_VM:
+                    # The watcher saw its VM go and reported it (VmGone: the scheduler retries the
+                    # attempt as preempted); this thread's "stopped" must not race that report.
+                    pass
+                elif gone is not None:
                     # Its VM went away under it: the scheduler ends the attempt as preempted (and retries it).
                     self.put(self._take_down(lc, action.vm, gone))
                 else:
@@ -305,7 +311,7 @@ class PipelineBackend:
                 why = self._vanished(lc, handle.cluster)
                 if why is not None:
                     # The attempt's own thread may be stuck in SSH retries: it gives up at its next phase.
-                    handle.reason = "lost with its VM"
+                    handle.reason = LOST_WITH_VM
                     handle.stop.set()
                     self.put(self._take_down(lc, vm, why))
                     return
