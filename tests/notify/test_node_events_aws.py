@@ -62,7 +62,9 @@ def test_a_closed_laptop_still_hears_the_watchdog_stop_the_idle_vm(cloud: AwsClo
                    what="the watchdog to stop the idle instance")
         node_events = [e for e in receiver.accepted() if e["source"] == "node"]
         laptop_types = [e["type"] for e in receiver.accepted() if e["source"] == "laptop"]
-    assert laptop_types == ["run.started"]  # the CLI was killed: the only word from the laptop
+    # The CLI was killed: its only word is run.started, sent within the run's first second or left in
+    # the outbox (a busy machine) for the next command; never a run end.
+    assert laptop_types in (["run.started"], [])
     (event,) = node_events  # verified with standardwebhooks by the receiver, with the target's secret
     assert event["type"] == "watchdog.stopped" and event["data"]["cloud"] == "aws"
     assert event["data"]["cluster"] == cloud.cluster and event["data"]["instance"] == instance["InstanceId"]
