@@ -8,9 +8,6 @@ from __future__ import annotations
 import csv
 import json
 import os
-import signal
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +15,7 @@ import pytest
 
 from cloudtrain.testing import sshd
 from cloudtrain.testing.aws import MotoServer
+from cloudtrain.testing.faults import kill_cli_at
 from cloudtrain.testing.wait import wait_until
 from tests.conftest import cli_env, cloudtrain
 from tests.sweep.conftest import sweep_cli
@@ -32,18 +30,7 @@ def test_a_launch_whose_answer_was_lost_is_in_the_sweeps_spend_after_resume(
 ) -> None:
     recipe = _ec2_sweep(moto_server, sshd_vm_factory, tmp_path, monkeypatch, vms=2, values="[3]", parallel=1)
     gate = moto_server.faults.hold("RunInstances", after=True)
-    proc = subprocess.Popen([sys.executable, "-m", "cloudtrain", "sweep", "run", str(recipe), "--runs-dir",
-                             str(tmp_path / "runs"), "--yes"], cwd=tmp_path, env=cli_env(),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        assert gate.wait_held(120), "the sweep never asked EC2 for a VM"
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=30)
-    finally:
-        gate.release()
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    kill_cli_at(gate, ["sweep", "run", str(recipe), "--runs-dir", str(tmp_path / "runs"), "--yes"], cli_env())
     (listed,) = json.loads(sweep_cli("status", "--json").stdout)["sweeps"]
     sweep_id = listed["id"]
     ec2 = moto_server.client("ec2", REGION)
