@@ -20,8 +20,15 @@ import time
 from pathlib import Path
 
 import pytest
+from hypothesis import Phase, settings
 
 REPO = Path(__file__).resolve().parents[1]
+
+# Hypothesis traces every example for its "explain" phase when no deadline is set (as all ours):
+# the trace makes each example several times slower, and the fuzz tests' per-input CPU limits
+# (tests/bounded.py) then fail on the tracer's time, not the parser's. Failures still shrink.
+settings.register_profile("cloudtrain", phases=[phase for phase in Phase if phase is not Phase.explain])
+settings.load_profile("cloudtrain")
 _MARK = "CLOUDTRAIN_TEST_SESSION"
 os.environ.setdefault(_MARK, secrets.token_hex(8))
 

@@ -501,12 +501,7 @@ class Executor:
         provider = r.cluster.provider
         current = self.store.get_cluster(name)
         if current is None or current.uid != r.cluster.record.uid:
-            # `down` from another terminal (with --yes) ended it under this run: nothing is left to
-            # tear down or to collect from, and saying "kept, collect fetches them" would be false.
-            lost = "; what was not collected went with it" if results_at_risk else ""
-            self.reporter.warn(f"cluster {name} was taken down by another command while this run went on{lost}")
-            r.fail(f"cluster {name} was taken down during the run")
-            return "gone"
+            return self._gone(r, results_at_risk)
         if policy in ("down", "stop"):
             other = self._other_live_work(r)
             if other is not None:
@@ -523,13 +518,24 @@ class Executor:
             self.reporter.warn(f"results not collected: cluster {name} kept so they are not lost; {where}")
             return "kept"
         if policy == "down":
-            self.lc.down(name)
-            return "down"
+            # False: another command's `down` held the cluster's lock and removed it while this
+            # run read it above (it ended the job that this run saw end).
+            return "down" if self.lc.down(name) else self._gone(r, results_at_risk)
         if policy == "stop":
             self.lc.stop(name)
             return "stopped"
         self.reporter.info(f"cluster {name} kept; `cloudtrain down {name}` removes it")
         return "kept"
+
+    def _gone(self, r: _Run, results_at_risk: bool) -> str:
+        """`down` from another terminal (with --yes) ended the cluster under this run: nothing is left
+        to tear down or to collect from, and saying "kept, collect fetches them" would be false."""
+        assert r.cluster is not None
+        name = r.cluster.record.name
+        lost = "; what was not collected went with it" if results_at_risk else ""
+        self.reporter.warn(f"cluster {name} was taken down by another command while this run went on{lost}")
+        r.fail(f"cluster {name} was taken down during the run")
+        return "gone"
 
     def _other_live_work(self, r: _Run) -> str | None:
         """Another run or job still using the cluster (a teardown now would kill it)."""

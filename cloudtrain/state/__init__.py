@@ -106,7 +106,7 @@ class StateStore:
     def _write(self) -> Iterator[Any]:
         # IMMEDIATE takes the write lock up front, so two processes never both read-then-upgrade
         # and deadlock; the loser waits on busy_timeout. PostgreSQL: the writers' advisory lock.
-        self._db.execute(self._begin[0])
+        self._begin_write()
         try:
             for statement in self._begin[1:]:
                 self._db.execute(statement)
@@ -115,6 +115,23 @@ class StateStore:
             self._db.execute("ROLLBACK")
             raise
         self._db.execute("COMMIT")
+
+    def _begin_write(self) -> None:
+        # SQLite answers some lock conflicts at once, without its busy handler: in WAL mode a
+        # connection whose read snapshot went stale while another process committed gets
+        # SQLITE_BUSY_SNAPSHOT ("database is locked") on BEGIN IMMEDIATE. Nothing has been done
+        # yet, so starting again is safe; the same 30 s as busy_timeout bound it.
+        deadline = time.monotonic() + 30.0
+        pause = 0.005
+        while True:
+            try:
+                self._db.execute(self._begin[0])
+                return
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) or time.monotonic() + pause > deadline:
+                    raise
+            time.sleep(pause)
+            pause = min(pause * 2, 0.25)
 
     def _insert(self, table: str, record: Any) -> None:
         cols = [f.name for f in fields(record)]

@@ -48,7 +48,8 @@ def test_a_closed_laptop_still_hears_the_watchdog_stop_the_idle_vm(cloud: AwsClo
         try:
             def job_running() -> bool:
                 instances = cloud.instances(cloud.cluster)
-                if not instances:
+                # The instance is listed a moment before its VM exists in the fake's machines.
+                if not instances or instances[0]["InstanceId"] not in cloud.machines:
                     return False
                 jobs = cloud.machines.vm(instances[0]["InstanceId"]).home_dir / ".cloudtrain" / cloud.cluster / "jobs"
                 return any((job / "pid").exists() for job in jobs.glob("*")) if jobs.is_dir() else False
