@@ -49,7 +49,7 @@ from typing import TYPE_CHECKING, Any
 from cloudtrain.notify import hooks as notify
 from cloudtrain.errors import CloudtrainError, LaunchLostError, UsageError
 from cloudtrain.run.recover_rules import NodeLostError, budget_left, next_candidates, rule_out
-from cloudtrain.run.recover_watch import Tee, Watcher, gone_reason
+from cloudtrain.run.recover_watch import Tee, Watcher, lost_now
 from cloudtrain.state import RunStatus
 from cloudtrain.run import checkpoints
 from cloudtrain.run.checkpoints import CHECKPOINT_ENV
@@ -250,17 +250,15 @@ class Recovery:
         watcher = self.watcher
         if watcher is not None and watcher.lost is not None:
             current.detected_at = watcher.detected_at
-            return kind, watcher.lost
-        if self.r.cluster is None or self.ex.store.get_cluster(self.name) is None:
+            return kind, str(watcher.lost)
+        if self.r.cluster is None:
             return None
-        try:
-            why = gone_reason(self.ex.lc.refresh(self.name))
-        except CloudtrainError as exc:
-            self.ex.reporter.warn(f"could not ask the cloud about {self.name}: {exc.one_line()}")
-            why = None
-        if why is not None:
+        gone = lost_now(self.ex.lc, self.name, self.ex.reporter.warn)
+        if gone is not None:
             current.detected_at = time.time()
-            return kind, why
+            return kind, str(gone)
+        if self.ex.store.get_cluster(self.name) is None:
+            return None  # taken down by another command: no notice to read from a node that is gone
         notice = self._notice()
         if notice is not None:
             current.detected_at = time.time()
@@ -305,7 +303,8 @@ class Recovery:
 
     def node_gone(self) -> str | None:
         """Why the cloud watcher says the attempt's node is gone, or None (collect stops retrying)."""
-        return self.watcher.lost if self.watcher is not None else None
+        lost = self.watcher.lost if self.watcher is not None else None
+        return str(lost) if lost is not None else None
 
     def _notice(self) -> str | None:
         """The interruption notice the node's watchdog recorded, if any (the node is still up)."""
@@ -355,14 +354,9 @@ class Recovery:
         """Why the node is gone (the watcher's word, or the cloud's now) and when that was known."""
         watcher = self.watcher
         if watcher is not None and watcher.lost is not None:
-            return watcher.lost, watcher.detected_at or time.time()
-        if self.ex.store.get_cluster(self.name) is None:
-            return None, time.time()
-        try:
-            return gone_reason(self.ex.lc.refresh(self.name)), time.time()
-        except CloudtrainError as exc:
-            self.ex.reporter.warn(f"could not ask the cloud about {self.name}: {exc.one_line()}")
-            return None, time.time()
+            return str(watcher.lost), watcher.detected_at or time.time()
+        gone = lost_now(self.ex.lc, self.name, self.ex.reporter.warn)
+        return (str(gone) if gone is not None else None), time.time()
 
     # the next attempt ---------------------------------------------------------------------------------
 
@@ -537,7 +531,9 @@ def resume(executor: Runs, loaded: Any, run_id: str, teardown: Any, runs_dir: Pa
         executor.reporter.warn(f"the recipe changed since run {run_id} started; resuming with it as it is now")
     name = row.cluster
     if store.get_cluster(name) is not None:
-        why = gone_reason(executor.lc.refresh(name))
+        from cloudtrain.run.gone import judge
+
+        why = judge(executor.lc.refresh(name))
         if why is None:
             raise Usage(f"run {run_id}: cluster {name} is still up, its job may still be running",
                         hint=f"`cloudtrain logs {name} -f` follows it, `cloudtrain collect {name} {run_id}` brings "

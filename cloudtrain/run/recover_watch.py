@@ -15,16 +15,13 @@ from __future__ import annotations
 import json
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from cloudtrain.errors import CloudtrainError
 from cloudtrain.remote import gone
 from cloudtrain.run.checkpoints import epoch_event
+from cloudtrain.run.gone import Gone, GoneKind, ask
 
-if TYPE_CHECKING:
-    from cloudtrain.cluster.lifecycle import Cluster
-
-GOING = frozenset({"stopping", "stopped", "terminated"})
 
 
 class NodeGone(CloudtrainError):
@@ -37,19 +34,6 @@ class NodeGone(CloudtrainError):
         super().__init__(message, **kwargs)
 
 
-def gone_reason(cluster: Cluster) -> str | None:
-    """Why the cloud says the cluster's machines are gone or going, or None while they are up."""
-    from cloudtrain.state import ClusterStatus
-
-    leaving = [n for n in cluster.nodes if n.state in GOING]
-    if cluster.record.status == ClusterStatus.UP and not leaving and cluster.nodes:
-        return None
-    if not leaving and cluster.record.status in (ClusterStatus.PROVISIONING,):
-        return None
-    what = ", ".join(f"{n.instance_id} {n.state}" for n in leaving) or f"cluster {cluster.record.status}"
-    return f"{cluster.provider.name} reports {what}"
-
-
 class Watcher:
     """Asks the cloud every watch_s whether the attempt's nodes are still there (its own thread,
     store and lifecycle). Seeing them gone, it records why and makes the attempt's connections give
@@ -58,7 +42,7 @@ class Watcher:
     def __init__(self, recovery: Any, attempt: Any) -> None:  # run/recover.py: Recovery, Attempt
         self.recovery = recovery
         self.attempt = attempt
-        self.lost: str | None = None
+        self.lost: Gone | None = None
         self.detected_at: float | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name=f"recover watch {recovery.name}", daemon=True)
@@ -84,11 +68,7 @@ class Watcher:
                 # race); its nodes may still be booting, their connects waiting (remote/gone.py).
                 if record is None or record.status != ClusterStatus.UP:
                     continue
-                try:
-                    why = gone_reason(lc.refresh(rec.name))
-                except CloudtrainError as exc:
-                    rec.ex.reporter.warn(f"could not ask the cloud about {rec.name}: {exc.one_line()}")
-                    continue
+                why = lost_now(lc, rec.name, rec.ex.reporter.warn)
                 if why is not None:
                     self.detected_at = time.time()
                     self.lost = why  # said once, by the recover phase that follows
@@ -104,6 +84,13 @@ class Watcher:
                     return
         finally:
             lc.store.close()
+
+
+def lost_now(lc: Any, name: str, warn: Any) -> Gone | None:
+    """A recovering run's reading of the one rule (run/gone.py): the cluster's machines went. A row
+    another command's `down` removed is not a loss to recover from (the pipeline says so itself)."""
+    found = ask(lc, name, warn)
+    return None if found is None or found.kind is GoneKind.TAKEN_DOWN else found
 
 
 def raise_in(thread_id: int, error: type[BaseException]) -> None:

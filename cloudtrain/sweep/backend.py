@@ -379,29 +379,18 @@ class PipelineBackend:
         self._leases[vm] = lease_end
 
     def _vanished(self, lc: Any, name: str) -> str | None:
-        """Why the cluster is gone (preempted, deleted by its lease, stopped by its cloud), or None
-        while it is up or nobody can tell. Asks the cloud once (which puts what it says in the
-        ledger); the caller takes down what is left (`_take_down`)."""
-        from cloudtrain.providers.base import InstanceState
-        from cloudtrain.state import ClusterStatus
+        """Why the cluster is gone (preempted, deleted by its lease, stopped by its cloud, taken down
+        behind the sweep's back), or None while it is up or nobody can tell: run's one rule
+        (run/gone.py), which asks the cloud once (and so puts its answer in the ledger). Every kind
+        of gone is a lost VM to a sweep; the caller takes down what is left (`_take_down`)."""
+        from cloudtrain.run.gone import GoneKind, ask
 
-        if lc.store.get_cluster(name) is None:
-            return f"cluster {name} was taken down"  # (`cloudtrain down` behind the sweep's back)
-        try:
-            cluster = lc.refresh(name)
-        except CloudtrainError as exc:
-            self.warn(f"could not ask the cloud about {name}: {exc.one_line()}")
+        found = ask(lc, name, self.warn)
+        if found is None:
             return None
-        status = cluster.record.status
-        # A node on its way down (stopping, shutting down) leaves the cluster UP in state for a while,
-        # but the job it killed did not fail on its own.
-        going = {InstanceState.STOPPING.value, InstanceState.STOPPED.value, InstanceState.TERMINATED.value}
-        leaving = [n for n in cluster.nodes if n.state in going]
-        if status == ClusterStatus.UP and not leaving:
-            return None
-        if status == ClusterStatus.UP:
-            status = leaving[0].state
-        return f"cluster {name} is {status} (preempted, or deleted by its lease)"
+        if found.kind is GoneKind.TAKEN_DOWN:
+            return f"{found} (`cloudtrain down` behind the sweep's back)"
+        return f"cluster {name} is {found.state}: {found} (preempted, or deleted by its lease)"
 
     def cancel(self, action: Cancel) -> None:
         handle = self.handles.get((action.trial, action.attempt))

@@ -13,7 +13,7 @@ from cloudtrain.plan import Placement, Plan
 from cloudtrain.recipe import Budget, Recipe
 from cloudtrain.recipe.recover import DEFAULT_RECOVER, Recover
 from cloudtrain.run.recover_rules import NodeLostError, budget_left, next_candidates, rule_out
-from cloudtrain.run.recover_watch import gone_reason
+from cloudtrain.run.gone import Gone, GoneKind, ask, judge
 from cloudtrain.state import ClusterRecord, ClusterStatus, NodeRecord
 
 
@@ -137,17 +137,52 @@ def cluster(status: ClusterStatus, *states: str) -> Cluster:
     return Cluster(record, nodes, _Provider())  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize(("status", "states", "gone"), [
-    (ClusterStatus.UP, ("running",), None),
-    (ClusterStatus.UP, ("running", "terminated"), "i-1 terminated"),
-    (ClusterStatus.UP, ("stopping",), "i-0 stopping"),
-    (ClusterStatus.TERMINATED, ("terminated",), "i-0 terminated"),
-    (ClusterStatus.STOPPED, ("stopped",), "i-0 stopped"),
-    (ClusterStatus.PROVISIONING, ("pending",), None),
+@pytest.mark.parametrize(("status", "states", "kind", "says"), [
+    (ClusterStatus.UP, ("running",), None, None),
+    (ClusterStatus.UP, ("running", "terminated"), GoneKind.LEAVING, "aws reports i-1 terminated"),
+    (ClusterStatus.UP, ("stopping",), GoneKind.LEAVING, "aws reports i-0 stopping"),
+    (ClusterStatus.TERMINATED, ("terminated",), GoneKind.LEAVING, "aws reports i-0 terminated"),
+    (ClusterStatus.STOPPED, ("stopped",), GoneKind.LEAVING, "aws reports i-0 stopped"),
+    (ClusterStatus.PROVISIONING, ("pending",), None, None),  # booting: lifecycle's, not a loss
+    (ClusterStatus.UP, (), GoneKind.ENDED, "aws reports cluster up"),  # the cloud lists none of its machines
+    (ClusterStatus.TERMINATED, ("pending",), GoneKind.ENDED, "aws reports cluster terminated"),
 ])
-def test_gone_reason_reads_what_the_cloud_reported(status: ClusterStatus, states: tuple, gone: str | None) -> None:
-    why = gone_reason(cluster(status, *states))
-    assert (why is None) if gone is None else (gone in (why or ""))
+def test_the_one_gone_rule_reads_what_the_cloud_reported(status: ClusterStatus, states: tuple,
+                                                          kind: GoneKind | None, says: str | None) -> None:
+    """One rule for recovery and sweeps (run/gone.py; issue 36.1): a typed reason, the cloud's words."""
+    found = judge(cluster(status, *states))
+    assert (found.kind if found else None) is kind
+    assert (str(found) if found else None) == says
+
+
+class _Lc:
+    """What `gone.ask` reads of a lifecycle: the state row, the cloud's answer (or its error)."""
+
+    def __init__(self, row: bool, answer: Cluster | Exception) -> None:
+        self.asked = 0
+        self.answer = answer
+        self.store = type("S", (), {"get_cluster": staticmethod(lambda name: object() if row else None)})()
+
+    def refresh(self, name: str) -> Cluster:
+        self.asked += 1
+        if isinstance(self.answer, Exception):
+            raise self.answer
+        return self.answer
+
+
+def test_a_cluster_with_no_row_is_taken_down_without_asking_the_cloud() -> None:
+    lc = _Lc(False, cluster(ClusterStatus.UP, "running"))
+    assert ask(lc, "c", print) == Gone(GoneKind.TAKEN_DOWN, "c")  # type: ignore[arg-type]
+    assert lc.asked == 0
+
+
+def test_a_cloud_that_does_not_answer_is_said_and_counts_as_not_gone() -> None:
+    from cloudtrain.errors import CloudtrainError
+
+    said: list[str] = []
+    lc = _Lc(True, CloudtrainError("throttled"))
+    assert ask(lc, "c", said.append) is None and lc.asked == 1  # type: ignore[arg-type]
+    assert said == ["could not ask the cloud about c: throttled"]
 
 
 @pytest.mark.parametrize(("setup", "says"), [
