@@ -1,4 +1,4 @@
-"""`team`: a team's shared state database (docs/teams.md): prepare it, migrate it."""
+"""`team`: a team's shared state database (docs/teams.md): prepare it, migrate it, its budgets."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ def _team_url() -> str:
 
 @click.group("team")
 def team() -> None:
-    """A team's shared state database (state_url): init, migrate."""
+    """A team's shared state database (state_url): init, migrate, budget."""
 
 
 @team.command("init")
@@ -55,3 +55,88 @@ def migrate_() -> None:
         output.info(f"{where}: migrated v{done.before} -> v{done.after} ({len(done.applied)} step(s))")
     else:
         output.info(f"{where}: already at schema v{done.after}, nothing to do")
+
+
+@team.group("budget", invoke_without_command=True)
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.pass_context
+def budget(ctx: click.Context, as_json: bool) -> None:
+    """Monthly budgets every launch holds its worst case against: show them (spent this month,
+    held by live clusters, left), or `set` / `unset` one. On SQLite too: one laptop, a team of one."""
+    if ctx.invoked_subcommand is not None:
+        return
+    import time
+
+    from cloudtrain.state import StateStore
+    from cloudtrain.state.budgets import EVERY, month_start, usage
+
+    store = StateStore()
+    now = time.time()
+    uses = usage(store, _owner(), now)
+    if as_json:
+        from cloudtrain.cluster.spend import iso
+
+        output.print_json({"month_from": month_start(now), "month_from_iso": iso(month_start(now)), "at": now,
+                           "budgets": [u.as_json() for u in uses]})
+        return
+    if not uses:
+        output.info("no team budgets: launches are bounded by their recipes' budgets only "
+                    "(`cloudtrain team budget set --monthly-usd N` sets one)")
+        return
+    output.table(["MEMBER", "PROJECT", "MONTHLY", "SPENT", "HELD", "LEFT"],
+                 [("every member" if u.budget.member == EVERY else u.budget.member,
+                   "every project" if u.budget.project == EVERY else u.budget.project,
+                   output.money(u.budget.monthly_usd), output.money(u.spent), output.money(u.held),
+                   output.money(u.left)) for u in uses])
+    output.info("spent: the ledger since the 1st of this month (UTC); held: what live clusters may still "
+                "spend at most")
+
+
+@budget.command("set")
+@click.option("--monthly-usd", type=click.FloatRange(min=0), required=True, help="The cap, in USD per month.")
+@click.option("--project", default=None, help="Only launches of this project (default: every project).")
+@click.option("--user", "member", default=None,
+              help="Only this member's launches (the database role; on SQLite the config's owner). Default: everyone.")
+def budget_set(monthly_usd: float, project: str | None, member: str | None) -> None:
+    """Set (or replace) the monthly budget of a member, a project, both, or the whole team."""
+    from cloudtrain.state import StateStore
+    from cloudtrain.state.budgets import set_budget, usd, who
+
+    _check_project(project)
+    store = StateStore()
+    done = set_budget(store, monthly_usd, member, project, by=who(store, _owner()))
+    output.info(f"{done.describe()}: {usd(done.monthly_usd)} a month; every launch it covers holds its worst case "
+                "against it")
+
+
+@budget.command("unset")
+@click.option("--project", default=None, help="The budget of this project.")
+@click.option("--user", "member", default=None, help="The budget of this member.")
+def budget_unset(project: str | None, member: str | None) -> None:
+    """Remove a budget (the one with exactly this --project and --user)."""
+    from cloudtrain.errors import UsageError
+    from cloudtrain.state import StateStore
+    from cloudtrain.state.budgets import EVERY, Budget, unset_budget
+
+    store = StateStore()
+    described = Budget(member or EVERY, project or EVERY, 0.0).describe()
+    if not unset_budget(store, member, project):
+        raise UsageError(f"there is no {described.replace('the ', '', 1)} to unset",
+                         hint="`cloudtrain team budget` lists them")
+    output.info(f"{described}: removed")
+
+
+def _owner() -> str:
+    from cloudtrain.providers.base import owner_id
+
+    return owner_id()
+
+
+def _check_project(project: str | None) -> None:
+    import re
+
+    from cloudtrain.errors import UsageError
+    from cloudtrain.state.location import PROJECT_PATTERN
+
+    if project is not None and not re.match(PROJECT_PATTERN, project):
+        raise UsageError(f"--project {project!r}: expected lowercase letters, digits, - or _ (at most 63)")

@@ -36,6 +36,7 @@ from cloudtrain.remote.jobs import OPEN_STATES, JobState
 from cloudtrain.state import ClusterRecord, ClusterStatus, NodeRecord, RunStatus, StateStore
 from cloudtrain.cluster.hosts import end_work_on_hosts
 from cloudtrain.cluster import access
+from cloudtrain.cluster.holds import precheck, write_intent
 from cloudtrain.cluster.intent import Heartbeat, is_me
 from cloudtrain.cluster.reconcile import LISTING_SETTLE_S, Observation, Pricing, observe, reconcile
 
@@ -228,6 +229,11 @@ class Lifecycle:
         else:
             provider = self.provider(recipe.resources.cloud)
             candidates, providers = [None], {provider.name: provider}
+        if candidates[0] is not None:
+            # A team budget that cannot hold the first placement's worst case refuses before any cloud call.
+            precheck(self.store, owner_id(self.config), candidates[0].cloud, candidates[0].hourly_price,
+                     recipe.num_nodes, _max_run_s(recipe, candidates[0].hourly_price, deadline_at),
+                     recipe.resources.disk_gb)
         self._refuse_untracked_machines(name, providers.values())
         first = next(iter(providers.values()))
         spec = self._spec(recipe, name, first)
@@ -323,7 +329,9 @@ class Lifecycle:
 
             from cloudtrain.providers.deadline import deadline_seconds
 
-            self.store.upsert_cluster(
+            hourly = placement.hourly_price if placement is not None else 0.0
+            # The intent and its hold against the team's budgets, in one transaction (cluster/holds.py).
+            write_intent(self.store, dict(
                 # The latest its machines can live: what an answer lost to a crash is booked up to.
                 deadline_at=(time.time() + deadline_seconds(attempt.max_run_s)
                              if attempt.max_run_s is not None else None),
@@ -332,8 +340,9 @@ class Lifecycle:
                 recipe_path=recipe_path, recipe_digest=digest, owner=spec.owner, last_error=None,
                 spot=int(attempt.spot), driver=procid.identity(), heartbeat_at=time.time(),
                 # One price source: the plan's placement, per node, known before anything exists.
-                hourly_price=(placement.hourly_price if placement is not None else 0.0) * recipe.num_nodes,
-            )
+                hourly_price=hourly * recipe.num_nodes,
+            ), owner=spec.owner, cloud=cloud, hourly_per_node=hourly, num_nodes=recipe.num_nodes,
+                max_run_s=attempt.max_run_s, disk_gb=attempt.disk_gb)
             heartbeat.start()
             uid = self.store.get_cluster(spec.cluster).uid  # type: ignore[union-attr]
             # The launch carries its first liveness mark: `gc` from any state leaves it alone until

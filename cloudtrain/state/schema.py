@@ -207,5 +207,26 @@ _MIGRATIONS: list[str] = [
     );
     CREATE INDEX notify_due ON notify_deliveries(state, next_at)
     """,
+    # version 8: team budgets (state/budgets.py). `budgets`: a monthly cap per member and project
+    # ('*': every member, every project). `budget_holds`: one row per launched incarnation, written
+    # in the launch intent's transaction: who launched it, for which project, and its worst case
+    # (NULL: nothing bounds it). A hold counts while its cluster lives; the row stays afterwards as
+    # the incarnation's owner, so the month's spend is attributed to members and projects.
+    """
+    CREATE TABLE budgets (
+        member TEXT NOT NULL, project TEXT NOT NULL,
+        monthly_usd REAL NOT NULL,
+        set_at REAL NOT NULL, set_by TEXT NOT NULL,
+        PRIMARY KEY (member, project)
+    );
+    CREATE TABLE budget_holds (
+        incarnation TEXT PRIMARY KEY,
+        cluster TEXT NOT NULL,
+        member TEXT NOT NULL, project TEXT NOT NULL,
+        usd REAL,
+        at REAL NOT NULL
+    );
+    CREATE INDEX budget_holds_by_scope ON budget_holds(member, project)
+    """,
 ]
 SCHEMA_VERSION = len(_MIGRATIONS)

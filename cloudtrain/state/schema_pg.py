@@ -1,7 +1,7 @@
 """The shared (PostgreSQL) state database's schema: one SQL script per version, each applied in its
 own transaction by `cloudtrain team migrate` (cloudtrain/state/team.py), never on open.
 
-The tables and columns are those of the SQLite schema (schema.py) at its version 7, so that
+The tables and columns are those of the SQLite schema (schema.py) at its version 7 (and v8's budgets), so that
 StateStore's queries run on either; only the types differ: every time and price is DOUBLE
 PRECISION (PostgreSQL's REAL is 4 bytes: a float4 epoch loses minutes), counters that may grow
 past 2^31 are BIGINT, and SQLite's implicit `rowid` of notify_events (the outbox lists events in
@@ -210,9 +210,31 @@ PG_MIGRATIONS: list[str] = [
     CREATE INDEX clusters_by_member ON clusters(member, project);
     CREATE INDEX billing_by_project ON billing(project, started_at)
     """.replace("{PROJECT}", "COALESCE(NULLIF(current_setting('cloudtrain.project', true), ''), 'default')"),
+    # version 3: team budgets (state/budgets.py; the SQLite schema's v8). `budgets` is written by
+    # the admin only (members may read it: `team init`'s grants); `budget_holds` by every launch,
+    # in its intent's transaction. `member` and `project` of a hold are the launcher's: the
+    # billing rows' own member is whoever observed them, which may be a teammate's `cost`.
+    """
+    CREATE TABLE budgets (
+        member TEXT NOT NULL, project TEXT NOT NULL,
+        monthly_usd DOUBLE PRECISION NOT NULL,
+        set_at DOUBLE PRECISION NOT NULL, set_by TEXT NOT NULL DEFAULT current_user,
+        PRIMARY KEY (member, project)
+    );
+    CREATE TABLE budget_holds (
+        incarnation TEXT PRIMARY KEY,
+        cluster TEXT NOT NULL,
+        member TEXT NOT NULL, project TEXT NOT NULL,
+        usd DOUBLE PRECISION,
+        at DOUBLE PRECISION NOT NULL
+    );
+    CREATE INDEX budget_holds_by_scope ON budget_holds(member, project)
+    """,
 ]
 PG_SCHEMA_VERSION = len(PG_MIGRATIONS)
 
 # The tables a team member reads and writes (`cloudtrain team init` prints their grants).
 PG_TABLES = ("clusters", "nodes", "runs", "jobs", "events", "log_cursors", "billing", "sweeps", "sweep_trials",
-             "sweep_attempts", "sweep_vms", "notify_events", "notify_deliveries")
+             "sweep_attempts", "sweep_vms", "notify_events", "notify_deliveries", "budget_holds")
+# Tables a member may only read: budgets are set by the admin (`cloudtrain team budget set`).
+PG_READ_ONLY_TABLES = ("budgets",)

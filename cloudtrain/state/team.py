@@ -18,7 +18,7 @@ from typing import Any
 
 from cloudtrain.errors import UsageError
 from cloudtrain.state import pg
-from cloudtrain.state.schema_pg import PG_MIGRATIONS, PG_SCHEMA_VERSION, PG_TABLES
+from cloudtrain.state.schema_pg import PG_MIGRATIONS, PG_READ_ONLY_TABLES, PG_SCHEMA_VERSION, PG_TABLES
 
 MEMBER_ROLE = "cloudtrain_member"
 
@@ -93,7 +93,8 @@ def grants(url: str) -> str:
         f"CREATE ROLE {member} NOLOGIN;",
         f"GRANT CONNECT ON DATABASE {_ident(database)} TO {member};",
         f"GRANT USAGE ON SCHEMA {_ident(schema)} TO {member};",
-        f"GRANT SELECT ON {_ident(schema)}.{pg.VERSION_TABLE} TO {member};",
+        f"GRANT SELECT ON {_ident(schema)}.{pg.VERSION_TABLE}, "
+        + ", ".join(_ident(schema) + "." + t for t in PG_READ_ONLY_TABLES) + f" TO {member};",
         f"GRANT SELECT, INSERT, UPDATE, DELETE ON {tables} TO {member};",
         f"GRANT USAGE, SELECT ON ALL SEQUENCES IN SCHEMA {_ident(schema)} TO {member};",
         f"-- then, per member (password in their ~/.pgpass, never in state_url): "
