@@ -46,37 +46,55 @@ def up(recipe_path: str, cluster: str | None, yes: bool) -> None:
 @cluster_argument(required=False)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.option("--refresh", is_flag=True, help="Ask the providers for the real state (finds instances by tag).")
-def status(name: str | None, as_json: bool, refresh: bool) -> None:
+@click.option("--all-users", is_flag=True,
+              help="Every team member's clusters and runs, with a USER column (a team database; on SQLite, every owner's).")
+def status(name: str | None, as_json: bool, refresh: bool, all_users: bool) -> None:
     """Show clusters (or one cluster), their nodes, and recent runs."""
     # Reads state directly: no provider, config or SDK import on this path unless --refresh or NAME.
     from cloudtrain.state import StateStore
+    from cloudtrain.state.budgets import cluster_members, is_team, run_members, who
 
     store = StateStore()
     if refresh or name is not None:
         _refresh(store, name, instances=refresh)
-    clusters = [c for c in store.list_clusters() if name is None or c.name == name]
+    # On a team database a member sees their own rows unless --all-users; this machine's SQLite
+    # file holds only its own. (A named cluster is shown whoever launched it.)
+    members = cluster_members(store) if all_users or is_team(store) else {}
+    me = who(store, "") if is_team(store) and not all_users and name is None else None
+    clusters = [c for c in store.list_clusters() if (name is None or c.name == name)
+                and (me is None or members.get(c.name) == me)]
     runs = store.list_runs(cluster=name, limit=10)
     if name is not None and not clusters and not runs:
         from cloudtrain.errors import ClusterNotFoundError
 
         raise ClusterNotFoundError(f"no cluster named {name!r}", hint="see `cloudtrain status`")
-    view = status_view(store, name)
+    view = status_view(store, name, run_limit=10 if me is None else 200)
+    if me is not None:
+        by = run_members(store) or {}
+        view = StatusView(store, [r for r in view.runs if by.get(r.id) == me][:10], view.latest)
     runs, latest = view.runs, view.latest
     if as_json:
-        output.print_json(view.as_json(clusters))
+        document = view.as_json(clusters)
+        if all_users:
+            for item in document["clusters"]:
+                item["user"] = members.get(item["name"])
+        output.print_json(document)
         return
     now = time.time()
     if clusters:
+        user = ["USER"] if all_users else []
         output.table(
-            ["CLUSTER", "CLOUD", "STATUS", "NODES", "TYPE", "$/H", "AGE", "LAST JOB"],
+            ["CLUSTER", *user, "CLOUD", "STATUS", "NODES", "TYPE", "$/H", "AGE", "LAST JOB"],
             [
-                (c.name, c.provider, c.status, c.num_nodes, c.instance_type, output.money(c.hourly_price),
-                 output.age(now - c.created_at),
+                (c.name, *([members.get(c.name, "-")] if all_users else []), c.provider, c.status, c.num_nodes,
+                 c.instance_type, output.money(c.hourly_price), output.age(now - c.created_at),
                  f"{latest[c.name].status}" + (f" ({latest[c.name].exit_code})" if latest[c.name].exit_code not in (None, 0) else "")
                  if c.name in latest else "-")
                 for c in clusters
             ],
         )
+    elif name is None and me is not None and members:
+        output.info(f"no clusters of yours ({me}); `cloudtrain status --all-users` shows the team's {len(members)}")
     elif name is None:
         output.info("no clusters")
     else:

@@ -66,6 +66,7 @@ def plan(recipe_path: str, as_json: bool, alternatives: int) -> None:
         from cloudtrain.buckets.egress import egress_for
 
         output.print_json({**_document(p), **_autostop_doc(loaded.recipe), "catalog_only": False,
+                           "team_budgets": [u.as_json() for u in _budgets_left(config, warn=False)],
                            "skipped": [{"cloud": c, "why": w} for c, w in usable.skipped],
                            "egress": [{**e.__dict__, "usd": e.usd}
                                       for e in egress_for(loaded.recipe, p.best.cloud, p.best.region)]})
@@ -74,6 +75,7 @@ def plan(recipe_path: str, as_json: bool, alternatives: int) -> None:
         output.warn(f"skipping {cloud}: {why} (see `cloudtrain check {cloud}`)")
     _render(p, alternatives)
     output.info(autostop_line(loaded.recipe))
+    _budget_lines(loaded.recipe, p, config)
     from cloudtrain.buckets.egress import egress_for
     from cloudtrain.providers.base import SaysVmIdentity, supports
 
@@ -150,3 +152,52 @@ def _worst_why(p: Plan) -> str:
         return f"{p.max_hours:g} h budget at ${p.hourly_cost:.4g}/h"
     return (f"{p.max_hours:g} h budget at up to ${p.worst_hourly_cost:.4g}/h: the dearest of the "
             f"{len(p.candidates)} placements failover may use; ${p.hourly_cost:.4g}/h at the first")
+
+
+def _budgets_left(config, warn: bool = True) -> list:  # noqa: ANN001 - Config; list of BudgetUse
+    """The team budgets covering this member's and project's launches, with what is left of each.
+    Only a state that exists is read: `plan` creates nothing (no state.db)."""
+    from cloudtrain import paths
+    from cloudtrain.errors import CloudtrainError
+    from cloudtrain.providers.base import owner_id
+    from cloudtrain.state.location import state_url
+
+    if state_url() is None and not paths.state_db().exists():
+        return []
+    from cloudtrain.state import StateStore
+    from cloudtrain.state.budgets import covering
+
+    try:
+        store = StateStore()
+        try:
+            return covering(store, owner_id(config))[2]
+        finally:
+            store.close()
+    except CloudtrainError as exc:
+        if warn:
+            output.warn(f"team budgets not shown: {exc.one_line()}")
+        return []
+
+
+def _budget_lines(recipe: Recipe, p: Plan, config) -> None:  # noqa: ANN001 - Config
+    """What is left of each team budget covering this launch, and whether its worst case fits."""
+    from cloudtrain.budget import budget_limit
+    from cloudtrain.cluster.holds import worst_case_usd
+    from cloudtrain.state.budgets import usd
+
+    uses = _budgets_left(config)
+    if not uses:
+        return
+    best = p.best
+    limit = budget_limit(recipe.budget, best.hourly_price * p.num_nodes)
+    worst = worst_case_usd(best.cloud, best.hourly_price, p.num_nodes, limit[0] if limit else None,
+                           recipe.resources.disk_gb)
+    for use in uses:
+        line = (f"{use.budget.describe()}: {usd(use.left)} left this month of {usd(use.budget.monthly_usd)} "
+                f"({usd(use.spent)} spent, {usd(use.held)} held by live clusters)")
+        if worst is None:
+            output.warn(line + "; this recipe has no budget, so nothing bounds its cost and a launch would be refused")
+        elif worst > 0 and round(worst, 4) > round(use.left, 4):
+            output.warn(line + f"; a launch holds its worst case {usd(worst)} and would be refused")
+        else:
+            output.info(line + (f"; a launch holds up to {usd(worst)} of it" if worst > 0 else ""))
