@@ -57,6 +57,16 @@ class AzureConfig(StrictModel):
     authority: str | None = Field(default=None, description="Entra ID authority host, e.g. https://login.microsoftonline.com")
 
 
+class PolicyConfig(StrictModel):
+    """Floors a recipe or `cloudtrain autostop` cannot lift (cloudtrain/policy.py, docs/watchdog.md)."""
+
+    max_idle_minutes: Annotated[int, Field(ge=1)] | None = Field(
+        default=None, description="the longest autostop.idle_minutes a recipe may set; a recipe without autostop "
+                                  "and `cloudtrain autostop --cancel` are refused")
+    max_hours: Annotated[float, Field(gt=0)] | None = Field(
+        default=None, description="the largest budget.max_hours a recipe may set; a recipe without one is refused")
+
+
 # Every cloud takes this as a tag/label value (GCP labels are the strictest: lowercase, <= 63).
 OWNER_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,62}$"
 # Not a valid `owner` (the pattern refuses it): set in code only, by `gc --all-owners`.
@@ -88,6 +98,8 @@ class Config(StrictModel):
                     "SQLite file (docs/teams.md)",
     )
 
+    policy: PolicyConfig = Field(default_factory=PolicyConfig, description="limits that hold over every recipe "
+                                 "on a priced cloud (docs/watchdog.md, limits that hold)")
     project: Annotated[str, Field(pattern=OWNER_PATTERN)] = Field(
         default="default", description="with state_url: the project every row you write in the team database is "
                                        "recorded under (docs/teams.md)")

@@ -9,7 +9,8 @@ Checks, in order, each raising one line with `file:line: field: what was expecte
   1. the cloud exists in this cloudtrain (one without a provider is refused here, not after a run row);
   2. recipe fields the cloud cannot act on (autostop and budget where its machines cannot stop
      themselves, budget.max_usd on a free cloud; cloud-only fields on cloud local; a bucket whose
-     store the cloud gives its machines no identity for, buckets/checks.py);
+     store the cloud gives its machines no identity for, buckets/checks.py), then the config's
+     `policy:` floors a recipe may not lift (cloudtrain/policy.py);
   3. the bundled job's parameters, against its declared schema (cloudtrain/jobs/params.py);
   4. for priced clouds, the catalog plan: instance type, region, GPU (with did-you-mean), sizes, AMI.
 Data targets (relative, inside the workdir) are checked when the recipe loads.
@@ -67,6 +68,14 @@ def _preflight(loaded: LoadedRecipe, config: Config) -> Plan | None:
     if problem is not None:
         field, message, hint = problem
         raise NotAvailableError(_located(loaded, field, message), hint=hint)
+    from cloudtrain.policy import effective_policy, recipe_refusal
+
+    # The floors a recipe cannot lift (cloudtrain/policy.py); no state is read here (a team's floor
+    # comes through effective_policy's store where the caller holds one).
+    refusal = recipe_refusal(recipe, effective_policy(config))
+    if refusal is not None:
+        field, message, hint = refusal
+        raise UsageError(_located(loaded, field, message), hint=hint)
     _check_host_keys(loaded)
     if recipe.upload or any(m.is_bucket for m in recipe.data):
         from cloudtrain.buckets.checks import propagation_override

@@ -33,6 +33,10 @@ def autostop(name: str, idle_minutes: int | None, down_: bool, wait_for: str, ca
                          hint=f"`cloudtrain autostop {name} -i 30` (minutes), or --cancel")
     display = output.RunDisplay()
     lc = open_lifecycle(display)
+    from cloudtrain.policy import check_autostop, effective_policy
+
+    # Before any node is asked: the floor holds for a live change as for a recipe.
+    check_autostop(name, idle_minutes, cancel, effective_policy(lc.config, lc.store))
     settings, results = set_autostop(lc, name, idle_minutes, down_, wait_for, cancel, display)
     report(display, settings, results)
     effects = sorted({r.effect for r in results if r.effect})
