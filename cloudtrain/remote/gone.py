@@ -1,6 +1,8 @@
-"""The SSH transports of this process by cluster: what the recovery watcher (run/recover_watch.py)
-tells to give up when the cloud says a cluster's machines are gone, and `logs -f` when the run it
-follows recorded its attempt's node gone (run/recover_logs.py).
+"""The SSH transports of this process by cluster: what an attempt's stop token (run/stop.py, set by
+the cloud watcher of a recovering run or of a sweep, run/recover_watch.py) tells to give up when the
+cloud says a cluster's machines are gone, and `logs -f` when the run it follows recorded its
+attempt's node gone (run/recover_logs.py). Giving up is how a stop reaches a thread that is inside
+a command or a reconnect loop: it fails there, in its own thread, and nothing is injected into it.
 
 Some of them are not anyone's to hand over yet: a connect to a machine still booting waits in its
 retry loop (up to `ssh.connect_retries_s`, 5 minutes by default) inside `cluster.nodes.connect`,

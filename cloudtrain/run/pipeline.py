@@ -42,12 +42,16 @@ from cloudtrain.remote.archive import Refused
 from cloudtrain.run.job import end_jobs, run_job
 from cloudtrain.run.prepare import job_script, prepare, sync, write_ssh_config
 from cloudtrain.run.record import RunJson
+from cloudtrain.run.stop import StopToken
 from cloudtrain.buckets.steps import (bucket_mounts, copy_in, refresh_grants, upload, upload_destination,
                                       without_buckets)
 from cloudtrain.state import ClusterStatus, RunRecord, RunStatus
 
 Teardown = Literal["auto", "down", "stop", "keep"]
 POLL_S = 0.5
+# The phases of an attempt: none of them starts once the attempt's stop token is set (run/stop.py).
+# Upload, recover and teardown are the run's, after or between attempts: they always go on.
+ATTEMPT_PHASES = frozenset({"provision", "sync", "data", "setup", "run", "collect"})
 
 
 @dataclass(frozen=True)
@@ -78,9 +82,14 @@ class _PhaseClock:
     timings: dict[str, float] = field(default_factory=dict)
     # The run's spend so far (None while nothing bills): every phase line carries it, a cost meter.
     spent: Callable[[], float | None] = lambda: None
+    # The current attempt's stop (run/stop.py): its controller's (a sweep trial's) or, recovering,
+    # each attempt's own (run/recover.py). Checked here, between phases, in the run's own thread.
+    stop: StopToken | None = None
 
     @contextmanager
     def phase(self, name: str, detail: str = "") -> Iterator[_Outcome]:
+        if self.stop is not None and name in ATTEMPT_PHASES:
+            self.stop.check()
         self.reporter.phase_start(name, detail)
         start = time.monotonic()
         outcome = _Outcome(ok=False)
@@ -90,7 +99,8 @@ class _PhaseClock:
         except BaseException as exc:
             outcome.ok = False
             # A lost node ends the phase; what happens next (recover) is said once, by its own phase.
-            outcome.detail = outcome.detail or getattr(exc, "phase_note", "")
+            stopped = self.stop.reason if self.stop is not None else None
+            outcome.detail = outcome.detail or getattr(exc, "phase_note", "") or (stopped.note if stopped else "")
             raise
         finally:
             elapsed = time.monotonic() - start
@@ -152,7 +162,8 @@ def new_run_id(cluster: str) -> str:
 
 
 class Executor:
-    def __init__(self, lifecycle: Lifecycle, reporter: Reporter, approve: Approver | None = None) -> None:
+    def __init__(self, lifecycle: Lifecycle, reporter: Reporter, approve: Approver | None = None,
+                 stop: StopToken | None = None, before_job: Callable[[list[Node]], None] | None = None) -> None:
         self.lc = lifecycle
         self.store = lifecycle.store
         self.config = lifecycle.config
@@ -163,6 +174,10 @@ class Executor:
         self._restarted: set[str] = set()  # clusters found stopped behind our back and started again
         # cluster -> UsablePlan checked before anything existed (a recovering run narrows it)
         self.usable: dict[str, Any] = {}
+        # A controller above the run (a sweep trial, sweep/backend.py): its stop, checked between
+        # phases, and its step just before the job (the reserve it checks, the checkpoint it carries).
+        self.stop = stop
+        self.before_job = before_job
 
     # run -----------------------------------------------------------------------------------------
 
@@ -207,7 +222,8 @@ class Executor:
             # checks again under the cluster's lock, for a run that starts meanwhile.)
             self.lc.refuse_if_busy(cluster_name)
         if resume is not None and resume.run_dir:
-            r = _Run(resume.id, Path(resume.run_dir), loaded, _PhaseClock(self.reporter), resume.started_at)
+            r = _Run(resume.id, Path(resume.run_dir), loaded, _PhaseClock(self.reporter, stop=self.stop),
+                     resume.started_at)
             r.run_dir.mkdir(parents=True, exist_ok=True)
             self.store.update_run(resume.id, status=RunStatus.RUNNING, ended_at=None, error=None, pid=os.getpid(),
                                   driver=procid.identity())
@@ -277,7 +293,7 @@ class Executor:
         run_id = new_run_id(cluster_name)
         run_dir = (runs_dir / run_id).resolve()
         run_dir.mkdir(parents=True, exist_ok=False)
-        r = _Run(run_id, run_dir, loaded, _PhaseClock(self.reporter), time.time())
+        r = _Run(run_id, run_dir, loaded, _PhaseClock(self.reporter, stop=self.stop), time.time())
         self.store.insert_run(RunRecord(
             id=run_id, cluster=cluster_name, recipe_path=str(loaded.path.resolve()), recipe_digest=loaded.digest,
             run_dir=str(run_dir), status=RunStatus.RUNNING, exit_code=None, provider=recipe.resources.cloud,
@@ -312,10 +328,20 @@ class Executor:
 
             setup_once.mark_done(r.nodes, recipe)  # an `exec` afterwards need not run it again
         with r.clock.phase("run"):
+            self._job_starting(r)
             script = job_script(recipe)
             if batch_job is not None:
                 script = batch_job(recipe, script, recipe.setup, r.job_id, cluster_name)
             run_job(self.store, self.reporter, r.nodes, run_id, r.job_id, script, recipe, "job", r.jobs_started)
+
+    def _job_starting(self, r: _Run) -> None:
+        """Just before the job, on its nodes: the controller's step (a reporter only displays). A
+        recovering run's next attempt gets its kept checkpoint (run/recover.py `job_starting`); a
+        sweep trial checks its reserve and gets the checkpoint its lost attempt kept (`before_job`)."""
+        if r.recovery is not None:
+            r.recovery.job_starting()
+        if self.before_job is not None:
+            self.before_job(r.nodes)
 
     def _attempt_and_collect(self, r: _Run, cluster_name: str) -> None:
         """A recovering run's attempt: the job, then its results home while the cloud watcher is
@@ -372,7 +398,8 @@ class Executor:
         directory deleted) is recorded and never skips teardown; results not home keep the node."""
         try:
             with r.clock.phase("collect") as outcome:
-                gone = r.recovery.node_gone if r.recovery is not None else None
+                # A machine known gone (the attempt's stop token says so) is not waited for.
+                gone = r.clock.stop.gone if r.clock.stop is not None else None
                 collected = collect(r.nodes, r.run_id, r.loaded.recipe.result_paths(), r.run_dir,
                                     window_s=self.config.ssh.connect_retries_s, warn=self.reporter.warn, gone=gone)
                 outcome.ok = collected.complete

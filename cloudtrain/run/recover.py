@@ -39,7 +39,6 @@ when the loss was detected, the epoch it resumed from.
 from __future__ import annotations
 
 import json
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
@@ -50,12 +49,13 @@ from cloudtrain.notify import hooks as notify
 from cloudtrain.errors import CloudtrainError, LaunchLostError, UsageError
 from cloudtrain.run.recover_rules import NodeLostError, budget_left, next_candidates, rule_out
 from cloudtrain.run.recover_watch import Tee, Watcher, lost_now
+from cloudtrain.run.stop import StopToken
 from cloudtrain.state import RunStatus
-from cloudtrain.run import checkpoints
+from cloudtrain.run import carry, checkpoints
 from cloudtrain.run.checkpoints import CHECKPOINT_ENV
 
 if TYPE_CHECKING:
-    from cloudtrain.cluster.lifecycle import Cluster
+    from cloudtrain.cluster.lifecycle import Cluster, Lifecycle
     from cloudtrain.recipe.recover import Recover
     from cloudtrain.run.recovering import RunSoFar, Runs
 
@@ -127,13 +127,9 @@ class Recovery:
         self.avoid: dict[tuple[str, str | None], tuple[str, ...]] = {}  # (cloud, region) -> zones ruled out
         self.puller: checkpoints.Puller | None = None
         self.watcher: Watcher | None = None
+        self.token: StopToken | None = None  # the current attempt's stop (run/stop.py), set by its watcher
         self.notice_upload = False  # the last notice read says the node started its upload on notice
         self._log: Any = None
-        self.main_thread = threading.get_ident()
-        # While a job (setup or the run) is followed the watcher may interrupt the run's thread; the
-        # lock keeps that from landing once the phase is over.
-        self.following = False
-        self.follow_lock = threading.Lock()
         self._load_attempts()
         if CHECKPOINT_ENV not in r.loaded.recipe.envs:
             recipe = r.loaded.recipe.model_copy(update={"envs": {**r.loaded.recipe.envs, CHECKPOINT_ENV: self.rel}})
@@ -143,8 +139,8 @@ class Recovery:
     # the loop ----------------------------------------------------------------------------------------
 
     def run(self, attempt: Callable[[], None]) -> None:
-        self.main_thread = threading.get_ident()
         reporter = self.ex.reporter
+        outer_stop = self.r.clock.stop
         tee = Tee(reporter, self)
         self.ex.reporter = tee
         self.r.clock.reporter = tee
@@ -185,6 +181,7 @@ class Recovery:
         finally:
             self.ex.reporter = reporter
             self.r.clock.reporter = reporter
+            self.r.clock.stop = outer_stop  # each attempt's token is its own; the run's phases go on
             if self.puller is not None:
                 self.puller.close()
 
@@ -219,9 +216,25 @@ class Recovery:
         self._log = (log_dir / f"a{current.number}.log").open("a", encoding="utf-8")
         self.puller = checkpoints.Puller(self._open_rank0, self.kept, self.base.recipe.job is not None, 0,
                                          self.ex.reporter.warn, rel=self.rel)
-        self.watcher = Watcher(self, current)
-        self.watcher.start()
+        self.watch()
         return current
+
+    def watch(self) -> Watcher:
+        """A new stop token and cloud watcher for what runs on the cluster now (an attempt, or the
+        run's final upload, run/recover_upload.py): the pipeline checks the token between phases."""
+        self.token = StopToken(self.name)
+        self.r.clock.stop = self.token
+        self.watcher = Watcher(self._open_lc, self.name, self.settings.watch_s, self.token,
+                               lambda message: self.ex.reporter.warn(message))
+        self.watcher.start()
+        return self.watcher
+
+    def _open_lc(self) -> Lifecycle:
+        """The watcher's own lifecycle and store (one SQLite connection per thread)."""
+        from cloudtrain.cluster.lifecycle import Lifecycle
+        from cloudtrain.state import StateStore
+
+        return Lifecycle(StateStore(self.ex.store.path), self.ex.config)
 
     def _end(self, current: Attempt, outcome: str, reason: str | None) -> None:
         if self.watcher is not None:
@@ -300,11 +313,6 @@ class Recovery:
         self.r.collected = None
         self.ex.reporter.warn(f"the node went while the results were collected ({collected.error})")
         return lost[0], f"{lost[1]} (while collecting the results)"
-
-    def node_gone(self) -> str | None:
-        """Why the cloud watcher says the attempt's node is gone, or None (collect stops retrying)."""
-        lost = self.watcher.lost if self.watcher is not None else None
-        return str(lost) if lost is not None else None
 
     def _notice(self) -> str | None:
         """The interruption notice the node's watchdog recorded, if any (the node is still up)."""
@@ -468,7 +476,8 @@ class Recovery:
             self.puller.epoch(epoch)
 
     def job_starting(self) -> None:
-        """Before a relaunched job: the kept checkpoint into its CLOUDTRAIN_CHECKPOINT_DIR on every node."""
+        """Before a relaunched job (the pipeline's hook, run/pipeline.py `_job_starting`): the kept
+        checkpoint into its CLOUDTRAIN_CHECKPOINT_DIR on every node (run/carry.py)."""
         current = self.attempts[-1]
         if self.r.cluster is not None:
             self._placed(current, self.r.cluster)  # known from here on, also to a resume after a dead CLI
@@ -477,13 +486,10 @@ class Recovery:
         if current.number > 1:  # a relaunched attempt's job is about to go on: the run recovered
             notify.attempt_recovered(self.ex.store, self.ex.config, self.base, self.r.run_id, self.name, current,
                                      self.r.run_dir, warn=self.ex.reporter.warn)
-        if current.number == 1 or checkpoints.kept_epoch(self.kept) is None or not self.r.nodes:
+        if current.number == 1:
             return
-        try:
-            checkpoints.upload(self.r.nodes, self.kept, 0, rel=self.rel)
-        except CloudtrainError as exc:
-            self.ex.reporter.warn(f"could not upload the checkpoint; the job starts over: {exc.one_line()}")
-            current.resumed_from_epoch = None
+        if carry.onto(self.r.nodes, self.kept, self.rel, self.ex.reporter.warn) is None:
+            current.resumed_from_epoch = None  # nothing kept, or it could not be put there: it starts over
 
     def _arm_upload_on_notice(self) -> None:
         """With `upload:`, node 0's watchdog uploads the results and checkpoints on a notice

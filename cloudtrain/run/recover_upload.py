@@ -149,11 +149,9 @@ def final_upload(rec: Recovering, step: Callable[[], object]) -> None:
     from cloudtrain.errors import CloudtrainError
     from cloudtrain.run.recover_bucket import put_from_laptop
     from cloudtrain.run.recover_rules import NodeLostError
-    from cloudtrain.run.recover_watch import Watcher
 
     last = rec.attempts[-1]
-    rec.watcher = Watcher(rec, last)
-    rec.watcher.start()
+    watcher = rec.watch()  # its token, set on a loss, makes the upload's connections give up
     try:
         step()
         return
@@ -164,7 +162,7 @@ def final_upload(rec: Recovering, step: Callable[[], object]) -> None:
             raise  # the node is there (or the results are not home): it failed on its own
         failure = exc
     finally:
-        rec.watcher.stop()
+        watcher.stop()
     url = str(upload_destination(rec.r.loaded.recipe, rec.r.run_id))
     rec.ex.reporter.warn(f"the node went while it uploaded the results ({why}); the results are home: "
                          "finishing the upload from this machine")

@@ -1,13 +1,16 @@
-"""While a recovering run's attempt goes on (run/recover.py): the cloud watcher and the reporter tee.
+"""While an attempt goes on: the one cloud watcher (a recovering run's, run/recover.py, and a sweep
+trial's, sweep/backend.py) and the recovering run's reporter tee.
 
-- `Watcher`: a thread with its own store and lifecycle that asks the cloud every `recover.watch_s`
-  whether the attempt's nodes are still there (`gone_reason`), from the moment its incarnation is up
-  (the nodes may still be booting). Seeing them gone, it records why, makes the attempt's
-  connections give up at once (those still waiting for a booting machine too) and, while a job is being followed, raises
-  `NodeGone` in the run's thread: the follower may be inside a reconnect loop that began before
-  the loss and would otherwise wait out its SSH retries.
-- `Tee`: the run's reporter while it recovers: everything goes on to the user's reporter; epochs
-  feed the checkpoint puller, job lines the attempt's log, the job's phase uploads the checkpoint.
+- `Watcher`: asks the cloud every `every_s` whether the attempt's cluster is still there, by the
+  one rule (run/gone.py), with its own store and lifecycle (it runs in a thread of its own). Seeing
+  it gone, it records why and sets the attempt's stop token (run/stop.py), which makes the
+  attempt's connections give up at once (those still waiting for a booting machine too): the run's
+  thread fails at its next command and ends the attempt itself. A controller that acts on the loss
+  from here (a sweep: take the VM down, tell the scheduler) passes `on_gone`; it runs only when
+  this watcher was the one that stopped the attempt, so a loss is acted on once.
+- `Tee`: the run's reporter while it recovers: everything goes on to the user's reporter; job lines
+  go to the attempt's log and epochs to the checkpoint puller. It decides nothing: the checkpoint
+  carry before a relaunched job is the pipeline's hook (run/pipeline.py `_job_starting`).
 """
 
 from __future__ import annotations
@@ -15,106 +18,84 @@ from __future__ import annotations
 import json
 import threading
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
-from cloudtrain.errors import CloudtrainError
-from cloudtrain.remote import gone
 from cloudtrain.run.checkpoints import epoch_event
 from cloudtrain.run.gone import Gone, GoneKind, ask
+from cloudtrain.run.stop import StopKind, StopToken
+
+if TYPE_CHECKING:
+    from cloudtrain.cluster.lifecycle import Lifecycle
 
 
-
-class NodeGone(CloudtrainError):
-    """Raised in the run's thread by the watcher: the cloud says the node is gone (not a RemoteError,
-    which the log follower would retry). Raised as a class, so it makes its own message."""
-
-    phase_note = "the node is gone"
-
-    def __init__(self, message: str = "the cloud says the node is gone", **kwargs: Any) -> None:
-        super().__init__(message, **kwargs)
-
-
-class Watcher:
-    """Asks the cloud every watch_s whether the attempt's nodes are still there (its own thread,
-    store and lifecycle). Seeing them gone, it records why and makes the attempt's connections give
-    up at once (no reconnect window), so the pipeline fails now instead of after its SSH retries."""
-
-    def __init__(self, recovery: Any, attempt: Any) -> None:  # run/recover.py: Recovery, Attempt
-        self.recovery = recovery
-        self.attempt = attempt
-        self.lost: Gone | None = None
-        self.detected_at: float | None = None
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name=f"recover watch {recovery.name}", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread.is_alive() and self._thread is not threading.current_thread():
-            self._thread.join(30)
-
-    def _loop(self) -> None:
-        from cloudtrain.cluster.lifecycle import Lifecycle
-        from cloudtrain.state import ClusterStatus, StateStore
-
-        rec = self.recovery
-        lc = Lifecycle(StateStore(rec.ex.store.path), rec.ex.config)
-        try:
-            while not self._stop.wait(rec.settings.watch_s):
-                record = lc.store.get_cluster(rec.name)
-                # Only an incarnation that is up (its launch, under lifecycle's lock, is not ours to
-                # race); its nodes may still be booting, their connects waiting (remote/gone.py).
-                if record is None or record.status != ClusterStatus.UP:
-                    continue
-                why = lost_now(lc, rec.name, rec.ex.reporter.warn)
-                if why is not None:
-                    self.detected_at = time.time()
-                    self.lost = why  # said once, by the recover phase that follows
-                    with rec.follow_lock:
-                        if rec.following:
-                            # The job's follower may be inside a reconnect loop that began before the
-                            # loss (tens of seconds of retries, holding its transport's lock, so this
-                            # comes first): end it now, in the run's thread.
-                            raise_in(rec.main_thread, NodeGone)
-                    give_up_connections(rec.r.nodes)
-                    # Connects still waiting for a booting machine: no node was handed over yet.
-                    gone.give_up_cluster(rec.name)
-                    return
-        finally:
-            lc.store.close()
-
-
-def lost_now(lc: Any, name: str, warn: Any) -> Gone | None:
+def lost_now(lc: Any, name: str, warn: Callable[[str], None]) -> Gone | None:
     """A recovering run's reading of the one rule (run/gone.py): the cluster's machines went. A row
     another command's `down` removed is not a loss to recover from (the pipeline says so itself)."""
     found = ask(lc, name, warn)
     return None if found is None or found.kind is GoneKind.TAKEN_DOWN else found
 
 
-def raise_in(thread_id: int, error: type[BaseException]) -> None:
-    """Raise `error` in another thread at its next Python instruction (CPython's async exception)."""
-    import ctypes
+class Watcher:
+    """Asks the cloud every `every_s` whether cluster `name` is still there. `recovering`: only while
+    state has it up (its launch, under lifecycle's lock, is not ours to race; its nodes may still be
+    booting, their connects waiting), and a `down` by another command is no loss (`lost_now`).
+    Otherwise (a sweep's VM, up before its trial starts) any gone counts, a row removed too."""
 
-    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread_id), ctypes.py_object(error))
+    def __init__(self, open_lc: Callable[[], Lifecycle], name: str, every_s: float, token: StopToken,
+                 warn: Callable[[str], None], *, recovering: bool = True,
+                 on_gone: Callable[[Gone], None] | None = None) -> None:
+        self.open_lc = open_lc
+        self.name = name
+        self.every_s = every_s
+        self.token = token
+        self.warn = warn
+        self.recovering = recovering
+        self.on_gone = on_gone
+        self.lost: Gone | None = None
+        self.detected_at: float | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
 
+    def start(self) -> None:
+        """Watch in a thread of its own (a caller with its own thread accounting calls `run`)."""
+        self._thread = threading.Thread(target=self.run, name=f"watch {self.name}", daemon=True)
+        self._thread.start()
 
-def give_up_connections(nodes: list) -> None:
-    """The node is gone: every later command on it fails at its first connect attempt."""
-    from cloudtrain.remote.ssh import SSHTransport
+    def stop(self, join: bool = True) -> None:
+        self._stop.set()
+        thread = self._thread
+        if join and thread is not None and thread.is_alive() and thread is not threading.current_thread():
+            thread.join(30)
 
-    for node in list(nodes):
-        transport = node.transport
-        if isinstance(transport, SSHTransport):
-            # First, without the transport's lock: a reconnect loop (a collect's, a sync's) holds it.
-            transport.give_up()
-        transport.close()
+    def run(self) -> None:
+        from cloudtrain.state import ClusterStatus
+
+        lc = self.open_lc()
+        try:
+            # Ends when stopped, when the attempt was stopped by someone else, or at the loss it saw.
+            while not self._stop.wait(self.every_s) and not self.token.is_set():
+                if self.recovering:
+                    record = lc.store.get_cluster(self.name)
+                    if record is None or record.status != ClusterStatus.UP:
+                        continue
+                    found = lost_now(lc, self.name, self.warn)
+                else:
+                    found = ask(lc, self.name, self.warn)
+                if found is None:
+                    continue
+                self.detected_at = time.time()
+                self.lost = found  # said once, by whoever acts on the loss
+                if self.token.stop(StopKind.NODE_GONE, str(found)) and self.on_gone is not None:
+                    self.on_gone(found)
+                return
+        finally:
+            lc.store.close()
 
 
 class Tee:
-    """The run's reporter while it recovers: everything goes on to the user's reporter; epochs feed
-    the checkpoint puller, job lines the attempt's log, and the job's phase uploads the checkpoint."""
+    """The run's reporter while it recovers: everything goes on to the user's reporter; job lines
+    go to the attempt's log and epochs to the checkpoint puller. Display and record only."""
 
     def __init__(self, inner: Any, recovery: Any) -> None:
         self.inner = inner
@@ -122,18 +103,8 @@ class Tee:
 
     def phase_start(self, phase: str, detail: str = "") -> None:
         self.inner.phase_start(phase, detail)
-        if phase == "run":
-            self.recovery.job_starting()
-        # Not collect: an exception landing in a transfer's lock handling could leave a lock held
-        # (a run hung so once under load); a collect whose link broke before the watcher saw the
-        # loss waits out the transport's reconnect window instead (ssh.connect_retries_s).
-        if phase in ("setup", "run"):
-            with self.recovery.follow_lock:
-                self.recovery.following = True
 
     def phase_end(self, phase: str, seconds: float, detail: str = "", ok: bool = True) -> None:
-        with self.recovery.follow_lock:
-            self.recovery.following = False
         self.inner.phase_end(phase, seconds, detail=detail, ok=ok)
 
     def log_line(self, line: str, node: int = 0) -> None:

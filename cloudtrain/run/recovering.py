@@ -18,12 +18,14 @@ if TYPE_CHECKING:
     from cloudtrain.recipe import LoadedRecipe
     from cloudtrain.run.collect import Collected
     from cloudtrain.run.recover_watch import Watcher
+    from cloudtrain.run.stop import StopToken
     from cloudtrain.state import RunRecord, StateStore
 
 
 class PhaseClock(Protocol):
     reporter: Reporter
     spent: Callable[[], float | None]  # the run's spend so far, on every phase line
+    stop: StopToken | None  # the current attempt's, checked between phases (run/stop.py)
 
 
 class RunSoFar(Protocol):
@@ -70,6 +72,8 @@ class Recovering(Protocol):
     r: RunSoFar
     attempts: list[Any]  # recover.Attempt, each written to attempts.json by save()
     watcher: Watcher | None
+
+    def watch(self) -> Watcher: ...
 
     def gone_now(self) -> tuple[str | None, float]: ...
 

@@ -10,13 +10,20 @@
   env_overrides)` in a thread; the job gets CLOUDTRAIN_DEADLINE_S, which the node enforces
   (templates/runner.sh), and a setup that overruns its reserved time fails the attempt before the
   job starts. Per-epoch progress lines become `Progress` events. A Start that extends the VM's
-  lease writes the new one to its nodes first. While the attempt runs, a watcher asks the cloud
-  (lifecycle's refresh: describe and list by tag) every `watch_s` whether the VM is still there,
-  so a VM that vanishes (preempted, deleted by its lease or by someone) is seen within seconds,
-  not after the pipeline's SSH retry window; the attempt's own failure asks too. A VM gone under
-  its attempt ends as `VmGone`: the scheduler retries the attempt as preempted.
-- cancel: the attempt's reporter refuses to go on, and the cluster's open jobs are cancelled
-  (again, until the attempt's thread is over: a job may be submitted just after a cancel).
+  lease writes the new one to its nodes first. While the attempt runs, run's cloud watcher
+  (run/recover_watch.py `Watcher`, run's one gone rule, run/gone.py) asks the cloud every `watch_s`
+  whether the VM is still there, so a VM that vanishes (preempted, deleted by its lease or by
+  someone) is seen within seconds: it sets the attempt's stop token (run/stop.py), whose
+  connections give up, instead of the pipeline waiting out its SSH retry window; the attempt's own
+  failure asks too. A VM gone under its attempt ends as `VmGone`: the scheduler retries the
+  attempt as preempted. The scheduler is the one owner of that retry: a trial's recipe runs
+  without the pipeline's own recovery (a spot recipe has `recover:` on by default), which would
+  otherwise relaunch the same loss a second time, on a machine the scheduler does not count.
+  Before the retried job starts, the checkpoint its lost attempt kept goes onto the new VM
+  (run/carry.py, the pipeline's hook before the job; run/checkpoints.py keeps it).
+- cancel: the attempt's stop token is set (the pipeline starts no further phase), and the cluster's
+  open jobs are cancelled (again, until the attempt's thread is over: a job may be submitted just
+  after a cancel).
 - release: `cloudtrain down` of the slot's cluster (retried), after its boot thread is done.
 Whenever the backend says a VM is gone (`VmGone`, `VmFailed`) it is because `down` (or the cloud's
 own answer) confirmed it, and the time it gives is when the ledger has its last billed interval
@@ -43,13 +50,15 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cloudtrain.config import Config
 from cloudtrain.errors import CloudtrainError
 from cloudtrain.recipe import LoadedRecipe
-from cloudtrain.run import checkpoints
+from cloudtrain.run import carry, checkpoints
 from cloudtrain.run.checkpoints import CHECKPOINT_ENV, Puller, epoch_event
+from cloudtrain.run.gone import Gone, GoneKind
+from cloudtrain.run.stop import StopKind, StopToken
 from cloudtrain.sweep import ledger
 from cloudtrain.sweep.ledger import cluster_name
 from cloudtrain.sweep.model import (
@@ -58,17 +67,18 @@ from cloudtrain.sweep.model import (
 )
 from cloudtrain.sweep.spec import DEADLINE_ENV, SweepSpec, lease_note, trial_recipe
 
+if TYPE_CHECKING:
+    from cloudtrain.run.recover_watch import Watcher
+
 RELEASE_TRIES = 4
 RETRY_S = 15.0  # the first wait before a release that failed is tried again
 RETRY_MAX_S = 120.0
-WATCH_S = 15.0  # how often the cloud is asked whether a busy VM is still there
+WATCH_S = 15.0  # how often the cloud is asked whether a busy VM is still there (without `recover.watch_s`)
 log = logging.getLogger(__name__)
-# What the watcher writes in an attempt's handle when its VM vanished under it (it reports the loss).
-LOST_WITH_VM = "lost with its VM"
 
 
 class TrialStopped(CloudtrainError):
-    """The scheduler ended this attempt (pruned, stopped) or its setup overran its reserved time."""
+    """The attempt's provisioning, sync and setup overran the time reserved for them."""
 
 
 def attempt_dir(results_dir: Path, trial: int, attempt: int) -> Path:
@@ -77,39 +87,42 @@ def attempt_dir(results_dir: Path, trial: int, attempt: int) -> Path:
 
 @dataclass
 class _Handle:
-    """An attempt in flight: its cluster, its stop flag, where it is."""
+    """An attempt in flight: its cluster, its stop token (run/stop.py), where it is."""
 
     cluster: str
-    stop: threading.Event = field(default_factory=threading.Event)
-    reason: str | None = None
+    token: StopToken = field(init=False)
     phase: str = "starting"
     thread: threading.Thread | None = None
     done: threading.Event = field(default_factory=threading.Event)  # the attempt's thread is over
     puller: Puller | None = None  # keeps the attempt's newest checkpoint on the laptop
     carry: Path | None = None  # a checkpoint carried over from a preempted attempt: uploaded before the job
 
+    def __post_init__(self) -> None:
+        self.token = StopToken(self.cluster)
+
+    @property
+    def reason(self) -> str | None:
+        stop = self.token.reason
+        return stop.detail if stop is not None else None
+
+    def lost_with_vm(self) -> bool:
+        """Its VM went under it and whoever saw it first (the watcher, or the attempt's own failure)
+        reported it (VmGone): nothing else reports this attempt."""
+        return self.token.gone() is not None
+
 
 class TrialReporter:
-    """The pipeline's Reporter for one attempt: progress becomes events, chatter is dropped."""
+    """The pipeline's Reporter for one attempt: progress becomes events, chatter is dropped. It
+    decides nothing: a stop is the attempt's token, the reserve and the carry the hook before the
+    job (`PipelineBackend._before_job`)."""
 
-    def __init__(self, backend: PipelineBackend, key: tuple[int, int], handle: _Handle, job_start_by: float) -> None:
+    def __init__(self, backend: PipelineBackend, key: tuple[int, int], handle: _Handle) -> None:
         self.backend = backend
         self.key = key
         self.handle = handle
-        self.job_start_by = job_start_by
-
-    def _check(self) -> None:
-        if self.handle.stop.is_set():
-            raise TrialStopped(f"attempt {self.key[1]} of trial {self.key[0]} {self.handle.reason or 'stopped'}")
 
     def phase_start(self, phase: str, detail: str = "") -> None:
         self.handle.phase = phase
-        self._check()
-        if phase == "run" and self.handle.carry is not None:
-            self.backend.upload_carried(self.handle, self.key[0])
-        if phase == "run" and time.time() > self.job_start_by:
-            raise TrialStopped("provisioning, sync and setup took longer than the time reserved for them "
-                               "(sweep.reserve.setup_minutes)")
 
     def phase_end(self, phase: str, seconds: float, detail: str = "", ok: bool = True) -> None:
         return None
@@ -168,7 +181,10 @@ class PipelineBackend:
         self._threads: list[threading.Thread] = []
         self._leases: dict[str, float] = {}  # VM -> the lease end its nodes hold (as written here)
         self._release_failures: dict[str, int] = {}  # VM -> releases that failed so far (paces retries)
-        self.watch_s = WATCH_S
+        # One watcher setting: a recipe's `recover.watch_s` (in force for spot) paces the sweep's watcher,
+        # which owns the loss of a trial's VM (the trial runs without the pipeline's recovery).
+        recovery = base.recipe.recovery
+        self.watch_s = recovery.watch_s if recovery is not None else WATCH_S
         self.lease_note = lease_note(base)  # why this sweep's VMs take no lease, or None
 
     # plumbing --------------------------------------------------------------------------------------
@@ -254,6 +270,9 @@ class PipelineBackend:
             outcome, value, error = Outcome.FAILED, None, None
             try:
                 loaded, env = trial_recipe(self.base, dict(action.params))
+                # The scheduler owns the retry of a lost attempt (on a VM it counts): not the pipeline's
+                # recovery too, which a spot recipe has on by default (issue 36.1: one owner per loss).
+                loaded = loaded.model_copy(update={"recipe": loaded.recipe.model_copy(update={"recover": None})})
                 env.update({DEADLINE_ENV: str(int(action.job_deadline_s)), "CLOUDTRAIN_SWEEP_ID": self.sweep_id,
                             "CLOUDTRAIN_SWEEP_TRIAL": str(action.trial),
                             "CLOUDTRAIN_SWEEP_ATTEMPT": str(action.attempt),
@@ -263,26 +282,28 @@ class PipelineBackend:
                 self._checkpoints(lc, handle, action.trial, action.attempt)
                 # Before the job: the old lease may end before this attempt would.
                 self._give_lease(lc, action.vm, action.lease_end)
-                reporter = TrialReporter(self, key, handle, action.job_start_by)
-                result = Executor(lc, reporter).run(loaded, handle.cluster, "keep", runs, env_overrides=env)
+                executor = Executor(lc, TrialReporter(self, key, handle), stop=handle.token,
+                                    before_job=lambda nodes: self._before_job(handle, action, nodes))
+                result = executor.run(loaded, handle.cluster, "keep", runs, env_overrides=env)
                 outcome, value, error = self.judge(result.run_dir, result.status, result.exit_code, result.error,
                                                    handle)
             except Exception as exc:  # noqa: BLE001  (a usage error of one trial ends that trial only)
                 error = exc.one_line() if isinstance(exc, CloudtrainError) else f"{type(exc).__name__}: {exc}"
-                outcome = Outcome.STOPPED if handle.stop.is_set() else Outcome.FAILED
+                outcome = Outcome.STOPPED if handle.token.is_set() else Outcome.FAILED
             if handle.puller is not None:
                 handle.puller.close()
             try:
                 gone = None
                 if outcome == Outcome.FAILED:
                     gone = self._vanished(lc, handle.cluster)
-                if handle.reason == LOST_WITH_VM:
-                    # The watcher saw its VM go and reported it (VmGone: the scheduler retries the
-                    # attempt as preempted); this thread's "stopped" must not race that report.
-                    pass
-                elif gone is not None:
-                    # Its VM went away under it: the scheduler ends the attempt as preempted (and retries it).
+                if gone is not None and handle.token.stop(StopKind.NODE_GONE, gone):
+                    # Its VM went away under it, seen here first: the scheduler ends the attempt as
+                    # preempted (and retries it).
                     self.put(self._take_down(lc, action.vm, gone))
+                elif handle.lost_with_vm():
+                    # The watcher saw its VM go and reported it (VmGone: the scheduler retries the
+                    # attempt as preempted); one report per loss.
+                    pass
                 else:
                     self.put(AttemptEnded(action.trial, action.attempt, time.time(), outcome, value, error))
             finally:
@@ -290,33 +311,47 @@ class PipelineBackend:
                 handle.phase = "done"
                 handle.done.set()
 
+        watcher = self._watcher(action.vm, handle)
+
         def attempt_then_done() -> None:
             try:
                 attempt()
             finally:
-                handle.done.set()  # its watcher stops, also when the attempt died of an internal error
+                handle.done.set()
+                watcher.stop(join=False)  # also when the attempt died of an internal error
 
         handle.thread = self._spawn(
             f"trial {action.trial}", attempt_then_done,
             lambda error: AttemptEnded(action.trial, action.attempt, time.time(), Outcome.FAILED, error=error))
-        self._spawn(f"watch {handle.cluster}", lambda: self._watch(action.vm, handle))
+        self._spawn(f"watch {handle.cluster}", watcher.run)
 
-    def _watch(self, vm: str, handle: _Handle) -> None:
-        """While the attempt runs: ask the cloud every watch_s whether its VM is still there. A VM that
-        vanished is seen at once, not after the SSH retries of the attempt's pipeline (minutes);
-        its attempt ends as preempted, its VM is billed until the cloud says it went."""
-        lc = self._lifecycle()
-        try:
-            while not handle.done.wait(self.watch_s):
-                why = self._vanished(lc, handle.cluster)
-                if why is not None:
-                    # The attempt's own thread may be stuck in SSH retries: it gives up at its next phase.
-                    handle.reason = LOST_WITH_VM
-                    handle.stop.set()
-                    self.put(self._take_down(lc, vm, why))
-                    return
-        finally:
-            lc.store.close()
+    def _watcher(self, vm: str, handle: _Handle) -> Watcher:
+        """Run's cloud watcher on the attempt's VM (run/recover_watch.py): a VM that vanished is seen
+        within watch_s, not after the SSH retries of the attempt's pipeline (minutes). It sets the
+        attempt's token (its connections give up); the attempt ends as preempted, its VM billed
+        until the cloud says it went. Any gone counts here, a `down` behind the sweep's back too."""
+        from cloudtrain.run.recover_watch import Watcher
+
+        def lost(found: Gone) -> None:
+            lc = self._lifecycle()
+            try:
+                self.put(self._take_down(lc, vm, self._why(found)))
+            finally:
+                lc.store.close()
+
+        return Watcher(self._lifecycle, handle.cluster, self.watch_s, handle.token, self.warn, recovering=False,
+                       on_gone=lost)
+
+    def _before_job(self, handle: _Handle, action: Start, nodes: list) -> None:
+        """The pipeline's hook just before the job, on its nodes: a setup that overran its reserved
+        time ends the attempt; a retry gets the checkpoint its lost attempt kept (run/carry.py;
+        without it the job starts over, said)."""
+        if time.time() > action.job_start_by:
+            raise TrialStopped("provisioning, sync and setup took longer than the time reserved for them "
+                               "(sweep.reserve.setup_minutes)")
+        if handle.carry is not None:
+            carry.onto(nodes, handle.carry, checkpoints.node_dir(action.trial),
+                       lambda message: self.warn(f"trial {action.trial}: {message}"))
 
     def _checkpoints(self, lc: Any, handle: _Handle, trial: int, attempt: int) -> None:
         """The attempt's checkpoint keeper, and the checkpoint its preempted predecessors kept (if any),
@@ -337,25 +372,6 @@ class PipelineBackend:
             return open_rank0(self._lifecycle(), name)
 
         handle.puller = checkpoints.Puller(open_node, kept, self.base.recipe.job is not None, trial, self.warn)
-
-    def upload_carried(self, handle: _Handle, trial: int) -> None:
-        """Before the job starts: the carried checkpoint into its CLOUDTRAIN_CHECKPOINT_DIR on every node.
-        Without it the job starts over (said, not fatal)."""
-        from cloudtrain.cluster.nodes import close_all, connect
-
-        assert handle.carry is not None
-        lc = self._lifecycle()
-        nodes: list = []
-        try:
-            cluster = lc.get(handle.cluster)
-            nodes = connect(list(cluster.nodes), cluster.provider, lc.config)
-            checkpoints.upload(nodes, handle.carry, trial)
-        except CloudtrainError as exc:
-            self.warn(f"trial {trial}: could not upload the checkpoint of epoch "
-                      f"{checkpoints.kept_epoch(handle.carry)}; it starts over: {exc.one_line()}")
-        finally:
-            close_all(nodes)
-            lc.store.close()
 
     def _give_lease(self, lc: Any, vm: str, lease_end: float) -> None:
         """Write the VM's lease to its nodes (when it is later than what they hold): the watchdog
@@ -383,21 +399,23 @@ class PipelineBackend:
         behind the sweep's back), or None while it is up or nobody can tell: run's one rule
         (run/gone.py), which asks the cloud once (and so puts its answer in the ledger). Every kind
         of gone is a lost VM to a sweep; the caller takes down what is left (`_take_down`)."""
-        from cloudtrain.run.gone import GoneKind, ask
+        from cloudtrain.run.gone import ask
 
         found = ask(lc, name, self.warn)
-        if found is None:
-            return None
+        return self._why(found) if found is not None else None
+
+    @staticmethod
+    def _why(found: Gone) -> str:
+        """A lost VM in the sweep's words (the VM's and its attempt's reason)."""
         if found.kind is GoneKind.TAKEN_DOWN:
             return f"{found} (`cloudtrain down` behind the sweep's back)"
-        return f"cluster {name} is {found.state}: {found} (preempted, or deleted by its lease)"
+        return f"cluster {found.cluster} is {found.state}: {found} (preempted, or deleted by its lease)"
 
     def cancel(self, action: Cancel) -> None:
         handle = self.handles.get((action.trial, action.attempt))
-        if handle is None or handle.stop.is_set():
+        # The first stop wins: an attempt stopped already (its VM lost, cancelled) is not cancelled again.
+        if handle is None or not handle.token.stop(StopKind.STOPPED, action.reason):
             return
-        handle.reason = action.reason
-        handle.stop.set()
 
         def end_jobs() -> None:
             from cloudtrain.run.attach import cancel
@@ -488,7 +506,7 @@ class PipelineBackend:
         if status == RunStatus.SUCCEEDED:
             value, problem = read_metric(run_dir, self.spec.metric)
             return Outcome.SUCCEEDED, value, problem
-        if handle is not None and handle.stop.is_set():
+        if handle is not None and handle.token.is_set():
             return Outcome.STOPPED, None, error
         if exit_code == 124:
             minutes = self.spec.costs.deadline_s / 60
@@ -546,8 +564,7 @@ class PipelineBackend:
             return [AttemptEnded(trial, number, now, Outcome.NOT_STARTED, error="the CLI died before it started")]
         handle = _Handle(cluster)
         if stopping is not None:
-            handle.stop.set()
-            handle.reason = stopping
+            handle.token.stop(StopKind.STOPPED, stopping)
         self.handles[(trial, number)] = handle
         if run.status != RunStatus.RUNNING:
             outcome, value, error = self.judge(Path(run.run_dir or ""), run.status, run.exit_code, run.error, handle)
@@ -566,11 +583,13 @@ class PipelineBackend:
                 self._end_run(lc, run, "the sweep CLI died before the job started")
             return [AttemptEnded(trial, number, now, Outcome.NOT_STARTED, error="the CLI died before the job started")]
         self._checkpoints(lc, handle, trial, number)
-        handle.thread = self._spawn(f"reattach trial {trial}", lambda: self._reattach(trial, number, run, handle))
-        self._spawn(f"watch {cluster}", lambda: self._watch(vm, handle))
+        watcher = self._watcher(vm, handle)
+        handle.thread = self._spawn(f"reattach trial {trial}",
+                                    lambda: self._reattach(trial, number, run, handle, watcher))
+        self._spawn(f"watch {cluster}", watcher.run)
         return []
 
-    def _reattach(self, trial: int, number: int, run: Any, handle: _Handle) -> None:
+    def _reattach(self, trial: int, number: int, run: Any, handle: _Handle, watcher: Watcher) -> None:
         """Follow a job the dead CLI started until it ends, bring its results home, judge it."""
         from cloudtrain.cluster.nodes import close_all, connect
         from cloudtrain.run.collect import collect
@@ -584,8 +603,7 @@ class PipelineBackend:
             cluster = lc.get(handle.cluster)
             nodes = connect(list(cluster.nodes), cluster.provider, lc.config)
             handle.phase = "run"
-            final = follow(nodes[0], f"{run.id}-run", 0, TrialReporter(self, key, handle, float("inf")),
-                           others=nodes[1:])
+            final = follow(nodes[0], f"{run.id}-run", 0, TrialReporter(self, key, handle), others=nodes[1:])
             handle.phase = "collect"
             paths = json.loads(run.result_paths) if run.result_paths else []
             run_dir = Path(run.run_dir)
@@ -605,7 +623,9 @@ class PipelineBackend:
             lc.store.close()
             handle.phase = "done"
             handle.done.set()
-        self.put(AttemptEnded(trial, number, time.time(), outcome, value, error))
+            watcher.stop(join=False)
+        if not handle.lost_with_vm():  # the watcher reported its VM gone (VmGone): one report per loss
+            self.put(AttemptEnded(trial, number, time.time(), outcome, value, error))
 
     def _record(self, lc: Any, run: Any, cluster: Any, status: str, exit_code: int | None, error: str | None,
                 got: Any) -> None:
