@@ -17,7 +17,12 @@ cluster and machine: the loop holds an exclusive lock on it).
 
 Decisions: `start`, `config` (settings changed; the idle clock restarts), `busy`, `idle`, `stop` /
 `delete` (acting), `waiting` (acted; the machine should be going down), `interruption`, `mark`,
-`notify`, `error`, `exit`.
+`expiry`, `notify`, `error`, `exit`.
+
+Stopped, then deleted (`autostop.delete_after_stopped_days`: N): just before a stop the loop tags
+the machine cloudtrain-delete-after=<epoch seconds, now + N days> and
+cloudtrain-delete-after-stopped-days=N with its own identity (the liveness mark's call, `mark`), an
+`expiry` line; `cloudtrain gc --expired --yes` deletes it once that time has passed (tag_expiry).
 
 Notify (`notify`, the recipe's and config's webhook targets that want watchdog.stopped,
 watchdog.deleted or deadline.reached): just before it acts, the loop POSTs that event, signed as
@@ -557,27 +562,50 @@ def http_action(action: dict, cfg: dict) -> tuple[bool, str]:
 
 
 def renew_mark(mark: dict, cfg: dict, now: float) -> tuple[bool, str]:
-    """Set this machine's liveness mark (mark["key"], whole epoch seconds) with its own identity: read
-    the instance, write its label/tag map (mark["field"]) back with the mark renewed, as the CLI's
-    MarksAlive does. Compute Engine guards labels with a fingerprint read alongside: a stale one is
-    412 (someone changed them meanwhile), so the read is done again."""
+    """Set this machine's liveness mark (mark["key"], whole epoch seconds) with its own identity."""
+    return set_tags(mark, cfg, {mark["key"]: str(int(now))})
+
+
+# Stopped, then deleted (autostop.delete_after_stopped_days; cloudtrain/expiry.py holds the same two
+# names, and tests/watchdog/test_expiry_mark.py pins them equal): before it stops the machine, the
+# watchdog tags it with when it may be deleted, so that `cloudtrain gc --expired` knows with any
+# laptop's state lost. Digits only: valid as a tag value on every cloud and as a GCE label.
+TAG_DELETE_AFTER = "cloudtrain-delete-after"
+TAG_STOPPED_DAYS = "cloudtrain-delete-after-stopped-days"
+
+
+def expiry_tags(days, now: float) -> dict:
+    """The tags a stop leaves for `autostop.delete_after_stopped_days` = days (none without it)."""
+    if days is None:
+        return {}
+    days = int(days)
+    return {TAG_DELETE_AFTER: str(int(now + days * 86400)), TAG_STOPPED_DAYS: str(days)}
+
+
+def set_tags(mark: dict, cfg: dict, values: dict) -> tuple[bool, str]:
+    """Set `values` among this machine's tags/labels with its own identity (`mark`, the liveness
+    mark's call): read the instance, write its label/tag map (mark["field"]) back with them, as the
+    CLI's MarksAlive does. Compute Engine guards labels with a fingerprint read alongside: a stale
+    one is 412 (someone changed them meanwhile), so the read is done again."""
     headers, why = bearer(mark.get("token"), cfg)
     if headers is None:
         return False, why
-    value, field = str(int(now)), mark["field"]
+    field = mark["field"]
+    shown = ", ".join(f"{k}={v}" for k, v in sorted(values.items()))
+    detail = ""
     for _ in range(3):
         status, answer, detail = api_call("GET", mark["get"], headers, None, cfg)
         if status != 200 or not isinstance(answer, dict):
             return False, detail
         tags = dict(answer.get(field) or {})
-        tags[mark["key"]] = value
+        tags.update(values)
         body = {field: tags}
         if mark.get("fingerprint"):
             body[mark["fingerprint"]] = answer.get(mark["fingerprint"])
         method = mark.get("method", "PATCH").upper()
         status, _, detail = api_call(method, mark["url"], headers, body, cfg)
         if status in (mark.get("ok") or [200, 202]):
-            return True, f"{mark['key']}={value} ({detail})"
+            return True, f"{shown} ({detail})"
         if status not in (mark.get("retry") or ()):
             return False, detail
     return False, f"{detail} three times (the labels keep changing)"
@@ -885,6 +913,8 @@ def describe_settings(cfg: dict) -> str:
         parts.append("autostop off")
     if auto and auto.get("gpu_util_below") is not None:
         parts.append("a running job is idle while every GPU stays < {:g}%".format(float(auto["gpu_util_below"])))
+    if auto and auto.get("delete_after_stopped_days") is not None:
+        parts.append("a stop tags the machine for deletion {:d} days later".format(int(auto["delete_after_stopped_days"])))
     if budget:
         parts.append("budget {:g}s of running time ({})".format(float(budget["limit_s"]), budget.get("why", "")))
     mark = cfg.get("mark") or {}
@@ -963,6 +993,7 @@ class Watchdog:
         self.mark_failures = 0
         self.mark_retry = 0.0
         self.told = False  # this stop's or delete's event sent (once, however often the action is retried)
+        self.tagged = False  # this stop's expiry tags written (or tried), once per stop
 
     def load(self):
         cfg = read_json(self.paths.config)
@@ -1008,6 +1039,7 @@ class Watchdog:
             self.acted_at = None
             self.failures, self.next_try = 0, 0.0
             self.told = False
+            self.tagged = False
         used = None
         if budget:
             if self.state.get("epoch") != budget.get("epoch"):
@@ -1130,6 +1162,9 @@ class Watchdog:
                 tell(cfg, self.paths, self.log, kind, reason)
             except Exception as exc:  # noqa: BLE001 - a notification never keeps the machine up
                 self.log("error", f"notify: {type(exc).__name__}: {exc}")
+        if effect == "stop" and not self.tagged:
+            self.tagged = True  # once per stop, however often the action is retried
+            self.tag_expiry(cfg)
         self.log(effect, "{} -> {}".format(reason, action.get("kind")))
         ok, detail = perform(action, cfg)
         if ok:
@@ -1168,6 +1203,28 @@ class Watchdog:
         if self.gpu_samples[-1][1] is None:
             text += f": {self.gpu_why}"
         return verdict, since, text
+
+    def tag_expiry(self, cfg: dict) -> None:
+        """Before a stop, with `autostop.delete_after_stopped_days` set: the machine's tags say when
+        `gc --expired` may delete it (expiry_tags), written with its own identity (`mark`). Where it
+        has none that may, nothing is tried: the launch request's TAG_STOPPED_DAYS and the cloud's own
+        stop time say the same (cloudtrain/expiry.py). A failure is logged and never delays the stop."""
+        days = (cfg.get("autostop") or {}).get("delete_after_stopped_days")
+        if days is None:
+            return
+        mark = cfg.get("mark") or {}
+        if mark.get("kind") != "http-mark":
+            why = mark.get("why") or "no identity of its own may tag this machine"
+            self.log("expiry", f"not tagged ({why}): gc counts {int(days)} days from the cloud's stop time")
+            return
+        try:
+            ok, detail = set_tags(mark, cfg, expiry_tags(days, time.time()))
+        except Exception as exc:  # noqa: BLE001 - a failed tag must never keep the machine up
+            ok, detail = False, f"{type(exc).__name__}: {exc}"
+        if ok:
+            self.log("expiry", f"tagged before the stop: {detail}")
+        else:
+            self.log("error", f"expiry tags not written ({detail}); gc counts from the cloud's stop time")
 
     def keep_mark(self, cfg: dict, working: bool, now_m: float) -> None:
         """While this node works (a job, setup or copy running or starting, a user's ssh session), its
