@@ -100,11 +100,6 @@ class _Handle:
     def __post_init__(self) -> None:
         self.token = StopToken(self.cluster)
 
-    @property
-    def reason(self) -> str | None:
-        stop = self.token.reason
-        return stop.detail if stop is not None else None
-
     def lost_with_vm(self) -> bool:
         """Its VM went under it and whoever saw it first (the watcher, or the attempt's own failure)
         reported it (VmGone): nothing else reports this attempt."""
