@@ -31,11 +31,17 @@ if TYPE_CHECKING:
                    "command elsewhere (another state of this owner) is using them (default: listed, left alone).")
 @click.option("--runs-dir", type=click.Path(file_okay=False), default=None,
               help="Where `run --driver` left its runs' driver.json (default: the config's runs_dir).")
+@click.option("--expired", is_flag=True,
+              help="Instead: stopped clusters past their autostop.delete_after_stopped_days, tracked here or not "
+                   "(with --yes: deleted with their disks; live work never is). docs/watchdog.md has the cron line.")
 def gc(clouds: tuple[str, ...], yes: bool, as_json: bool, all_owners: bool, include_driven: bool,
-       include_live: bool, runs_dir: str | None) -> None:
+       include_live: bool, runs_dir: str | None, expired: bool) -> None:
     """Find what cloudtrain created but no longer tracks (by tag, even if local state is lost),
     with its estimated hourly cost. Exits 1 when something leaked and --yes was not given, or
-    when a cloud could not be checked (it may have leaked: never reported as clean)."""
+    when a cloud could not be checked (it may have leaked: never reported as clean).
+
+    With --expired: the stopped clusters whose delete_after_stopped_days has passed (exit 1 when
+    some are due and --yes was not given, or a cloud could not be checked)."""
     from cloudtrain.cluster.gc import collect, gc_clouds
     from cloudtrain.config import load_config
     from cloudtrain.errors import UsageError
@@ -47,6 +53,16 @@ def gc(clouds: tuple[str, ...], yes: bool, as_json: bool, all_owners: bool, incl
 
             raise UsageError(f"--cloud {cloud!r}: gc knows {', '.join(known)}", hint=did_you_mean(cloud, known))
     config = load_config()
+    if expired:
+        if include_live or include_driven:
+            raise UsageError("--expired never deletes live work: no --include-live or --include-driven with it",
+                             hint="`cloudtrain down CLUSTER` deletes one cluster whatever holds it")
+        if all_owners:
+            from cloudtrain.config import ALL_OWNERS
+
+            config = config.model_copy(update={"owner": ALL_OWNERS})
+        _expired(config, clouds or known, yes, as_json, named=clouds)
+        return
     found = scan(config, clouds or known, all_owners, include_live, Path(runs_dir or config.runs_dir),
                  named=clouds)
     config, leaks, live, skipped, not_set_up, checked, cost = (
@@ -163,3 +179,41 @@ def _hourly(value: float | None) -> str:
 def _total_line(hourly: float, unknown: int) -> str:
     unpriced = f" plus {unknown} item(s) of unknown price" if unknown else ""
     return f"leaks cost about {_usd(hourly)}/h{unpriced}"
+
+
+def _expired(config: Config, clouds: Sequence[str], yes: bool, as_json: bool, named: Sequence[str]) -> None:
+    """`gc --expired`: list the armed stopped clusters, and with --yes delete those due."""
+    from cloudtrain import expiry
+    from cloudtrain.cluster.gc import collect_expired, find_expired
+    from cloudtrain.state import StateStore
+
+    store = StateStore()
+    at = expiry.now()
+    found, skipped = find_expired(store, config, tuple(dict.fromkeys(clouds)), at=at)
+    not_set_up = [skip for skip in skipped if not skip.set_up and skip.cloud not in named]
+    skipped = [skip for skip in skipped if skip not in not_set_up]
+    due = [item for item in found if item.delete]
+    removed = collect_expired(due, store, config, output.RunDisplay()) if yes and due else []
+    if as_json:
+        output.print_json({
+            "expired": [{**{k: v for k, v in asdict(item).items() if k != "items"},
+                         "daily_usd": None if item.hourly_usd is None else item.hourly_usd * 24,
+                         "items": [asdict(i) for i in item.items]} for item in found],
+            "skipped": [asdict(skip) for skip in skipped], "complete": not skipped, "removed": removed,
+            "now": at,
+        })
+    else:
+        if found:
+            output.table(["CLOUD", "CLUSTER", "ID", "WHAT", "$/DAY", "DELETE", "WHY"],
+                         [(item.cloud, item.cluster, ", ".join(item.ids), "; ".join(i.detail for i in item.items),
+                           "price unknown" if item.hourly_usd is None else _usd(item.hourly_usd * 24),
+                           "yes" if item.delete else "no", item.why) for item in found])
+        else:
+            output.info("no stopped cluster is set to be deleted (autostop.delete_after_stopped_days)")
+        _not_checked(skipped)
+        if due and not yes:
+            output.info(f"{len(due)} cluster(s) due: run `cloudtrain gc --expired --yes` to delete them and their disks")
+        for line in removed:
+            output.info(line)
+    if (due and not yes) or skipped:
+        raise SystemExit(1)

@@ -40,7 +40,7 @@ from cloudtrain.providers.base import (
     supports,
 )
 from cloudtrain.providers.leak import Item, Leak, OpenLogin
-from cloudtrain.state import StateStore
+from cloudtrain.state import ClusterRecord, StateStore
 from cloudtrain.cluster.liveness import evidence, is_live
 
 if TYPE_CHECKING:
@@ -286,4 +286,146 @@ def collect(leaks: Sequence[Leak], config: Config, include_driven: bool = False,
         note = f"; kept for now: {', '.join(f'{k.kind} {k.id} ({k.note})' for k in kept)}" if kept else ""
         if leak.kind == "resources" or kept:
             done.append(f"{leak.cloud}: released resources of {leak.cluster}{note}")
+    return done
+
+
+# ---------------------------------------------------------------------------------------- gc --expired
+# Stopped, then deleted (cloudtrain/expiry.py, docs/watchdog.md): machines whose tags say they may go
+# once stopped long enough, tracked in this state or not. The same care as above: never a machine of
+# live work (a fresh liveness mark, whoever set it; in this state, a launch in flight or a run whose
+# process is alive), never part of a cluster (a cluster goes whole or not at all), and each machine's
+# state and mark read again just before it is deleted.
+
+
+@dataclass(frozen=True)
+class Expired:
+    """One cluster with machines armed for deletion once stopped, and gc --expired's verdict on it."""
+
+    cloud: str
+    cluster: str
+    ids: tuple[str, ...]
+    items: tuple[Item, ...]  # the machines, priced as they bill now (stopped: their disks)
+    due: float | None  # when the whole cluster may go (the latest of its machines); None: never
+    delete: bool
+    why: str
+    tracked: bool  # in this machine's state (deleted through `down`: its row goes too)
+
+    @property
+    def hourly_usd(self) -> float | None:
+        prices = [item.hourly_usd for item in self.items]
+        return None if any(p is None for p in prices) else sum(p for p in prices if p is not None)
+
+
+def find_expired(store: StateStore, config: Config, clouds: Sequence[str] | None = None,
+                 catalog: Catalog | None = None, at: float | None = None) -> tuple[list[Expired], list[Skipped]]:
+    """Every cluster of this owner with a machine armed by `autostop.delete_after_stopped_days`, and
+    whether it may be deleted at `at` (expiry.now(): the kit's clock in tests)."""
+    from cloudtrain import expiry
+    from cloudtrain.providers import traits
+
+    clouds = gc_clouds() if clouds is None else clouds
+    catalog = catalog or default_catalog()
+    at = expiry.now() if at is None else at
+    found: list[Expired] = []
+    skipped: list[Skipped] = []
+    for cloud in clouds:
+        try:
+            provider = get_provider(cloud, config)
+            if not supports(provider, CreatesMachines):
+                continue  # nothing of a scheduler's or given hosts' is ever stopped by cloudtrain
+            creds = provider.check_credentials()
+            if not creds.ok:
+                skipped.append(Skipped(cloud, creds.detail, creds.set_up))
+                continue
+            pricer = Pricer(cloud, catalog, traits(cloud).priced)
+            by_cluster: dict[str, list[Instance]] = {}
+            for inst in machines(provider).list_tagged(None):
+                if inst.state is not InstanceState.TERMINATED:
+                    by_cluster.setdefault(inst.cluster, []).append(inst)
+            for cluster, instances in sorted(by_cluster.items()):
+                if any(i.expiry.armed for i in instances):
+                    found.append(_expired(cloud, cluster, instances, store, pricer, at))
+        except CloudtrainError as exc:
+            skipped.append(Skipped(cloud, exc.one_line()))
+    return found, skipped
+
+
+def _expired(cloud: str, cluster: str, instances: Sequence[Instance], store: StateStore, pricer: Pricer,
+             at: float) -> Expired:
+    from cloudtrain import expiry
+
+    instances = sorted(instances, key=lambda i: i.id)
+    record = store.get_cluster(cluster)
+    tracked = record is not None and record.provider == cloud
+    held = _held_here(store, record, cloud) if tracked else None
+    marks = [i.alive_at for i in instances if i.alive_at is not None]
+    alive_at = max(marks) if marks else None
+    live = is_live(alive_at, at) or held is not None
+    verdicts = [expiry.verdict(i.state is InstanceState.STOPPED, i.expiry, i.state_since, live, at) for i in instances]
+    dues = [v.due for v in verdicts]
+    due = None if any(d is None for d in dues) else max(d for d in dues if d is not None)
+    delete = all(v.delete for v in verdicts)
+    if delete:
+        why = verdicts[0].why if len(verdicts) == 1 else f"every machine due, the last {expiry.when(due or at)}"
+    else:
+        first = next(v for v in verdicts if not v.delete)
+        why = first.why
+        if live and "live work" in why:
+            why = why.replace("live work holds it", held or f"live work holds it ({evidence(alive_at, at)})")
+        if len(verdicts) > 1:
+            why = f"{sum(v.delete for v in verdicts)}/{len(verdicts)} machine(s) due; {why}"
+    return Expired(cloud, cluster, tuple(i.id for i in instances), tuple(pricer.instance(i) for i in instances),
+                   due, delete, why, tracked)
+
+
+def _held_here(store: StateStore, record: ClusterRecord | None, cloud: str) -> str | None:
+    """What of this state holds the cluster now (a launch in flight, a run whose process is alive),
+    in words; None when nothing does."""
+    from cloudtrain.state import RunStatus
+
+    now = time.time()  # (processes and heartbeats live on the real clock, whatever the kit's says)
+    if record is None or record.provider != cloud:
+        return None
+    if record.launch_in_flight(now):
+        return f"live work holds it (a launch in flight: {record.driver})"
+    for run in store.list_runs(cluster=record.name, limit=100):
+        if run.status == RunStatus.RUNNING and run.driver_alive():
+            return f"live work holds it (run {run.id}, pid {run.pid})"
+    return None
+
+
+def collect_expired(found: Sequence[Expired], store: StateStore, config: Config,
+                    reporter: object | None = None) -> list[str]:
+    """Delete the clusters `found` says may go, with their disks and resources; what was done, one
+    line each. Each one's machines are described again first: one started or marked alive since the
+    listing (another terminal, another state) keeps the whole cluster."""
+    from cloudtrain import expiry
+    from cloudtrain.cluster.lifecycle import Lifecycle
+
+    done: list[str] = []
+    for item in found:
+        if not item.delete:
+            continue
+        provider = get_provider(item.cloud, config)
+        now_listed = machines(provider).describe(list(item.ids))
+        at = expiry.now()
+        record = store.get_cluster(item.cluster)
+        held = _held_here(store, record, item.cloud) if item.tracked else None
+        marks = [i.alive_at for i in now_listed if i.alive_at is not None]
+        live = is_live(max(marks) if marks else None, at) or held is not None
+        again = [expiry.verdict(i.state is InstanceState.STOPPED, i.expiry, i.state_since, live, at)
+                 for i in now_listed if i.state is not InstanceState.TERMINATED]
+        if not again or not all(v.delete for v in again):
+            why = next((v.why for v in again if not v.delete), "its machines are gone already")
+            done.append(f"{item.cloud}: left {item.cluster} alone: {why}")
+            continue
+        if item.tracked:
+            # Through `down`: its jobs' rows, its access and its state row go too, as for any down.
+            Lifecycle(store, config, reporter).down(item.cluster)  # type: ignore[arg-type]
+            done.append(f"{item.cloud}: deleted {item.cluster} ({', '.join(item.ids)}) and its disks: {item.why}")
+            continue
+        machines(provider).terminate(list(item.ids))
+        kept = machines(provider).release_resources(item.cluster)
+        note = f"; kept for now: {', '.join(f'{k.kind} {k.id} ({k.note})' for k in kept)}" if kept else ""
+        done.append(f"{item.cloud}: deleted {item.cluster} ({', '.join(item.ids)}) and its disks: {item.why}{note}")
     return done

@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
+from cloudtrain.expiry import launch_tags
 from cloudtrain.buckets.grants import recipe_grants
 from cloudtrain.config import Config
 from cloudtrain.errors import (
@@ -210,6 +211,8 @@ class Lifecycle:
             # What the on-node watchdog may do to it: providers attach (and check) the identity it needs.
             watchdog="stop" if recipe.autostop is not None or recipe.budget is not None else None,
             hosts=hosts,
+            # autostop.delete_after_stopped_days, where every state sees it (cloudtrain/expiry.py).
+            tags=launch_tags(recipe.autostop.delete_after_stopped_days if recipe.autostop is not None else None),
             buckets=recipe_grants(recipe),  # the nodes' own identity may read/write exactly these
         )
 

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
+from cloudtrain.expiry import Expiry
+
 if TYPE_CHECKING:
     from cloudtrain.buckets.grants import BucketGrant
     from cloudtrain.providers.leak import Leak, OpenLogin
@@ -179,6 +181,8 @@ class Instance:
     compute_billed: bool | None = None
     incarnation: str | None = None  # TAG_INCARNATION, where the machine carries it
     alive_at: float | None = None  # TAG_ALIVE, where the machine carries it
+    # autostop.delete_after_stopped_days, from its tags (cloudtrain/expiry.py: expiry_of): `gc --expired`.
+    expiry: Expiry = field(default_factory=Expiry)
 
 
 @dataclass(frozen=True)

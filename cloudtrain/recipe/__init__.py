@@ -225,11 +225,20 @@ class Autostop(StrictModel):
         default=None, description="a running job keeps the node up only while a GPU's utilization is at least this "
                                   "percent (docs/watchdog.md)")
 
+    # Whole days: the count travels as a tag/label value, and Compute Engine labels take only
+    # lowercase letters, digits, `-` and `_` (no decimal point). docs/watchdog.md, stopped then deleted.
+    delete_after_stopped_days: Annotated[int, Field(ge=1, le=3650)] | None = Field(
+        default=None, description="a node the watchdog stopped is deleted, with its disks, by `cloudtrain gc --expired "
+                                  "--yes` once it has stayed stopped this many days (docs/watchdog.md)")
+
     @model_validator(mode="after")
     def _gpu_needs_jobs(self) -> Autostop:
         if self.gpu_util_below is not None and self.wait_for == "none":
             raise ValueError("gpu_util_below judges running jobs, and wait_for: none waits for none: "
                              "use wait_for: jobs or jobs_and_ssh, or drop gpu_util_below")
+        if self.delete_after_stopped_days is not None and self.down:
+            raise ValueError("delete_after_stopped_days deletes a node some days after it stopped, and down: true "
+                             "deletes it at once: drop one of them")
         return self
 
 

@@ -166,13 +166,17 @@ def _env_float(name: str) -> float | None:
 
 
 def autostop_settings(idle_minutes: float, down: bool, wait_for: str,
-                      gpu_util_below: float | None = None) -> dict[str, Any]:
+                      gpu_util_below: float | None = None,
+                      delete_after_stopped_days: int | None = None) -> dict[str, Any]:
     if wait_for not in WAIT_FOR:
         raise UsageError(f"autostop wait_for must be one of {', '.join(WAIT_FOR)}, got {wait_for!r}")
     idle_s = _env_float(ENV_IDLE_S) or idle_minutes * 60.0
     out: dict[str, Any] = {"idle_s": idle_s, "down": bool(down), "wait_for": wait_for}
     if gpu_util_below is not None:
         out["gpu_util_below"] = float(gpu_util_below)
+    if delete_after_stopped_days is not None:
+        # The node tags the machine before it stops it (templates/watchdog.py tag_expiry).
+        out["delete_after_stopped_days"] = int(delete_after_stopped_days)
     return out
 
 
@@ -197,7 +201,7 @@ def settings_from_recipe(recipe: Recipe, store: StateStore, cluster: str, cluste
     autostop = None
     if recipe.autostop is not None:
         autostop = autostop_settings(recipe.autostop.idle_minutes, recipe.autostop.down, recipe.autostop.wait_for,
-                                     recipe.autostop.gpu_util_below)
+                                     recipe.autostop.gpu_util_below, recipe.autostop.delete_after_stopped_days)
     budget = None
     limit = budget_limit(recipe.budget, cluster_hourly)
     if limit is not None:

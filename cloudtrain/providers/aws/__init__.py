@@ -33,6 +33,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
+from cloudtrain.expiry import expiry_of
 from cloudtrain.catalog import Catalog, default_catalog
 from cloudtrain.config import Config
 from cloudtrain.errors import (
@@ -712,6 +713,7 @@ class AwsProvider:
             cluster=tags.get(TAG_CLUSTER, ""),
             incarnation=tags.get(TAG_INCARNATION),
             alive_at=alive_of(tags),
+            expiry=expiry_of(tags),
             state=EC2_STATES.get(raw.get("State", {}).get("Name", ""), InstanceState.UNKNOWN),
             instance_type=instance_type,
             region=region,

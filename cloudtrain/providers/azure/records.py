@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from cloudtrain.expiry import expiry_of
 from cloudtrain.catalog import Catalog
 from cloudtrain.errors import CapacityError, ProviderError, UsageError
 from cloudtrain.providers.azure import build
@@ -83,6 +84,7 @@ def vm_record(group: str, vm: Any, nics: dict[str, Any], ips: dict[str, Any]) ->
         cluster=tags.get(TAG_CLUSTER, ""),
         incarnation=tags.get(TAG_INCARNATION),
         alive_at=alive_of(tags),
+        expiry=expiry_of(tags),
         state=state,
         instance_type=vm.hardware_profile.vm_size if vm.hardware_profile else None,
         region=vm.location,

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from cloudtrain.expiry import expiry_of
 from cloudtrain.errors import NotAvailableError, UsageError
 from cloudtrain.providers.base import TAG_ALIVE, TAG_CLUSTER, TAG_INCARNATION, TAG_OWNER, Instance, InstanceState, alive_of
 
@@ -418,6 +419,7 @@ def instance_record(raw: Any, zone: str) -> Instance:
         cluster=labels_.get(TAG_CLUSTER, ""),
         incarnation=labels_.get(TAG_INCARNATION),
         alive_at=alive_of(labels_),
+        expiry=expiry_of(labels_),
         state=STATES.get(raw.status, InstanceState.UNKNOWN),
         instance_type=instance_type_name(last_part(raw.machine_type), accelerators) if raw.machine_type else None,
         region=region_of(zone),
