@@ -112,6 +112,8 @@ def status(name: str | None, as_json: bool, refresh: bool, all_users: bool) -> N
             output.echo()
             output.info(f"last job {job.id}: {job.status}" + (f", exit code {job.exit_code}" if job.exit_code is not None else "")
                         + f"  (`cloudtrain logs {name} {job.id}`)")
+    if refresh:
+        _stopped_lines(store, clusters)
     if runs:
         output.echo()
         output.table(
@@ -255,6 +257,37 @@ def _confirm_ending_a_run(name: str, run, yes: bool) -> None:  # noqa: ANN001 - 
     output.info(what)
     if not click.confirm("down anyway?", default=False, err=True):
         raise Declined(f"cluster {name} left as it is: you answered no")
+
+
+def _stopped_lines(store: Any, clusters: list[Any]) -> None:
+    """For `status --refresh`: what each stopped cluster's disks cost per day and, where
+    autostop.delete_after_stopped_days armed it, when `gc --expired` deletes it (or that it is due).
+    Asks the clouds of stopped clusters only: a listing per cloud, as `gc --expired` does."""
+    from cloudtrain.state import ClusterStatus
+
+    stopped = {c.name: c for c in clusters if c.status == ClusterStatus.STOPPED}
+    if not stopped:
+        return
+    from cloudtrain import expiry
+    from cloudtrain.cluster.gc import find_expired
+    from cloudtrain.config import load_config
+
+    at = expiry.now()
+    found, skipped = find_expired(store, load_config(), tuple(sorted({c.provider for c in stopped.values()})), at=at)
+    for item in skipped:
+        output.warn(f"{item.cloud}: stopped clusters' expiry not read: {item.reason}")
+    armed = {e.cluster: e for e in found}
+    output.echo()
+    for name in sorted(stopped):
+        e = armed.get(name)
+        if e is None:
+            output.info(f"{name}: stopped, kept until `cloudtrain down {name}` (no autostop.delete_after_stopped_days)")
+        elif e.delete:
+            output.info(f"{name}: stopped and due for deletion: {e.why}; `cloudtrain gc --expired --yes` deletes it")
+        elif e.hourly_usd is not None:
+            output.info(f"{name}: {expiry.stopped_disk_cost_line(e.hourly_usd, e.due, at)}")
+        else:
+            output.info(f"{name}: stopped; {e.why}")
 
 
 def _refresh(store, name: str | None, instances: bool) -> None:  # noqa: ANN001

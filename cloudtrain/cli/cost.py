@@ -92,6 +92,7 @@ def cost(since_text: str | None, as_json: bool, no_refresh: bool, all_users: boo
             output.info(f"{output.money(outside)} of the total was billed outside these runs "
                         "(boots, kept or idle clusters, billing minimums, earlier runs)")
     output.echo()
+    _stopped_disks(store)
     estimated = sum(c["estimated_usd"] for c in clusters)
     if estimated:
         output.info(f"estimate: {output.money(estimated)} of it is machines of a launch whose answer was lost and "
@@ -221,3 +222,21 @@ def _days(start: float, end: float) -> list[tuple[str, float, float]]:
         found.append((day.strftime("%Y-%m-%d"), day.timestamp(), min(following.timestamp(), end)))
         day = following
     return found
+
+
+def _stopped_disks(store: StateStore) -> None:
+    """A stopped cluster still bills its disks, every day until someone deletes it (issue 39.3): say
+    how much per day, from the ledger's open disk intervals (what `cost` counts, not a second price)."""
+    from cloudtrain.state import BillKind, ClusterStatus
+
+    for record in store.list_clusters():
+        if record.status != ClusterStatus.STOPPED:
+            continue
+        hourly = sum(i.hourly_price for i in store.billing(record.name)
+                     if i.kind == BillKind.DISK and i.ended_at is None and i.incarnation in (None, record.uid))
+        if hourly <= 0:
+            continue
+        per_day = hourly * 24.0
+        output.info(f"{record.name} is stopped: its disks cost about ${per_day:.2f}/day until `cloudtrain down "
+                    f"{record.name}` (`status --refresh` says when `gc --expired` deletes it, where "
+                    "autostop.delete_after_stopped_days armed it)")
