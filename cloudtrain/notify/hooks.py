@@ -7,6 +7,7 @@ the next command (notify/send.py).
 from __future__ import annotations
 
 import functools
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -145,6 +146,29 @@ def attempt_recovered(store: StateStore, config: Config, loaded: LoadedRecipe, r
         resumed_from_epoch=attempt.resumed_from_epoch), targets_of(config, loaded), warn=warn)
 
 
+# `gc` on a schedule (hourly in CI) finds the same leak again each time: the same leaks are told
+# again once a day, while they still cost money, not every hour.
+LEAKS_REMIND_S = 24 * 3600.0
+
+
+def _leak_keys(found: list[dict[str, Any]]) -> list[tuple[str, str, tuple[str, ...]]]:
+    return sorted((str(f["cloud"]), str(f["cluster"]), tuple(sorted(map(str, f["ids"])))) for f in found)
+
+
+def _told_lately(store: StateStore, found: list[dict[str, Any]], now: float) -> bool:
+    """Whether the newest gc.leaks event of the last LEAKS_REMIND_S named exactly these leaks."""
+    import json
+
+    from cloudtrain.notify import outbox
+
+    told = [row for row in outbox.events(store, since=now - LEAKS_REMIND_S, limit=1000)
+            if row.type == EventType.GC_LEAKS.value]
+    if not told:
+        return False
+    data = json.loads(told[-1].body).get("data", {})
+    return _leak_keys(data.get("leaks", [])) == _leak_keys(found)
+
+
 @_never_fails
 def gc_leaks(store: StateStore | None, config: Config, leaks: list[Any], hourly_usd: float, unknown: int,
              warn: Warn = None) -> None:
@@ -155,6 +179,8 @@ def gc_leaks(store: StateStore | None, config: Config, leaks: list[Any], hourly_
         store = StateStore()
     found = [{"cloud": leak.cloud, "cluster": leak.cluster, "ids": list(leak.ids), "reason": leak.reason,
               "hourly_usd": leak.hourly_usd} for leak in leaks]
+    if _told_lately(store, found, time.time()):
+        return
     clusters = sorted({str(leak.cluster) for leak in leaks})
     emit(store, EventType.GC_LEAKS, {"cluster": ", ".join(clusters)[:200], "leaks": found, "hourly_usd": hourly_usd,
                                      "unknown_price": unknown, "reason": f"{len(leaks)} leaked"},

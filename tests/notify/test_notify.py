@@ -216,3 +216,25 @@ def test_two_commands_at_once_send_once(tmp_path: Path, secret: str) -> None:
         for thread in threads:
             thread.join()
     assert len(receiver.got) == 1 and sum(r.delivered for r in results) == 1
+
+
+def test_gc_leaks_tells_the_same_leaks_once_a_day_and_new_ones_at_once(tmp_path: Path, secret: str) -> None:
+    from cloudtrain.notify import hooks
+    from cloudtrain.providers.leak import Leak
+
+    store = StateStore(tmp_path / "state.db")
+    one = Leak("aws", "old-run", "instance", ("i-1",), "not in this state")
+    two = Leak("aws", "other", "instance", ("i-2",), "not in this state")
+    with receiving(secret) as receiver:
+        _targets(receiver.url)
+        config = load_config()
+        for _ in range(3):  # gc every hour, the same leak: told once
+            hooks.gc_leaks(store, config, [one], 1.0, 0)
+        hooks.gc_leaks(store, config, [two, one], 2.0, 0)  # a new leak: told at once
+        told = [e for e in outbox.events(store) if e.type == "gc.leaks"]
+        assert len(told) == 2
+        # A day later the same two, still there, are told again.
+        store._db.execute("UPDATE notify_events SET at = at - ?", (hooks.LEAKS_REMIND_S + 60,))
+        hooks.gc_leaks(store, config, [one, two], 2.0, 0)
+        assert len([e for e in outbox.events(store, since=0) if e.type == "gc.leaks"]) == 3
+    assert len({d.headers["webhook-id"] for d in receiver.got if d.answered == 204}) == 3
