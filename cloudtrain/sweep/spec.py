@@ -3,7 +3,9 @@
 `check_sweep` is the sweep's preflight: the base recipe passes the same checks as `run` (with the
 same file:line errors), every swept parameter is checked against what it feeds (a bundled job's
 parameter schema, or an environment variable name), and the plan's price gives the worst case of
-one VM. Nothing is created.
+one VM. The plan is the trial's as it runs (`trial_base`: the pipeline's recovery off), so it
+promises no relaunch; `retry_line` says what the sweep does with a lost trial instead. Nothing is
+created.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from cloudtrain.yamlfile import did_you_mean, line_of
 
 if TYPE_CHECKING:
     from cloudtrain.config import Config
+    from cloudtrain.plan import Plan
     from cloudtrain.recipe import LoadedRecipe, Sweep
 
 # What the bundled job reports per epoch (its progress lines), for early stopping.
@@ -59,15 +62,45 @@ def base_recipe(loaded: LoadedRecipe) -> LoadedRecipe:
     return loaded.model_copy(update={"recipe": loaded.recipe.model_copy(update={"sweep": None})})
 
 
-def check_sweep(loaded: LoadedRecipe, config: Config) -> SweepSpec:
-    """Every static check of a sweep recipe; raises one located line, like `validate`."""
+def trial_base(loaded: LoadedRecipe) -> LoadedRecipe:
+    """The recipe a trial runs, before its parameters: the base recipe with the pipeline's recovery
+    off. The scheduler owns a lost trial's retry (`sweep.max_retries`, on a VM it counts against the
+    budget); a recipe's `recover:` (on by default for spot) would relaunch the same loss a second
+    time, on a machine the scheduler does not count (issue 36.1; sweep/backend.py runs it so)."""
+    base = base_recipe(loaded)
+    return base.model_copy(update={"recipe": base.recipe.model_copy(update={"recover": None})})
+
+
+def trial_plan(loaded: LoadedRecipe, config: Config) -> Plan | None:
+    """The preflight of a trial as it runs (`trial_base`), and its plan on priced clouds. Planned
+    from the recipe as written, a spot sweep's plan would say `recover: up to 3 relaunch(es)`."""
     from cloudtrain.preflight import preflight
 
+    return preflight(trial_base(loaded), config)
+
+
+def retry_line(loaded: LoadedRecipe, spec: SweepSpec) -> str:
+    """What happens to a trial whose attempt fails or whose VM is lost: what a lone run's plan says
+    as `recover: up to N relaunch(es)`, which a sweep's trials do not do."""
+    retries = spec.limits.max_retries
+    if retries:
+        line = (f"retries: the sweep runs a failed, preempted or lost trial again, up to {retries} time(s), "
+                f"on a VM it counts against the budget (a preempted or lost one carries its kept checkpoint over)")
+    else:
+        line = "retries: none (sweep.max_retries: 0): a failed, preempted or lost trial ends failed"
+    recovery = loaded.recipe.recovery
+    if recovery is not None and recovery.max_restarts:
+        line += f"; the recipe's recover: (up to {recovery.max_restarts} relaunch(es)) does not apply to trials"
+    return line
+
+
+def check_sweep(loaded: LoadedRecipe, config: Config) -> SweepSpec:
+    """Every static check of a sweep recipe; raises one located line, like `validate`."""
     sweep = loaded.recipe.sweep
     if sweep is None:
         raise RecipeError(f"{loaded.path}: no 'sweep' section: `cloudtrain run` runs a single job",
                           hint="add sweep: {parameters: ..., budget_usd: ..., metric: ..., goal: max}")
-    plan = preflight(base_recipe(loaded), config)
+    plan = trial_plan(loaded, config)
     _check_params(loaded, sweep)
     recipe = loaded.recipe
     progress_metric = _progress_metric(loaded, sweep)
