@@ -165,11 +165,15 @@ def status_view(store: Any, name: str | None = None, run_limit: int = 10) -> Sta
     return StatusView(store, runs, latest)
 
 
+_FORCE_HELP = "On a team database: also a teammate's cluster (refused without it; recorded in its events)."
+
+
 @click.command()
 @cluster_argument()
-def stop(name: str) -> None:
+@click.option("--force", is_flag=True, help=_FORCE_HELP)
+def stop(name: str, force: bool) -> None:
     """Stop NAME's instances: no compute billing, disks kept, `start` resumes."""
-    lc = open_lifecycle(output.RunDisplay())
+    lc = _teammates_lifecycle(open_lifecycle(output.RunDisplay()), (name,), "stop", force)
     lc.stop(name)
     output.info(f"cluster {name} stopped")
 
@@ -191,13 +195,14 @@ def start(name: str) -> None:
                    "command elsewhere marked them alive moments ago.")
 @click.option("--yes", "-y", is_flag=True,
               help="Do not ask before ending a cluster that a live run (another terminal's) is using.")
-def down(names: tuple[str, ...], forget: bool, include_live: bool, yes: bool) -> None:
+@click.option("--force", is_flag=True, help=_FORCE_HELP)
+def down(names: tuple[str, ...], forget: bool, include_live: bool, yes: bool, force: bool) -> None:
     """End every job, terminate clusters and everything they created. Safe to repeat."""
     from cloudtrain.cluster.untracked import Outcome, down_untracked, near_names
     from cloudtrain.errors import ClusterBusyError, ClusterNotFoundError, ProviderError
     from cloudtrain.yamlfile import did_you_mean
 
-    lc = open_lifecycle(output.RunDisplay())
+    lc = _teammates_lifecycle(open_lifecycle(output.RunDisplay()), names, "down", force)
     unknown: list[str] = []
     for name in names:
         busy = lc.live_runs(name)
@@ -240,6 +245,20 @@ def down(names: tuple[str, ...], forget: bool, include_live: bool, yes: bool) ->
         hint = did_you_mean(name, near_names(lc.store, name)) or "`cloudtrain status` lists the clusters"
         listed = ", ".join(repr(n) for n in unknown)
         raise ClusterNotFoundError(f"no cluster named {listed} here or in any cloud set up", hint=hint)
+
+
+def _teammates_lifecycle(lc, names: tuple[str, ...], verb: str, force: bool):  # noqa: ANN001, ANN202 - Lifecycle
+    """On a team database, `down`/`stop` of a teammate's cluster: refused (exit 2) unless --force;
+    forced, it is recorded and done with every owner's tags in view (the teammate's machines,
+    key pair and firewall carry their owner tag, not ours). Elsewhere: `lc` as it is."""
+    from cloudtrain.state.team import guard_teammates
+
+    if not guard_teammates(lc.store, names, verb, force):
+        return lc
+    from cloudtrain.cluster.lifecycle import Lifecycle
+    from cloudtrain.config import ALL_OWNERS
+
+    return Lifecycle(lc.store, lc.config.model_copy(update={"owner": ALL_OWNERS}), lc.reporter)
 
 
 def _confirm_ending_a_run(name: str, run, yes: bool) -> None:  # noqa: ANN001 - RunRecord

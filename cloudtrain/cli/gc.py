@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from cloudtrain.cluster.gc import Skipped, Total
     from cloudtrain.config import Config
     from cloudtrain.providers.leak import Leak
+    from cloudtrain.state.team import Teammate
 
 
 @click.command()
@@ -65,8 +66,9 @@ def gc(clouds: tuple[str, ...], yes: bool, as_json: bool, all_owners: bool, incl
         return
     found = scan(config, clouds or known, all_owners, include_live, Path(runs_dir or config.runs_dir),
                  named=clouds)
-    config, leaks, live, skipped, not_set_up, checked, cost = (
-        found.config, found.leaks, found.live, found.skipped, found.not_set_up, found.checked, found.cost)
+    config, leaks, live, skipped, not_set_up, checked, cost, teammates = (
+        found.config, found.leaks, found.live, found.skipped, found.not_set_up, found.checked, found.cost,
+        found.teammates)
     if leaks:  # news for notify: targets (gc.leaks; bounded, never changes what gc says or exits)
         from cloudtrain.notify import hooks as notify
 
@@ -80,6 +82,7 @@ def gc(clouds: tuple[str, ...], yes: bool, as_json: bool, all_owners: bool, incl
                       "items": [asdict(item) for item in leak.items]} for leak in live],
             "skipped": [asdict(skip) for skip in skipped],
             "not_set_up": [skip.cloud for skip in not_set_up],
+            "teammates": [asdict(mate) for mate in teammates],
             "checked": checked,
             "complete": not skipped,
             "hourly_usd": cost.hourly_usd,
@@ -91,6 +94,7 @@ def gc(clouds: tuple[str, ...], yes: bool, as_json: bool, all_owners: bool, incl
             raise SystemExit(1)
         return
     _live(live)
+    _teammates(teammates)
     if not_set_up:
         output.info(f"not set up here (no credentials): {', '.join(skip.cloud for skip in not_set_up)}")
     if not leaks:
@@ -127,6 +131,8 @@ class Scan:
     not_set_up: list[Skipped]  # nothing configured here for that cloud
     checked: list[str]
     cost: Total
+    # On a team database: teammates' live clusters on the clouds checked (never leaks, left alone).
+    teammates: list[Teammate] = field(default_factory=list)
 
 
 def scan(config: Config, clouds: Sequence[str], all_owners: bool, include_live: bool, runs_dir: Path,
@@ -135,13 +141,15 @@ def scan(config: Config, clouds: Sequence[str], all_owners: bool, include_live: 
     user named (a named cloud with nothing set up is one that could not be checked)."""
     from cloudtrain.cluster.gc import find_leaks, total
     from cloudtrain.state import StateStore
+    from cloudtrain.state.team import teammates_live
 
     if all_owners:
         from cloudtrain.config import ALL_OWNERS
 
         config = config.model_copy(update={"owner": ALL_OWNERS})  # providers then list every owner's
     asked = tuple(dict.fromkeys(clouds))
-    found, skipped = find_leaks(StateStore(), config, asked, runs_dir=runs_dir)
+    store = StateStore()
+    found, skipped = find_leaks(store, config, asked, runs_dir=runs_dir)
     # A cloud with nothing configured here (no credentials at all) holds nothing made from here:
     # unless it was named with --cloud, it is "not set up", not a cloud that could not be checked.
     not_set_up = [skip for skip in skipped if not skip.set_up and skip.cloud not in named]
@@ -150,7 +158,8 @@ def scan(config: Config, clouds: Sequence[str], all_owners: bool, include_live: 
     leaks = [leak for leak in found if include_live or not leak.live]
     live = [leak for leak in found if leak not in leaks]
     checked = [cloud for cloud in asked if cloud not in {skip.cloud for skip in skipped + not_set_up}]
-    return Scan(config, leaks, live, skipped, not_set_up, checked, total(leaks))
+    teammates = [mate for mate in teammates_live(store).values() if mate.cloud in checked]
+    return Scan(config, leaks, live, skipped, not_set_up, checked, total(leaks), teammates)
 
 
 def _live(live: Sequence[Leak]) -> None:
@@ -158,6 +167,18 @@ def _live(live: Sequence[Leak]) -> None:
     for leak in live:
         output.info(f"in use elsewhere, left alone: {leak.cloud} {leak.cluster} ({', '.join(leak.ids)}): "
                     f"{leak.evidence}, not in this machine's state (`--include-live` counts it as a leak)")
+
+
+def _teammates(teammates: Sequence[Teammate]) -> None:
+    """On a team database: what of the team's state gc knows is a teammate's live work, and whose."""
+    if not teammates:
+        return
+    by_member: dict[str, list[str]] = {}
+    for mate in teammates:
+        by_member.setdefault(mate.member, []).append(mate.cluster)
+    whose = "; ".join(f"{member}: {', '.join(names)}" for member, names in sorted(by_member.items()))
+    output.info(f"{len(teammates)} cluster(s) belong to teammates (live in the team's state), never leaks, "
+                f"left alone: {whose}")
 
 
 def _not_checked(skipped: Sequence[Skipped]) -> None:

@@ -3,6 +3,8 @@ leftover per-cluster resources, found by their `cloudtrain-cluster` tag, not fro
 
 State can be lost (a deleted $CLOUDTRAIN_HOME, another laptop, a crash between create and record);
 the tags cannot. Only this user's resources are considered (providers filter by owner tag).
+On a team database the state is the team's: a teammate's live cluster or launch in it is never a
+leak, whatever its machines' owner tag says (state/team.py: teammates_live).
 
 Each thing found carries an estimated hourly cost, from the same sources the rest of cloudtrain
 prices with: a running instance at the catalog's price for its type and region (spot or on
@@ -107,12 +109,14 @@ def driven_clusters(runs_dir: Path) -> dict[str, tuple[str, str]]:
 def find_leaks(store: StateStore, config: Config, clouds: Sequence[str] | None = None,
                catalog: Catalog | None = None, runs_dir: Path | None = None) -> tuple[list[Leak], list[Skipped]]:
     from cloudtrain.providers import traits
+    from cloudtrain.state.team import teammates_live
 
     clouds = gc_clouds() if clouds is None else clouds
     catalog = catalog or default_catalog()
     leaks: list[Leak] = []
     skipped: list[Skipped] = []
     tracked = {c.name: c for c in store.list_clusters()}
+    teammates = teammates_live(store)
     for cloud in clouds:
         try:
             provider = get_provider(cloud, config)
@@ -121,7 +125,7 @@ def find_leaks(store: StateStore, config: Config, clouds: Sequence[str] | None =
                 skipped.append(Skipped(cloud, creds.detail, creds.set_up))
                 continue
             pricer = Pricer(cloud, catalog, traits(cloud).priced)
-            found = _instance_leaks(cloud, provider, store, tracked, pricer)
+            found = _instance_leaks(cloud, provider, store, tracked, pricer, teammates)
             leaks += found
             # A cluster whose machines are live elsewhere still uses its key pair, firewall, group.
             held = {leak.cluster: leak for leak in found if leak.live}
@@ -154,7 +158,7 @@ def _mark_driven(leak: Leak, driven: tuple[str, str] | None) -> Leak:
 
 
 def _instance_leaks(cloud: str, provider: Provider, store: StateStore, tracked: dict,
-                    pricer: Pricer) -> list[Leak]:
+                    pricer: Pricer, teammates: dict | None = None) -> list[Leak]:
     by_cluster: dict[str, list[Instance]] = {}
     for inst in machines(provider).list_tagged(None):
         if inst.state is not InstanceState.TERMINATED:
@@ -166,6 +170,13 @@ def _instance_leaks(cloud: str, provider: Provider, store: StateStore, tracked: 
         if record is not None and record.provider == cloud and record.launch_in_flight(now):
             # Another terminal is creating it right now: its instances are not yet in its rows.
             log.info("gc: %s is being launched by a live process (%s); not a leak", cluster, record.driver)
+            continue
+        mate = (teammates or {}).get(cluster)
+        if mate is not None and mate.cloud == cloud:
+            # A teammate's live work in the team's state: theirs to end, whatever its machines'
+            # owner tag, and even a machine their row does not list yet (a launch or relaunch
+            # between its create call and its record).
+            log.info("gc: %s is %s's live cluster (%s); not a leak", cluster, mate.member, mate.status)
             continue
         if record is None:
             reason = "cluster not in state"

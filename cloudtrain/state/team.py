@@ -13,7 +13,7 @@ a schema the SQLite side does not share.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 from cloudtrain.errors import UsageError
@@ -108,3 +108,75 @@ def _ident(name: str) -> str:
 
     return name if re.fullmatch(r"[a-z_][a-z0-9_]*", name) else '"' + name.replace('"', '""') + '"'
 
+
+
+# teammates ---------------------------------------------------------------------------------------------
+# On a team database every member sees every cluster row; what one member's verbs may do with
+# another's is decided here, in one place: `gc` never takes a teammate's live work for a leak, and
+# `down`/`stop` of a teammate's cluster needs --force (and is recorded, with who did it).
+
+
+@dataclass(frozen=True)
+class Teammate:
+    """A cluster row another member wrote: whose it is, and where."""
+
+    cluster: str
+    member: str
+    cloud: str
+    status: str
+
+
+def _me(store: Any) -> str:
+    return str(store._db.execute("SELECT current_user").fetchone()[0])
+
+
+def teammates_live(store: Any, now: float | None = None) -> dict[str, Teammate]:
+    """Every cluster row of another member that is live work: up, stopped (its disks kept to be
+    started again), or a launch in flight (a live process, or a fresh heartbeat from another
+    machine). A teammate's launch-failed or down-failed row, or an intent whose launcher died,
+    is not: gc lists what they left as it does for anyone's (saying whose). {} on SQLite: one
+    machine's file has no teammates."""
+    from cloudtrain.state import ClusterRecord, ClusterStatus
+
+    if not isinstance(store.path, str):
+        return {}
+    now = time.time() if now is None else now
+    names = [f.name for f in fields(ClusterRecord)]
+    rows = store._db.execute("SELECT * FROM clusters WHERE member != current_user ORDER BY member, name").fetchall()
+    found: dict[str, Teammate] = {}
+    for row in rows:
+        record = ClusterRecord(**{n: row[n] for n in names})
+        live = record.status in (ClusterStatus.UP, ClusterStatus.STOPPED) or record.launch_in_flight(now)
+        if live:
+            found[record.name] = Teammate(record.name, str(row["member"]), record.provider, record.status)
+    return found
+
+
+def whose(store: Any, name: str) -> str | None:
+    """The member whose cluster `name` is, when that is not this CLI's member (a team database);
+    None for one's own, an unknown name, or SQLite."""
+    if not isinstance(store.path, str):
+        return None
+    row = store._db.execute("SELECT member, current_user AS me FROM clusters WHERE name = ?", (name,)).fetchone()
+    if row is None or row["member"] == row["me"]:
+        return None
+    return str(row["member"])
+
+
+def guard_teammates(store: Any, names: Any, verb: str, force: bool) -> dict[str, str]:
+    """`down`/`stop` of a teammate's cluster: refused in one line (exit 2) unless `force`; with it,
+    an event on each such cluster says who ended or stopped whose (the events table records the
+    writer's role too). Every name is checked before anything is done: `down a b` with b a
+    teammate's ends nothing. Returns {cluster: its member} of the teammates' clusters."""
+    theirs = {name: member for name in names if (member := whose(store, name)) is not None}
+    if not theirs:
+        return {}
+    if not force:
+        name, member = next(iter(theirs.items()))
+        done = {"down": "ended", "stop": "stopped"}.get(verb, verb)
+        raise UsageError(f"cluster {name} is {member}'s (a teammate's, in the team database): not {done}",
+                         hint=f"ask {member}, or `cloudtrain {verb} {name} --force` to do it anyway (recorded)")
+    me = _me(store)
+    for name, member in theirs.items():
+        store.add_event(name, f"{verb}-forced", f"{me} ran `{verb} --force` on {member}'s cluster")
+    return theirs
