@@ -173,22 +173,29 @@ class StateStore:
     # clusters ------------------------------------------------------------------------------------
 
     def upsert_cluster(self, **values: Any) -> None:
+        with self._write() as db:
+            self.upsert_cluster_in(db, **values)
+
+    @staticmethod
+    def upsert_cluster_in(db: Any, **values: Any) -> str:
+        """upsert_cluster inside the caller's write transaction (`with store._write() as db`: a
+        launch intent written with its budget hold); the row's incarnation (uid)."""
         unknown = set(values) - {f.name for f in fields(ClusterRecord)}
         if unknown:
             raise ValueError(f"unknown clusters columns: {sorted(unknown)}")
         now = time.time()
         values.setdefault("updated_at", now)
-        with self._write() as db:
-            existing = db.execute("SELECT name FROM clusters WHERE name = ?", (values["name"],)).fetchone()
-            if existing:
-                sets = ", ".join(f"{k} = :{k}" for k in values if k != "name")
-                db.execute(f"UPDATE clusters SET {sets} WHERE name = :name", values)
-            else:
-                values.setdefault("created_at", now)
-                # A new incarnation: everything billed or run from here on is keyed by this uid.
-                values.setdefault("uid", uuid.uuid4().hex)
-                cols = ", ".join(values)
-                db.execute(f"INSERT INTO clusters ({cols}) VALUES ({', '.join(':' + k for k in values)})", values)
+        existing = db.execute("SELECT uid FROM clusters WHERE name = ?", (values["name"],)).fetchone()
+        if existing:
+            sets = ", ".join(f"{k} = :{k}" for k in values if k != "name")
+            db.execute(f"UPDATE clusters SET {sets} WHERE name = :name", values)
+            return str(values.get("uid") or existing["uid"])
+        values.setdefault("created_at", now)
+        # A new incarnation: everything billed or run from here on is keyed by this uid.
+        values.setdefault("uid", uuid.uuid4().hex)
+        cols = ", ".join(values)
+        db.execute(f"INSERT INTO clusters ({cols}) VALUES ({', '.join(':' + k for k in values)})", values)
+        return str(values["uid"])
 
     def set_cluster_status(self, name: str, status: str, error: str | None = None) -> None:
         with self._write() as db:

@@ -254,7 +254,7 @@ def check_launch(store: StateStore, *, owner: str, worst_usd: float | None) -> N
 
 
 def hold_launch(store: StateStore, intent: dict[str, Any], *, owner: str, worst_usd: float | None) -> None:
-    """Write the launch intent (the cluster row, as StateStore.upsert_cluster does) and its hold in
+    """Write the launch intent (the cluster row: StateStore.upsert_cluster_in) and its hold in
     one write transaction, or neither: OverBudget when the worst case does not fit what is left of
     a budget covering this member and project. A failover attempt of the same launch (same row,
     same incarnation) replaces its hold with the new placement's."""
@@ -262,8 +262,7 @@ def hold_launch(store: StateStore, intent: dict[str, Any], *, owner: str, worst_
     member, proj = who(store, owner), project()
     team = is_team(store)
     with store._write() as db:
-        _upsert_cluster(db, dict(intent), now)
-        uid = db.execute("SELECT uid FROM clusters WHERE name = ?", (intent["name"],)).fetchone()[0]
+        uid = store.upsert_cluster_in(db, **{"updated_at": now, **intent})
         budgets = [b for b in _budgets(db) if b.covers(member, proj)]
         _check(_uses(db, team, budgets, now, owner, exclude=uid), worst_usd, member, proj)
         db.execute("DELETE FROM budget_holds WHERE incarnation = ?", (uid,))
@@ -274,25 +273,6 @@ def hold_launch(store: StateStore, intent: dict[str, Any], *, owner: str, worst_
 def _budgets(db: Any) -> list[Budget]:
     rows = db.execute("SELECT member, project, monthly_usd FROM budgets ORDER BY member, project").fetchall()
     return [Budget(r["member"], r["project"], float(r["monthly_usd"])) for r in rows]
-
-
-def _upsert_cluster(db: Any, values: dict[str, Any], now: float) -> None:
-    """StateStore.upsert_cluster's statement, inside the caller's transaction (the hold's)."""
-    import uuid
-
-    from cloudtrain.state import ClusterRecord
-
-    unknown = set(values) - {f.name for f in fields(ClusterRecord)}
-    if unknown:
-        raise ValueError(f"unknown clusters columns: {sorted(unknown)}")
-    values.setdefault("updated_at", now)
-    if db.execute("SELECT name FROM clusters WHERE name = ?", (values["name"],)).fetchone():
-        sets = ", ".join(f"{k} = :{k}" for k in values if k != "name")
-        db.execute(f"UPDATE clusters SET {sets} WHERE name = :name", values)
-        return
-    values.setdefault("created_at", now)
-    values.setdefault("uid", uuid.uuid4().hex)
-    db.execute(f"INSERT INTO clusters ({', '.join(values)}) VALUES ({', '.join(':' + k for k in values)})", values)
 
 
 # the team's views ------------------------------------------------------------------------------------
