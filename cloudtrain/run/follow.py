@@ -13,6 +13,7 @@ from cloudtrain.errors import JobFailedError, RemoteError
 from cloudtrain.events import Reporter, parse_progress
 from cloudtrain.remote import jobs
 from cloudtrain.remote.jobs import JobState
+from cloudtrain.run.stop import StopToken
 
 POLL_S = 0.5
 # A job that prints without newlines must not fill the CLI's memory: a longer "line" is shown in
@@ -23,7 +24,7 @@ MAX_LINE_BYTES = 1 << 20
 def follow(node: Node, job_id: str, offset: int, reporter: Reporter, *, others: Sequence[Node] = (),
            on_offset: Callable[[int], None] | None = None, raw: Callable[[str], None] | None = None,
            until_finished: bool = True, on_worker_failure: Callable[[], None] | None = None,
-           submitted: Callable[[], object] | None = None) -> jobs.JobStatus:
+           submitted: Callable[[], object] | None = None, stop: StopToken | None = None) -> jobs.JobStatus:
     """Stream complete log lines from `offset` until the job ends; survives dropped connections.
 
     Only whole lines are emitted and `on_offset` gets the byte offset just past each one, so a
@@ -32,26 +33,30 @@ def follow(node: Node, job_id: str, offset: int, reporter: Reporter, *, others: 
     (the other nodes of a multi-node job), a failed worker ends the job: `on_worker_failure` is
     called to stop the rest, then JobFailedError is raised. `submitted` (jobs.start_submit's answer,
     not yet read) is read once the follow is asked: both go to the node in one round trip.
+    `stop`: the attempt's stop token (run/stop.py). Its waits (a poll's interval, the backoff
+    after a dropped link) wait on it: once it is set, the follow ends at once instead of sleeping
+    on (a retry raises the error it just got, a poll raises AttemptStopped).
     """
     # A Ctrl-C between printing a line and recording its offset would repeat it on resume: each
     # line is printed and recorded under _line(), and Ctrl-C is taken between lines.
     if until_finished and not others:
         with _interrupts_between_lines():
-            return _follow_streaming(node, job_id, offset, reporter, on_offset, raw, submitted)
+            return _follow_streaming(node, job_id, offset, reporter, on_offset, raw, submitted, stop)
     if submitted is not None:
         submitted()
     pending = b""
     last_check = 0.0
     while True:
         # The state and the log's news in one round trip; read on only while chunks come full.
-        status, chunk = _retry(lambda: jobs.poll(node.transport, node.layout, job_id, offset + len(pending)))
+        status, chunk = _retry(lambda: jobs.poll(node.transport, node.layout, job_id, offset + len(pending)),
+                               stop=stop)
         while chunk:
             lines, pending = split_lines(pending + chunk)
             with _interrupts_between_lines():
                 offset = _emit_lines(lines, offset, node.rank, reporter, raw, on_offset)
             if len(chunk) < jobs.LOG_CHUNK:
                 break
-            chunk = _read_retrying(node, job_id, offset + len(pending))
+            chunk = _read_retrying(node, job_id, offset + len(pending), stop)
         if status.finished or not until_finished:
             if pending and status.finished:
                 _emit(pending.decode("utf-8", errors="replace"), node.rank, reporter, raw, progress=False)
@@ -71,12 +76,14 @@ def follow(node: Node, job_id: str, offset: int, reporter: Reporter, *, others: 
                         f"job on node {other.rank} {st.state} (exit code {st.exit_code}); stopped the other nodes",
                         st.exit_code or 1,
                     )
-        time.sleep(POLL_S)
+        if pause(stop, POLL_S) and stop is not None:
+            stop.check()  # the attempt was stopped while the job ran: no more polls
 
 
 def _follow_streaming(node: Node, job_id: str, offset: int, reporter: Reporter,
                       on_offset: Callable[[int], None] | None, raw: Callable[[str], None] | None,
-                      submitted: Callable[[], object] | None = None) -> jobs.JobStatus:
+                      submitted: Callable[[], object] | None = None,
+                      stop: StopToken | None = None) -> jobs.JobStatus:
     """One command on the node streams the log as it grows and returns when the job is over: no
     poll interval on the client, the end is seen within the runner's 50 ms. A dropped link resumes
     from the last byte received."""
@@ -112,16 +119,17 @@ def _follow_streaming(node: Node, job_id: str, offset: int, reporter: Reporter,
                 submitted = None
                 raise  # the start was asked but its answer never read: its fate is unknown
             failures += 1
-            if failures >= 5:
+            # A stopped attempt (its machine gone, its trial pruned) retries no more: the phase
+            # fails now with the error it got, not after up to 7.5 s of backoff.
+            if failures >= 5 or pause(stop, delay):
                 raise
-            time.sleep(delay)
             delay *= 2
     try:
         status = final()
     except RemoteError:
-        status = status_retrying(node, job_id)  # the link dropped just after the log ended
+        status = status_retrying(node, job_id, stop)  # the link dropped just after the log ended
     if not status.finished:
-        status = status_retrying(node, job_id)
+        status = status_retrying(node, job_id, stop)
     if pending:
         _emit(pending.decode("utf-8", errors="replace"), node.rank, reporter, raw, progress=False)
         offset += len(pending)
@@ -223,23 +231,33 @@ def _emit(text: str, rank: int, reporter: Reporter, raw: Callable[[str], None] |
         reporter.log_line(text, rank)
 
 
-def status_retrying(node: Node, job_id: str) -> jobs.JobStatus:
-    return _retry(lambda: jobs.status(node.transport, node.layout, job_id))
+def status_retrying(node: Node, job_id: str, stop: StopToken | None = None) -> jobs.JobStatus:
+    return _retry(lambda: jobs.status(node.transport, node.layout, job_id), stop=stop)
 
 
-def _read_retrying(node: Node, job_id: str, offset: int) -> bytes:
-    return _retry(lambda: jobs.read_log(node.transport, node.layout, job_id, offset))
+def _read_retrying(node: Node, job_id: str, offset: int, stop: StopToken | None = None) -> bytes:
+    return _retry(lambda: jobs.read_log(node.transport, node.layout, job_id, offset), stop=stop)
 
 
-def _retry(fn: Callable[[], object], attempts: int = 5):  # noqa: ANN202
-    """A dropped link between two polls is normal (laptop sleep, Wi-Fi roam): reconnect and go on."""
+def _retry(fn: Callable[[], object], attempts: int = 5, stop: StopToken | None = None):  # noqa: ANN202
+    """A dropped link between two polls is normal (laptop sleep, Wi-Fi roam): reconnect and go on,
+    unless the attempt was stopped meanwhile (then the error it got is the attempt's last)."""
     delay = 0.5
     for attempt in range(attempts):
         try:
             return fn()
         except RemoteError:
-            if attempt == attempts - 1:
+            if attempt == attempts - 1 or pause(stop, delay):
                 raise
-            time.sleep(delay)
             delay *= 2
     raise AssertionError("unreachable")
+
+
+def pause(stop: StopToken | None, seconds: float) -> bool:
+    """Wait `seconds` between two tries or polls; True at once when the attempt's stop token is set
+    (an Event wait: a stop ends the wait, where time.sleep would sit it out). No token (a CLI's
+    `logs -f`, `attach`): a plain sleep, nothing can end it but Ctrl-C."""
+    if stop is None:
+        time.sleep(seconds)
+        return False
+    return stop.wait(seconds)

@@ -15,16 +15,18 @@ from cloudtrain.recipe import Recipe
 from cloudtrain.remote import jobs
 from cloudtrain.remote.local import LocalTransport
 from cloudtrain.run import multinode
-from cloudtrain.run.follow import POLL_S, follow, status_retrying
+from cloudtrain.run.follow import POLL_S, follow, pause, status_retrying
 from cloudtrain.remote.jobs import JobState
+from cloudtrain.run.stop import StopToken
 from cloudtrain.state import JobRecord, StateStore
 
 
 def run_job(store: StateStore, reporter: Reporter, nodes: Sequence[Node], run_id: str, job_id: str, script: str,
-            recipe: Recipe, what: str, started: list[str]) -> None:
+            recipe: Recipe, what: str, started: list[str], stop: StopToken | None = None) -> None:
     """Start `script` as job `job_id` on every node, stream rank 0's log, wait for all; raise
     JobFailedError naming the first node that did not succeed. `started` gets the job id before
-    the submit: a job whose start cannot be confirmed must still be ended by the caller."""
+    the submit: a job whose start cannot be confirmed must still be ended by the caller. `stop`:
+    the attempt's stop token (run/stop.py); the follow's and the wait's pauses end when it is set."""
     now = time.time()
     store.insert_job(JobRecord(
         id=job_id, cluster=nodes[0].record.cluster, run_id=run_id, job_dir=nodes[0].layout.job_dir(job_id),
@@ -43,8 +45,9 @@ def run_job(store: StateStore, reporter: Reporter, nodes: Sequence[Node], run_id
     else:
         on_all(list(nodes), lambda n: jobs.submit(n.transport, n.layout, job_id, script, envs[n.rank]))
     final = follow(nodes[0], job_id, 0, reporter, others=nodes[1:],
-                   on_worker_failure=lambda: kill_everywhere(nodes, job_id, reporter), submitted=submitted)
-    statuses = [final] + [_wait_finished(n, job_id, reporter) for n in nodes[1:]]
+                   on_worker_failure=lambda: kill_everywhere(nodes, job_id, reporter), submitted=submitted,
+                   stop=stop)
+    statuses = [final] + [_wait_finished(n, job_id, reporter, stop=stop) for n in nodes[1:]]
     worst = next((s for s in statuses if s.state != JobState.SUCCEEDED), final)
     store.update_job(job_id, status=worst.state, exit_code=worst.exit_code, ended_at=time.time())
     for rank, st in enumerate(statuses):
@@ -115,17 +118,20 @@ def _worker_ports(nodes: Sequence[Node]) -> list[int]:
     return [29500 + n.rank for n in nodes]
 
 
-def _wait_finished(node: Node, job_id: str, reporter: Reporter, timeout_s: float = 600.0) -> jobs.JobStatus:
-    """Rank 0 finished; the others end moments later (or hang on a collective: then time out)."""
+def _wait_finished(node: Node, job_id: str, reporter: Reporter, timeout_s: float = 600.0,
+                   stop: StopToken | None = None) -> jobs.JobStatus:
+    """Rank 0 finished; the others end moments later (or hang on a collective: then time out). A
+    stopped attempt waits no longer: the caller ends its jobs (pipeline's end_jobs)."""
     deadline = time.monotonic() + timeout_s
     while True:
-        status = status_retrying(node, job_id)
+        status = status_retrying(node, job_id, stop)
         if status.finished:
             return status
         if time.monotonic() > deadline:
             kill_everywhere([node], job_id, reporter)
-            return status_retrying(node, job_id)
-        time.sleep(POLL_S)
+            return status_retrying(node, job_id, stop)
+        if pause(stop, POLL_S) and stop is not None:
+            stop.check()
 
 
 def _free_port() -> int:

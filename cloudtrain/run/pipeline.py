@@ -323,7 +323,7 @@ class Executor:
         if recipe.setup and batch_job is None:
             with r.clock.phase("setup"):
                 run_job(self.store, self.reporter, r.nodes, run_id, f"{run_id}-setup", recipe.setup + "\n",
-                        recipe, "setup", r.jobs_started)
+                        recipe, "setup", r.jobs_started, stop=r.clock.stop)
             from cloudtrain.run import setup_once
 
             setup_once.mark_done(r.nodes, recipe)  # an `exec` afterwards need not run it again
@@ -332,7 +332,10 @@ class Executor:
             script = job_script(recipe)
             if batch_job is not None:
                 script = batch_job(recipe, script, recipe.setup, r.job_id, cluster_name)
-            run_job(self.store, self.reporter, r.nodes, run_id, r.job_id, script, recipe, "job", r.jobs_started)
+            # The attempt's token (a sweep trial's, or this recovering attempt's): a stop ends the
+            # job's retry and poll waits at once, not after their backoff (run/follow.py `pause`).
+            run_job(self.store, self.reporter, r.nodes, run_id, r.job_id, script, recipe, "job", r.jobs_started,
+                    stop=r.clock.stop)
 
     def _job_starting(self, r: _Run) -> None:
         """Just before the job, on its nodes: the controller's step (a reporter only displays). A
