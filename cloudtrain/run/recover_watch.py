@@ -111,6 +111,9 @@ class Tee:
         self.inner.log_line(line, node)
         if node == 0:
             self.recovery.line(line)
+            # The bundled job's epochs come as its readable line (its JSON events go to
+            # outputs/progress.jsonl, not to the log this follows): read back by epoch_event. A job
+            # that prints the JSON events on stdout reaches `progress` instead.
             event = epoch_event(line)
             if event is not None:
                 self.recovery.epoch(event["epoch"])
