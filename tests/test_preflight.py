@@ -218,7 +218,7 @@ BUNDLED = [
     ("mnist-gcp-t4.yaml", {}, "plan: n1-standard-4+t4x1 (T4:1) in gcp/us-central1 at $0.54/h"),
     ("mnist-gcp-spot.yaml", {}, "plan: n1-standard-4+t4x1 (T4:1) spot in gcp/us-central1 at $0.15/h"),
     ("mnist-azure-t4.yaml", {}, "plan: Standard_NC4as_T4_v3 (T4:1) in azure/eastus at $0.526/h"),
-    ("mnist-azure-spot.yaml", {}, "plan: Standard_NC16as_T4_v3 (T4:1) spot in azure/westus2 at $0.141/h"),
+    ("mnist-azure-spot.yaml", {}, "plan: Standard_NC4as_T4_v3 (T4:1) spot in azure/westus2 at $0.06159/h"),
 ]
 
 
