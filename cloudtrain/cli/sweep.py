@@ -133,7 +133,7 @@ def validate(recipe_path: str) -> None:
     parameters, and whether the budget covers one trial's worst case."""
     from cloudtrain.config import load_config
     from cloudtrain.recipe import load_recipe
-    from cloudtrain.sweep.spec import check_sweep, lease_note
+    from cloudtrain.sweep.spec import check_sweep, lease_note, retry_line
 
     loaded = load_recipe(recipe_path, sweep=True)
     spec = check_sweep(loaded, load_config())
@@ -144,6 +144,7 @@ def validate(recipe_path: str) -> None:
     output.info(f"money: budget {output.money(c.budget_usd)}; a VM costs at most {output.money(c.hourly_usd)}/h; "
                 f"one trial's worst case {output.money(c.new_vm_usd())} on a new VM "
                 f"(deadline {c.deadline_s / 60:g} min on the node)")
+    output.info(retry_line(loaded, spec))
     note = lease_note(loaded)
     if note is not None:
         output.warn(note)

@@ -598,7 +598,8 @@ class PipelineBackend:
             cluster = lc.get(handle.cluster)
             nodes = connect(list(cluster.nodes), cluster.provider, lc.config)
             handle.phase = "run"
-            final = follow(nodes[0], f"{run.id}-run", 0, TrialReporter(self, key, handle), others=nodes[1:])
+            final = follow(nodes[0], f"{run.id}-run", 0, TrialReporter(self, key, handle), others=nodes[1:],
+                           stop=handle.token)
             handle.phase = "collect"
             paths = json.loads(run.result_paths) if run.result_paths else []
             run_dir = Path(run.run_dir)

@@ -261,6 +261,8 @@ def test_a_cloud_without_a_watchdog_says_the_bound_covers_the_job_only(tmp_path:
     proc = sweep_cli("validate", str(recipe))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "take no lease" in proc.stderr and "deadline on the node" in proc.stderr
+    # What happens to a lost trial: the sweep's retry (the default max_retries), never the recipe's recover:.
+    assert "retries: the sweep runs a failed, preempted or lost trial again, up to 1 time(s)" in proc.stdout
 
 
 def test_a_preempted_trial_resumes_from_its_last_checkpoint(tmp_path: Path) -> None:
