@@ -3,15 +3,21 @@
 On this machine's state: a file lock per cluster. With a team database (state_url): a PostgreSQL
 session advisory lock per cluster name, so two laptops are kept apart as two terminals are; the
 server frees it when the holder's connection ends, a CLI killed with SIGKILL included (no stale
-lock files). It takes a connection of its own for as long as it is held: a lock held by the
-store's connection would be released by nothing but that connection's end, and the store's is
-shared by the command's threads.
+lock files). It is taken on the CLI's one connection (state/pg.py: every store of the process
+shares it), so a CLI holding clusters needs no second connection. Two consequences, handled here:
+a session's advisory locks are re-entrant, so threads of one process are kept apart by a lock of
+the process's own first; and the session is shared, so waiting for a teammate's lock is a
+`pg_try_advisory_lock` tried again (never a blocking call that would stop the process's other
+threads' statements), and the lock is given back explicitly on leaving, whatever happened.
 """
 
 from __future__ import annotations
 
 import fcntl
+import logging
 import os
+import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -19,6 +25,11 @@ from cloudtrain import paths
 
 # The advisory lock's first key (the second is the cluster name's hash): cluster locks only.
 CLUSTER_LOCK_SPACE = 0x6374
+# How often a waiter asks again for a team cluster lock another CLI holds, at most.
+_RETRY_MAX_S = 0.5
+
+_in_process: dict[str, threading.Lock] = {}
+_in_process_lock = threading.Lock()
 
 
 @contextmanager
@@ -49,11 +60,25 @@ def cluster_lock(cluster: str) -> Iterator[None]:
 def _team_lock(url: str, cluster: str) -> Iterator[None]:
     from cloudtrain.state import pg
 
-    conn = pg.connect(url)
-    try:
-        # Blocking, as the file lock: the second holder waits, then sees the first one's result.
-        conn.execute("SELECT pg_advisory_lock(%s, hashtext(%s))", (CLUSTER_LOCK_SPACE, cluster))
-        yield
-        conn.execute("SELECT pg_advisory_unlock(%s, hashtext(%s))", (CLUSTER_LOCK_SPACE, cluster))
-    finally:
-        conn.close()  # ends the session: the server drops any lock it still holds
+    with _in_process_lock:
+        mine = _in_process.setdefault(cluster, threading.Lock())
+    # Blocking, as the file lock: the second holder waits, then sees the first one's result.
+    with mine:
+        conn = pg.open_store(url)
+        key = (CLUSTER_LOCK_SPACE, cluster)
+        try:
+            pause = 0.02
+            while not conn.execute("SELECT pg_try_advisory_lock(?, hashtext(?))", key).fetchone()[0]:
+                time.sleep(pause)
+                pause = min(pause * 2, _RETRY_MAX_S)
+            try:
+                yield
+            finally:
+                # The session outlives this lock (it is the CLI's): give the lock back ourselves.
+                # A session that is gone has lost it already, with the connection.
+                try:
+                    conn.execute("SELECT pg_advisory_unlock(?, hashtext(?))", key)
+                except pg.StateUnavailable as exc:
+                    logging.getLogger(__name__).debug("cluster lock %s: freed with the session (%s)", cluster, exc)
+        finally:
+            conn.close()

@@ -15,12 +15,20 @@ wait), and a write transaction (`StateStore._write`) takes one transaction-level
 first, so writers run one at a time across every CLI of the team exactly as `BEGIN IMMEDIATE`
 makes them do on one file: a read-then-write in a transaction can never interleave with another.
 Writes are milliseconds long; 50 CLIs queue for a few milliseconds each, never deadlock.
+
+One connection per CLI process: every store a process opens on the same database (the command's,
+a launch heartbeat's thread, a liveness marker's, a recovery's) and its cluster locks
+(state/locks.py) share one session, so 50 CLIs hold at most 50 connections. Its threads take
+turns on it: a write transaction holds the session from BEGIN to COMMIT or ROLLBACK (a statement
+of another thread waits, never lands inside it), a single statement holds it for that statement.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import threading
+import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from functools import lru_cache
 from typing import Any
@@ -106,13 +114,57 @@ class StateUnavailable(CloudtrainError):
     """The team database went away during a command (server down, network, connection killed)."""
 
 
+class _Session:
+    """This process's one connection to a database, and whose turn it is on it (see the module's
+    docstring). `turn` is re-entrant: a thread's statements inside its own transaction go on."""
+
+    def __init__(self, conn: Any) -> None:
+        self.conn = conn
+        self.turn = threading.RLock()
+        self.users = 0
+
+    def usable(self) -> bool:
+        return not (self.conn.closed or self.conn.broken)
+
+
+# (pid, url, project) -> the session. Weak: a store dropped without close() frees its connection
+# as before (psycopg closes it when collected). The pid: a forked child never shares a socket.
+_sessions: weakref.WeakValueDictionary[tuple[int, str, str], _Session] = weakref.WeakValueDictionary()
+_sessions_lock = threading.Lock()
+_TRANSACTION = {"BEGIN": "begin", "COMMIT": "end", "ROLLBACK": "end"}
+
+
 class PgConnection:
     """What StateStore and the outbox call on `_db`: execute (translated), close."""
 
-    def __init__(self, conn: Any, url: str) -> None:
-        self._conn, self._url = conn, url
+    def __init__(self, session: _Session, url: str) -> None:
+        self._session, self._url = session, url
+        self._closed = False
+        session.users += 1
+
+    @property
+    def _conn(self) -> Any:
+        return self._session.conn
 
     def execute(self, sql: str, params: Sequence[Any] | Mapping[str, Any] | None = None) -> Any:
+        turn = self._session.turn
+        step = _TRANSACTION.get(sql.strip().upper())
+        if step == "begin":
+            turn.acquire()  # held until this thread's COMMIT or ROLLBACK
+            try:
+                return self._execute(sql, params)
+            except BaseException:
+                turn.release()
+                raise
+        if step == "end":
+            try:
+                return self._execute(sql, params)
+            finally:
+                turn.release()  # even when the connection was lost: never a turn held for good
+        with turn:
+            return self._execute(sql, params)
+
+    def _execute(self, sql: str, params: Sequence[Any] | Mapping[str, Any] | None) -> Any:
         import psycopg
 
         if not params:
@@ -130,7 +182,18 @@ class PgConnection:
                                         "deadlines do not need it, and `gc` finds by tag what a launch left") from exc
 
     def close(self) -> None:
-        self._conn.close()
+        """This store is done with the session; the last one out closes the connection."""
+        if self._closed:
+            return
+        self._closed = True
+        with _sessions_lock:
+            self._session.users -= 1
+            if self._session.users > 0:
+                return
+            for key, session in list(_sessions.items()):
+                if session is self._session:
+                    del _sessions[key]
+        self._session.conn.close()
 
 
 def connect(url: str) -> Any:
@@ -196,17 +259,29 @@ def check_version(conn: Any, url: str) -> None:
 
 
 def open_store(url: str) -> PgConnection:
+    """A store's connection: this process's session on `url` (opened, version-checked and given
+    the config's project the first time; a lost one is replaced)."""
     from cloudtrain.state.location import project
 
+    key = (os.getpid(), url, project())
+    with _sessions_lock:
+        session = _sessions.get(key)
+        if session is None or not session.usable():
+            session = _Session(_open_checked(url, key[2]))
+            _sessions[key] = session
+        return PgConnection(session, url)
+
+
+def _open_checked(url: str, proj: str) -> Any:
     conn = connect(url)
     try:
         check_version(conn, url)
         # What every row this connection writes records as its project (schema v2's defaults).
-        conn.execute("SELECT set_config('cloudtrain.project', %s, false)", (project(),))
+        conn.execute("SELECT set_config('cloudtrain.project', %s, false)", (proj,))
     except BaseException:
         conn.close()
         raise
-    return PgConnection(conn, url)
+    return conn
 
 
 def display(url: str) -> str:

@@ -124,14 +124,13 @@ def test_a_member_killed_while_holding_a_cluster_frees_it_for_the_other(
         _wait_for("alice's up parked in RunInstances", lambda: gate.wait_held(0.05) or proc.poll() is not None, 120)
         assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
         assert _lock_holders(admin, name) == 1
-        # What one CLI holds of the server mid-launch: the store's connection, the launch
-        # heartbeat's (a thread's own: transactions are not shared across threads) and the
-        # cluster lock's. Not yet issue 37's one connection per CLI (docs/teams.md says so).
+        # One connection per CLI (issue 37): mid-launch, alice's up holds the cluster lock, writes
+        # its launch heartbeat from a thread and has its store open, all on one session.
         with psycopg.connect(admin, autocommit=True) as conn:
             seen = conn.execute("SELECT pid, state, query FROM pg_stat_activity WHERE usename = %s",
                                 (roles[0],)).fetchall()
         connections = len(seen)
-        assert connections <= 3, seen
+        assert connections == 1, seen
 
         # Her launch in flight is not a leak to bob's gc, whatever the owner tag.
         found = _cli(bob, "gc", "--cloud", "aws", "--all-owners", "--json")
