@@ -175,7 +175,7 @@ def guard_teammates(store: Any, names: Any, verb: str, force: bool) -> dict[str,
         name, member = next(iter(theirs.items()))
         done = {"down": "ended", "stop": "stopped"}.get(verb, verb)
         raise UsageError(f"cluster {name} is {member}'s (a teammate's, in the team database): not {done}",
-                         hint=f"ask {member}, or `cloudtrain {verb} {name} --force` to do it anyway (recorded)")
+                         hint=f"ask {member}, or `cloudtrain {verb} {name} --force` does it anyway, recorded as yours")
     me = _me(store)
     for name, member in theirs.items():
         store.add_event(name, f"{verb}-forced", f"{me} ran `{verb} --force` on {member}'s cluster")
