@@ -245,6 +245,12 @@ def test_killing_the_mux_during_an_exec_is_survived_or_said_in_one_line(sshd_vm_
 
 
 FIRST_UP = 7  # docs/design/sync.md: the new workdir is sent without asking the node what it holds
+# Channels of one connection run concurrently and their turns merge (remote/roundtrips.py): on a
+# quiet machine two pipelined requests are both sent before the first wait and count as one turn;
+# on a loaded one the second may be sent after the first answer and count as its own (seen in CI:
+# 8). The claim under test is "no manifest turn", asserted on its own; the count keeps one turn of
+# slack for that interleaving.
+INTERLEAVING = 1
 
 
 def test_a_first_up_sends_the_new_workdir_without_asking_for_its_manifest(sshd_vm_factory: SshdFactory,
@@ -271,14 +277,15 @@ def test_a_first_up_sends_the_new_workdir_without_asking_for_its_manifest(sshd_v
         _, reports = _ct("up", str(recipe), env={}, trips=trips)
         assert len(reports) == 1, reports
         (report,) = reports
-        assert report["round_trips"] <= FIRST_UP, report
+        assert report["round_trips"] <= FIRST_UP + INTERLEAVING, report["turns"]
         assert not any(turn.startswith("manifest of") for turn in report["turns"]), report
         workdir = Path(vm.home) / ".cloudtrain" / "first" / "workdir"
         assert sorted(p.name for p in workdir.iterdir()) == [f"module_{i}.py" for i in range(5)]
 
         (code / "module_0.py").write_text("VALUE = 'edited'\n")
         proc, again = _ct("up", str(recipe), env={}, trips=trips)
-        assert any(turn.startswith("manifest of") for report in again for turn in report["turns"]), again
+        # The later sync compares with what the node holds (asking for its manifest, or knowing it
+        # from the preparation's answer) and sends only the edited file.
         assert "sent 1 of 5 files" in proc.stdout + proc.stderr, proc.stdout + proc.stderr
         assert (workdir / "module_0.py").read_text() == "VALUE = 'edited'\n"
     finally:
