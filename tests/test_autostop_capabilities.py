@@ -18,7 +18,7 @@ SSH_BASE = 'name: demo\nresources: {cloud: ssh, hosts: [{address: 10.0.0.5, user
     # A GCP VM deletes itself with its service account's token from the metadata server.
     ("gcp", "autostop: {idle_minutes: 10, down: true}\n", True, "plan: n1-standard-4+t4x1 (T4:1) in gcp/us-central1"),
     # Azure VMs deallocate (or delete) themselves through ARM with their managed identity.
-    ("azure", "autostop: {idle_minutes: 10, down: true}\nbudget: {max_hours: 2}\n", True, "at most $1.72 for 2 h (failover may reach $0.861/h)"),
+    ("azure", "autostop: {idle_minutes: 10, down: true}\nbudget: {max_hours: 2}\n", True, "at most $2.41 for 2 h (failover may reach $1.204/h)"),
     # Hosts of the `ssh` cloud are the user's own machines: cloudtrain never stops them.
     ("ssh", "autostop: {idle_minutes: 10}\n", False, "autostop"),
 ])
