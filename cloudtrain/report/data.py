@@ -90,7 +90,7 @@ class ReportData:
 def gather(store: StateStore, since: float, now: float, leaks: Any = None,
            problems: list[str] | None = None) -> ReportData:
     from cloudtrain.cli.cluster import status_view
-    from cloudtrain.cli.cost import cost_summary
+    from cloudtrain.cluster.spend_report import cost_summary
 
     # A run whose `cloudtrain run` died is shown abandoned, by the rule (and the write) `status` applies.
     status_view(store, run_limit=RUN_LIMIT)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from cloudtrain.cli.cost import cost_summary
+from cloudtrain.cluster.spend_report import cost_summary
 from cloudtrain.cli.output import money
 from cloudtrain.report import write_report
 from cloudtrain.report.data import gather
