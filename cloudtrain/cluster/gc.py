@@ -392,17 +392,13 @@ def _expired(cloud: str, cluster: str, instances: Sequence[Instance], store: Sta
 def _held_here(store: StateStore, record: ClusterRecord | None, cloud: str) -> str | None:
     """What of this state holds the cluster now (a launch in flight, a run whose process is alive),
     in words; None when nothing does."""
-    from cloudtrain.state import RunStatus
-
     now = time.time()  # (processes and heartbeats live on the real clock, whatever the kit's says)
     if record is None or record.provider != cloud:
         return None
     if record.launch_in_flight(now):
         return f"live work holds it (a launch in flight: {record.driver})"
-    for run in store.list_runs(cluster=record.name, limit=100):
-        if run.status == RunStatus.RUNNING and run.driver_alive():
-            return f"live work holds it (run {run.id}, pid {run.pid})"
-    return None
+    runs = store.live_runs(record.name)
+    return f"live work holds it (run {runs[0].id}, pid {runs[0].pid})" if runs else None
 
 
 def collect_expired(found: Sequence[Expired], store: StateStore, config: Config,

@@ -34,7 +34,7 @@ from cloudtrain.providers.base import TAG_ALIVE, TAG_INCARNATION, alive_value
 from cloudtrain.providers.base import ListsEnded, StopsMachines, launched_by, machines, supports
 from cloudtrain.recipe import Recipe
 from cloudtrain.remote.jobs import OPEN_STATES, JobState
-from cloudtrain.state import ClusterRecord, ClusterStatus, NodeRecord, RunStatus, StateStore
+from cloudtrain.state import ClusterRecord, ClusterStatus, NodeRecord, StateStore
 from cloudtrain.cluster.hosts import end_work_on_hosts
 from cloudtrain.cluster import access
 from cloudtrain.cluster.holds import precheck, write_intent
@@ -143,8 +143,7 @@ class Lifecycle:
 
     def live_runs(self, name: str, except_run: str | None = None) -> list:  # noqa: ANN201
         """Runs on this cluster whose `cloudtrain run` process is still alive on this machine."""
-        return [r for r in self.store.list_runs(cluster=name, limit=100)
-                if r.status == RunStatus.RUNNING and r.id != except_run and r.driver_alive()]
+        return self.store.live_runs(name, except_run)
 
     def refuse_if_busy(self, name: str, run_id: str | None = None) -> None:
         others = self.live_runs(name, except_run=run_id)

@@ -243,6 +243,11 @@ class StateStore:
         found = _rows(self._db.execute("SELECT * FROM runs WHERE id = ?", (run_id,)), RunRecord)
         return found[0] if found else None
 
+    def live_runs(self, cluster: str, except_run: str | None = None) -> list[RunRecord]:
+        """Runs on `cluster` whose `cloudtrain run` process is still alive on this machine."""
+        return [r for r in self.list_runs(cluster=cluster, limit=100)
+                if r.status == RunStatus.RUNNING and r.id != except_run and r.driver_alive()]
+
     def list_runs(self, cluster: str | None = None, limit: int = 20) -> list[RunRecord]:
         if cluster:
             cur = self._db.execute(
