@@ -18,6 +18,7 @@ from typing import Any
 
 from cloudtrain.errors import UsageError
 from cloudtrain.state import pg
+from cloudtrain.state.budgets import is_team, who
 from cloudtrain.state.schema_pg import PG_MIGRATIONS, PG_READ_ONLY_TABLES, PG_SCHEMA_VERSION, PG_TABLES
 
 MEMBER_ROLE = "cloudtrain_member"
@@ -126,10 +127,6 @@ class Teammate:
     status: str
 
 
-def _me(store: Any) -> str:
-    return str(store._db.execute("SELECT current_user").fetchone()[0])
-
-
 def teammates_live(store: Any, now: float | None = None) -> dict[str, Teammate]:
     """Every cluster row of another member that is live work: up, stopped (its disks kept to be
     started again), or a launch in flight (a live process, or a fresh heartbeat from another
@@ -138,7 +135,7 @@ def teammates_live(store: Any, now: float | None = None) -> dict[str, Teammate]:
     machine's file has no teammates."""
     from cloudtrain.state import ClusterRecord, ClusterStatus
 
-    if not isinstance(store.path, str):
+    if not is_team(store):
         return {}
     now = time.time() if now is None else now
     names = [f.name for f in fields(ClusterRecord)]
@@ -155,7 +152,7 @@ def teammates_live(store: Any, now: float | None = None) -> dict[str, Teammate]:
 def whose(store: Any, name: str) -> str | None:
     """The member whose cluster `name` is, when that is not this CLI's member (a team database);
     None for one's own, an unknown name, or SQLite."""
-    if not isinstance(store.path, str):
+    if not is_team(store):
         return None
     row = store._db.execute("SELECT member, current_user AS me FROM clusters WHERE name = ?", (name,)).fetchone()
     if row is None or row["member"] == row["me"]:
@@ -176,7 +173,7 @@ def guard_teammates(store: Any, names: Any, verb: str, force: bool) -> dict[str,
         done = {"down": "ended", "stop": "stopped"}.get(verb, verb)
         raise UsageError(f"cluster {name} is {member}'s (a teammate's, in the team database): not {done}",
                          hint=f"ask {member}, or `cloudtrain {verb} {name} --force` does it anyway, recorded as yours")
-    me = _me(store)
+    me = who(store, "")
     for name, member in theirs.items():
         store.add_event(name, f"{verb}-forced", f"{me} ran `{verb} --force` on {member}'s cluster")
     return theirs
