@@ -16,7 +16,8 @@ from cloudtrain.run.gone import Gone, GoneKind
 from cloudtrain.run.pipeline import _PhaseClock
 from cloudtrain.run.recover_watch import Tee, Watcher
 from cloudtrain.run.stop import AttemptStopped, StopKind, StopToken
-from cloudtrain.state import ClusterRecord, ClusterStatus, NodeRecord
+from cloudtrain.state import ClusterStatus
+from tests.run.test_recover import cluster
 
 pytestmark = pytest.mark.quick
 
@@ -98,14 +99,7 @@ def test_a_phase_that_failed_after_a_stop_says_why_on_its_end_line() -> None:
     assert reporter.said[-1] == ("end", "run", "the node is gone", "False")
 
 
-def _cluster(status: ClusterStatus, *states: str) -> Cluster:
-    record = ClusterRecord(name="c", provider="aws", status=status, region="us-east-1", zone="us-east-1a",
-                           instance_type="t3.medium", hourly_price=0.1, num_nodes=len(states), recipe_path=None,
-                           recipe_digest=None, owner="me", created_at=0.0, updated_at=0.0, last_error=None)
-    nodes = tuple(NodeRecord(cluster="c", rank=i, instance_id=f"i-{i}", state=s, public_ip=None, private_ip=None,
-                             ssh_user="u", ssh_port=22, ssh_key=None, proxy_command=None, started_at=None)
-                  for i, s in enumerate(states))
-    return Cluster(record, nodes, type("P", (), {"name": "aws"})())  # type: ignore[arg-type]
+_cluster = cluster  # tests/run/test_recover.py's: a cluster of these node states
 
 
 class _Lc:
