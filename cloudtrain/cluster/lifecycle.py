@@ -578,6 +578,13 @@ class Lifecycle:
         with cluster_lock(name):
             return self._observe_all(name, cluster.provider)
 
+    def settled(self, name: str) -> ClusterRecord | None:
+        """The cluster's record once no other command is changing it: a `down` from another
+        terminal that has already ended the jobs but not yet removed the row is waited for, so the
+        caller sees the cluster gone instead of a row that is about to go."""
+        with cluster_lock(name):
+            return self.store.get_cluster(name)
+
     def _refresh_locked(self, name: str, provider: Provider) -> Cluster:
         return self._observe_all(name, provider)
 

@@ -529,7 +529,7 @@ class Executor:
         assert r.cluster is not None
         name = r.cluster.record.name
         provider = r.cluster.provider
-        current = self.store.get_cluster(name)
+        current = self.lc.settled(name)
         if current is None or current.uid != r.cluster.record.uid:
             return self._gone(r, results_at_risk)
         if policy in ("down", "stop"):
