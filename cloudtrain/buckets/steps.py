@@ -13,6 +13,7 @@ import hashlib
 import os
 import shlex
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 from cloudtrain import paths
 from cloudtrain.buckets.checks import propagation_override
@@ -21,6 +22,9 @@ from cloudtrain.cluster.nodes import Node, on_all
 from cloudtrain.events import Reporter
 from cloudtrain.recipe import LoadedRecipe, Recipe
 from cloudtrain.state import StateStore
+
+if TYPE_CHECKING:
+    from cloudtrain.run.stop import StopToken
 
 COPY_SCRIPT = "bucket_copy.py"
 # The node installs the copy tool into its venv when it is not there (docs/data.md: why obstore).
@@ -129,8 +133,9 @@ def put_copy_tool(nodes: Sequence[Node]) -> None:
 
 
 def copy_in(store: StateStore, reporter: Reporter, nodes: Sequence[Node], provider: object, run_id: str,
-            recipe: Recipe, started: list[str]) -> None:
-    """Every node copies the recipe's bucket data into its workdir (only what changed there)."""
+            recipe: Recipe, started: list[str], stop: StopToken | None = None) -> None:
+    """Every node copies the recipe's bucket data into its workdir (only what changed there).
+    `stop`: the attempt's token; a stop ends the copy job's waits at once (run/job.py)."""
     from cloudtrain.run.job import run_job
 
     mounts = bucket_mounts(recipe)
@@ -141,7 +146,7 @@ def copy_in(store: StateStore, reporter: Reporter, nodes: Sequence[Node], provid
     put_copy_tool(nodes)
     env = node_env(identity, who, grant_wait=grant_wait_s(provider))
     run_job(store, reporter, nodes, run_id, f"{run_id}-data", copy_in_script(mounts, env), recipe, "data copy",
-            started)
+            started, stop=stop)
 
 
 def refresh_grants(cluster: object, recipe: Recipe) -> None:

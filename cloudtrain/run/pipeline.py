@@ -362,7 +362,7 @@ class Executor:
         if bucket_mounts(r.loaded.recipe) and r.cluster is not None:
             with r.clock.phase("data"):
                 copy_in(self.store, self.reporter, r.nodes, r.cluster.provider, r.run_id, r.loaded.recipe,
-                        r.jobs_started)
+                        r.jobs_started, stop=r.clock.stop)
 
     def _upload(self, r: _Run, failed_job: bool = False) -> None:
         """`upload:` in the recipe: node 0 puts the results in the bucket, with its own identity."""
@@ -373,6 +373,7 @@ class Executor:
         provider = r.cluster.provider
 
         def step() -> None:
+            # No stop token: a stopped attempt's results still go to the bucket (as they come home).
             upload(self.store, self.reporter, r.nodes, provider, r.run_id, recipe, r.jobs_started)
         try:
             with r.clock.phase("upload"):
