@@ -135,40 +135,12 @@ def test_a_checkpoint_written_after_the_notice_arrives_home_before_the_node_is_g
     assert cloud.leftovers() == []
 
 
-# One cloud: what the bundled job adds (its own checkpoints, `resumed_from_epoch`, the history kept
-# once) does not depend on the cloud, and each cloud's preemption and relaunch elsewhere is proven
-# by test_a_preempted_run_job_resumes_in_another_zone_with_the_same_results[aws|gcp|azure] (the
-# shell job: seconds, not two TensorFlow starts). GCP's is the quickest of the three fakes here.
-@pytest.mark.parametrize("cloud_name", ["gcp"])
-def test_the_bundled_cnn_preempted_once_resumes_from_its_own_checkpoint(fake_cloud: Any, cloud_name: str) -> None:
-    """The bundled TensorFlow job: its per-epoch checkpoints come home as it trains; preempted, it
-    relaunches in another zone (Azure: region) and resumes from the newest one
-    (`resumed_from_epoch`), ending with every epoch's history once."""
-    cloud = fake_cloud(cloud_name)
-    epochs = 150
-    recipe = cloud.recipe(
-        job={"name": "mnist_cnn", "params": {"epochs": epochs, "data": "bundled", "no_placement_log": True,
-                                             "limit_train": 256, "limit_test": 256, "batch_size": 64,
-                                             "max_steps_per_epoch": 2}},
-        resources={"spot": True}, recover={"max_restarts": 1, "watch_s": 1}, autostop=False)
-    proc = _start(cloud, recipe)
-    try:
-        kept = _kept(cloud, timeout=600)
-        where, machine = _placement(cloud)
-        _preempt(cloud, where, machine)
-        out, err = proc.communicate(timeout=600)
-    finally:
-        _stop(proc)
-    assert proc.returncode == 0, out[-3000:] + err[-3000:]
-    run_dir = Path(out.strip().splitlines()[-1])
-    one, two = json.loads((run_dir / "run.json").read_text())["attempts"]
-    key = "region" if cloud_name == "azure" else "zone"
-    assert (one["outcome"], two["outcome"], one[key]) == ("preempted", "succeeded", where) and two[key] != where
-    metrics = json.loads((run_dir / "outputs" / "metrics.json").read_text())
-    assert metrics["resumed_from_epoch"] == two["resumed_from_epoch"] >= 1 and metrics["epochs"] == epochs
-    assert len(json.loads((run_dir / "outputs" / "train_state.json").read_text())["history"]) == epochs
-    assert "resuming from the checkpoint after epoch" in (run_dir / "job.log").read_text()
-    assert kept.exists() and cloud.leftovers() == []
+# The bundled job's own part of recovery is proven once, by
+# test_the_bundled_cnn_told_by_the_notice_saves_where_it_is_and_the_next_attempt_starts_there (its
+# checkpoints come home as it trains, the next attempt resumes from them, the history is kept once);
+# its resume from per-epoch checkpoints after a hard kill by tests/jobs/test_mnist_cnn.py
+# (test_killed_after_epoch_two_resumes_at_three); each cloud's preemption and relaunch elsewhere by
+# test_a_preempted_run_job_resumes_in_another_zone_with_the_same_results[aws|gcp|azure].
 
 
 def test_run_resume_picks_up_a_run_whose_cli_died_while_its_node_was_preempted(aws_cloud: Any, tmp_path: Path) -> None:

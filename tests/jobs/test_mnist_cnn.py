@@ -1,6 +1,6 @@
 """The bundled TensorFlow job, driven as a subprocess exactly as a VM runs it (CPU only).
 
-Runs use the real bundled digits with small limits, except test_quality_three_seeds, which trains
+Runs use the real bundled digits with small limits, except test_quality_with_the_defaults, which trains
 with the defaults because the defaults are what it vouches for.
 """
 from __future__ import annotations
@@ -429,19 +429,16 @@ def test_sigterm_saves_the_step_it_reached_and_the_resumed_run_ends_like_an_unin
     assert m["test_accuracy"] > 0.1  # it trained: ten classes
 
 
-def test_quality_three_seeds(tmp_path: Path) -> None:
-    """Defaults reach >= 0.97 on the 1,000 held-out bundled digits (mean of 3 seeds). The time each
-    takes is printed, not asserted: machines are noisy (benchmarks/ measures speed)."""
-    results = []
-    for seed in (0, 1, 2):
-        res = run_job(tmp_path / f"seed{seed}", "--data", "bundled", "--seed", str(seed))
-        assert res.returncode == 0, res.stderr[-3000:]
-        results.append(read(tmp_path / f"seed{seed}" / "metrics.json"))
-    summary = [(m["seed"], m["test_accuracy"], round(m["train_time_s"], 1), round(m["images_per_sec"]))
-               for m in results]
-    print(f"\nseed, test_accuracy, train_time_s, images/s: {summary}")
-    assert all(m["num_test"] == 1000 for m in results)
-    assert np.mean([m["test_accuracy"] for m in results]) >= 0.97, summary
+def test_quality_with_the_defaults(tmp_path: Path) -> None:
+    """Defaults reach >= 0.97 on the 1,000 held-out bundled digits (seed 0; the spread over seeds is
+    measured by benchmarks/cnn_quality.py, which the README quotes). The time is printed, not
+    asserted: machines are noisy."""
+    res = run_job(tmp_path / "seed0", "--data", "bundled", "--seed", "0")
+    assert res.returncode == 0, res.stderr[-3000:]
+    m = read(tmp_path / "seed0" / "metrics.json")
+    print(f"\nseed 0: test_accuracy {m['test_accuracy']}, train_time_s {m['train_time_s']:.1f}")
+    assert m["num_test"] == 1000 and m["seed"] == 0
+    assert m["test_accuracy"] >= 0.97, m
 
 
 def test_force_cleans_the_progress_stream_and_native_log(tmp_path: Path) -> None:
