@@ -70,27 +70,9 @@ def test_a_vm_shorter_than_the_minimum_is_billed_the_minimum(aws_cloud: AwsCloud
     assert run["usd"] == pytest.approx(incarnation["usd"], rel=0.01)  # the run paid for the whole VM
 
 
-def test_a_stop_cloudtrain_did_not_make_is_billed_from_when_it_happened(aws_cloud: AwsCloud) -> None:
-    """Item 1: the watchdog (or the console) stops the VM; cost stops counting compute then, not
-    when cloudtrain next runs, and a later start bills only from the start."""
-    up = aws_cloud.up(recipe(aws_cloud))
-    assert up.ok, up.output
-    (instance,) = aws_cloud.instances(aws_cloud.cluster)
-    launched = time.time()
-    aws_cloud.ec2().stop_instances(InstanceIds=[instance["InstanceId"]])
-    # Long enough stopped that counting it as running would show past the 60 s minimum.
-    wait_until(lambda: time.time() > launched + MINIMUM_S + 15, MINIMUM_S + 30, "the stopped VM to age")
-    data = assert_ledger_is_the_bill(aws_cloud, aws_cloud.cluster)
-    status = json.loads(aws_cloud.cli("status", aws_cloud.cluster, "--json").stdout)["clusters"][0]
-    assert status["status"] == "stopped"
-    assert not [i for i in data["incarnations"] if i["cluster"] == aws_cloud.cluster][0]["node_hours"] > 0.0175
-
-    started = aws_cloud.cli("start", aws_cloud.cluster)
-    assert started.ok, started.output
-    assert_ledger_is_the_bill(aws_cloud, aws_cloud.cluster)
-    assert aws_cloud.down().ok
-    assert aws_cloud.bill.running() == []
-    assert_ledger_is_the_bill(aws_cloud, aws_cloud.cluster)
+# A stop cloudtrain did not make (the watchdog's, the console's), billed from when it happened, and a
+# later start billed from the start: tests/e2e/test_ledger_edges_e2e.py (one real minute of waiting
+# for both).
 
 
 def test_a_reused_name_is_a_new_incarnation_with_its_own_spend(aws_cloud: AwsCloud) -> None:

@@ -40,8 +40,9 @@ def assert_ledger_is_the_bill(cloud: AwsCloud, *clusters: str) -> None:
 
 
 def test_a_stop_or_down_after_the_clouds_own_stop_bills_until_that_stop(aws_cloud: AwsCloud) -> None:
-    """Two clusters, stopped by EC2 on its own right after `up`; a minute later one gets `stop` and
-    the other `down`. Neither is billed compute past EC2's stop (its minimum aside)."""
+    """Two clusters, stopped by EC2 on its own right after `up`; a minute later `cost` bills compute
+    until that stop, then one gets `stop` and the other `down`. Neither is billed compute past EC2's
+    stop (its minimum aside), and the stopped one, started again, is billed from its start."""
     kept, ended = aws_cloud.cluster, aws_cloud.new_cluster()
     path = aws_cloud.recipe(run="echo ledger")
     for name in (kept, ended):
@@ -55,10 +56,19 @@ def test_a_stop_or_down_after_the_clouds_own_stop_bills_until_that_stop(aws_clou
     # time. moto has no clock to move, so the wait is real.
     last_launch = max(i["LaunchTime"].timestamp() for i in instances.values())
     wait_until(lambda: time.time() > last_launch + MINIMUM_S + MARGIN_S, MINIMUM_S + 60, "a minute past the launch")
+    # The first command after the cloud's stop: `cost` counts compute until that stop, not until now.
+    assert_ledger_is_the_bill(aws_cloud, kept, ended)
+    status = json.loads(aws_cloud.cli("status", kept, "--json").stdout)["clusters"][0]
+    assert status["status"] == "stopped"
 
     stopped = aws_cloud.cli("stop", kept)
     assert stopped.ok, stopped.output
     assert aws_cloud.down(ended).ok
     assert_ledger_is_the_bill(aws_cloud, kept, ended)
+    # A later start bills only from the start.
+    started = aws_cloud.cli("start", kept)
+    assert started.ok, started.output
+    assert_ledger_is_the_bill(aws_cloud, kept)
     assert aws_cloud.down(kept).ok
+    assert aws_cloud.bill.running() == []
     assert_ledger_is_the_bill(aws_cloud, kept)
