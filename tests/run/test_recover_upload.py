@@ -2,8 +2,8 @@
 machine: it uploads only for the job the notice TERMed, after that job ended, and records how the
 copy went in on_notice.json. The copy itself is a stand-in command here (the body the script is
 given); the real bucket copy is tested end to end in tests/e2e/test_recovery_e2e.py and
-tests/e2e/test_recovery_upload_e2e.py (which also covers the laptop's own listing and upload,
-run/recover_bucket.py, against the stores' fakes)."""
+tests/e2e/test_recovery_upload_e2e.py; the laptop's own listing and upload (run/recover_bucket.py)
+against each store's fake in tests/run/test_recover_bucket_stores.py."""
 
 from __future__ import annotations
 
