@@ -11,6 +11,8 @@ from __future__ import annotations
 import functools
 import importlib
 import importlib.util
+import os
+import threading
 import typing
 from typing import TYPE_CHECKING
 
@@ -51,8 +53,31 @@ def _module(name: str):  # noqa: ANN202
     return importlib.import_module(module_name)
 
 
+# Providers made in this process: (cloud, id(config)) -> (config, environment, provider). The config
+# is kept so its id cannot be reused by another object while the entry lives.
+_made: dict[tuple[str, int], tuple[Config, frozenset[tuple[str, str]], Provider]] = {}
+_made_lock = threading.Lock()
+_MADE_MAX = 32
+
+
 def get_provider(name: str, config: Config) -> Provider:
-    return _module(name).make_provider(config)
+    """Cloud `name`'s provider for `config`: one per cloud, config object and environment in a
+    process. A provider holds its SDK's clients, and a cloud client is costly to make (boto3 parses
+    EC2's service model and builds ~600 methods: ~0.1 s of CPU); a recovering run that made a
+    provider per lifecycle step made two dozen EC2 clients. The environment is part of the key
+    because providers read it when made (endpoints, profiles, credentials)."""
+    env = frozenset(os.environ.items())
+    key = (name, id(config))
+    with _made_lock:
+        made = _made.get(key)
+        if made is not None and made[0] is config and made[1] == env:
+            return made[2]
+    provider = _module(name).make_provider(config)
+    with _made_lock:
+        if len(_made) >= _MADE_MAX:
+            _made.clear()  # tests make many configs; a CLI process makes one or two
+        _made[key] = (config, env, provider)
+    return provider
 
 
 @functools.cache

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import threading
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -134,6 +135,7 @@ class Ec2Api:
         self.max_attempts = max_attempts or _env_int("AWS_MAX_ATTEMPTS", DEFAULT_MAX_ATTEMPTS)
         self._session: Any = None
         self._clients: dict[tuple[str, str], Any] = {}
+        self._clients_lock = threading.Lock()
 
     @property
     def _boto3(self) -> Any:
@@ -177,6 +179,10 @@ class Ec2Api:
 
     def client(self, service: str, region: str) -> Any:
         key = (service, region)
+        with self._clients_lock:  # one provider serves the run's threads; a boto3 session is not thread-safe
+            return self._client_locked(key, service, region)
+
+    def _client_locked(self, key: tuple[str, str], service: str, region: str) -> Any:
         if key not in self._clients:
             from botocore.config import Config as BotoConfig
 

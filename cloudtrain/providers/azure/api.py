@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -125,6 +126,7 @@ class ArmApi:
         self.polling_interval = DEFAULT_POLLING_S if polling_interval is None else polling_interval
         self._credential = credential
         self._clients: dict[str, Any] = {}
+        self._clients_lock = threading.Lock()
 
     @property
     def exc(self) -> Any:
@@ -158,6 +160,10 @@ class ArmApi:
         return self.subscription_id
 
     def client(self, kind: str) -> Any:
+        with self._clients_lock:  # one provider serves the run's threads (the watcher's too)
+            return self._client_locked(kind)
+
+    def _client_locked(self, kind: str) -> Any:
         if kind not in self._clients:
             subscription = self.require_subscription()
             kwargs: dict[str, Any] = {

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import random
 import re
 import time
@@ -166,6 +167,7 @@ class ComputeApi:
         self.endpoint = api_endpoint
         self._credentials: tuple[Any, str | None] | None = None
         self._clients: dict[str, Any] = {}
+        self._clients_lock = threading.Lock()
         self.backoff = Backoff()
 
     # the SDK, imported on first use ------------------------------------------------------------
@@ -248,6 +250,10 @@ class ComputeApi:
     def client(self, kind: str) -> Any:
         """kind: instances, zone_operations, global_operations, firewalls, images, machine_types,
         accelerator_types, zones."""
+        with self._clients_lock:  # one provider serves the run's threads (the watcher's too)
+            return self._client_locked(kind)
+
+    def _client_locked(self, kind: str) -> Any:
         if kind not in self._clients:
             name = "".join(part.title() for part in kind.split("_")) + "Client"
             credentials, _ = self.credentials()
