@@ -106,6 +106,7 @@ import socket
 import struct
 import subprocess
 import sys
+import threading
 import time
 
 VERSION = 1
@@ -759,17 +760,27 @@ NOTIFY_WAITS = (0.2, 0.5, 1.0)  # between attempts, the same id on each
 SENT_LOG = "notify.sent.jsonl"  # what the node sent; the CLI reconciles it into its outbox
 NOTIFY_TYPES = {"stop": "watchdog.stopped", "delete": "watchdog.deleted"}  # a lease's end: deadline.reached
 SENT_KEEP = 50  # lines kept: the CLI records idempotently, and a node sends once per stop
+_SENT_LOCK = threading.Lock()  # the loop and a notice's sender thread may both append
 
 
-def node_event(cfg: dict, kind: str, reason: str) -> tuple[str, str]:
+def preemption_event_id(cluster: str, incarnation: str) -> str:
+    """The laptop's rule (cloudtrain/notify/model.py preemption_event_id): one id per preempted
+    incarnation, whichever node or the laptop tells it, so a receiver hears it once."""
+    import hashlib
+
+    return "msg_" + hashlib.sha256(f"run.preempted:{cluster}:{incarnation}".encode()).hexdigest()[:24]
+
+
+def node_event(cfg: dict, kind: str, reason: str, event_id: str | None = None,
+               extra: dict | None = None) -> tuple[str, str]:
     """(id, body): the envelope as the laptop builds it (version 1, key-sorted, compact)."""
     import secrets as random
 
     now = time.time()
     stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + ".{:03d}Z".format(int(now % 1 * 1000))
-    event_id = "msg_" + random.token_hex(12)
+    event_id = event_id or "msg_" + random.token_hex(12)
     data = {"cluster": cfg.get("cluster"), "cloud": (cfg.get("notify") or {}).get("cloud"),
-            "instance": cfg.get("instance_id"), "reason": reason}
+            "instance": cfg.get("instance_id"), "reason": reason, **(extra or {})}
     envelope = {"version": 1, "type": kind, "id": event_id, "timestamp": stamp, "source": "node",
                 "data": {k: v for k, v in data.items() if v is not None}}
     return event_id, json.dumps(envelope, sort_keys=True, separators=(",", ":"))
@@ -832,15 +843,14 @@ def post_hook(target: dict, root: str, event_id: str, body: str, deadline: float
     return False, attempts, error
 
 
-def tell(cfg: dict, paths: Paths, log, kind: str, reason: str) -> None:
+def tell(cfg: dict, paths: Paths, log, kind: str, reason: str, event_id: str | None = None,
+         extra: dict | None = None) -> None:
     """Send `kind` to every target that wants it, in parallel, within NOTIFY_BUDGET_S; log each
     result (the target's name, never its URL) and append it to the sent-log."""
-    import threading
-
     targets = [t for t in (cfg.get("notify") or {}).get("targets") or () if kind in (t.get("on") or ())]
     if not targets:
         return
-    event_id, body = node_event(cfg, kind, reason)
+    event_id, body = node_event(cfg, kind, reason, event_id, extra)
     deadline = time.monotonic() + NOTIFY_BUDGET_S
     results = {}
 
@@ -863,10 +873,11 @@ def tell(cfg: dict, paths: Paths, log, kind: str, reason: str) -> None:
                                  "at": time.time(), "body": body}, sort_keys=True))
     path = os.path.join(paths.root, SENT_LOG)
     try:
-        kept = read_text(path).splitlines()[-(SENT_KEEP - len(lines)):] if os.path.exists(path) else []
-        with open(path + ".tmp", "w", encoding="utf-8") as handle:
-            handle.write("".join(line + "\n" for line in [*kept, *lines]))
-        os.replace(path + ".tmp", path)
+        with _SENT_LOCK:
+            kept = read_text(path).splitlines()[-(SENT_KEEP - len(lines)):] if os.path.exists(path) else []
+            with open(path + ".tmp", "w", encoding="utf-8") as handle:
+                handle.write("".join(line + "\n" for line in [*kept, *lines]))
+            os.replace(path + ".tmp", path)
     except OSError as exc:
         log("error", f"cannot write {SENT_LOG}: {exc}")
 
@@ -1276,6 +1287,22 @@ class Watchdog:
             subprocess.Popen(["sh", script], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                              stderr=subprocess.DEVNULL, start_new_session=True)
             self.log("interruption", f"started {NOTICE_SCRIPT}: the results and checkpoints to the bucket")
+        self.tell_preempted(cfg, detail, running)
+
+    def tell_preempted(self, cfg: dict, detail: str, running: list) -> None:
+        """run.preempted to the targets that want it, after the jobs were TERMed (their checkpoint
+        comes first) and in a thread (the loop goes on watching): the machine may have seconds
+        left, and with the laptop closed this is the only one who knows."""
+        incarnation = cfg.get("incarnation")
+        event_id = preemption_event_id(str(cfg.get("cluster")), str(incarnation)) if incarnation else None
+
+        def send() -> None:
+            try:
+                tell(cfg, self.paths, self.log, "run.preempted", detail, event_id, {"jobs": list(running)})
+            except Exception as exc:  # noqa: BLE001 - a notification never holds the loop
+                self.log("error", f"notify: {type(exc).__name__}: {exc}")
+
+        threading.Thread(target=send, daemon=True).start()
 
     def activity_ended(self, jobs: dict, sessions_ended: bool, now: float, now_m: float) -> tuple[float, str]:
         """When the activity since the last look ended (monotonic), now that none is left, and what

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from cloudtrain.notify.model import DEFAULT_ON, Event, EventType, budget_type, run_end_type
+from cloudtrain.notify.model import DEFAULT_ON, Event, EventType, budget_type, preemption_event_id, run_end_type
 from cloudtrain.notify.targets import Bound, NotifyTarget, bind, file_targets
 
 if TYPE_CHECKING:
@@ -59,12 +59,14 @@ def targets_of(config: Config | None, loaded: LoadedRecipe | None = None,
 
 
 def emit(store: StateStore, event_type: EventType, data: dict[str, Any], targets: list[Bound],
-         warn: Warn = None, budget_s: float | None = None) -> Event:
+         warn: Warn = None, budget_s: float | None = None, event_id: str | None = None) -> Event:
     """Store the event with a delivery per target that wants it, then send what is due (this one
-    and any an earlier command could not) within the budget."""
+    and any an earlier command could not) within the budget. `event_id`: an id that another sender
+    of the same happening uses too (a preemption: model.preemption_event_id)."""
     from cloudtrain.notify import outbox, send
 
-    event = Event(event_type, {k: v for k, v in data.items() if v is not None})
+    fields = {k: v for k, v in data.items() if v is not None}
+    event = Event(event_type, fields) if event_id is None else Event(event_type, fields, id=event_id)
     outbox.enqueue(store, event, [b for b in targets if b.target.wants(event_type)])
     known = {b.ref.key(): b.target for b in targets}
     send.report(send.flush(store, send.BUDGET_S if budget_s is None else budget_s, known=known), warn)
@@ -128,10 +130,12 @@ def attempt_lost(store: StateStore, config: Config, loaded: LoadedRecipe, run_id
     """A recovering run's attempt ended because its node went (run/recover.Attempt)."""
     if _is_trial(loaded):
         return
+    # The node's watchdog may have told the same preemption on the cloud's notice: the same id.
+    same = preemption_event_id(cluster, attempt.incarnation) if attempt.incarnation else None
     emit(store, EventType.RUN_PREEMPTED, _run_data(
         run_id, cluster, attempt.cloud, run_dir, status=attempt.outcome, attempt=attempt.number, reason=attempt.reason,
         instance_type=attempt.instance_type, region=attempt.zone or attempt.region), targets_of(config, loaded),
-        warn=warn)
+        warn=warn, event_id=same)
 
 
 @_never_fails

@@ -3,6 +3,7 @@ readable line (what a human channel shows). Plain data, no I/O."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import secrets
 import time
@@ -40,6 +41,15 @@ DEFAULT_ON: frozenset[EventType] = frozenset(EventType) - {EventType.RUN_STARTED
 
 # A run's or sweep's spend past this share of its budget is a budget.warning.
 BUDGET_WARNING_SHARE = 0.8
+
+
+def preemption_event_id(cluster: str, incarnation: str) -> str:
+    """One id for the preemption of one incarnation of a cluster, whoever tells it: each node's
+    watchdog on the cloud's notice (templates/watchdog.py `preemption_event_id`, the same rule) and
+    this machine when it sees the node gone. A receiver that keeps one event per webhook-id (as
+    Standard Webhooks asks) hears of it once, from whichever came first."""
+    digest = hashlib.sha256(f"run.preempted:{cluster}:{incarnation}".encode()).hexdigest()
+    return "msg_" + digest[:24]
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,10 @@ from cloudtrain.notify.targets import Bound, MissingVariable, expand
 if TYPE_CHECKING:
     from cloudtrain.state import StateStore
 
-NODE_EVENTS = (EventType.WATCHDOG_STOPPED, EventType.WATCHDOG_DELETED, EventType.DEADLINE_REACHED)
+# run.preempted: on the cloud's interruption notice, with the id this machine uses for the same
+# preemption (model.preemption_event_id), so a closed laptop still hears and an open one adds no second.
+NODE_EVENTS = (EventType.WATCHDOG_STOPPED, EventType.WATCHDOG_DELETED, EventType.DEADLINE_REACHED,
+               EventType.RUN_PREEMPTED)
 
 
 @dataclass(frozen=True)

@@ -239,6 +239,8 @@ def node_config(cluster: Cluster, node: Node, settings: Settings, action: Mappin
     config: dict[str, Any] = {
         "version": 1,
         "cluster": cluster.record.name,
+        # The incarnation: names this life of the cluster in the node's events (a preemption's id).
+        "incarnation": cluster.record.uid,
         "instance_id": node.record.instance_id,
         "rank": node.rank,
         "tick_s": _env_float(ENV_TICK_S) or DEFAULT_TICK_S,

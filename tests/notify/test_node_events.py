@@ -17,6 +17,7 @@ from standardwebhooks import Webhook
 
 from cloudtrain import paths
 from cloudtrain.notify import outbox
+from cloudtrain.notify.model import preemption_event_id
 from cloudtrain.notify.node import NodeTarget, node_config, node_secrets, node_targets, reconcile
 from cloudtrain.notify.signing import headers as laptop_headers
 from cloudtrain.notify.signing import new_secret, secret_key
@@ -184,10 +185,51 @@ def test_only_webhooks_that_want_a_node_event_go_to_the_node(monkeypatch: pytest
     warned: list[str] = []
     found = node_targets(targets, warned.append)
     assert [(t.name, t.on) for t in found] == [
-        ("a", ("watchdog.stopped", "watchdog.deleted", "deadline.reached")),
+        ("a", ("watchdog.stopped", "watchdog.deleted", "deadline.reached", "run.preempted")),
+        ("webhook https://b.example/…", ("run.preempted",)),  # run.*: the node's preemption notice
         ("webhook https://d.example/…", ("deadline.reached",))]
     assert len(warned) == 1 and "MISSING_SECRET" in warned[0]
     assert all(t.secret not in repr(t) and t.secret not in json.dumps(t.entry()) for t in found)
+
+
+def test_the_notice_tells_run_preempted_from_the_node_with_the_id_the_laptop_uses(
+        metadata_server: Any, tmp_path: Path) -> None:
+    """The cloud's interruption notice: the watchdog TERMs the jobs, then tells run.preempted itself
+    (a closed laptop still hears), signed, with the id this machine gives the same preemption when it
+    sees the node gone (notify/model.preemption_event_id): a receiver that dedupes by id hears it once."""
+    secret = new_secret()
+    root = tmp_path / "cluster"
+    (root / "runtime").mkdir(parents=True)
+    (root / "jobs").mkdir()
+    (root / "runtime" / "runner.sh").write_bytes((paths.templates_dir() / "runner.sh").read_bytes())
+    with receiving(secret) as receiver:
+        notify, secrets = _node_notify(receiver.url, secret, on=("run.preempted",))
+        cfg = {"cluster": "c1", "incarnation": "u-123", "instance_id": "i-1", "interruption": "aws",
+               "metadata_url": metadata_server.url, "tick_s": 1, "notify": notify}
+        config = root / "watchdog.json"
+        config.write_text(json.dumps(cfg))
+        wd.write_secrets(wd.Paths(str(config)), {"notify": notify}, secrets)
+        loop = wd.Watchdog(str(config))
+        loop.wake_in = 1.0
+        loop.watch_for_notice(cfg)
+        assert receiver.got == []  # no notice, nothing told
+        metadata_server.interrupt("aws", None)
+        loop.watch_for_notice(cfg)
+        wait_until(lambda: receiver.accepted(), what="run.preempted from the node")
+    (envelope,) = receiver.accepted()
+    assert envelope["type"] == "run.preempted" and envelope["source"] == "node"
+    assert envelope["id"] == preemption_event_id("c1", "u-123")
+    assert envelope["data"]["cluster"] == "c1" and envelope["data"]["jobs"] == []
+    assert envelope["data"]["reason"]  # what the notice said
+    wait_until(lambda: (root / wd.SENT_LOG).exists(), what="the sent-log")
+    (entry,) = [json.loads(x) for x in (root / wd.SENT_LOG).read_text().splitlines()]
+    assert entry["id"] == envelope["id"] and entry["status"] == "delivered"
+
+
+def test_the_laptop_and_the_node_name_a_preemption_alike() -> None:
+    for cluster, incarnation in (("c1", "u-123"), ("train-a", "0f3c9a7e-1b2d")):
+        assert wd.preemption_event_id(cluster, incarnation) == preemption_event_id(cluster, incarnation)
+    assert preemption_event_id("c1", "u-1") != preemption_event_id("c1", "u-2")
 
 
 def _sent(status: str, target: str = "config:#abcdef0123456789") -> dict[str, Any]:
