@@ -595,7 +595,10 @@ class FakeArm:
                 return 200, existing, {}
             if method == "PATCH":
                 existing["tags"] = dict(body.get("tags", existing.get("tags") or {}))
-                return 200, existing, self._start_op(region=existing["location"])
+                # A tag update is an operation on the VM: its ProvisioningState time moves too.
+                stamp = (lambda: existing["properties"].update(_provisioned_at=time.time())) \
+                    if ltype == "microsoft.compute/virtualmachines" else None
+                return 200, existing, self._start_op(stamp, region=existing["location"])
             if method == "DELETE":
                 return self._delete(ltype, key, existing)
         if existing is None:
@@ -1012,11 +1015,11 @@ class FakeArm:
         def running() -> None:
             if self.resources.get(vm["id"].lower()) is not vm:
                 return  # deleted while it was being created
-            props.update(provisioningState="Succeeded", _power="running")
+            props.update(provisioningState="Succeeded", _power="running", _provisioned_at=time.time())
             self._machine("boot", vm)
 
         def failed() -> None:
-            props.update(provisioningState="Failed", _power="deallocated")
+            props.update(provisioningState="Failed", _power="deallocated", _provisioned_at=time.time())
 
         error = None
         if fault is not None and fault.code in ASYNC_CODES:
@@ -1090,11 +1093,11 @@ class FakeArm:
             error = ArmError(fault.code, fault.message or _MESSAGES.get(fault.code, fault.code), 200)
 
         def done() -> None:
-            props.update(_power=after, provisioningState="Succeeded")
+            props.update(_power=after, provisioningState="Succeeded", _provisioned_at=time.time())
             self._machine("power_on" if after == "running" else "power_off", vm)
 
         def failed() -> None:
-            props.update(_power=before, provisioningState="Failed")
+            props.update(_power=before, provisioningState="Failed", _provisioned_at=time.time())
 
         return 202, None, self._start_op(done, error, failed, region=vm["location"])
 
@@ -1161,8 +1164,13 @@ class FakeArm:
     def _instance_view(self, vm: dict[str, Any]) -> dict[str, Any]:
         props = vm["properties"]
         state = props["provisioningState"].lower()
-        statuses = [{"code": f"ProvisioningState/{state}", "level": "Info" if state != "failed" else "Error",
-                     "displayStatus": f"Provisioning {state}"},
+        # As Azure's: the time is on the ProvisioningState status (when the VM's last operation
+        # ended: create, start, deallocate, an update), never on the PowerState one.
+        provisioning = {"code": f"ProvisioningState/{state}", "level": "Info" if state != "failed" else "Error",
+                        "displayStatus": f"Provisioning {state}"}
+        if props.get("_provisioned_at") and state in ("succeeded", "failed"):
+            provisioning["time"] = _arm_time(props["_provisioned_at"])
+        statuses = [provisioning,
                     {"code": f"PowerState/{props['_power']}", "level": "Info",
                      "displayStatus": {"running": "VM running", "deallocated": "VM deallocated",
                                        "stopped": "VM stopped"}.get(props["_power"], f"VM {props['_power']}")}]
@@ -1218,8 +1226,15 @@ class FakeArm:
                 self.resources.pop(vm["id"].lower(), None)
                 self._vm_deleted(vm)
             else:
-                vm["properties"]["_power"] = "deallocated"
+                # The platform's deallocation is an operation on the VM (its ProvisioningState time).
+                vm["properties"].update(_power="deallocated", _provisioned_at=time.time())
             self._machine("power_off", vm)
+
+
+def _arm_time(at: float) -> str:
+    """An instance view status time as ARM writes it: seven fractional digits, an offset."""
+    moment = datetime.datetime.fromtimestamp(at, datetime.UTC)
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond:06d}0+00:00"
 
 
 # ARM's limit on osProfile.customData, in base64 characters (64 KiB decoded).

@@ -227,8 +227,6 @@ class Azure(Adapter):
     cloud, region, instance_type = "azure", "eastus", "Standard_D2s_v5"
     fake: ArmServer
     VM = "Microsoft.Compute/virtualMachines"
-    lacks = {"stop time": "the fake ARM's instance view has no time on its PowerState status (the one "
-                          "provider.azure.records reads), so state_since is always None there"}
 
     def make(self) -> AzureProvider:
         return AzureProvider(**self.fake.config(region=self.region), polling_interval=0)
@@ -243,6 +241,13 @@ class Azure(Adapter):
 
     def reclaim(self, inst: Instance) -> None:
         self.fake.evict(inst.id.split(":")[1])
+
+    def stop_from_cloud(self, inst: Instance) -> tuple[float, float]:
+        # The platform deallocates it (as a spot eviction or the portal's Stop does): no call of
+        # ours. Azure records when the operation ended on the ProvisioningState status.
+        self.fake.evict(inst.id.split(":")[1])
+        at = float(self._vm(inst)["properties"]["_provisioned_at"])
+        return at, at
 
     def deadline(self, cluster: str) -> tuple[int, str]:
         (vm,) = self.fake.find(self.VM, group=f"cloudtrain-{cluster}-{self.region}")

@@ -103,8 +103,17 @@ def vm_record(group: str, vm: Any, nics: dict[str, Any], ips: dict[str, Any]) ->
 
 
 def _power_since(statuses: Any) -> float | None:
-    found = next((s.time for s in statuses if (s.code or "").startswith("PowerState/") and s.time), None)
-    return found.timestamp() if found is not None else None
+    """When the VM entered its power state, by Azure's clock. Azure puts no time on the PowerState
+    status; the ProvisioningState status has the end of the VM's last operation, which for a VM
+    that cloudtrain did not stop (the watchdog's deallocate, a spot eviction, the portal) is that
+    stop. A later update (a tag) moves it later: billed a little long, never short. A PowerState
+    time, where an API version gives one, wins."""
+    power = next((s.time for s in statuses if (s.code or "").startswith("PowerState/") and s.time), None)
+    if power is not None:
+        return float(power.timestamp())
+    settled = next((s.time for s in statuses if (s.code or "").lower().startswith("provisioningstate/succeeded")
+                    and s.time), None)
+    return float(settled.timestamp()) if settled is not None else None
 
 
 def _os_disk_gb(vm: Any) -> int | None:
