@@ -758,6 +758,9 @@ def perform(action: dict, cfg: dict) -> tuple[bool, str]:
 NOTIFY_BUDGET_S = 3.0  # all targets together: the stop waits no longer than this
 NOTIFY_WAITS = (0.2, 0.5, 1.0)  # between attempts, the same id on each
 SENT_LOG = "notify.sent.jsonl"  # what the node sent; the CLI reconciles it into its outbox
+# budget.warning: the running time passed this share of the budget (cloudtrain/notify/model.py
+# BUDGET_WARNING_SHARE, the laptop's for spend).
+BUDGET_WARNING_SHARE = 0.8
 NOTIFY_TYPES = {"stop": "watchdog.stopped", "delete": "watchdog.deleted"}  # a lease's end: deadline.reached
 SENT_KEEP = 50  # lines kept: the CLI records idempotently, and a node sends once per stop
 _SENT_LOCK = threading.Lock()  # the loop and a notice's sender thread may both append
@@ -1058,6 +1061,12 @@ class Watchdog:
             else:
                 self.state["used_s"] = float(self.state.get("used_s", 0.0)) + delta
             used = self.state["used_s"]
+            limit = float(budget["limit_s"])
+            if used >= BUDGET_WARNING_SHARE * limit and used < limit and not self.state.get("warned"):
+                # Once per budget (its epoch), kept across restarts: the laptop may be closed.
+                self.state["warned"] = True
+                self.tell_in_background(cfg, "budget.warning", "budget: {:.0f}s of running time of {:.0f}s ({:.0%}; {})".format(
+                    used, limit, used / limit, budget.get("why", "")), None, {"used_s": round(used), "limit_s": round(limit)})
             try:
                 write_json(self.paths.state, self.state)
             except OSError as exc:
@@ -1295,10 +1304,14 @@ class Watchdog:
         left, and with the laptop closed this is the only one who knows."""
         incarnation = cfg.get("incarnation")
         event_id = preemption_event_id(str(cfg.get("cluster")), str(incarnation)) if incarnation else None
+        self.tell_in_background(cfg, "run.preempted", detail, event_id, {"jobs": list(running)})
+
+    def tell_in_background(self, cfg: dict, kind: str, reason: str, event_id: str | None, extra: dict) -> None:
+        """`tell` in a thread of its own: the loop goes on (a notification never holds it)."""
 
         def send() -> None:
             try:
-                tell(cfg, self.paths, self.log, "run.preempted", detail, event_id, {"jobs": list(running)})
+                tell(cfg, self.paths, self.log, kind, reason, event_id, extra)
             except Exception as exc:  # noqa: BLE001 - a notification never holds the loop
                 self.log("error", f"notify: {type(exc).__name__}: {exc}")
 

@@ -23,8 +23,10 @@ if TYPE_CHECKING:
 
 # run.preempted: on the cloud's interruption notice, with the id this machine uses for the same
 # preemption (model.preemption_event_id), so a closed laptop still hears and an open one adds no second.
+# budget.warning: the cluster's running time passed 80% of its budget (max_hours / max_usd), told
+# by the node while it happens (the laptop's run-end budget.warning is about the run's spend).
 NODE_EVENTS = (EventType.WATCHDOG_STOPPED, EventType.WATCHDOG_DELETED, EventType.DEADLINE_REACHED,
-               EventType.RUN_PREEMPTED)
+               EventType.RUN_PREEMPTED, EventType.BUDGET_WARNING)
 
 
 @dataclass(frozen=True)

@@ -185,7 +185,7 @@ def test_only_webhooks_that_want_a_node_event_go_to_the_node(monkeypatch: pytest
     warned: list[str] = []
     found = node_targets(targets, warned.append)
     assert [(t.name, t.on) for t in found] == [
-        ("a", ("watchdog.stopped", "watchdog.deleted", "deadline.reached", "run.preempted")),
+        ("a", ("watchdog.stopped", "watchdog.deleted", "deadline.reached", "run.preempted", "budget.warning")),
         ("webhook https://b.example/…", ("run.preempted",)),  # run.*: the node's preemption notice
         ("webhook https://d.example/…", ("deadline.reached",))]
     assert len(warned) == 1 and "MISSING_SECRET" in warned[0]
@@ -224,6 +224,34 @@ def test_the_notice_tells_run_preempted_from_the_node_with_the_id_the_laptop_use
     wait_until(lambda: (root / wd.SENT_LOG).exists(), what="the sent-log")
     (entry,) = [json.loads(x) for x in (root / wd.SENT_LOG).read_text().splitlines()]
     assert entry["id"] == envelope["id"] and entry["status"] == "delivered"
+
+
+def test_the_node_warns_once_at_80_percent_of_its_budget_then_stops_at_the_limit(tmp_path: Path) -> None:
+    """The budget's running time passes 80% while a job runs: budget.warning from the node, once
+    (kept in its state across restarts), with the figures; at the limit the stop is told as usual."""
+    node = NodeDir(tmp_path / "home" / ".cloudtrain" / "wd")
+    marker = tmp_path / "powered-off"
+    secret = new_secret()
+    try:
+        with receiving(secret) as receiver:
+            notify, secrets = _node_notify(receiver.url, secret, on=("budget.warning", "watchdog.stopped"))
+            node.start_job("long", "sleep 300")
+            # 8.2 s of 10 s used on the laptop's bill: past 80% at once, the limit 1.8 s later.
+            config = node.config(budget={"limit_s": 10.0, "used_s": 8.2, "epoch": "e1", "why": "max_usd $1"},
+                                 action={"kind": "shutdown", "effect": "stop"}, notify=notify,
+                                 shutdown_command=marker_command(marker))
+            wd.write_secrets(wd.Paths(str(node.config_path)), {"notify": notify}, secrets)
+            node.write(**config)
+            node.run()
+            wait_until(lambda: marker.exists(), what="the budget stop")
+            wait_until(lambda: len(receiver.accepted()) >= 2, what="the warning and the stop told")
+        warning, stopped = sorted(receiver.accepted(), key=lambda e: e["timestamp"])
+        assert (warning["type"], stopped["type"]) == ("budget.warning", "watchdog.stopped"), receiver.accepted()
+        assert warning["data"]["limit_s"] == 10 and 8 <= warning["data"]["used_s"] < 10
+        assert "of 10s" in warning["data"]["reason"] and "max_usd $1" in warning["data"]["reason"]
+        assert json.loads((node.root / "watchdog.state.json").read_text())["warned"] is True
+    finally:
+        node.close()
 
 
 def test_the_laptop_and_the_node_name_a_preemption_alike() -> None:
