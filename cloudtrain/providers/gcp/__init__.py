@@ -34,7 +34,12 @@ instanceTerminationAction STOP or DELETE from the teardown policy; they can be s
 termination action: Compute Engine itself stops or deletes the VM if everything else fails.
 
 Waiting: operations through ZoneOperationsClient/GlobalOperationsClient.wait (server-side long
-polls); this module never sleeps and never opens SSH. The SDK is imported in the constructor only.
+polls); this module never sleeps and never opens SSH.
+
+Reading instances (`describe`, `list_tagged`, the read before a stop, start, delete or label) is
+Compute Engine's REST API without the SDK (api.ComputeApi.get_json): an instance is its JSON here
+(build.instance_record reads it), so `status --refresh` never imports google.cloud.compute_v1
+(2-4 s). The SDK is imported on the first write or launch lookup (api.ComputeApi.v1).
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ import os
 import uuid
 from collections.abc import Sequence
 from typing import Any
+from urllib.parse import quote
 
 from cloudtrain.catalog import Catalog, default_catalog
 from cloudtrain.config import Config
@@ -343,7 +349,7 @@ class GcpProvider:
                            previous)
         self._name_buckets([(z, n, self._raw(z, n)) for z, n, _ in vms], now)
 
-    def _name_buckets(self, vms: Sequence[tuple[str, str, Any]], buckets: set[str]) -> None:
+    def _name_buckets(self, vms: Sequence[tuple[str, str, dict[str, Any] | None]], buckets: set[str]) -> None:
         """Write `buckets` as each VM's `cloudtrain-buckets` metadata (instances.setMetadata with the
         fingerprint read, so a concurrent change is refused rather than lost)."""
         client = self.api.client("instances")
@@ -351,7 +357,7 @@ class GcpProvider:
             if raw is None or build.instance_buckets(raw) == buckets:
                 continue
             items = build.metadata_with_buckets(raw, sorted(buckets))
-            metadata = self.api.v1.Metadata(fingerprint=raw.metadata.fingerprint, items=items)
+            metadata = self.api.v1.Metadata(fingerprint=raw["metadata"]["fingerprint"], items=items)
             operation = self.api.call(f"naming the buckets in {name}'s metadata", client.set_metadata_unary,
                                       project=self.api.project, zone=zone, instance=name, metadata_resource=metadata)
             self.api.wait(f"naming the buckets in {name}'s metadata", operation, zone)
@@ -427,18 +433,19 @@ class GcpProvider:
         for value in dict.fromkeys(ids):
             parsed = build.parse_instance_id(value)
             raw = self._raw(*parsed) if parsed else None
-            if raw is None or parsed is None or raw.status in build.STOPPED_STATUSES:
+            if raw is None or parsed is None or raw.get("status") in build.STOPPED_STATUSES:
                 continue  # gone, or stopped: nothing runs there to vouch for
-            labels = {**dict(raw.labels or {}), TAG_ALIVE: alive_value(at)}
+            labels = {**dict(raw.get("labels") or {}), TAG_ALIVE: alive_value(at)}
             self.api.call(f"labelling {parsed[1]}", instances.set_labels_unary, project=self.api.project,
                           zone=parsed[0], instance=parsed[1], instances_set_labels_request_resource={
-                              "labels": labels, "label_fingerprint": raw.label_fingerprint})
+                              "labels": labels, "label_fingerprint": raw.get("labelFingerprint", "")})
 
     def stop(self, ids: Sequence[str]) -> None:
         instances = self.api.client("instances")
         pending = [(zone, name, self.api.call(f"stopping {name}", instances.stop_unary, project=self.api.project,
                                               zone=zone, instance=name))
-                   for zone, name, raw in self._existing(ids, "stop") if raw.status not in build.STOPPED_STATUSES]
+                   for zone, name, raw in self._existing(ids, "stop")
+                   if raw.get("status") not in build.STOPPED_STATUSES]
         for zone, name, operation in pending:
             self.api.wait(f"stopping {name}", operation, zone)
 
@@ -446,7 +453,8 @@ class GcpProvider:
         instances = self.api.client("instances")
         pending = [(zone, name, self.api.call(f"starting {name}", instances.start_unary, project=self.api.project,
                                               zone=zone, instance=name))
-                   for zone, name, raw in self._existing(ids, "start") if raw.status not in build.STARTED_STATUSES]
+                   for zone, name, raw in self._existing(ids, "start")
+                   if raw.get("status") not in build.STARTED_STATUSES]
         for zone, name, operation in pending:
             try:
                 self.api.wait(f"starting {name}", operation, zone)
@@ -471,7 +479,7 @@ class GcpProvider:
                 continue
             zone, name = parsed
             raw = self._raw(zone, name)
-            cluster = dict(raw.labels).get(TAG_CLUSTER, "") if raw is not None else build.cluster_of_name(name)
+            cluster = (raw.get("labels") or {}).get(TAG_CLUSTER, "") if raw is not None else build.cluster_of_name(name)
             clusters.add(cluster)
             self._read_vms.add(cluster)
             if raw is None:
@@ -528,20 +536,21 @@ class GcpProvider:
 
     # helpers -----------------------------------------------------------------------------------
 
-    def _tagged(self, cluster: str | None) -> list[tuple[str, Any]]:
+    def _tagged(self, cluster: str | None) -> list[tuple[str, dict[str, Any]]]:
+        """(zone, instance JSON) of the cluster's (or every cloudtrain) instance of this owner."""
         terms = [f'(labels.{TAG_CLUSTER} = "{build.label_value(cluster)}")' if cluster else f"(labels.{TAG_CLUSTER}:*)"]
         if self.owner:
             terms.append(f'(labels.{TAG_OWNER} = "{self.owner}")')
-        return self.api.aggregated("listing instances", self.api.client("instances").aggregated_list, "instances",
-                                   project=self.api.project, filter=" ".join(terms))
+        return self.api.aggregated_json("listing instances", "instances", filter=" ".join(terms))
 
     def _live_count(self, cluster: str) -> int:
         return len(self._tagged(cluster))
 
-    def _raw(self, zone: str, name: str) -> Any | None:
+    def _raw(self, zone: str, name: str) -> dict[str, Any] | None:
+        """The instance's JSON (instances.get), None when it is gone."""
         try:
-            return self.api.call(f"reading {name}", self.api.client("instances").get, project=self.api.project,
-                                 zone=zone, instance=name)
+            return self.api.get_json(f"reading {name}",
+                                     f"zones/{quote(zone, safe='')}/instances/{quote(name, safe='')}")
         except GcpApiError as exc:
             if exc.not_found:
                 return None
@@ -553,7 +562,7 @@ class GcpProvider:
             raise ProviderError(f"instance {name} in {zone} vanished right after it was created")
         return build.instance_record(raw, zone)
 
-    def _existing(self, ids: Sequence[str], verb: str) -> list[tuple[str, str, Any]]:
+    def _existing(self, ids: Sequence[str], verb: str) -> list[tuple[str, str, dict[str, Any]]]:
         found, gone = [], []
         for value in ids:
             parsed = build.parse_instance_id(value)

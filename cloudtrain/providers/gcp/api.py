@@ -3,7 +3,15 @@
 Credentials come from google-auth's default chain (GOOGLE_APPLICATION_CREDENTIALS, gcloud's
 application-default login, the metadata server on GCE, workload identity federation). The project
 comes from the config (`gcp.project`), then GOOGLE_CLOUD_PROJECT / CLOUDSDK_CORE_PROJECT, then the
-credentials' own project. Every client speaks REST to `gcp.api_endpoint` when the config names one.
+credentials' own project. Every call speaks REST to `gcp.api_endpoint` when the config names one.
+
+Reads of instances (instances.get, instances.aggregatedList: `describe`, `list_tagged`, `status
+--refresh`) are the REST calls the SDK makes, sent here with google-auth's AuthorizedSession
+(`get_json`): google.cloud.compute_v1 imports in 2-4 s (its package imports every service), which
+a read has no use for. Everything that changes something (creates, stops, starts, deletes,
+firewalls, disks) and the launch's lookups keep the SDK. Both go through `call`: an HTTP error
+of a read is turned into google-api-core's exception by google-api-core's own
+`from_http_response` (what the SDK's transport does), then mapped like every other.
 
 Long-running calls use `*_unary` and `ZoneOperationsClient.wait` / `GlobalOperationsClient.wait`:
 the SDK's `insert(...).result()` polls the public endpoint whatever endpoint the client has. `wait`
@@ -45,11 +53,13 @@ from cloudtrain.errors import (
     UsageError,
 )
 from cloudtrain.providers.base import CredentialStatus
+from cloudtrain.providers.gcp.build import api_base
 
 log = logging.getLogger("cloudtrain.providers.gcp")
 
 SCOPES = ("https://www.googleapis.com/auth/cloud-platform",)
 PUBLIC_ENDPOINT = "https://compute.googleapis.com"
+DEFAULT_HOST = "compute.googleapis.com"  # a self-signed JWT's audience when it has no scopes (as the SDK)
 CALL_TIMEOUT_S = 60.0
 OPERATION_DEADLINE_S = 20 * 60.0  # one create, start, stop or delete; `wait` returns within ~2 min
 NO_CREDENTIALS = ("no GCP credentials found (run `gcloud auth application-default login` or set "
@@ -167,6 +177,7 @@ class ComputeApi:
         self.endpoint = api_endpoint
         self._credentials: tuple[Any, str | None] | None = None
         self._clients: dict[str, Any] = {}
+        self._session: Any = None  # the AuthorizedSession of the REST reads, made on first use
         self._clients_lock = threading.Lock()
         self.backoff = Backoff()
 
@@ -261,6 +272,50 @@ class ComputeApi:
             self._clients[kind] = getattr(self.v1, name)(credentials=credentials, transport="rest",
                                                          client_options=options)
         return self._clients[kind]
+
+    def session(self) -> Any:
+        """The AuthorizedSession of the REST reads, with the credentials the SDK's clients get: a
+        service account signs its own JWTs (no token exchange), as the SDK's transports have it."""
+        with self._clients_lock:
+            if self._session is None:
+                from google.auth.transport.requests import AuthorizedSession
+                from google.oauth2 import service_account
+
+                credentials, _ = self.credentials()
+                if isinstance(credentials, service_account.Credentials):
+                    credentials = credentials.with_always_use_jwt_access(True)
+                self._session = AuthorizedSession(credentials, default_host=DEFAULT_HOST)
+            return self._session
+
+    def get_json(self, what: str, path: str, /, **params: str) -> dict[str, Any]:
+        """GET {endpoint}/compute/v1/projects/{project}/{path}: Compute Engine's JSON answer, with
+        errors and retries as `call` has them for the SDK."""
+        url = f"{api_base(self.endpoint or PUBLIC_ENDPOINT)}/compute/v1/projects/{self.project}/{path}"
+        session = self.session()
+
+        def get(timeout: float) -> dict[str, Any]:
+            response = session.get(url, params=params or None, timeout=timeout)
+            if response.status_code >= 400:
+                # The SDK's transport does exactly this; imported on an error only.
+                raise self._api_errors.from_http_response(response)
+            found: dict[str, Any] = response.json()
+            return found
+
+        return self.call(what, get)
+
+    def aggregated_json(self, what: str, kind: str, /, **params: str) -> list[tuple[str, dict[str, Any]]]:
+        """(zone, item) for every item of `aggregated/{kind}` (e.g. instances) across zones, every
+        page read (each page its own call: a retry repeats one page, not the listing)."""
+        found: list[tuple[str, dict[str, Any]]] = []
+        token = ""
+        while True:
+            page = self.get_json(what, f"aggregated/{kind}", **params, **({"pageToken": token} if token else {}))
+            for scope, scoped in (page.get("items") or {}).items():
+                if scope.startswith("zones/"):
+                    found += [(scope.split("/", 1)[1], item) for item in scoped.get(kind) or ()]
+            token = page.get("nextPageToken") or ""
+            if not token:
+                return found
 
     def call(self, what: str, fn: Callable[..., Any], /, **kwargs: Any) -> Any:
         """One API call (or a pager read to the end by `fn`), errors turned into ours; a retryable

@@ -1,8 +1,10 @@
 """Pure pieces of the `gcp` provider: names, labels, instance types, request bodies and records.
 
-Nothing here imports the SDK or talks to Google: bodies are plain dicts with the SDK's snake_case
-field names (`compute_v1.Instance(body)` takes them as they are), and `instance_record` reads the
-SDK's objects by attribute. So every rule below is testable on its own.
+Nothing here imports the SDK or talks to Google: request bodies are plain dicts with the SDK's
+snake_case field names (`compute_v1.Instance(body)` takes them as they are); instances are read as
+Compute Engine's own JSON (camelCase, int64 as strings: `instance_record` and the helpers below),
+which is what the provider's read path gets (api.ComputeApi.get_json, no SDK). So every rule below
+is testable on its own.
 
 Instance types come from the catalog (catalog_data/gcp.csv). GPUs that attach to an N1 machine are
 part of the type's name, `<machine>+<gpu>x<count>` (e.g. `n1-standard-4+t4x1`), because a placement
@@ -307,12 +309,17 @@ def instance_body(*, name: str, zone: str, machine: MachineChoice, image: ImageC
     return body
 
 
+def api_base(api_endpoint: str) -> str:
+    """The URL in front of `/compute/v1/...` for a configured endpoint: the SDK takes a bare host
+    (and then speaks https) as well as a URL."""
+    base = api_endpoint.rstrip("/")
+    return base if "://" in base else "https://" + base
+
+
 def delete_action(api_endpoint: str, project: str, zone: str, name: str) -> dict[str, Any]:
     """The watchdog's delete of its own VM (docs/watchdog.md, the action contract): instances.delete
     on the configured endpoint with the VM's service-account token from the metadata server."""
-    base = api_endpoint.rstrip("/")
-    if "://" not in base:
-        base = "https://" + base  # the SDK takes a bare host as its endpoint too
+    base = api_base(api_endpoint)
     return {"kind": "http", "effect": "delete", "method": "DELETE",
             "url": f"{base}/compute/v1/projects/{project}/zones/{zone}/instances/{name}",
             "token": {"url": METADATA_TOKEN_URL, "headers": {"Metadata-Flavor": "Google"}, "field": "access_token"},
@@ -324,37 +331,38 @@ def mark_action(api_endpoint: str, project: str, zone: str, name: str) -> dict[s
     the labels and their fingerprint, then instances.setLabels with the mark set, with the VM's
     service-account token (the `compute` scope: `compute.readonly` cannot set labels). A 412 (the
     labels changed since the read) reads again."""
-    base = api_endpoint.rstrip("/")
-    if "://" not in base:
-        base = "https://" + base
-    url = f"{base}/compute/v1/projects/{project}/zones/{zone}/instances/{name}"
+    url = f"{api_base(api_endpoint)}/compute/v1/projects/{project}/zones/{zone}/instances/{name}"
     return {"kind": "http-mark", "key": TAG_ALIVE, "get": url, "field": "labels", "fingerprint": "labelFingerprint",
             "method": "POST", "url": f"{url}/setLabels", "ok": [200], "retry": [412],
             "token": {"url": METADATA_TOKEN_URL, "headers": {"Metadata-Flavor": "Google"}, "field": "access_token"}}
 
 
-def can_delete_itself(raw: Any) -> bool:
-    """Whether an SDK Instance runs as a service account whose scopes allow instances.delete."""
-    return any(set(account.scopes) & DELETE_SCOPES for account in raw.service_accounts)
+def can_delete_itself(raw: Mapping[str, Any]) -> bool:
+    """Whether an instance (JSON) runs as a service account whose scopes allow instances.delete."""
+    return any(set(account.get("scopes") or ()) & DELETE_SCOPES for account in raw.get("serviceAccounts") or ())
 
 
-def instance_buckets(raw: Any) -> set[str]:
-    """The GCS buckets an SDK Instance's service account was bound to at launch (its metadata)."""
-    items = getattr(getattr(raw, "metadata", None), "items", None) or []
-    return {b for item in items if item.key == METADATA_BUCKETS for b in (item.value or "").split()}
+def _metadata_items(raw: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    return list((raw.get("metadata") or {}).get("items") or ())
 
 
-def metadata_with_buckets(raw: Any, buckets: list[str]) -> list[dict[str, str]]:
-    """An SDK Instance's metadata items with `cloudtrain-buckets` set to `buckets` (gone if none)."""
-    items = [{"key": item.key, "value": item.value} for item in (raw.metadata.items or [])
-             if item.key != METADATA_BUCKETS]
+def instance_buckets(raw: Mapping[str, Any]) -> set[str]:
+    """The GCS buckets an instance's (JSON) service account was bound to at launch (its metadata)."""
+    return {b for item in _metadata_items(raw) if item.get("key") == METADATA_BUCKETS
+            for b in (item.get("value") or "").split()}
+
+
+def metadata_with_buckets(raw: Mapping[str, Any], buckets: list[str]) -> list[dict[str, str]]:
+    """An instance's (JSON) metadata items with `cloudtrain-buckets` set to `buckets` (gone if none)."""
+    items = [{"key": item["key"], "value": item.get("value", "")} for item in _metadata_items(raw)
+             if item.get("key") != METADATA_BUCKETS]
     return items + ([{"key": METADATA_BUCKETS, "value": " ".join(buckets)}] if buckets else [])
 
 
-def can_use_storage(raw: Any, write: bool) -> bool:
-    """Whether an SDK Instance runs as a service account whose scopes reach GCS (for writing)."""
+def can_use_storage(raw: Mapping[str, Any], write: bool) -> bool:
+    """Whether an instance (JSON) runs as a service account whose scopes reach GCS (for writing)."""
     wanted = STORAGE_WRITE_SCOPES if write else STORAGE_WRITE_SCOPES | {STORAGE_READ_SCOPE}
-    return any(set(account.scopes) & wanted for account in raw.service_accounts)
+    return any(set(account.get("scopes") or ()) & wanted for account in raw.get("serviceAccounts") or ())
 
 
 def metadata_identity(name: str) -> dict[str, Any]:
@@ -404,24 +412,29 @@ def firewall_bodies(cluster: str, owner: str, cidr: str, nodes: int) -> dict[str
 # records -----------------------------------------------------------------------------------------
 
 
-def instance_record(raw: Any, zone: str) -> Instance:
-    """An SDK Instance -> ours. The login user: our label when it is not the default one."""
-    labels_ = dict(raw.labels or {})
+def instance_record(raw: Mapping[str, Any], zone: str) -> Instance:
+    """An instance as Compute Engine's JSON has it (instances.get, aggregatedList) -> ours. Absent
+    fields are absent (not the SDK's zero values); int64 fields (diskSizeGb) are strings. The login
+    user: our label when it is not the default one."""
+    labels_ = dict(raw.get("labels") or {})
+    status = raw.get("status", "")
     public_ip = private_ip = None
-    if raw.network_interfaces:
-        nic = raw.network_interfaces[0]
-        private_ip = nic.network_i_p or None
-        public_ip = next((c.nat_i_p for c in nic.access_configs if c.nat_i_p), None)
-    accelerators = [(last_part(a.accelerator_type), a.accelerator_count) for a in raw.guest_accelerators]
-    started = raw.last_start_timestamp or raw.creation_timestamp
+    nics = raw.get("networkInterfaces") or []
+    if nics:
+        private_ip = nics[0].get("networkIP") or None
+        public_ip = next((c["natIP"] for c in nics[0].get("accessConfigs") or () if c.get("natIP")), None)
+    accelerators = [(last_part(a.get("acceleratorType", "")), int(a.get("acceleratorCount", 0)))
+                    for a in raw.get("guestAccelerators") or ()]
+    machine_type = raw.get("machineType", "")
+    started = raw.get("lastStartTimestamp") or raw.get("creationTimestamp", "")
     return Instance(
-        id=instance_id(zone, raw.name),
+        id=instance_id(zone, raw["name"]),
         cluster=labels_.get(TAG_CLUSTER, ""),
         incarnation=labels_.get(TAG_INCARNATION),
         alive_at=alive_of(labels_),
         expiry=expiry_of(labels_),
-        state=STATES.get(raw.status, InstanceState.UNKNOWN),
-        instance_type=instance_type_name(last_part(raw.machine_type), accelerators) if raw.machine_type else None,
+        state=STATES.get(status, InstanceState.UNKNOWN),
+        instance_type=instance_type_name(last_part(machine_type), accelerators) if machine_type else None,
         region=region_of(zone),
         zone=zone,
         public_ip=public_ip,
@@ -429,12 +442,13 @@ def instance_record(raw: Any, zone: str) -> Instance:
         ssh_user=labels_.get(LABEL_SSH_USER, SSH_USER),
         launched_at=_timestamp(started),
         # For gc's price of a leak: spot is billed at the spot price, a stopped VM for its disks.
-        spot=bool(raw.scheduling and raw.scheduling.provisioning_model == "SPOT"),
-        disk_gb=sum(d.disk_size_gb for d in raw.disks if d.disk_size_gb) or None,
+        spot=(raw.get("scheduling") or {}).get("provisioningModel") == "SPOT",
+        disk_gb=sum(int(d.get("diskSizeGb") or 0) for d in raw.get("disks") or ()) or None,
         # When it entered its state, by GCE's clock (the ledger bills from it): the last start for
         # a running VM, the last stop for a stopped one.
-        state_since=_timestamp(raw.last_start_timestamp) if raw.status == "RUNNING"
-        else _timestamp(raw.last_stop_timestamp) if raw.status in ("TERMINATED", "STOPPING", "SUSPENDED") else None,
+        state_since=_timestamp(raw.get("lastStartTimestamp", "")) if status == "RUNNING"
+        else _timestamp(raw.get("lastStopTimestamp", "")) if status in ("TERMINATED", "STOPPING", "SUSPENDED")
+        else None,
     )
 
 
