@@ -45,6 +45,7 @@ from cloudtrain.testing.gcp import (
     GceServer,
 )
 
+from cloudtrain.providers.deadline import deadline_seconds
 from cloudtrain.providers.gcp import GcpProvider, build, make_provider
 from cloudtrain.providers.gcp.api import NO_CREDENTIALS, Backoff
 from tests.lazy import requires
@@ -216,15 +217,16 @@ def test_max_run_s_becomes_max_run_duration_and_gcp_enforces_it(gce_server: GceS
     (spot,) = provider.launch(spec("budgetspot", max_run_s=1800.4, spot=True, shutdown_behavior="terminate"), 1)
     standard, preemptible = inserted(gce_server)
     assert standard["scheduling"] == {"onHostMaintenance": "MIGRATE", "automaticRestart": True,
-                                      "maxRunDuration": {"seconds": "7200"}, "instanceTerminationAction": "STOP"}
-    assert preemptible["scheduling"]["maxRunDuration"] == {"seconds": "1800"}
+                                      "maxRunDuration": {"seconds": "7230"}, "instanceTerminationAction": "STOP"}
+    # The budget and the backstop's grace (providers/deadline.py): the watchdog acts first.
+    assert preemptible["scheduling"]["maxRunDuration"] == {"seconds": str(deadline_seconds(1800.4))} == {"seconds": "1831"}
     assert preemptible["scheduling"]["instanceTerminationAction"] == "DELETE"
-    gce_server.advance(1801)  # the spot VM's limit passes: Compute Engine deletes it
+    gce_server.advance(1832)  # the spot VM's limit passes: Compute Engine deletes it
     assert [i.state for i in provider.describe([inst.id, spot.id])] == [InstanceState.RUNNING, InstanceState.TERMINATED]
     gce_server.advance(7200)
     assert [i.state for i in provider.describe([inst.id])] == [InstanceState.STOPPED]
-    provider.launch(spec("tiny", max_run_s=5), 1)  # below the API's 30 s minimum: asked for 30 s
-    assert inserted(gce_server)[-1]["scheduling"]["maxRunDuration"] == {"seconds": "30"}
+    provider.launch(spec("tiny", max_run_s=5), 1)  # 5 s and the grace: 35 s
+    assert inserted(gce_server)[-1]["scheduling"]["maxRunDuration"] == {"seconds": "35"}
 
 
 def test_a_watchdog_stops_its_vm_by_shutting_it_down_and_deletes_it_with_its_service_account(

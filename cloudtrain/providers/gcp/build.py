@@ -23,6 +23,7 @@ from typing import Any
 
 from cloudtrain.expiry import expiry_of
 from cloudtrain.errors import NotAvailableError, UsageError
+from cloudtrain.providers.deadline import deadline_seconds
 from cloudtrain.providers.base import TAG_ALIVE, TAG_CLUSTER, TAG_INCARNATION, TAG_OWNER, Instance, InstanceState, alive_of
 
 SSH_USER = "cloudtrain"  # the login user our key is installed for (the guest agent creates it)
@@ -258,7 +259,9 @@ def scheduling(*, spot: bool, gpu: bool, shutdown: str, max_run_s: float | None)
     if spot:
         body.update(provisioning_model="SPOT", instance_termination_action=action)
     if max_run_s is not None:
-        seconds = min(max(int(max_run_s), MIN_RUN_SECONDS), MAX_RUN_SECONDS)
+        # The backstop's own grace (providers/deadline.py): an installed watchdog acts first, with
+        # its log, its notification and its exact count; Compute Engine only when it is not there.
+        seconds = min(max(deadline_seconds(max_run_s), MIN_RUN_SECONDS), MAX_RUN_SECONDS)
         body.update(max_run_duration={"seconds": seconds}, instance_termination_action=action)
     return body
 
