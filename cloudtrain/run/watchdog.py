@@ -126,7 +126,10 @@ class Settings:
             gpu = self.autostop.get("gpu_util_below")
             parts.append(f"autostop after {when} idle ({'delete' if self.down else 'stop'}; "
                          f"waits for {waits[self.autostop['wait_for']]}"
-                         + (f"; a job counts while a GPU is at {gpu:g}% or more" if gpu is not None else "") + ")")
+                         + (f"; a job counts while a GPU is at {gpu:g}% or more" if gpu is not None else "")
+                         + (f"; deleted {days} day(s) after the stop by `cloudtrain gc --expired`"
+                            if (days := self.autostop.get("delete_after_stopped_days")) and not self.down else "")
+                         + ")")
         else:
             parts.append("autostop off")
         if self.budget:
@@ -390,9 +393,11 @@ def start_from_recipe(store: StateStore, cluster: Cluster, nodes: Sequence[Node]
 
 
 def set_autostop(lc: Lifecycle, name: str, idle_minutes: float | None, down: bool, wait_for: str, cancel: bool,
-                 reporter: Reporter) -> tuple[Settings, list[NodeResult]]:
+                 reporter: Reporter, gpu_util_below: float | None = None,
+                 delete_after_stopped_days: int | None = None) -> tuple[Settings, list[NodeResult]]:
     """`cloudtrain autostop`: change (or cancel) autostop on a running cluster, live. The budget
-    the recipe set stays as the nodes have it."""
+    the recipe set stays as the nodes have it; the new autostop replaces the old one whole (a GPU
+    threshold or a delete-after the command does not give is off)."""
     from cloudtrain.cluster.nodes import close_all, connect
     from cloudtrain.preflight import autostop_problem
 
@@ -408,7 +413,8 @@ def set_autostop(lc: Lifecycle, name: str, idle_minutes: float | None, down: boo
         raise UsageError(f"cluster {name!r} is {cluster.record.status}: its watchdog cannot be reached",
                          hint=f"`cloudtrain start {name}` first" if cluster.record.status == ClusterStatus.STOPPED
                          else f"`cloudtrain status {name} --refresh`")
-    autostop = None if cancel else autostop_settings(float(idle_minutes or 0), down, wait_for)
+    autostop = None if cancel else autostop_settings(float(idle_minutes or 0), down, wait_for, gpu_util_below,
+                                                     delete_after_stopped_days)
     settings = Settings(autostop, None, keep=("budget", "lease"))
     nodes = connect(list(cluster.nodes), cluster.provider, lc.config)
     try:

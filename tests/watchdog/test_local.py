@@ -85,6 +85,16 @@ def test_autostop_changes_a_running_cluster_live(local_cloud: LocalCloud, fast_w
 
     bad = autostop_cli(local_cloud, cluster)
     assert bad.returncode == 2 and "how long may the cluster be idle" in bad.stderr, bad.stderr
+    # The GPU rule and the delete-after-stop, live too: what the node's watchdog now enforces.
+    armed = autostop_cli(local_cloud, cluster, "-i", "90", "--wait-for", "jobs", "--gpu-util-below", "10",
+                         "--delete-after-stopped-days", "7")
+    assert armed.returncode == 0, armed.stdout + armed.stderr
+    said = armed.stdout + armed.stderr
+    assert "a GPU is at 10% or more" in said and "deleted 7 day(s) after the stop" in said, said
+    node_config = json.loads((node_home(local_cloud, cluster) / ".cloudtrain" / cluster / "watchdog.json").read_text())
+    assert node_config["autostop"]["gpu_util_below"] == 10 and node_config["autostop"]["delete_after_stopped_days"] == 7
+    refused = autostop_cli(local_cloud, cluster, "-i", "1", "--wait-for", "none", "--gpu-util-below", "10")
+    assert refused.returncode == 2 and "--gpu-util-below judges running jobs" in refused.stderr, refused.stderr
     live = autostop_cli(local_cloud, cluster, "-i", "1", "--down")
     assert live.returncode == 0, live.stdout + live.stderr
     assert "autostop after 1s idle (delete" in live.stdout + live.stderr
