@@ -74,10 +74,34 @@ def migrate(url: str, *, init: bool = False, to: int = PG_SCHEMA_VERSION) -> Mig
                 raise
             conn.execute("COMMIT")
             applied.append(step + 1)
+        if to == PG_SCHEMA_VERSION:
+            _create_study_tables(url)
         conn.execute(f"SELECT pg_advisory_unlock({pg.MIGRATE_LOCK})")
         return Migrated(before or 0, max([before or 0, *applied]), tuple(applied))
     finally:
         conn.close()
+
+
+def _create_study_tables(url: str) -> None:
+    """Sweeps keep their Optuna study in the team database (sweep/space.py), in Optuna's own tables,
+    which members may not create: made here, under the migration lock. Optuna's schema is Optuna's
+    (not a version of ours); without Optuna installed there is nothing to make."""
+    try:
+        from cloudtrain.sweep.space import create_study_tables
+    except ImportError:
+        return
+    create_study_tables(url)
+
+
+def _study_tables(conn: Any) -> list[str]:
+    """Optuna's tables that the database holds (`_create_study_tables`), for the members' grants."""
+    try:
+        from cloudtrain.sweep.space import study_tables
+    except ImportError:
+        return []
+    names = list(study_tables())
+    return [r[0] for r in conn.execute("SELECT tablename FROM pg_tables WHERE schemaname = current_schema() "
+                                       "AND tablename = ANY(%s) ORDER BY tablename", (names,)).fetchall()]
 
 
 def grants(url: str) -> str:
@@ -86,9 +110,10 @@ def grants(url: str) -> str:
     conn = pg.connect(url)
     try:
         database, schema = conn.execute("SELECT current_database(), current_schema()").fetchone()
+        study = _study_tables(conn)
     finally:
         conn.close()
-    tables = ", ".join(_ident(schema) + "." + t for t in PG_TABLES)
+    tables = ", ".join(_ident(schema) + "." + t for t in (*PG_TABLES, *study))
     member = MEMBER_ROLE
     return "\n".join([
         f"CREATE ROLE {member} NOLOGIN;",

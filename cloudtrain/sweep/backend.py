@@ -510,17 +510,24 @@ class PipelineBackend:
 
     # recovery --------------------------------------------------------------------------------------
 
-    def recover(self, snapshot: Snapshot) -> list[Event]:
+    def recover(self, snapshot: Snapshot, unreachable: Mapping[str, str] | None = None) -> list[Event]:
+        """`unreachable`: {VM: why} this machine cannot use (a team's other machine launched them,
+        session.py): taken down as the VMs that vanished are, their attempts ended."""
+        from cloudtrain.cluster.lifecycle import Lifecycle
+        from cloudtrain.config import ALL_OWNERS
         from cloudtrain.state import ClusterStatus
 
         events: list[Event] = []
         lc = self._lifecycle()
+        # Another machine's VMs, key pair and firewall carry its owner tag: taken down with every
+        # owner's tags in view (as `down --force` of a teammate's cluster, cli/cluster.py).
+        theirs = Lifecycle(lc.store, self.config.model_copy(update={"owner": ALL_OWNERS}), lc.reporter)
         try:
             # VMs that went away while no CLI ran (their lease ended, or preempted): state still calls
             # them up. One describe per VM.
-            vanished: dict[str, str] = {}
+            vanished: dict[str, str] = dict(unreachable or {})
             for vm in snapshot.vms:
-                if vm.live:
+                if vm.live and vm.id not in vanished:
                     why = self._vanished(lc, self.cluster(vm.id))
                     if why is not None:
                         vanished[vm.id] = why
@@ -539,7 +546,8 @@ class PipelineBackend:
                     booting = vm.state == VmState.BOOTING
                     why = f"cluster {name} did not come up" if booting else (vanished.get(vm.id)
                                                                           or f"cluster {name} is gone")
-                    events.append(self._take_down(lc, vm.id, why, booting=booting))
+                    events.append(self._take_down(theirs if vm.id in (unreachable or {}) else lc, vm.id, why,
+                                                  booting=booting))
                 elif vm.state == VmState.BOOTING:
                     events.append(VmReady(vm.id, now, record.hourly_price))
         finally:
@@ -551,9 +559,10 @@ class PipelineBackend:
         from cloudtrain.state import RunStatus
 
         cluster = self.cluster(vm)
+        # By the attempt's directory name: another machine (a team's) kept its results elsewhere.
         runs_dir = attempt_dir(self.results_dir, trial, number).resolve()
         run = next((r for r in lc.store.list_runs(cluster=cluster, limit=1000)
-                    if r.run_dir and Path(r.run_dir).parent == runs_dir), None)
+                    if r.run_dir and Path(r.run_dir).parent.name == runs_dir.name), None)
         now = time.time()
         if run is None:
             return [AttemptEnded(trial, number, now, Outcome.NOT_STARTED, error="the CLI died before it started")]
@@ -561,6 +570,10 @@ class PipelineBackend:
         if stopping is not None:
             handle.token.stop(StopKind.STOPPED, stopping)
         self.handles[(trial, number)] = handle
+        if run.status != RunStatus.RUNNING and Path(run.run_dir or "").parent != runs_dir:
+            # It ended, and its results are on the machine that ran it: nothing here to judge.
+            return [AttemptEnded(trial, number, run.ended_at or now, Outcome.LOST,
+                                 error=f"its results are in {run.run_dir} on another machine")]
         if run.status != RunStatus.RUNNING:
             outcome, value, error = self.judge(Path(run.run_dir or ""), run.status, run.exit_code, run.error, handle)
             return [AttemptEnded(trial, number, run.ended_at or now, outcome, value, error)]

@@ -1,10 +1,20 @@
 """Optuna behind the scheduler's `Sampler`: ask-and-tell sampling (grid, random, TPE) and pruning
 (successive halving, Hyperband) on the per-epoch metric.
 
-The study lives under the cloudtrain home, in Optuna's journal storage (an append-only file with
-locking, safe against a killed process): an ask plus a tell costs ~1.5 ms there against ~22 ms
-in Optuna's SQLite storage, which also takes ~0.8 s to create its schema
-(benchmarks/sweep_overhead.py measures both). Optuna is imported only here.
+Where the study lives is decided here only (`study_location`):
+- this machine's state (SQLite): under the cloudtrain home, in Optuna's journal storage (an
+  append-only file with locking, safe against a killed process): an ask plus a tell costs ~1.5 ms
+  there against ~22 ms in Optuna's SQLite storage, which also takes ~0.8 s to create its schema
+  (benchmarks/sweep_overhead.py measures both);
+- a team database (state_url): in that same PostgreSQL database, Optuna's own RDBStorage, so that
+  a sweep resumed from another member's laptop goes on with the same study (trial numbers and
+  what the sampler learnt). Its tables are Optuna's (studies, trials, ..., alembic_version: none
+  is a name of ours, state/schema_pg.py), next to ours in the URL's schema. Members may not
+  create tables (state/team.py's grants), so the admin's `team init`/`team migrate` creates them
+  (`create_study_tables`) and their grants name them (`study_tables`). The connection is opened
+  as the state's own (state/pg.py `connect`: libpq reads the URL, ~/.pgpass or a service file;
+  no password ever appears in a URL or a message).
+Optuna is imported only here.
 """
 
 from __future__ import annotations
@@ -15,6 +25,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from cloudtrain.errors import UsageError
 from cloudtrain.sweep.model import ParamValue, TrialState
 
 if TYPE_CHECKING:
@@ -45,7 +56,9 @@ def distributions(sweep: Sweep) -> dict[str, Any]:
 class OptunaSampler:
     """The scheduler's Sampler over one Optuna study (see the module docstring)."""
 
-    def __init__(self, sweep: Sweep, study_file: Path | None, study_name: str, max_epochs: int | None = None) -> None:
+    def __init__(self, sweep: Sweep, study: Path | str | None, study_name: str, max_epochs: int | None = None) -> None:
+        """`study`: where the study lives (`study_location`): a journal file, a team database's URL,
+        or None (in memory)."""
         import optuna
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -71,17 +84,23 @@ class OptunaSampler:
             pruner = optuna.pruners.HyperbandPruner(min_resource=stopping.min_epochs,
                                                     max_resource=max_epochs if max_epochs else "auto",
                                                     reduction_factor=stopping.reduction_factor)
-        storage: Any = None
-        if study_file is not None:
-            from optuna.storages import JournalStorage
-            from optuna.storages.journal import JournalFileBackend
-
-            study_file.parent.mkdir(parents=True, exist_ok=True)
-            storage = JournalStorage(JournalFileBackend(str(study_file)))
-        self.study = optuna.create_study(storage=storage, sampler=sampler, pruner=pruner, study_name=study_name,
-                                         direction="maximize" if sweep.goal == "max" else "minimize",
-                                         load_if_exists=True)
+        self.storage = open_storage(study)
+        try:
+            self.study = optuna.create_study(storage=self.storage, sampler=sampler, pruner=pruner,
+                                             study_name=study_name,
+                                             direction="maximize" if sweep.goal == "max" else "minimize",
+                                             load_if_exists=True)
+        except BaseException:
+            self.close()
+            raise
         self._trials: dict[int, Any] = {}
+
+    def close(self) -> None:
+        """Give back the study's database connections (a team database's); a journal holds none."""
+        engine = getattr(self.storage, "engine", None)
+        if engine is not None:
+            self.storage.scoped_session.remove()
+            engine.dispose()
 
     def capacity(self) -> int | None:
         return self.sweep.grid_size()
@@ -134,6 +153,96 @@ class OptunaSampler:
                     self._trials[number] = handle
                     break
         return handle
+
+
+def study_location(state: Path | str, sweep_id: str) -> Path | str:
+    """Where sweep `sweep_id`'s Optuna study lives, for a state store at `state` (StateStore.path):
+    the team database itself (its URL), else a journal file under this machine's cloudtrain home."""
+    from cloudtrain.state.location import is_postgres
+
+    if is_postgres(state):
+        return str(state)
+    from cloudtrain import paths
+
+    return paths.home() / "sweeps" / sweep_id / "optuna.journal"
+
+
+def open_storage(study: Path | str | None) -> Any:
+    """Optuna's storage for `study_location`'s answer (None: Optuna's in-memory storage)."""
+    if study is None:
+        return None
+    if isinstance(study, str):
+        return _team_storage(study)
+    from optuna.storages import JournalStorage
+    from optuna.storages.journal import JournalFileBackend
+
+    study.parent.mkdir(parents=True, exist_ok=True)
+    return JournalStorage(JournalFileBackend(str(study)))
+
+
+def study_tables() -> tuple[str, ...]:
+    """The tables Optuna's RDBStorage keeps a study in (its models' and alembic's version table):
+    what a team member is granted next to ours (state/team.py `grants`)."""
+    from optuna.storages._rdb import models
+
+    return (*sorted(models.BaseModel.metadata.tables), "alembic_version")
+
+
+def create_study_tables(url: str) -> None:
+    """Make Optuna's tables in the team database at `url` where they are missing (the admin's
+    `team init`/`team migrate`: members may not create tables)."""
+    storage = _team_storage(url)
+    storage.scoped_session.remove()
+    storage.engine.dispose()
+
+
+def _team_storage(url: str) -> Any:
+    """Optuna's RDBStorage on the team database: SQLAlchemy over the connection the state opens
+    (state/pg.py `connect`, so the URL, its password file and timeouts mean exactly what they do
+    for the state), in a transaction per Optuna operation as SQLAlchemy expects. Optuna creates
+    its tables where they are missing and the role may (a no-op where they exist)."""
+    import sqlalchemy.exc
+    from optuna.exceptions import StorageInternalError
+    from optuna.storages import RDBStorage
+
+    from cloudtrain.state import pg
+
+    def connect() -> Any:
+        import psycopg.rows
+
+        conn = pg.connect(url)
+        conn.autocommit = False
+        conn.row_factory = psycopg.rows.tuple_row
+        return conn
+
+    where = pg.display(url)
+    try:
+        # pool_pre_ping: a connection the server dropped while trials ran is replaced, not an error.
+        return RDBStorage("postgresql+psycopg://", engine_kwargs={"creator": connect, "pool_pre_ping": True})
+    except (sqlalchemy.exc.DBAPIError, StorageInternalError) as exc:
+        import psycopg
+
+        # Optuna wraps some of SQLAlchemy's errors, which wrap the driver's: the driver's says what happened.
+        cause: BaseException | None = exc
+        while cause is not None and not isinstance(cause, psycopg.Error):
+            cause = getattr(cause, "orig", None) or cause.__cause__
+        first = _first_line(cause or exc)
+        if isinstance(cause, psycopg.errors.InsufficientPrivilege):
+            raise UsageError(f"the team database {where} keeps sweeps' Optuna studies, and this member may not use "
+                             f"its Optuna tables ({first})",
+                             hint="an admin runs `cloudtrain team migrate` (it creates them) and the grants "
+                                  "`cloudtrain team init` prints") from None
+        raise UsageError(f"the team database {where}: could not open the sweep's Optuna study ({first})") from None
+    except RuntimeError as exc:
+        # Optuna's own check: its tables were made by an Optuna whose schema differs from this one's.
+        raise UsageError(f"the team database {where}: its Optuna tables do not match this Optuna ({_first_line(exc)})",
+                         hint="an admin upgrades them (`optuna storage upgrade`), or install the Optuna the "
+                              "team uses") from None
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def _plain(value: Any) -> ParamValue:
