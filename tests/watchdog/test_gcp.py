@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from cloudtrain.providers.deadline import deadline_seconds
 from cloudtrain.testing import sshd
 from cloudtrain.testing.gcp import (
     DEFAULT_SERVICE_ACCOUNT,
@@ -171,8 +172,8 @@ def test_with_down_a_running_job_keeps_it_until_the_job_ends_then_it_deletes_its
 def test_budget_deadline_stops_it_under_a_running_job(cloud: GcpCloud) -> None:
     max_hours = round(20 / 3600, 6)  # about 20 s of running time, counted from the launch
     zone, inst = up(cloud, budget={"max_hours": max_hours}, autostop=False)  # only the budget may act
-    # The cloud-side backstop is there too (20 s and its 30 s grace): the watchdog must come first.
-    assert inst["scheduling"]["maxRunDuration"] == {"seconds": "50"}
+    # The cloud-side backstop is there too (the budget and its 30 s grace): the watchdog must come first.
+    assert inst["scheduling"]["maxRunDuration"] == {"seconds": str(deadline_seconds(max_hours * 3600))}
     job = cloud.cli("exec", cloud.cluster, "--detach", "--", "sleep", "300")
     assert job.ok, job.output
     log = node_file(cloud, zone, inst["name"], "watchdog.log")
