@@ -666,14 +666,14 @@ def _max_run_s(recipe: Recipe, hourly_per_node: float, deadline_at: float | None
     """The budget as running seconds at this placement's price, or less to end by `deadline_at`:
     the deadline every machine gets in its launch request (InstanceSpec.max_run_s)."""
     from cloudtrain.budget import budget_limit
-    from cloudtrain.providers.deadline import DEADLINE_GRACE_S
+    from cloudtrain.providers.deadline import grace_s
 
     limit = budget_limit(recipe.budget, hourly_per_node * recipe.num_nodes)
     limits = [limit[0]] if limit is not None else []
     if deadline_at is not None:
         # The launch request's backstop fires its grace after max_run_s; a lease (a sweep's) ends
         # at deadline_at itself, backstop included, so the grace comes off it.
-        limits.append(max(1.0, deadline_at - time.time() - DEADLINE_GRACE_S))
+        limits.append(max(1.0, deadline_at - time.time() - grace_s()))
     return min(limits) if limits else None
 
 

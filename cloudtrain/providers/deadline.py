@@ -13,14 +13,34 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from typing import Any
 
+from cloudtrain.errors import UsageError
+
 DEADLINE_GRACE_S = 30
+# Tests only (the kit's fakes run the real backstop in seconds): the grace in seconds. Never needed
+# on a real cloud (docs/watchdog.md, "Test overrides").
+GRACE_ENV = "CLOUDTRAIN_DEADLINE_GRACE_S"
+
+
+def grace_s() -> int:
+    """The backstop's grace after the budget: DEADLINE_GRACE_S, or the test override."""
+    raw = os.environ.get(GRACE_ENV)
+    if not raw:
+        return DEADLINE_GRACE_S
+    try:
+        value = int(raw)
+    except ValueError:
+        raise UsageError(f"{GRACE_ENV}={raw!r} is not a whole number of seconds") from None
+    if value < 0:
+        raise UsageError(f"{GRACE_ENV} must be >= 0 seconds, got {raw}")
+    return value
 
 
 def deadline_seconds(max_run_s: float) -> int:
     """Seconds from first boot until the launch-time deadline fires."""
-    return max(1, math.ceil(max_run_s)) + DEADLINE_GRACE_S
+    return max(1, math.ceil(max_run_s)) + grace_s()
 
 
 def _template(name: str) -> str:

@@ -18,6 +18,7 @@ import sys
 
 import pytest
 
+from cloudtrain.providers.deadline import GRACE_ENV
 from cloudtrain.testing import sshd
 from cloudtrain.testing.aws import AwsCloud
 from cloudtrain.testing.faults import signal_cli_at
@@ -141,7 +142,9 @@ def test_a_vm_whose_cli_died_during_boot_still_ends_at_its_deadline(aws_cloud: A
     """No VM without a deadline from its first second: the budget travels in the launch request
     (user data run by cloud-init), so the VM stops on time although its CLI died before installing
     the watchdog; the ledger then bills exactly its life."""
-    budget_s = 36
+    # The real backstop, in seconds: a short budget and the grace shortened (a test override).
+    budget_s = 12
+    aws_cloud.env[GRACE_ENV] = "3"
     gate = aws_cloud.faults.hold("RunInstances", after=True)
     aws_cloud.kill_cli_at(gate, "up", recipe(aws_cloud, budget={"max_hours": budget_s / 3600}),
                           "--cluster", aws_cloud.cluster)
@@ -218,7 +221,8 @@ def test_azure_a_vm_whose_cli_died_during_boot_still_ends_at_its_deadline(azure_
     before the VM, so a CLI killed right after ARM took the VM's create leaves a VM that can stop
     itself (it used to be a system-assigned identity whose role came after the VM: killed in
     between, ARM refused the VM's call and it stayed allocated and billed). `cost` equals the bill."""
-    budget_s = 36
+    budget_s = 12
+    azure_cloud.env[GRACE_ENV] = "3"  # the real backstop in seconds (a test override)
     gate = azure_cloud.faults.hold("vm.create", after=True)  # ARM took the VM's create: the CLI dies
     azure_cloud.kill_cli_at(gate, "up", azure_cloud.recipe(run="echo ledger", budget={"max_hours": budget_s / 3600}),
                             "--cluster", azure_cloud.cluster)
