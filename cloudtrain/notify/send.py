@@ -58,7 +58,8 @@ def redact(text: str, secrets: list[str]) -> str:
     return text
 
 
-def _webhook(target: NotifyTarget, claim: Claim, timeout: float, secrets: list[str]) -> None:
+def _webhook(target: NotifyTarget, claim: Claim, timeout: float, secrets: list[str],
+             on_wire: Callable[[], None]) -> None:
     try:
         url = expand(target.webhook or "")
         secret = expand(target.secret or "")
@@ -73,6 +74,7 @@ def _webhook(target: NotifyTarget, claim: Claim, timeout: float, secrets: list[s
     request = urllib.request.Request(url, data=body, method="POST", headers={
         **headers(key, claim.event_id, int(time.time()), claim.body),
         "content-type": "application/json", "user-agent": f"cloudtrain/{__version__}"})
+    on_wire()
     try:
         with _OPENER.open(request, timeout=timeout) as response:
             response.read(64 * 1024)
@@ -90,7 +92,8 @@ def _webhook(target: NotifyTarget, claim: Claim, timeout: float, secrets: list[s
         raise OSError(str(exc.reason)) from None
 
 
-def _apprise(target: NotifyTarget, claim: Claim, timeout: float, secrets: list[str]) -> None:
+def _apprise(target: NotifyTarget, claim: Claim, timeout: float, secrets: list[str],
+             on_wire: Callable[[], None]) -> None:
     import json
     import logging
 
@@ -107,6 +110,7 @@ def _apprise(target: NotifyTarget, claim: Claim, timeout: float, secrets: list[s
     for server in channel:
         server.socket_connect_timeout = server.socket_read_timeout = timeout
     envelope = json.loads(claim.body)
+    on_wire()
     with apprise.LogCapture(level=logging.WARNING) as captured:
         sent = channel.notify(title=f"cloudtrain {envelope['type']}", body=line(envelope["type"], envelope["data"]))
     if not sent:
@@ -114,14 +118,47 @@ def _apprise(target: NotifyTarget, claim: Claim, timeout: float, secrets: list[s
         raise OSError(said[-1].strip()[:300] if said else "Apprise could not send it")
 
 
+class _Closed(Exception):
+    """The command's deadline passed before this claim was sent: it is released, not tried."""
+
+
+class _Gate:
+    """Which claims may be on the wire. At the deadline the command closes it and releases every
+    claim not yet through: a thread that gets ready later stops there, so no claim is both
+    released (the next command sends it) and sent by this one."""
+
+    def __init__(self) -> None:
+        self.through: set[str] = set()
+        self.closed = False
+        self.lock = threading.Lock()
+
+    def pass_(self, key: str) -> None:
+        with self.lock:
+            if self.closed:
+                raise _Closed
+            self.through.add(key)
+
+    def close(self) -> set[str]:
+        with self.lock:
+            self.closed = True
+            return set(self.through)
+
+
 def _deliver_all(target: NotifyTarget | None, claims: list[Claim], deadline: float,
-                 results: list[_Result], started: set[str]) -> None:
-    """One target's claims in order, each tried until sent or out of time (a thread)."""
+                 results: list[_Result], started: _Gate) -> None:
+    """One target's claims in order, each tried until sent or out of time (a thread). A claim is
+    `started` once its bytes may be on the wire: one whose thread was still getting ready (Apprise's
+    import takes seconds on a busy machine) is released at the deadline, so the next command sends
+    it at once instead of after the lease."""
     for claim in claims:
         if time.monotonic() >= deadline:
             return
-        started.add(claim.event_id + claim.target)
+        key = claim.event_id + claim.target
         if target is None:
+            try:
+                started.pass_(key)
+            except _Closed:
+                return
             results.append(_Result(claim, False, 0, "target no longer configured (config or recipe changed)",
                                    gone=True))
             continue
@@ -131,9 +168,11 @@ def _deliver_all(target: NotifyTarget | None, claims: list[Claim], deadline: flo
         while True:
             attempts += 1
             try:
-                send(target, claim, max(0.05, deadline - time.monotonic()), secrets)
+                send(target, claim, max(0.05, deadline - time.monotonic()), secrets, lambda: started.pass_(key))
                 ok = True
                 break
+            except _Closed:
+                return  # released by the command: the next one sends it
             except Permanent as exc:
                 error = str(exc)
                 break
@@ -169,7 +208,7 @@ def flush(store, budget_s: float = BUDGET_S, force: bool = False, again: bool = 
     for claim in claims:
         by_target.setdefault(claim.target, []).append(claim)
     results: list[_Result] = []
-    started: set[str] = set()
+    started = _Gate()
     threads = []
     for key, group in by_target.items():
         target = (known or {}).get(key) or resolve(TargetRef.parse(key))
@@ -179,11 +218,12 @@ def flush(store, budget_s: float = BUDGET_S, force: bool = False, again: bool = 
         threads.append(thread)
     for thread in threads:
         thread.join(max(0.0, deadline - time.monotonic()) + 0.05)
-    done = list(results)  # a thread still running past the deadline keeps its lease (no double send)
+    through = started.close()
+    done = list(results)  # a thread still sending past the deadline keeps its lease (no double send)
     for result in done:
         outbox.record(store, result.claim, result.ok, result.attempts, result.error, result.gone)
     finished = {r.claim.event_id + r.claim.target for r in done}
-    left = [c for c in claims if c.event_id + c.target not in started and c.event_id + c.target not in finished]
+    left = [c for c in claims if c.event_id + c.target not in through and c.event_id + c.target not in finished]
     for claim in left:
         outbox.release(store, claim)
     # Said once per delivery (its first round), not again by every command that retries it.

@@ -9,6 +9,7 @@ import sqlite3
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from standardwebhooks import Webhook
@@ -144,6 +145,31 @@ def test_a_receiver_that_never_answers_costs_about_the_budget(tmp_path: Path, se
         assert time.monotonic() - started < send.BUDGET_S + 0.8
     [row] = outbox.events(store)
     assert row.deliveries[0].state == "pending"
+
+
+def test_a_delivery_not_yet_on_the_wire_at_the_deadline_is_released_for_the_next_command(
+        tmp_path: Path, secret: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A sender still getting ready when the command's budget ends (Apprise's import takes seconds
+    on a busy machine) never sends: its claim is released, and the next command sends it at once,
+    not after the lease (the run-end e-mail was lost for a minute under load)."""
+    store = StateStore(tmp_path / "state.db")
+    real = send._webhook
+
+    def slow_to_get_ready(*args: Any) -> None:
+        time.sleep(send.BUDGET_S + 0.3)  # past the command's deadline before anything is sent
+        real(*args)
+
+    with receiving(secret) as receiver:
+        monkeypatch.setattr(send, "_webhook", slow_to_get_ready)
+        event = emit(store, EventType.RUN_FAILED, {"run": "r1"}, _targets(receiver.url))
+        time.sleep(0.5)  # the late thread reaches the gate, finds it closed and stops
+        assert receiver.got == []
+        [row] = outbox.events(store)
+        assert row.deliveries[0].state == "pending"
+        monkeypatch.setattr(send, "_webhook", real)
+        send._TRIED.clear()  # the next command
+        assert send.flush(store).delivered == 1
+    assert [d.headers["webhook-id"] for d in receiver.got] == [event.id]
 
 
 def test_a_receiver_down_gets_it_from_the_next_command(tmp_path: Path, secret: str) -> None:

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from cloudtrain.notify.signing import new_secret
+from cloudtrain.testing.wait import wait_until
 from tests.conftest import cloudtrain
 from tests.notify.receiver import free_port, receiving
 
@@ -125,8 +126,11 @@ def test_email_through_apprise_to_an_smtp_server(tmp_path: Path, monkeypatch: py
         path.write_text("name: mail\nresources:\n  cloud: local\nrun: exit 4\nnotify:\n"
                         "  - apprise: ${MAIL_URL}\n    name: my inbox\n    on: [run.failed]\n")
         done = run(tmp_path, path)
-        # Sent by the run within its budget or, on a machine too busy for that, by the next command.
-        events = cloudtrain("events", cwd=tmp_path).stdout
+        # Sent by the run within its budget or, on a machine too busy for that (Apprise's import
+        # alone can take longer: the claim is released then), by a later command, which may in turn
+        # run out of its budget: `events` until it says delivered.
+        events = wait_until(lambda: (out := cloudtrain("events", cwd=tmp_path).stdout)
+                            and "my inbox: delivered" in out and out, 120, "the mail delivered")
     finally:
         smtp.stop()
     assert done.returncode == 4, done.stderr
