@@ -27,12 +27,19 @@ SkuNotAvailable end this placement (CapacityError scope "zone": lifecycle tries 
 region in price order); quota errors (OperationNotAllowed about quota) end the region. Credential,
 authorization and subscription errors stop the launch at once (CredentialsError). The SDKs poll
 long-running operations (paced by ARM's Retry-After); this module never sleeps otherwise.
+
+Reading (`describe`, `list_tagged`, the read before a stop, start, delete or tag, the listings of
+groups and VMs) is ARM's REST API without the SDKs (api.ArmApi.get_json / list_json): a VM, NIC,
+public IP or resource group is its JSON here (records.vm_record reads it), so `status --refresh`
+never imports azure.mgmt.compute, azure.mgmt.network or azure.mgmt.resource (1-2 s each). Whatever
+changes something (creates, deallocate, start, deletes, tags, role assignments) keeps the SDKs.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Any
+from urllib.parse import quote
 
 from cloudtrain.catalog import Catalog, default_catalog
 from cloudtrain.config import Config
@@ -46,7 +53,14 @@ from cloudtrain.errors import (
     UsageError,
 )
 from cloudtrain.providers.azure import access, build, storage
-from cloudtrain.providers.azure.api import ArmApi, AzureApiError, log
+from cloudtrain.providers.azure.api import (
+    COMPUTE_API_VERSION,
+    NETWORK_API_VERSION,
+    RESOURCE_API_VERSION,
+    ArmApi,
+    AzureApiError,
+    log,
+)
 from cloudtrain.providers.azure.records import (
     PLACEMENT_CAPACITY_CODES,
     REGION_QUOTA_CODES,
@@ -271,12 +285,12 @@ class AzureProvider:
         existing = self._group(group)
         if existing is None:
             return
-        if (existing.tags or {}).get(TAG_CLUSTER) != cluster:
+        if (existing.get("tags") or {}).get(TAG_CLUSTER) != cluster:
             raise ProviderError(f"resource group {group} exists and is not cloudtrain's for cluster {cluster}",
                                 hint="delete it or use another cluster name")
-        if (existing.properties and existing.properties.provisioning_state or "").lower() == "deleting":
+        if ((existing.get("properties") or {}).get("provisioningState") or "").lower() == "deleting":
             raise ProviderError(f"resource group {group} is still being deleted", hint="try again in a few minutes")
-        if self._list("listing VMs", self.api.compute.virtual_machines.list, group):
+        if self._vm_names(group):
             raise ProviderError(f"resource group {group} already holds VMs of cluster {cluster}",
                                 hint=f"`cloudtrain down {cluster}` (or `cloudtrain gc`) first")
 
@@ -285,7 +299,7 @@ class AzureProvider:
         a cleanup failure must not hide the failure it cleans up after."""
         try:
             existing = self._group(group)
-            if existing is None or (existing.tags or {}).get(TAG_CLUSTER) != cluster:
+            if existing is None or (existing.get("tags") or {}).get(TAG_CLUSTER) != cluster:
                 return
             compute = self.api.compute
             # As last seen, with their creation times, for the ledger (note_launched).
@@ -320,8 +334,8 @@ class AzureProvider:
         net = self.api.network
         for group in self._groups(cluster):
             try:
-                nsg = self._call("reading the network security group", net.network_security_groups.get, group.name,
-                                 f"{cluster}-nsg")
+                nsg = self._call("reading the network security group", net.network_security_groups.get,
+                                 group["name"], f"{cluster}-nsg")
             except AzureApiError as exc:
                 if exc.status == 404:
                     continue
@@ -333,7 +347,7 @@ class AzureProvider:
             rule.source_address_prefix, rule.source_address_prefixes = cidr, None
             self._wait("updating the network security group", self._call(
                 "updating the network security group", net.network_security_groups.begin_create_or_update,
-                group.name, nsg.name, nsg))
+                group["name"], nsg.name, nsg))
             return before
         return None
 
@@ -350,7 +364,7 @@ class AzureProvider:
     def list_tagged(self, cluster: str | None = None) -> list[Instance]:
         found = []
         for group in self._groups(cluster):
-            found.extend(vm.instance for vm in self._vms(group.name) if vm.instance.cluster)
+            found.extend(vm.instance for vm in self._vms(group["name"]) if vm.instance.cluster)
         return found
 
     def watchdog_action(self, instance: Instance, down: bool) -> dict[str, Any]:
@@ -375,8 +389,7 @@ class AzureProvider:
             raise
         whole_group = False
         if down:
-            present = {v.name.lower() for v in self._list("listing VMs", compute.virtual_machines.list, group)}
-            whole_group = present <= {name.lower()}
+            whole_group = {n.lower() for n in self._vm_names(group)} <= {name.lower()}
         self._require_self_role(group, vm, build.GROUP_DELETE_ROLES if whole_group else build.VM_SELF_ROLES)
         return build.watchdog_action(self.api.arm_endpoint, self.api.require_subscription(), group, name,
                                      down=down, whole_group=whole_group)
@@ -424,21 +437,20 @@ class AzureProvider:
         Storage Blob Data role assignments (`role-assignment`, free), which live outside their groups."""
         found = []
         for group in self._groups(cluster):
-            owner_cluster = (group.tags or {})[TAG_CLUSTER]
-            found.append(ClusterResource("azure", owner_cluster, "resource-group", group.name, group.location))
-            found += self._billed_without_vms(group.name, owner_cluster)
+            owner_cluster = group["tags"][TAG_CLUSTER]
+            found.append(ClusterResource("azure", owner_cluster, "resource-group", group["name"], group.get("location")))
+            found += self._billed_without_vms(group["name"], owner_cluster)
         found += [ClusterResource("azure", a.cluster, "role-assignment", a.id, hourly_usd=0.0)
                   for a in storage.ours(self.api, cluster, self.owner)]
         return found
 
     def _billed_without_vms(self, group: str, cluster: str) -> list[ClusterResource]:
         """The public IPs and disks of `group` when it holds no VM ([] when it does, or is gone)."""
-        compute, net = self.api.compute, self.api.network
         try:
-            if self._list("listing VMs", compute.virtual_machines.list, group):
+            if self._vm_names(group):
                 return []
-            ips = self._list("listing public IPs", net.public_ip_addresses.list, group)
-            disks = self._list("listing disks", compute.disks.list_by_resource_group, group)
+            ips = self._list("listing public IPs", self.api.network.public_ip_addresses.list, group)
+            disks = self._list("listing disks", self.api.compute.disks.list_by_resource_group, group)
         except AzureApiError as exc:
             if exc.status == 404:  # deleted since the groups were listed: nothing left to bill
                 return []
@@ -455,13 +467,13 @@ class AzureProvider:
         With no VM of the cluster left, its container role assignments go too (storage.release)."""
         left, pollers = [], []
         for group in self._groups(cluster):
-            vms = self._list("listing VMs", self.api.compute.virtual_machines.list, group.name)
+            vms = self._vm_names(group["name"])
             if vms:
-                left.append(ClusterResource("azure", cluster, "resource-group", group.name, group.location,
+                left.append(ClusterResource("azure", cluster, "resource-group", group["name"], group.get("location"),
                                             f"holds {len(vms)} VM(s)"))
                 continue
             pollers.append(self._call("deleting a resource group", self.api.resource.resource_groups.begin_delete,
-                                      group.name))
+                                      group["name"]))
         for poller in pollers:
             self._wait_gone("deleting a resource group", poller)
         if not left:  # no VM of the cluster is left whose identity could still use them
@@ -512,19 +524,18 @@ class AzureProvider:
         case: the whole cluster), else just those VMs (their disk, NIC and IP go with them).
         Idempotent; waits until ARM reports the deletes done. Then the cluster's empty groups go."""
         clusters, pollers = set(), []
-        compute = self.api.compute
         for group, names in by_group(ids).items():
             existing = self._group(group)
             if existing is None:
                 continue
-            cluster = (existing.tags or {}).get(TAG_CLUSTER)
-            present = {vm.name.lower() for vm in self._list("listing VMs", compute.virtual_machines.list, group)}
+            cluster = (existing.get("tags") or {}).get(TAG_CLUSTER)
+            present = {n.lower() for n in self._vm_names(group)}
             if cluster and present <= {n.lower() for n in names}:
                 clusters.add(cluster)
                 pollers.append(self._call(f"deleting resource group {group}",
                                           self.api.resource.resource_groups.begin_delete, group))
             else:
-                pollers += [self._call(f"deleting VM {n}", compute.virtual_machines.begin_delete, group, n)
+                pollers += [self._call(f"deleting VM {n}", self.api.compute.virtual_machines.begin_delete, group, n)
                             for n in names if n.lower() in present]
         for poller in pollers:
             self._wait_gone("deleting", poller)
@@ -551,38 +562,57 @@ class AzureProvider:
         """A paged list, read to the end (errors surface while paging)."""
         return self._call(what, lambda: list(fn(*args, **kwargs)))
 
-    def _group(self, group: str) -> Any | None:
+    def _group(self, group: str) -> dict[str, Any] | None:
+        """The resource group's JSON (Resource Groups - Get), None when there is none."""
         try:
-            return self._call("reading a resource group", self.api.resource.resource_groups.get, group)
+            return self.api.get_json("reading a resource group", self.api.url(f"resourcegroups/{_part(group)}"),
+                                     **{"api-version": RESOURCE_API_VERSION})
         except AzureApiError as exc:
             if exc.status == 404:
                 return None
             raise
 
-    def _groups(self, cluster: str | None) -> list[Any]:
+    def _groups(self, cluster: str | None) -> list[dict[str, Any]]:
+        """This owner's cloudtrain resource groups (of `cluster`), as JSON (Resource Groups - List)."""
         wanted = f"tagName eq '{TAG_CLUSTER}'" + (f" and tagValue eq '{cluster}'" if cluster else "")
-        groups = self._list("listing resource groups", self.api.resource.resource_groups.list, filter=wanted)
-        return [g for g in groups if (g.tags or {}).get(TAG_CLUSTER)
-                and (self.owner is None or (g.tags or {}).get(TAG_OWNER) == self.owner)]
+        groups = self.api.list_json("listing resource groups", self.api.url("resourcegroups"),
+                                    **{"$filter": wanted, "api-version": RESOURCE_API_VERSION})
+        return [g for g in groups if (g.get("tags") or {}).get(TAG_CLUSTER)
+                and (self.owner is None or (g.get("tags") or {}).get(TAG_OWNER) == self.owner)]
+
+    def _group_url(self, group: str, kind: str) -> str:
+        """The URL of a resource type's collection in `group`, e.g. Microsoft.Compute/virtualMachines."""
+        return self.api.url(f"resourceGroups/{_part(group)}/providers/{kind}")
+
+    def _vm_names(self, group: str) -> list[str]:
+        """The names of the group's VMs (Virtual Machines - List, every page)."""
+        return [vm["name"] for vm in self.api.list_json(
+            "listing VMs", self._group_url(group, "Microsoft.Compute/virtualMachines"),
+            **{"api-version": COMPUTE_API_VERSION})]
 
     def _vms(self, group: str, names: Sequence[str] | None = None) -> list[VmRecord]:
-        """The group's VMs (or those named) with power state and addresses; missing ones left out."""
-        compute, net = self.api.compute, self.api.network
+        """The group's VMs (or those named) with power state and addresses; missing ones left out.
+        The calls the SDKs made: Virtual Machines - Get with $expand=instanceView per VM, then the
+        group's NICs and public IPs (one listing each, whatever the number of VMs)."""
+        vm_url = self._group_url(group, "Microsoft.Compute/virtualMachines")
         try:
             if names is None:
-                names = [vm.name for vm in self._list("listing VMs", compute.virtual_machines.list, group)]
+                names = self._vm_names(group)
             raw = []
             for name in names:
                 try:
-                    raw.append(self._call(f"reading VM {name}", compute.virtual_machines.get, group, name,
-                                          expand="instanceView"))
+                    raw.append(self.api.get_json(f"reading VM {name}", f"{vm_url}/{_part(name)}", **{
+                        "$expand": "instanceView", "api-version": COMPUTE_API_VERSION}))
                 except AzureApiError as exc:
                     if exc.status != 404 or exc.code == "ResourceGroupNotFound":
                         raise
             if not raw:
                 return []
-            nics = {n.id.lower(): n for n in self._list("listing NICs", net.network_interfaces.list, group)}
-            ips = {i.id.lower(): i for i in self._list("listing public IPs", net.public_ip_addresses.list, group)}
+            network = {"api-version": NETWORK_API_VERSION}
+            nics = {n["id"].lower(): n for n in self.api.list_json(
+                "listing NICs", self._group_url(group, "Microsoft.Network/networkInterfaces"), **network)}
+            ips = {i["id"].lower(): i for i in self.api.list_json(
+                "listing public IPs", self._group_url(group, "Microsoft.Network/publicIPAddresses"), **network)}
         except AzureApiError as exc:
             if exc.status == 404:
                 return []
@@ -596,6 +626,11 @@ class AzureProvider:
             raise ProviderError(f"cannot {verb} {', '.join(gone)}: no such VM",
                                 hint="`cloudtrain status --refresh` shows what exists")
         return [found[i] for i in ids]
+
+
+def _part(name: str) -> str:
+    """A name as one URL path segment (the SDKs quote theirs alike)."""
+    return quote(name, safe="")
 
 
 def _public_ip_hourly(ip: Any) -> float | None:

@@ -9,7 +9,15 @@ then AZURE_SUBSCRIPTION_ID, then the Azure CLI's default subscription. ARM is `a
 Every SDK call goes through `ArmApi.call` / `ArmApi.wait`, which turn azure-core exceptions into
 ours: authentication, authorization and subscription problems become CredentialsError (the launch
 stops at once), everything else an `AzureApiError` carrying ARM's error code for the provider to
-classify (capacity, quota, not found). SDKs are imported in the constructor only.
+classify (capacity, quota, not found). SDKs are imported on first use, never in the constructor.
+
+Reads of VMs, NICs, public IPs and resource groups (`describe`, `list_tagged`, `status --refresh`,
+the read before a stop, start or delete) are the REST calls the SDKs make, sent here through one
+azure-core pipeline (`get_json`, `list_json`: the SDK clients' retry, bearer token and timeouts):
+azure.mgmt.compute and azure.mgmt.network import in 1-2 s each, which a read has no use for, and
+azure-identity has loaded azure-core already. An HTTP error is raised as the SDK raises it
+(azure-core's `map_error`, then HttpResponseError) and goes through the same `call` and `translate`.
+Everything that changes something keeps the SDKs.
 """
 
 from __future__ import annotations
@@ -21,7 +29,7 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
-from urllib.parse import urlparse
+from urllib.parse import quote, urlparse
 
 from cloudtrain.errors import CloudtrainError, CredentialsError, ProviderError
 from cloudtrain.providers.base import CredentialStatus
@@ -35,6 +43,17 @@ for _name in ("azure", "msal"):
 PUBLIC_ARM = "https://management.azure.com"
 KNOWN_AUTHORITY_HOSTS = ("login.microsoftonline.com", "login.microsoftonline.us", "login.chinacloudapi.cn")
 DEFAULT_POLLING_S = 5.0  # between LRO polls when ARM sends no Retry-After (the SDK's own default is 30 s)
+# The api-versions the installed SDKs send for the same reads (azure-mgmt-compute 39's virtualMachines
+# get/list, azure-mgmt-network 33.1's networkInterfaces/publicIPAddresses list, azure-mgmt-resource
+# 26's resourceGroups list/get): the JSON the read path gets is what the SDKs got.
+# tests/providers/test_azure_rest.py holds them to the installed SDKs' defaults.
+COMPUTE_API_VERSION = "2026-04-01"
+NETWORK_API_VERSION = "2026-03-01"
+RESOURCE_API_VERSION = "2025-04-01"
+# The SDK clients' own settings (`_client_locked`), for the REST reads too.
+RETRY_TOTAL = 4
+CONNECTION_TIMEOUT_S = 10
+READ_TIMEOUT_S = 60
 T = TypeVar("T")
 
 # ARM answers that mean "these credentials may not do this here": never a reason to fail over.
@@ -126,6 +145,7 @@ class ArmApi:
         self.polling_interval = DEFAULT_POLLING_S if polling_interval is None else polling_interval
         self._credential = credential
         self._clients: dict[str, Any] = {}
+        self._pipeline: Any = None  # the azure-core PipelineClient of the REST reads, made on first use
         self._clients_lock = threading.Lock()
 
     @property
@@ -170,9 +190,9 @@ class ArmApi:
                 "base_url": self.arm_endpoint,
                 "credential_scopes": [f"{self.arm_endpoint}/.default"],
                 "polling_interval": self.polling_interval,
-                "retry_total": 4,
-                "connection_timeout": 10,
-                "read_timeout": 60,
+                "retry_total": RETRY_TOTAL,
+                "connection_timeout": CONNECTION_TIMEOUT_S,
+                "read_timeout": READ_TIMEOUT_S,
                 "user_agent": "cloudtrain",
             }
             if kind == "compute":
@@ -207,6 +227,72 @@ class ArmApi:
     @property
     def authorization(self) -> Any:
         return self.client("authorization")
+
+    def pipeline(self) -> Any:
+        """The azure-core client of the REST reads: the SDK clients' policies that matter to a GET
+        (request id, user agent, redirects, retries, the bearer token for ARM's scope, HTTP logging)
+        and their transport timeouts. Nothing it imports is new once azure-identity is loaded."""
+        with self._clients_lock:
+            if self._pipeline is None:
+                from azure.core import PipelineClient
+                from azure.core.pipeline import policies
+                from azure.core.pipeline.transport import RequestsTransport
+
+                self.require_subscription()
+                self._pipeline = PipelineClient(self.arm_endpoint, policies=[
+                    policies.RequestIdPolicy(),
+                    policies.UserAgentPolicy(user_agent="cloudtrain"),
+                    policies.RedirectPolicy(),
+                    policies.RetryPolicy(retry_total=RETRY_TOTAL),
+                    # azure-mgmt-core's ARMChallengeAuthenticationPolicy is this policy with CAE on.
+                    policies.BearerTokenCredentialPolicy(self.credential(), f"{self.arm_endpoint}/.default",
+                                                         enable_cae=True),
+                    policies.HttpLoggingPolicy(),
+                ], transport=RequestsTransport(connection_timeout=CONNECTION_TIMEOUT_S, read_timeout=READ_TIMEOUT_S))
+            return self._pipeline
+
+    def url(self, path: str) -> str:
+        """{arm}/subscriptions/{subscription}/{path}."""
+        return f"{self.arm_endpoint}/subscriptions/{quote(self.require_subscription(), safe='')}/{path}"
+
+    def get_json(self, what: str, url: str, /, **params: str) -> dict[str, Any]:
+        """GET `url` (with `params`, api-version among them; a nextLink carries its own): ARM's JSON
+        answer, its errors raised and turned into ours as `call` does for the SDK."""
+        return self.call(what, self._get, url, params)
+
+    def _get(self, url: str, params: dict[str, str]) -> dict[str, Any]:
+        from azure.core.exceptions import (
+            ClientAuthenticationError,
+            HttpResponseError,
+            ResourceExistsError,
+            ResourceNotFoundError,
+            ResourceNotModifiedError,
+            map_error,
+        )
+        from azure.core.rest import HttpRequest
+
+        response = self.pipeline().send_request(HttpRequest("GET", url, params=params or None))
+        if response.status_code != 200:
+            # What the SDK's operations do with an answer other than 200 (its error map, then
+            # HttpResponseError), so `translate` reads the same exception.
+            map_error(status_code=response.status_code, response=response, error_map={
+                401: ClientAuthenticationError, 404: ResourceNotFoundError, 409: ResourceExistsError,
+                304: ResourceNotModifiedError})
+            raise HttpResponseError(response=response)
+        found: dict[str, Any] = response.json()
+        return found
+
+    def list_json(self, what: str, url: str, /, **params: str) -> list[dict[str, Any]]:
+        """Every item (`value`) of an ARM list, following nextLink to the last page (each page its
+        own call; a nextLink is requested as ARM wrote it, as the SDK's pagers do)."""
+        found: list[dict[str, Any]] = []
+        page = self.get_json(what, url, **params)
+        while True:
+            found += page.get("value") or []
+            link = page.get("nextLink")
+            if not link:
+                return found
+            page = self.get_json(what, link)
 
     # calls -------------------------------------------------------------------------------------
 

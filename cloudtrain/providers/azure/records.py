@@ -1,6 +1,6 @@
 """Reading what ARM says about VMs, and deciding what its errors mean.
 
-- `vm_record`: an ARM VirtualMachine (with instanceView) plus its NIC and public IP -> Instance.
+- `vm_record`: an ARM VirtualMachine's JSON (with instanceView) plus its NIC and public IP -> Instance.
   Power states map to ours with one Azure-specific rule: "Stopped (allocated)" is STOPPING, not
   STOPPED, because it is still billed for compute (only deallocated is STOPPED).
 - `capacity_error`: which ARM codes mean "try the next placement" (scope zone) or "this region's
@@ -10,8 +10,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from typing import Any
 
 from cloudtrain.expiry import expiry_of
@@ -58,10 +59,16 @@ def by_group(ids: Sequence[str]) -> dict[str, list[str]]:
     return grouped
 
 
-def vm_record(group: str, vm: Any, nics: dict[str, Any], ips: dict[str, Any]) -> VmRecord:
-    statuses = vm.instance_view.statuses if vm.instance_view and vm.instance_view.statuses else []
-    power = next((s.code.split("/", 1)[1].lower() for s in statuses if (s.code or "").startswith("PowerState/")), None)
-    provisioning = (vm.provisioning_state or "").lower()
+def vm_record(group: str, vm: Mapping[str, Any], nics: Mapping[str, Mapping[str, Any]],
+              ips: Mapping[str, Mapping[str, Any]]) -> VmRecord:
+    """A VM as ARM's JSON has it (Virtual Machines - Get with $expand=instanceView: camelCase, the
+    VM's settings under `properties`), with its group's NICs and public IPs (JSON, by lower-case
+    id) -> ours. Absent fields are absent: each read below says what it falls back to."""
+    props = vm.get("properties") or {}
+    statuses = list((props.get("instanceView") or {}).get("statuses") or ())
+    power = next((code.split("/", 1)[1].lower() for code in map(_code, statuses) if code.startswith("PowerState/")),
+                 None)
+    provisioning = (props.get("provisioningState") or "").lower()
     if provisioning == "deleting":
         state = InstanceState.TERMINATED
     elif provisioning == "creating" or power is None:
@@ -70,56 +77,70 @@ def vm_record(group: str, vm: Any, nics: dict[str, Any], ips: dict[str, Any]) ->
     else:
         state = POWER_STATES.get(power, InstanceState.UNKNOWN)
     public_ip = private_ip = None
-    refs = vm.network_profile.network_interfaces if vm.network_profile else []
-    nic = nics.get(refs[0].id.lower()) if refs else None
-    if nic is not None and nic.ip_configurations:
-        config = nic.ip_configurations[0]
-        private_ip = config.private_ip_address
-        if config.public_ip_address is not None and config.public_ip_address.id:
-            address = ips.get(config.public_ip_address.id.lower())
-            public_ip = address.ip_address if address is not None else None
-    tags = vm.tags or {}
+    refs = (props.get("networkProfile") or {}).get("networkInterfaces") or []
+    nic = nics.get((refs[0].get("id") or "").lower()) if refs else None
+    configs = ((nic or {}).get("properties") or {}).get("ipConfigurations") or []
+    if configs:
+        config = configs[0].get("properties") or {}
+        private_ip = config.get("privateIPAddress")
+        address_id = (config.get("publicIPAddress") or {}).get("id")
+        if address_id:
+            address = ips.get(address_id.lower())
+            public_ip = (address.get("properties") or {}).get("ipAddress") if address is not None else None
+    tags = vm.get("tags") or {}
+    zones = vm.get("zones") or []
     instance = Instance(
-        id=build.instance_id(group, vm.name),
+        id=build.instance_id(group, vm["name"]),
         cluster=tags.get(TAG_CLUSTER, ""),
         incarnation=tags.get(TAG_INCARNATION),
         alive_at=alive_of(tags),
         expiry=expiry_of(tags),
         state=state,
-        instance_type=vm.hardware_profile.vm_size if vm.hardware_profile else None,
-        region=vm.location,
-        zone=vm.zones[0] if vm.zones else None,
+        instance_type=(props.get("hardwareProfile") or {}).get("vmSize"),
+        region=vm.get("location"),
+        zone=zones[0] if zones else None,
         public_ip=public_ip,
         private_ip=private_ip,
-        ssh_user=vm.os_profile.admin_username if vm.os_profile else build.SSH_USER,
-        launched_at=vm.time_created.timestamp() if getattr(vm, "time_created", None) else None,
+        ssh_user=(props.get("osProfile") or {}).get("adminUsername") or build.SSH_USER,
+        launched_at=_timestamp(props.get("timeCreated")),
         # When the power state began, by Azure's clock (the ledger bills from it).
         state_since=_power_since(statuses),
         # For gc's price of a leak: spot is billed at the spot price, a stopped VM for its disks.
-        spot=(vm.priority or "").lower() == "spot",
-        disk_gb=_os_disk_gb(vm),
+        spot=(props.get("priority") or "").lower() == "spot",
+        disk_gb=((props.get("storageProfile") or {}).get("osDisk") or {}).get("diskSizeGB") or None,
     )
-    return VmRecord(instance, group, vm.name, power)
+    return VmRecord(instance, group, vm["name"], power)
 
 
-def _power_since(statuses: Any) -> float | None:
+def _code(status: Mapping[str, Any]) -> str:
+    return str(status.get("code") or "")
+
+
+def _power_since(statuses: Sequence[Mapping[str, Any]]) -> float | None:
     """When the VM entered its power state, by Azure's clock. Azure puts no time on the PowerState
     status; the ProvisioningState status has the end of the VM's last operation, which for a VM
     that cloudtrain did not stop (the watchdog's deallocate, a spot eviction, the portal) is that
     stop. A later update (a tag) moves it later: billed a little long, never short. A PowerState
     time, where an API version gives one, wins."""
-    power = next((s.time for s in statuses if (s.code or "").startswith("PowerState/") and s.time), None)
+    power = next((s["time"] for s in statuses if _code(s).startswith("PowerState/") and s.get("time")), None)
     if power is not None:
-        return float(power.timestamp())
-    settled = next((s.time for s in statuses if (s.code or "").lower().startswith("provisioningstate/succeeded")
-                    and s.time), None)
-    return float(settled.timestamp()) if settled is not None else None
+        return _timestamp(power)
+    settled = next((s["time"] for s in statuses if _code(s).lower().startswith("provisioningstate/succeeded")
+                    and s.get("time")), None)
+    return _timestamp(settled)
 
 
-def _os_disk_gb(vm: Any) -> int | None:
-    storage = vm.storage_profile
-    disk = storage.os_disk if storage is not None else None
-    return disk.disk_size_gb if disk is not None and disk.disk_size_gb else None
+def _timestamp(value: str | None) -> float | None:
+    """An ARM date-time (ISO 8601; ARM writes seven fractional digits, which Python truncates to
+    six as the SDK's deserializer did) -> epoch seconds; one without an offset is UTC, as ARM's
+    clock is. None when absent or unreadable."""
+    if not value:
+        return None
+    try:
+        moment = datetime.fromisoformat(value)
+    except ValueError:
+        return None
+    return (moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)).timestamp()
 
 
 def capacity_error(exc: AzureApiError, spec: InstanceSpec, region: str) -> ProviderError:
