@@ -11,15 +11,17 @@ and where it comes from (exit 2, UsageError).
 They bind recipes on clouds that bill (a recipe on this machine or on given hosts spends nothing).
 Sweeps are not bound here: their trials' VMs live under the sweep's lease and budget_usd.
 
-Where the policy comes from is `effective_policy(config, store)`: today the config's `policy:`.
-Team mode (a shared PostgreSQL state, docs/teams.md) puts the team's floor there, set by its admins:
-the seam is that one function, which its callers already hand the store they hold.
+Where the policy comes from is `effective_policy(config, store)`: the config's `policy:`, and in
+team mode (a shared PostgreSQL state, docs/teams.md) also the team's floor that its admins set
+(`cloudtrain team policy set`, state/policies.py): per key the lower value holds, and the refusal
+names where it was set ("(config)", "(team)", "(team, project vision)"). Reading the team's costs
+one small query on the CLI's one connection (state/pg.py); on SQLite nothing is read.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from cloudtrain.errors import UsageError
 
@@ -27,28 +29,69 @@ if TYPE_CHECKING:
     from cloudtrain.config import Config
     from cloudtrain.recipe import Recipe
     from cloudtrain.state import StateStore
+    from cloudtrain.state.policies import TeamPolicy
+
+KEYS = ("max_idle_minutes", "max_hours")
 
 
 @dataclass(frozen=True)
 class Policy:
     max_idle_minutes: int | None = None
     max_hours: float | None = None
-    source: str = "config"  # where it was set, for the refusal's line ("config", later "team <name>")
+    # Where each value was set, for the refusal's line: "config", "team" or "team, project P".
+    max_idle_minutes_from: str = "config"
+    max_hours_from: str = "config"
 
     @property
     def empty(self) -> bool:
         return self.max_idle_minutes is None and self.max_hours is None
 
+    def as_json(self) -> dict[str, Any]:
+        """Each key's value and where it was set (None: no floor)."""
+        return {k: None if getattr(self, k) is None else {"value": getattr(self, k),
+                                                           "source": getattr(self, f"{k}_from")} for k in KEYS}
+
 
 def effective_policy(config: Config, store: StateStore | None = None) -> Policy:
-    """The floors in force. `store`: where a team's floor will be read from (team mode: the shared
-    state's, which wins over the config's where it is lower); this machine's SQLite state holds none."""
-    del store  # the seam for team mode (docs/teams.md): no table holds a team's policy yet
-    return Policy(config.policy.max_idle_minutes, config.policy.max_hours, "config")
+    """The floors in force: the config's, and on a team database the team's rows that cover this
+    member's project (`store`'s, else the state the config names, opened on this process's one
+    connection); per key the lowest value. On a tie the team's is named: editing the config
+    would not lift it. This machine's SQLite state holds none."""
+    values: dict[str, tuple[float | None, str]] = {k: (getattr(config.policy, k), "config") for k in KEYS}
+    for row in _team_rows(store):  # the every-project row first: it is named on a tie with a project's
+        for key in KEYS:
+            mine, (held, source) = getattr(row, key), values[key]
+            if mine is not None and (held is None or mine < held or (mine == held and source == "config")):
+                values[key] = (mine, row.source)
+    (idle, idle_from), (hours, hours_from) = values["max_idle_minutes"], values["max_hours"]
+    return Policy(None if idle is None else int(idle), hours, idle_from, hours_from)
+
+
+def _team_rows(store: StateStore | None) -> list[TeamPolicy]:
+    if store is None:
+        from cloudtrain.state.location import state_url
+
+        # A caller without a store (preflight: validate, plan, up, run): only a team database is
+        # opened, on this process's one connection (shared with any store it has open); never a
+        # SQLite file, whose state holds no policy.
+        url = state_url()
+        if url is None:
+            return []
+        from cloudtrain.state import StateStore
+
+        opened = StateStore(url)
+        try:
+            return _team_rows(opened)
+        finally:
+            opened.close()
+    from cloudtrain.state.budgets import is_team, project
+    from cloudtrain.state.policies import covering
+
+    return covering(store, project()) if is_team(store) else []
 
 
 def _name(policy: Policy, key: str) -> str:
-    return f"policy {key} {getattr(policy, key):g} ({policy.source})"
+    return f"policy {key} {getattr(policy, key):g} ({getattr(policy, f'{key}_from')})"
 
 
 def recipe_refusal(recipe: Recipe, policy: Policy) -> tuple[str, str, str] | None:

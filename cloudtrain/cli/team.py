@@ -1,4 +1,5 @@
-"""`team`: a team's shared state database (docs/teams.md): prepare it, migrate it, its budgets."""
+"""`team`: a team's shared state database (docs/teams.md): prepare it, migrate it, its budgets and
+policies."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ def _team_url() -> str:
 
 @click.group("team")
 def team() -> None:
-    """A team's shared state database (state_url): init, migrate, budget."""
+    """A team's shared state database (state_url): init, migrate, budget, policy."""
 
 
 @team.command("init")
@@ -123,6 +124,76 @@ def budget_unset(project: str | None, member: str | None) -> None:
     if not unset_budget(store, member, project):
         raise UsageError(f"there is no {described.replace('the ', '', 1)} to unset",
                          hint="`cloudtrain team budget` lists them")
+    output.info(f"{described}: removed")
+
+
+@team.group("policy", invoke_without_command=True)
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.pass_context
+def policy(ctx: click.Context, as_json: bool) -> None:
+    """The team's floors (max_idle_minutes, max_hours) that no member's recipe and no `cloudtrain
+    autostop` lifts: show them and what binds you, or `set` / `unset` one (the admin). A team
+    database only: on this machine's own state the floor is the config's `policy:`."""
+    if ctx.invoked_subcommand is not None:
+        return
+    from cloudtrain.config import load_config
+    from cloudtrain.policy import effective_policy
+    from cloudtrain.state import StateStore
+    from cloudtrain.state.budgets import project
+    from cloudtrain.state.policies import list_policies
+
+    store = StateStore()
+    rows = list_policies(store)
+    mine = effective_policy(load_config(), store)
+    if as_json:
+        output.print_json({"policies": [r.as_json() for r in rows], "project": project(), "in_force": mine.as_json()})
+        return
+    if rows:
+        output.table(["PROJECT", "MAX IDLE MINUTES", "MAX HOURS", "SET BY", "SET AT (UTC)"],
+                     [("every project" if r.project is None else r.project,
+                       "-" if r.max_idle_minutes is None else str(r.max_idle_minutes),
+                       "-" if r.max_hours is None else f"{r.max_hours:g}", r.set_by, r.set_at_iso)
+                      for r in rows])
+    else:
+        output.info("no team policy (`cloudtrain team policy set --max-idle-minutes N --max-hours H` sets one)")
+    held = [f"{k} {getattr(mine, k):g} ({getattr(mine, f'{k}_from')})" for k in ("max_idle_minutes", "max_hours")
+            if getattr(mine, k) is not None]
+    output.info(f"in force for you (project {project()}): " + (", ".join(held) if held else "nothing"))
+
+
+@policy.command("set")
+@click.option("--max-idle-minutes", type=click.IntRange(min=1), default=None, metavar="N",
+              help="A recipe's autostop.idle_minutes and `autostop -i` at most N; autostop off is refused.")
+@click.option("--max-hours", type=click.FloatRange(min=0, min_open=True), default=None, metavar="H",
+              help="A recipe's budget.max_hours at most H, and every recipe on a billing cloud must set one.")
+@click.option("--project", default=None, help="Only members of this project (default: every project).")
+def policy_set(max_idle_minutes: int | None, max_hours: float | None, project: str | None) -> None:
+    """Set a floor of the team (or of one project); a key not given keeps its value."""
+    from cloudtrain.state import StateStore
+    from cloudtrain.state.budgets import who
+    from cloudtrain.state.policies import set_policy
+
+    _check_project(project)
+    store = StateStore()
+    done = set_policy(store, max_idle_minutes=max_idle_minutes, max_hours=max_hours, project=project,
+                      by=who(store, _owner()))
+    output.info(f"{done.describe()}: {done.floors()}; no member's recipe or `cloudtrain autostop` lifts it")
+
+
+@policy.command("unset")
+@click.option("--project", default=None, help="The policy of this project (default: the every-project one).")
+def policy_unset(project: str | None) -> None:
+    """Remove a floor (the one with exactly this --project)."""
+    from cloudtrain.errors import UsageError
+    from cloudtrain.state import StateStore
+    from cloudtrain.state.policies import unset_policy
+
+    _check_project(project)
+    store = StateStore()
+    described = "the team's policy" if project is None else f"project {project}'s policy"
+    if not unset_policy(store, project):
+        raise UsageError("there is no team policy for " + ("every project" if project is None else f"project {project}")
+                         + " to unset", hint="`cloudtrain team policy` lists them")
     output.info(f"{described}: removed")
 
 

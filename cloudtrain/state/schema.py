@@ -228,5 +228,19 @@ _MIGRATIONS: list[str] = [
     );
     CREATE INDEX budget_holds_by_scope ON budget_holds(member, project)
     """,
+    # version 9: team policies (state/policies.py), for parity with the team database's v4: the
+    # floors no recipe and no `cloudtrain autostop` lifts, one row per project (NULL: every
+    # project). Only a team database's rows are read; this machine's floor is the config's
+    # `policy:`, so the table stays empty here.
+    """
+    CREATE TABLE policies (
+        project TEXT,
+        max_idle_minutes INTEGER CHECK (max_idle_minutes >= 1),
+        max_hours REAL CHECK (max_hours > 0),
+        set_at REAL NOT NULL, set_by TEXT NOT NULL,
+        CHECK (max_idle_minutes IS NOT NULL OR max_hours IS NOT NULL)
+    );
+    CREATE UNIQUE INDEX policies_by_project ON policies ((COALESCE(project, '')))
+    """,
 ]
 SCHEMA_VERSION = len(_MIGRATIONS)

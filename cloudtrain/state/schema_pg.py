@@ -1,11 +1,11 @@
 """The shared (PostgreSQL) state database's schema: one SQL script per version, each applied in its
 own transaction by `cloudtrain team migrate` (cloudtrain/state/team.py), never on open.
 
-The tables and columns are those of the SQLite schema (schema.py) at its version 7 (and v8's budgets), so that
-StateStore's queries run on either; only the types differ: every time and price is DOUBLE
-PRECISION (PostgreSQL's REAL is 4 bytes: a float4 epoch loses minutes), counters that may grow
-past 2^31 are BIGINT, and SQLite's implicit `rowid` of notify_events (the outbox lists events in
-the order they were stored) is an identity column of that name.
+The tables and columns are those of the SQLite schema (schema.py) at its version 7 (and v8's
+budgets, v9's policies), so that StateStore's queries run on either; only the types differ: every
+time and price is DOUBLE PRECISION (PostgreSQL's REAL is 4 bytes: a float4 epoch loses minutes),
+counters that may grow past 2^31 are BIGINT, and SQLite's implicit `rowid` of notify_events (the
+outbox lists events in the order they were stored) is an identity column of that name.
 
 Append a version; never edit a released one. Each step must stay usable by the CLI one version
 older (add tables and nullable or defaulted columns; never drop or rename in the same release),
@@ -230,11 +230,26 @@ PG_MIGRATIONS: list[str] = [
     );
     CREATE INDEX budget_holds_by_scope ON budget_holds(member, project)
     """,
+    # version 4: team policies (state/policies.py; the SQLite schema's v9): the floors
+    # (max_idle_minutes, max_hours) no recipe and no `cloudtrain autostop` of a member lifts. One
+    # row per scope: `project` NULL is every project (the unique index makes it one row, as
+    # a NULL key would not). Written by the admin only (members may read it: `team init`'s grants).
+    """
+    CREATE TABLE policies (
+        project TEXT,
+        max_idle_minutes INTEGER CHECK (max_idle_minutes >= 1),
+        max_hours DOUBLE PRECISION CHECK (max_hours > 0),
+        set_at DOUBLE PRECISION NOT NULL, set_by TEXT NOT NULL DEFAULT current_user,
+        CHECK (max_idle_minutes IS NOT NULL OR max_hours IS NOT NULL)
+    );
+    CREATE UNIQUE INDEX policies_by_project ON policies ((COALESCE(project, '')))
+    """,
 ]
 PG_SCHEMA_VERSION = len(PG_MIGRATIONS)
 
 # The tables a team member reads and writes (`cloudtrain team init` prints their grants).
 PG_TABLES = ("clusters", "nodes", "runs", "jobs", "events", "log_cursors", "billing", "sweeps", "sweep_trials",
              "sweep_attempts", "sweep_vms", "notify_events", "notify_deliveries", "budget_holds")
-# Tables a member may only read: budgets are set by the admin (`cloudtrain team budget set`).
-PG_READ_ONLY_TABLES = ("budgets",)
+# Tables a member may only read: budgets and policies are set by the admin (`cloudtrain team budget set`,
+# `cloudtrain team policy set`).
+PG_READ_ONLY_TABLES = ("budgets", "policies")
