@@ -83,11 +83,11 @@ def migrate(url: str, *, init: bool = False, to: int = PG_SCHEMA_VERSION) -> Mig
 
 
 def _create_study_tables(url: str) -> None:
-    """Sweeps keep their Optuna study in the team database (sweep/space.py), in Optuna's own tables,
+    """Sweeps keep their Optuna study in the team database (sweep/space.py), in Optuna's own tables (state/optuna_tables.py),
     which members may not create: made here, under the migration lock. Optuna's schema is Optuna's
     (not a version of ours); without Optuna installed there is nothing to make."""
     try:
-        from cloudtrain.sweep.space import create_study_tables
+        from cloudtrain.state.optuna_tables import create_study_tables
     except ImportError:
         return
     create_study_tables(url)
@@ -96,7 +96,7 @@ def _create_study_tables(url: str) -> None:
 def _study_tables(conn: Any) -> list[str]:
     """Optuna's tables that the database holds (`_create_study_tables`), for the members' grants."""
     try:
-        from cloudtrain.sweep.space import study_tables
+        from cloudtrain.state.optuna_tables import study_tables
     except ImportError:
         return []
     names = list(study_tables())

@@ -18,7 +18,8 @@ import pytest
 from cloudtrain.errors import UsageError
 from cloudtrain.recipe import Sweep
 from cloudtrain.sweep.model import TrialState
-from cloudtrain.sweep.space import OptunaSampler, study_location, study_tables
+from cloudtrain.state.optuna_tables import study_tables
+from cloudtrain.sweep.space import OptunaSampler, study_location
 from cloudtrain.testing.postgres import PostgresServer
 from tests.conftest import cli_env
 
