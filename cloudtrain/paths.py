@@ -32,7 +32,8 @@ def state_db() -> Path:
 
 def config_file() -> Path:
     configured = os.environ.get("CLOUDTRAIN_CONFIG")
-    return Path(configured).expanduser() if configured else home() / "config.yaml"
+    # Read only (config is written by its user): finding it must not create the home.
+    return Path(configured).expanduser() if configured else home_path() / "config.yaml"
 
 
 def _bundled_dir(name: str) -> Path:

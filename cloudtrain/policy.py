@@ -94,13 +94,19 @@ def _name(policy: Policy, key: str) -> str:
     return f"policy {key} {getattr(policy, key):g} ({getattr(policy, f'{key}_from')})"
 
 
-def recipe_refusal(recipe: Recipe, policy: Policy) -> tuple[str, str, str] | None:
-    """The first field of `recipe` that would lift `policy`: (field, message, hint), or None."""
+def binds(recipe: Recipe) -> bool:
+    """Whether a policy can bind `recipe` at all (a billing cloud, not a sweep): where it cannot,
+    callers need not read one (in team mode that is a database query)."""
     from cloudtrain.providers import ANY, available, traits
 
     cloud = recipe.resources.cloud
     priced = cloud == ANY or (cloud in available() and traits(cloud).priced)
-    if policy.empty or recipe.sweep is not None or not priced:
+    return priced and recipe.sweep is None
+
+
+def recipe_refusal(recipe: Recipe, policy: Policy) -> tuple[str, str, str] | None:
+    """The first field of `recipe` that would lift `policy`: (field, message, hint), or None."""
+    if policy.empty or not binds(recipe):
         return None
     if policy.max_idle_minutes is not None:
         limit = policy.max_idle_minutes

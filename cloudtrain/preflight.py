@@ -3,7 +3,8 @@
 `preflight(loaded, config)` is what `validate`, `up` and `run` call right after loading a recipe:
 if it passes, the only ways left for the recipe to fail are things the world decides (credentials,
 capacity, the network, the job itself). It makes no network call, writes no file, creates no key
-and touches no state; it imports neither cloud SDKs nor TensorFlow nor numpy.
+and writes no state (in team mode a billing recipe's policy floors are read from the team
+database); it imports neither cloud SDKs nor TensorFlow nor numpy.
 
 Checks, in order, each raising one line with `file:line: field: what was expected` (exit code 2):
   1. the cloud exists in this cloudtrain (one without a provider is refused here, not after a run row);
@@ -68,11 +69,12 @@ def _preflight(loaded: LoadedRecipe, config: Config) -> Plan | None:
     if problem is not None:
         field, message, hint = problem
         raise NotAvailableError(_located(loaded, field, message), hint=hint)
-    from cloudtrain.policy import effective_policy, recipe_refusal
+    from cloudtrain.policy import binds, effective_policy, recipe_refusal
 
-    # The floors a recipe cannot lift (cloudtrain/policy.py); no state is read here (a team's floor
-    # comes through effective_policy's store where the caller holds one).
-    refusal = recipe_refusal(recipe, effective_policy(config))
+    # The floors a recipe cannot lift (cloudtrain/policy.py). In team mode the team's floor is one
+    # query on the team database (effective_policy opens it, or shares the process's connection);
+    # a recipe no policy binds (this machine, given hosts, a sweep) reads nothing.
+    refusal = recipe_refusal(recipe, effective_policy(config)) if binds(recipe) else None
     if refusal is not None:
         field, message, hint = refusal
         raise UsageError(_located(loaded, field, message), hint=hint)
