@@ -143,7 +143,15 @@ def test_validate_refuses_with_one_line(tmp_path: Path, offline: None, text: str
     assert_one_line_exit_2(proc, fragments)
 
 
-@pytest.mark.parametrize(("text", "fragments"), [(t, f) for _, t, f in BAD], ids=[i for i, _, _ in BAD])
+# `run` refuses through the same preflight as `validate` (whose line every BAD case checks above):
+# here, that nothing exists afterwards, once per kind of check (catalog and plan, the cloud's
+# fields, the job's parameters, data targets), not once per case (two CLI processes each).
+RUN_CASES = ["instance-type-typo", "gpu-typo", "type-not-in-region", "cloud-any-gpu-typo", "max-hourly-too-low",
+             "autostop", "budget-usd-on-free-cloud", "region-on-local", "param-typo", "epochs-negative", "lr-nan",
+             "yaml-on-is-a-boolean", "param-on-local", "data-target-absolute", "data-target-home"]
+
+
+@pytest.mark.parametrize(("text", "fragments"), [(t, f) for i, t, f in BAD if i in RUN_CASES], ids=RUN_CASES)
 def test_run_refuses_before_anything_exists(
     tmp_path: Path, offline: None, cloudtrain_home: Path, text: str, fragments: list[str]
 ) -> None:
