@@ -95,6 +95,21 @@ class PostgresServer:
     def drop_database(self, name: str) -> None:
         self.sql(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
 
+    def grant_members(self, database: str) -> None:
+        """Run the grants `team init` prints on `database` (as its admin would), so that roles in
+        cloudtrain_member can use it. The role itself is cluster-wide: another test may have made it."""
+        import psycopg
+
+        from cloudtrain.state.team import grants
+
+        for statement in grants(self.url(database)).splitlines():
+            if statement.startswith("--"):
+                continue
+            try:
+                self.sql(statement, database)
+            except psycopg.errors.DuplicateObject:
+                continue
+
     def initialized_database(self) -> str:
         """A new database at the current schema (copied from one `team init` prepared once)."""
         if self._template is None:

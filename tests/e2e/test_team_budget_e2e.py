@@ -15,7 +15,6 @@ import sys
 import time
 from pathlib import Path
 
-import psycopg
 import pytest
 
 from cloudtrain.testing import sshd
@@ -32,18 +31,10 @@ ADMITS = 3.5  # launches' worst cases the budget holds: three fit, a fourth does
 @pytest.fixture
 def team_db(postgres_server: PostgresServer):  # noqa: ANN201
     """A team database at the current schema, two member roles made with `team init`'s grants."""
-    from cloudtrain.state.team import grants
-
     database = postgres_server.initialized_database()
     admin = postgres_server.url(database)
     members = [f"ct_{who}_{secrets.token_hex(3)}" for who in ("alice", "bob")]
-    for statement in grants(admin).splitlines():
-        if statement.startswith("--"):
-            continue
-        try:
-            postgres_server.sql(statement, database)
-        except psycopg.errors.DuplicateObject:  # cloudtrain_member is cluster-wide: made by another test
-            pass
+    postgres_server.grant_members(database)
     for member in members:
         postgres_server.sql(f"CREATE ROLE {member} LOGIN IN ROLE cloudtrain_member")
     try:

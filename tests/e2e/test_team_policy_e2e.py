@@ -15,7 +15,6 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-import psycopg
 import pytest
 import yaml
 
@@ -28,18 +27,10 @@ RECIPE = ("name: p\nresources: {cloud: aws, instance_type: t3.medium}\nrun: 'tru
 @pytest.fixture
 def team_db(postgres_server: PostgresServer) -> Iterator[tuple[str, str]]:
     """A team database at the current schema; the admin's URL and a member's, granted as `team init` prints."""
-    from cloudtrain.state.team import grants
-
     database = postgres_server.initialized_database()
     admin = postgres_server.url(database)
     member = f"ct_dana_{secrets.token_hex(3)}"
-    for statement in grants(admin).splitlines():
-        if statement.startswith("--"):
-            continue
-        try:
-            postgres_server.sql(statement, database)
-        except psycopg.errors.DuplicateObject:  # cloudtrain_member is cluster-wide: made by another test
-            pass
+    postgres_server.grant_members(database)
     postgres_server.sql(f"CREATE ROLE {member} LOGIN IN ROLE cloudtrain_member")
     try:
         yield admin, postgres_server.url(database, user=member)

@@ -35,7 +35,7 @@ def members(postgres_server: PostgresServer) -> Iterator[tuple[str, str, list[st
     database = postgres_server.initialized_database()
     admin = postgres_server.url(database)
     roles = [f"ct_{who}_{secrets.token_hex(3)}" for who in ("alice", "bob")]
-    _grant(postgres_server, database, admin)
+    postgres_server.grant_members(database)
     for role in roles:
         postgres_server.sql(f"CREATE ROLE {role} LOGIN IN ROLE cloudtrain_member")
     try:
@@ -44,18 +44,6 @@ def members(postgres_server: PostgresServer) -> Iterator[tuple[str, str, list[st
         postgres_server.drop_database(database)
         for role in roles:
             postgres_server.sql(f"DROP ROLE IF EXISTS {role}")
-
-
-def _grant(server: PostgresServer, database: str, admin: str) -> None:
-    from cloudtrain.state.team import grants
-
-    for statement in grants(admin).splitlines():
-        if statement.startswith("--"):
-            continue
-        try:
-            server.sql(statement, database)
-        except psycopg.errors.DuplicateObject:  # cloudtrain_member is cluster-wide: made by another test
-            pass
 
 
 def test_without_a_team_database_the_study_is_a_journal_under_the_home(cloudtrain_home: Path, tmp_path: Path) -> None:
@@ -124,7 +112,7 @@ def test_a_member_without_optuna_tables_is_told_what_the_admin_runs(
     with pytest.raises(UsageError) as still:
         OptunaSampler(_sweep(), alice, "sweep-abc123")
     assert "(permission denied for table" in still.value.message
-    _grant(postgres_server, database, admin)
+    postgres_server.grant_members(database)
     sampler = OptunaSampler(_sweep(), alice, "sweep-abc123")
     try:
         asked = sampler.ask()
