@@ -138,6 +138,7 @@ def test_notification_outbox(store: StateStore, cloudtrain_home: Path) -> None:
     from cloudtrain import paths
     from cloudtrain.config import load_config
 
+    paths.home().mkdir(exist_ok=True)  # a team database creates no home (finding the config does not either)
     paths.config_file().write_text("notify:\n  - webhook: http://127.0.0.1:9/h\n    secret: '${HOOK_SECRET}'\n")
     targets = bind(load_config().notify, "config")
     first = Event(EventType.RUN_FAILED, {"run": "r1", "cluster": "c"}, at=10.0)
