@@ -47,7 +47,7 @@ def init() -> None:
 def migrate_() -> None:
     """Bring the team database's schema up to this cloudtrain's (one transaction per step)."""
     from cloudtrain.state import pg
-    from cloudtrain.state.team import migrate
+    from cloudtrain.state.team import grants, migrate
 
     url = _team_url()
     done = migrate(url)
@@ -56,6 +56,9 @@ def migrate_() -> None:
         output.info(f"{where}: migrated v{done.before} -> v{done.after} ({len(done.applied)} step(s))")
     else:
         output.info(f"{where}: already at schema v{done.after}, nothing to do")
+    # A step (or Optuna's tables, made here too) may add tables members cannot use until granted.
+    output.info("grants for team members (run them again after a migrate: new tables need them; docs/teams.md):")
+    output.echo(grants(url))
 
 
 @team.group("budget", invoke_without_command=True)

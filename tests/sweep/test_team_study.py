@@ -109,6 +109,7 @@ def test_a_member_without_optuna_tables_is_told_what_the_admin_runs(
     # The admin's `team migrate` makes them; until their grants are run the member still may not use them.
     migrated = _cli_as(admin, "team", "migrate")
     assert migrated.returncode == 0, migrated.stderr
+    assert any(line.startswith("GRANT") and "trials" in line for line in migrated.stdout.splitlines()), migrated.stdout
     with pytest.raises(UsageError) as still:
         OptunaSampler(_sweep(), alice, "sweep-abc123")
     assert "(permission denied for table" in still.value.message
