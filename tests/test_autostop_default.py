@@ -46,3 +46,12 @@ def test_a_sweep_recipe_gets_no_default_autostop() -> None:
     # The bundled AWS sweep names no autostop: its trials' VMs are bounded by the sweep's lease.
     recipe = load_recipe(bundled_recipes()["sweep-mnist-aws"], sweep=True).recipe
     assert recipe.resources.cloud == "aws" and recipe.autostop is None
+
+
+def test_the_plan_line_names_every_armed_signal() -> None:
+    recipe = _recipe("aws", autostop={"idle_minutes": 20, "gpu_util_below": 10, "delete_after_stopped_days": 7})
+    line = autostop_line(recipe)
+    assert line.startswith("autostop: stop after 20 min idle")
+    assert "a job or an SSH session" in line and "every GPU under 10%" in line and "7 day(s) after the stop" in line
+    jobs_only = autostop_line(_recipe("aws", autostop={"idle_minutes": 5, "wait_for": "jobs", "down": True}))
+    assert jobs_only.startswith("autostop: delete after 5 min idle (busy while a job runs)")

@@ -104,9 +104,16 @@ def autostop_line(recipe: Recipe) -> str:
     if stop is None:
         return "autostop: off (`autostop: false`): an idle node bills until you stop it or its budget ends"
     action = "delete" if stop.down else "stop"
-    default = " (the default for priced clusters; `autostop: false` for none)" if recipe.autostop_is_default else ""
-    gpu = f" (a job with every GPU under {stop.gpu_util_below:g}% is idle)" if stop.gpu_util_below is not None else ""
-    return f"autostop: {action} after {stop.idle_minutes} min idle{gpu}{default}"
+    # Every signal the watchdog will weigh, so that nobody learns of one from a stopped VM.
+    busy = {"jobs_and_ssh": "a job or an SSH session", "jobs": "a job", "none": "nothing"}[stop.wait_for]
+    armed = [f"busy while {busy} runs" if stop.wait_for != "none" else "nothing counts as busy"]
+    if stop.gpu_util_below is not None:
+        armed.append(f"a job with every GPU under {stop.gpu_util_below:g}% is idle")
+    if stop.delete_after_stopped_days is not None:
+        armed.append(f"deleted {stop.delete_after_stopped_days} day(s) after the stop (`cloudtrain gc --expired`)")
+    if recipe.autostop_is_default:
+        armed.append("the default for priced clusters: `autostop: false` for none")
+    return f"autostop: {action} after {stop.idle_minutes} min idle ({'; '.join(armed)})"
 
 
 def _autostop_doc(recipe: Recipe) -> dict:
