@@ -43,6 +43,7 @@ from cloudtrain.providers.base import (
 )
 from cloudtrain.providers.leak import Item, Leak, OpenLogin
 from cloudtrain.state import ClusterRecord, StateStore
+from cloudtrain.state.locks import launch_in_flight
 from cloudtrain.cluster.liveness import evidence, is_live
 
 if TYPE_CHECKING:
@@ -167,7 +168,7 @@ def _instance_leaks(cloud: str, provider: Provider, store: StateStore, tracked: 
     now = time.time()
     for cluster, instances in sorted(by_cluster.items()):
         record = tracked.get(cluster)
-        if record is not None and record.provider == cloud and record.launch_in_flight(now):
+        if record is not None and record.provider == cloud and launch_in_flight(record, now):
             # Another terminal is creating it right now: its instances are not yet in its rows.
             log.info("gc: %s is being launched by a live process (%s); not a leak", cluster, record.driver)
             continue
@@ -395,7 +396,7 @@ def _held_here(store: StateStore, record: ClusterRecord | None, cloud: str) -> s
     now = time.time()  # (processes and heartbeats live on the real clock, whatever the kit's says)
     if record is None or record.provider != cloud:
         return None
-    if record.launch_in_flight(now):
+    if launch_in_flight(record, now):
         return f"live work holds it (a launch in flight: {record.driver})"
     runs = store.live_runs(record.name)
     return f"live work holds it (run {runs[0].id}, pid {runs[0].pid})" if runs else None

@@ -27,7 +27,7 @@ from cloudtrain.errors import (
     UsageError,
 )
 from cloudtrain.events import NullReporter, Reporter
-from cloudtrain.state.locks import cluster_lock
+from cloudtrain.state.locks import cluster_lock, launch_in_flight
 from cloudtrain.providers import get_provider
 from cloudtrain.providers.base import HostSpec, Instance, InstanceSpec, InstanceState, Provider, owner_id
 from cloudtrain.providers.base import TAG_ALIVE, TAG_INCARNATION, alive_value
@@ -606,7 +606,9 @@ class Lifecycle:
             record = self.store.get_cluster(name)
             if record is None:
                 return False
-            if record.launch_in_flight(time.time()) and record.driver and not is_me(record.driver):
+            # A launch of another process holds this lock while it runs (`up`): one whose
+            # process died (a team database frees its lock with its session) is ended here.
+            if launch_in_flight(record) and record.driver and not is_me(record.driver):
                 raise ClusterBusyError(
                     f"cluster {name!r} is being launched by another cloudtrain process ({record.driver.split(':')[1]})",
                     hint="wait for that launch to finish (or fail), then `cloudtrain down` it",
@@ -687,7 +689,7 @@ def end_open_jobs(store: StateStore, cluster: str, state: str = JobState.KILLED)
 def abandoned_intent(record: ClusterRecord, launch_done: bool = False) -> bool:
     """A launch whose creating process is gone without hearing its create's answer."""
     return (record.status == ClusterStatus.PROVISIONING and not launch_done and record.driver is not None
-            and not is_me(record.driver) and not record.launch_in_flight(time.time()))
+            and not is_me(record.driver) and not launch_in_flight(record))
 
 
 def check_stop_possible(provider: Provider, spot: bool, name: str | None = None) -> None:

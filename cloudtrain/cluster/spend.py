@@ -17,6 +17,7 @@ from cloudtrain.cluster.reconcile import Source
 from cloudtrain.cost import spend
 from cloudtrain.errors import CloudtrainError
 from cloudtrain.state import BillingRecord, ClusterStatus, StateStore
+from cloudtrain.state.locks import launch_in_flight
 
 
 def iso(epoch: float | None) -> str | None:
@@ -35,7 +36,7 @@ def observe_billing(store: StateStore, config: Config) -> list[str]:
     # machines may exist, unknown to the ledger) and cleanups that did not finish.
     unsettled = {ClusterStatus.PROVISIONING, ClusterStatus.LAUNCH_FAILED, ClusterStatus.DOWN_FAILED}
     for record in store.list_clusters():
-        if record.launch_in_flight(time.time()):
+        if launch_in_flight(record):
             continue
         if record.uid not in billing_now and record.status not in unsettled:
             continue

@@ -20,8 +20,12 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
 from cloudtrain import paths
+
+if TYPE_CHECKING:
+    from cloudtrain.state.records import ClusterRecord
 
 # The advisory lock's first key (the second is the cluster name's hash): cluster locks only.
 CLUSTER_LOCK_SPACE = 0x6374
@@ -82,3 +86,42 @@ def _team_lock(url: str, cluster: str) -> Iterator[None]:
                     logging.getLogger(__name__).debug("cluster lock %s: freed with the session (%s)", cluster, exc)
         finally:
             conn.close()
+
+
+def launch_in_flight(record: ClusterRecord, now: float | None = None) -> bool:
+    """Whether another process is creating this cluster right now (`gc`, `cost` and `down` leave
+    it alone). Every launch runs under its cluster's lock (cluster/lifecycle.py `up`), so on a team
+    database the lock is the answer for a launcher on another machine, whose process this machine
+    cannot look up: the server frees a dead CLI's session lock at once, where the heartbeat's word
+    would stand for two minutes (ClusterRecord.launch_in_flight). Where the lock cannot be asked
+    (this machine's file lock: the process table already answers), the record's rule stands."""
+    if not record.launch_in_flight(time.time() if now is None else now):
+        return False
+    from cloudtrain import procid
+
+    if record.driver is None or procid.alive(record.driver):
+        return True  # a launcher this machine can see, alive (this process's own included)
+    return _held_elsewhere(record.name) is not False
+
+
+def _held_elsewhere(cluster: str) -> bool | None:
+    """Whether another session holds the cluster's team lock; None: not a team database, or no answer."""
+    from cloudtrain.state.location import state_url
+
+    url = state_url()
+    if url is None:
+        return None
+    from cloudtrain.state import pg
+
+    conn = pg.open_store(url)
+    try:
+        # pg_try_advisory_lock(int4, int4) shows in pg_locks as classid, objid (as oid), objsubid 2.
+        row = conn.execute("SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND granted "
+                           "AND objsubid = 2 AND classid = (?)::int4::oid AND objid = hashtext(?)::oid "
+                           "AND pid <> pg_backend_pid())", (CLUSTER_LOCK_SPACE, cluster)).fetchone()
+        return bool(row[0])
+    except pg.StateUnavailable as exc:
+        logging.getLogger(__name__).debug("who holds %s's lock: %s", cluster, exc)
+        return None
+    finally:
+        conn.close()

@@ -19,6 +19,7 @@ from typing import Any
 from cloudtrain.errors import UsageError
 from cloudtrain.state import pg
 from cloudtrain.state.budgets import is_team, who
+from cloudtrain.state.locks import launch_in_flight
 from cloudtrain.state.schema_pg import PG_MIGRATIONS, PG_READ_ONLY_TABLES, PG_SCHEMA_VERSION, PG_TABLES
 
 MEMBER_ROLE = "cloudtrain_member"
@@ -168,7 +169,7 @@ def teammates_live(store: Any, now: float | None = None) -> dict[str, Teammate]:
     found: dict[str, Teammate] = {}
     for row in rows:
         record = ClusterRecord(**{n: row[n] for n in names})
-        live = record.status in (ClusterStatus.UP, ClusterStatus.STOPPED) or record.launch_in_flight(now)
+        live = record.status in (ClusterStatus.UP, ClusterStatus.STOPPED) or launch_in_flight(record, now)
         if live:
             found[record.name] = Teammate(record.name, str(row["member"]), record.provider, record.status)
     return found
