@@ -219,11 +219,39 @@ def connect(url: str) -> Any:
         extra["connect_timeout"] = CONNECT_TIMEOUT_S
     if "application_name" not in given:
         extra["application_name"] = "cloudtrain"
+    # A server gone quiet (a dropped link) must not hang this CLI for the OS's two hours either.
+    for key, value in KEEPALIVES.items():
+        if f"keepalives_{key}" not in given:
+            extra[f"keepalives_{key}"] = value
     try:
-        return psycopg.connect(url, autocommit=True, row_factory=_row_factory, **extra)
+        conn = psycopg.connect(url, autocommit=True, row_factory=_row_factory, **extra)
     except psycopg.Error as exc:
         raise CloudtrainError(f"could not reach the state database {display(url)}: {_first_line(exc)}",
                               hint="check state_url / CLOUDTRAIN_STATE_URL and that the server is up") from None
+    if "tcp_keepalives" not in given.get("options", "") + os.environ.get("PGOPTIONS", ""):
+        _server_keepalives(conn, psycopg.Error)
+    return conn
+
+
+# TCP keepalive probes, both ways: after IDLE s of silence, every INTERVAL s, COUNT unanswered ones
+# end the connection (about 2 minutes in all).
+KEEPALIVES = {"idle": 60, "interval": 10, "count": 6}
+
+
+def _server_keepalives(conn: Any, error: type[BaseException]) -> None:
+    """Ask the server to probe this session too. A laptop that went to sleep (or off the network)
+    holding a cluster's or a sweep's session lock would otherwise keep it until the server's OS
+    gives up on the connection, two hours by default, and its teammates' `down` or `sweep resume`
+    would wait that long; with these the server ends the session, and frees its locks, within
+    about two minutes. Ignored on a Unix socket. A server or pooler that refuses the settings
+    keeps its own: said at --debug, never a failed command."""
+    settings = ", ".join(f"set_config('tcp_keepalives_{key}', '{value}', false)" for key, value in KEEPALIVES.items())
+    try:
+        conn.execute(f"SELECT {settings}")
+    except error as exc:
+        import logging
+
+        logging.getLogger(__name__).debug("the server's keepalives stay its own: %s", _first_line(exc))
 
 
 def errors() -> tuple[type[BaseException], ...]:

@@ -101,3 +101,17 @@ def test_a_lock_is_given_back_when_its_holder_fails(team: None) -> None:
                              "AND pid = pg_backend_pid()").fetchone()[0]
     assert held == 0
     store.close()
+
+
+def test_the_session_asks_the_server_to_probe_it(team: None) -> None:
+    """A laptop that sleeps holding a cluster's or a sweep's lock loses it within minutes, not the
+    server OS's two hours: every CLI session sets the server's TCP keepalives (state/pg.py)."""
+    from cloudtrain.state.pg import KEEPALIVES
+
+    store = StateStore()
+    rows = store._db.execute("SELECT name, source, reset_val FROM pg_settings WHERE name LIKE 'tcp_keepalives_%' "
+                             "ORDER BY name").fetchall()
+    assert {row[0]: row[1] for row in rows} == {f"tcp_keepalives_{k}": "session" for k in KEEPALIVES}
+    # (On this kit's Unix socket the server reads them as zero; over TCP they are the values set.)
+    assert store._db.execute("SELECT current_setting('application_name')").fetchone()[0] == "cloudtrain"
+    store.close()
