@@ -106,6 +106,12 @@ def test_cost_command_reports_per_cluster_and_total(cloudtrain_home) -> None:  #
     assert data["total_usd"] == pytest.approx(0.5 + disk_hourly("aws") / 2, rel=0.001)
     assert data["clusters"][0]["cluster"] == "a" and data["clusters"][0]["status"] == "down"
     assert data["incarnations"][0]["from_iso"].startswith("2023-11-14T22:13:20")
+    # Nothing billing, so nothing to ask a cloud: the config (pydantic) and the providers stay unloaded.
+    timed = subprocess.run([sys.executable, "-X", "importtime", "-m", "cloudtrain", "cost"], capture_output=True,
+                           text=True, env=cli_env(), timeout=60)
+    assert timed.returncode == 0 and "0.5" in timed.stdout, timed.stderr[-2000:]
+    loaded = {line.rsplit("|", 1)[1].strip() for line in timed.stderr.splitlines() if line.startswith("import time:")}
+    assert {"cloudtrain.config", "pydantic", "cloudtrain.cluster.lifecycle"}.isdisjoint(loaded)
     bad = subprocess.run([sys.executable, "-m", "cloudtrain", "cost", "--since", "last tuesday"],
                          capture_output=True, text=True, env=cli_env(), timeout=60)
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "--since" in bad.stderr

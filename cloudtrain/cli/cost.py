@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import time
 from typing import TYPE_CHECKING
 
@@ -11,6 +12,7 @@ from cloudtrain.cli import output
 
 if TYPE_CHECKING:
     from cloudtrain.cluster.spend_report import CostSummary
+    from cloudtrain.config import Config
     from cloudtrain.state import StateStore
 
 
@@ -33,6 +35,12 @@ def _since(value: str | None) -> float:
 GROUPS = ("user", "project", "cloud", "day")
 
 
+def _load_config() -> Config:
+    from cloudtrain.config import load_config
+
+    return load_config()
+
+
 @click.command()
 @click.option("--since", "since_text", metavar="WHEN", help="Only spend after this: 7d, 12h, 30m or 2026-11-01.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
@@ -48,22 +56,23 @@ def cost(since_text: str | None, as_json: bool, no_refresh: bool, all_users: boo
     On a team database: your spend, or with --all-users every member's."""
     from cloudtrain.cluster.spend import observe_billing
     from cloudtrain.cluster.spend_report import cost_summary
-    from cloudtrain.config import load_config
     from cloudtrain.providers.base import owner_id
     from cloudtrain.state import StateStore
     from cloudtrain.state.budgets import incarnation_owners, is_team, run_members, who
 
     since = _since(since_text)
     store = StateStore()
-    config = load_config()
+    config = functools.cache(_load_config)  # read only when an answer needs it (pydantic: ~0.3 s)
     problems = [] if no_refresh else observe_billing(store, config)
     for problem in problems:
         output.warn(problem)
-    owner = owner_id(config)
-    owners = incarnation_owners(store, owner) if all_users or by or is_team(store) else {}
+    team = is_team(store)
+    # Whose spend is whose matters only for a team's ledger or a grouped report: no config otherwise.
+    owner = owner_id(config()) if all_users or by or team else ""
+    owners = incarnation_owners(store, owner) if all_users or by or team else {}
     # On a team database a member's report is their own unless --all-users (this machine's SQLite
     # file holds only its own): incarnations as budgets attribute them, runs by their writer.
-    me = who(store, owner) if is_team(store) and not all_users else None
+    me = who(store, owner) if team and not all_users else None
     summary = cost_summary(store, since, time.time(), member=me, owners=owners,
                            runs_by=run_members(store) if me is not None else None)
     if all_users or by:

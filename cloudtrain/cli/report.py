@@ -40,7 +40,7 @@ def report(since_text: str | None, out: str, open_: bool, with_gc: bool, all_use
     if not no_refresh:
         from cloudtrain.cluster.spend import observe_billing
 
-        problems = observe_billing(store, config)
+        problems = observe_billing(store, lambda: config)
         for problem in problems:
             output.warn(problem)
     leaks = None

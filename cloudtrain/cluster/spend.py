@@ -12,25 +12,31 @@ import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
-from cloudtrain.config import Config
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
 from cloudtrain.cluster.reconcile import Source
 from cloudtrain.cost import spend
 from cloudtrain.errors import CloudtrainError
 from cloudtrain.state import BillingRecord, ClusterStatus, StateStore
 from cloudtrain.state.locks import launch_in_flight
 
+if TYPE_CHECKING:
+    from cloudtrain.config import Config
+    from cloudtrain.cluster.lifecycle import Lifecycle
+
 
 def iso(epoch: float | None) -> str | None:
     return None if epoch is None else datetime.fromtimestamp(epoch, timezone.utc).isoformat(timespec="seconds")
 
 
-def observe_billing(store: StateStore, config: Config) -> list[str]:
+def observe_billing(store: StateStore, config: Callable[[], Config]) -> list[str]:
     """Reconcile every cluster that has an open billed interval with what its cloud reports now.
-    Returns one line per cluster that could not be asked (its spend is then as last observed)."""
-    from cloudtrain.cluster.lifecycle import Lifecycle
-
+    Returns one line per cluster that could not be asked (its spend is then as last observed).
+    `config` is loaded (and the lifecycle with its providers imported) only once a cluster needs
+    asking: a ledger with nothing billing is reported without either (a third of `cost`'s time)."""
     billing_now = {b.incarnation for b in store.billing(since=time.time())}
-    lc = Lifecycle(store, config)
+    lc: Lifecycle | None = None
     problems = []
     # Besides clusters still billing: launches that died before their create was answered (their
     # machines may exist, unknown to the ledger) and cleanups that did not finish.
@@ -40,6 +46,10 @@ def observe_billing(store: StateStore, config: Config) -> list[str]:
             continue
         if record.uid not in billing_now and record.status not in unsettled:
             continue
+        if lc is None:
+            from cloudtrain.cluster.lifecycle import Lifecycle
+
+            lc = Lifecycle(store, config())
         try:
             lc.refresh(record.name)
         except CloudtrainError as exc:
