@@ -67,8 +67,9 @@ def cost(since_text: str | None, as_json: bool, no_refresh: bool, all_users: boo
     for problem in problems:
         output.warn(problem)
     team = is_team(store)
-    # Whose spend is whose matters only for a team's ledger or a grouped report: no config otherwise.
-    owner = owner_id(config()) if all_users or by or team else ""
+    # Whose spend is whose matters only for a team's ledger (its rows name their member; you are
+    # the database role) or a grouped report of this machine's (the config's owner).
+    owner = who(store, "") if team else owner_id(config()) if all_users or by else ""
     owners = incarnation_owners(store, owner) if all_users or by or team else {}
     # On a team database a member's report is their own unless --all-users (this machine's SQLite
     # file holds only its own): incarnations as budgets attribute them, runs by their writer.
