@@ -1,15 +1,19 @@
-"""The gcp provider's read path without the SDK: instances.get and instances.aggregatedList as REST
-calls (api.ComputeApi.get_json, google-auth's AuthorizedSession), against the fake Compute Engine.
+"""The gcp provider without the SDK: its reads and the writes of stop, start, down and the liveness
+mark as REST calls (api.ComputeApi.get_json / post_json / delete_json and `wait`, google-auth's
+AuthorizedSession), against the fake Compute Engine.
 
 What it must keep: the Instance records the SDK path made (the former reader, `sdk_record` below,
-is the oracle, fed by the real SDK), the errors `call` made of the SDK's exceptions, every page of
-a listing; and what it is for: `describe` and `list_tagged` never import google.cloud.compute_v1
-(2-4 s of import on `cloudtrain status --refresh`).
+is the oracle, fed by the real SDK), the requests the SDK's transport sent for each write and wait
+(method, path, query, content type, body: `Recorder`), the errors `call` made of the SDK's
+exceptions and of its operations' `error.errors[]`, every page of a listing; and what it is for:
+`describe`, `list_tagged`, `stop`, `start`, `terminate`, `mark_alive` and `release_resources` never
+import google.cloud.compute_v1 (2-4 s of import on `status --refresh`, `stop`, `start`, `down`).
 """
 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import threading
@@ -31,6 +35,7 @@ from cloudtrain.providers.base import (
     InstanceSpec,
     InstanceState,
     alive_of,
+    alive_value,
     owner_id,
 )
 from cloudtrain.providers.gcp import GcpProvider, build
@@ -322,3 +327,279 @@ def test_describe_and_list_tagged_import_no_compute_sdk(gce_server: GceServer, p
     states, listed, answered, after_an_error = json.loads(out.stdout.strip().splitlines()[-1])
     assert states == ["running", "terminated"] and listed == [inst.id]
     assert answered == [] and after_an_error == ["google.api_core"]
+
+
+# the write path: stop, start, delete, setLabels, firewall and disk deletes, operation waits --------
+
+
+class Recorder:
+    """A WSGI layer in front of the fake that notes every request as it arrived on the wire:
+    (method, path, query, content type, JSON body), so the REST path's requests can be held
+    against the ones the SDK's transport sent."""
+
+    def __init__(self, app: Callable[..., Iterable[bytes]]) -> None:
+        self.app = app
+        self.seen: list[tuple[str, str, dict[str, list[str]], str, Any]] = []
+        self.url = ""
+        self._server: Any = None
+        self._thread: threading.Thread | None = None
+
+    def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        import io
+
+        size = int(environ.get("CONTENT_LENGTH") or 0)
+        data = environ["wsgi.input"].read(size) if size else b""
+        self.seen.append((environ["REQUEST_METHOD"], environ["PATH_INFO"], parse_qs(environ.get("QUERY_STRING", "")),
+                          environ.get("CONTENT_TYPE", ""), json.loads(data) if data else None))
+        return self.app({**environ, "wsgi.input": io.BytesIO(data)}, start_response)
+
+    def writes(self, since: int, names: dict[str, str]) -> list[tuple[str, str, str, str, str]]:
+        """The requests after `since` but reads, as comparable text: `names` (a name -> a
+        placeholder) and operation names written out of the paths, bodies as sorted JSON."""
+        found = []
+        for method, path, query, content_type, body in self.seen[since:]:
+            if method == "GET":
+                continue
+            text = re.sub(r"/operations/[^/]+", "/operations/{op}", path)
+            text, dumped = _named(text, names), _named(json.dumps(body, sort_keys=True), names)
+            found.append((method, text, json.dumps(query, sort_keys=True), content_type, dumped))
+        return found
+
+    def start(self) -> Recorder:
+        from werkzeug.serving import make_server
+
+        self._server = make_server("127.0.0.1", 0, self, threaded=True)
+        self._thread = serve(self._server, "recording-gce")
+        self.url = f"http://127.0.0.1:{self._server.server_port}"
+        return self
+
+    def stop(self) -> None:
+        stop_serving(self._server, self._thread)
+
+
+def _any_fingerprint(body: str) -> str:
+    """A setLabels body with its fingerprint (each instance's own) written out."""
+    return re.sub(r'"labelFingerprint": "[^"]*"', '"labelFingerprint": "{fp}"', body)
+
+
+def _named(text: str, names: dict[str, str]) -> str:
+    for name, placeholder in sorted(names.items(), key=lambda item: -len(item[0])):
+        text = text.replace(name, placeholder)
+    return text
+
+
+@pytest.fixture
+def recording(gce_server: GceServer) -> Iterator[Recorder]:
+    layer = Recorder(gce_server).start()
+    try:
+        yield layer
+    finally:
+        layer.stop()
+
+
+def sdk_waited(via: GcpProvider, operation: Any, zone: str | None) -> Any:
+    """The SDK's own wait (ZoneOperationsClient / GlobalOperationsClient), as the write path had it."""
+    project = via.api.project
+    if zone:
+        return via.api.client("zone_operations").wait(project=project, zone=zone, operation=operation.name)
+    return via.api.client("global_operations").wait(project=project, operation=operation.name)
+
+
+def test_the_writes_are_the_requests_the_sdk_sent(gce_server: GceServer, recording: Recorder, waits: list[float]) -> None:
+    """Each write of stop, start, down, the liveness mark and release_resources, and each wait,
+    leaves as the SDK's transport sent it: method, path, query, content type and body."""
+    via = GcpProvider(**{**gce_server.config(region="us-central1"), "api_endpoint": recording.url})
+    via.api.backoff = Backoff(sleep=waits.append)
+    sdk, project = via.api.client("instances"), gce_server.project
+    a, b = via.launch(spec("wire", zone="us-central1-a"), 2)
+    zone, name_a, name_b = "us-central1-a", a.id.split(":")[1], b.id.split(":")[1]
+    as_a, as_b = {name_a: "{vm}"}, {name_b: "{vm}"}
+
+    def sdk_did(what: Callable[[], Any], waited_in: str | None = "us-central1-a") -> list[Any]:
+        since = len(recording.seen)
+        operation = what()
+        sdk_waited(via, operation, waited_in)
+        return recording.writes(since, as_a)
+
+    def rest_did(what: Callable[[], Any]) -> list[Any]:
+        since = len(recording.seen)
+        what()
+        return recording.writes(since, as_b)
+
+    stop = sdk_did(lambda: sdk.stop_unary(project=project, zone=zone, instance=name_a))
+    assert rest_did(lambda: via.stop([b.id])) == stop
+    assert [m for m, *_ in stop] == ["POST", "POST"] and stop[0][1].endswith("/instances/{vm}/stop")
+    start = sdk_did(lambda: sdk.start_unary(project=project, zone=zone, instance=name_a))
+    assert rest_did(lambda: via.start([b.id])) == start and start[1][1].endswith(f"/zones/{zone}/operations/{{op}}/wait")
+
+    # The liveness mark: the labels read, the mark added, with the fingerprint read (not waited for).
+    at = 1_700_000_000.0
+    since = len(recording.seen)
+    raw = gce_server.instance(zone, name_a) or {}
+    sdk.set_labels_unary(project=project, zone=zone, instance=name_a, instances_set_labels_request_resource={
+        "labels": {**raw["labels"], TAG_ALIVE: alive_value(at)}, "label_fingerprint": raw["labelFingerprint"]})
+    labelled = [(*request[:4], _any_fingerprint(request[4])) for request in recording.writes(since, as_a)]
+    since = len(recording.seen)
+    via.mark_alive([b.id], at)
+    marked = [(*request[:4], _any_fingerprint(request[4])) for request in recording.writes(since, as_b)]
+    assert marked == labelled and '"labelFingerprint": "{fp}"' in marked[0][4]
+    assert alive_of((gce_server.instance(zone, name_b) or {})["labels"]) == at
+
+    # Deleting an instance; the other of the cluster still lives, so no rule goes with it.
+    deleted = rest_did(lambda: via.terminate([b.id]))
+    assert deleted == sdk_did(lambda: sdk.delete_unary(project=project, zone=zone, instance=name_a))
+    assert [m for m, *_ in deleted] == ["DELETE", "POST"]
+
+    # The cluster's rules and a loose disk, once no instance is left: global and zonal deletes.
+    rules = [r.id for r in via.firewalls.list("wire")]
+    assert len(rules) == 3
+    since = len(recording.seen)
+    firewalls = via.api.client("firewalls")
+    operations = [firewalls.delete_unary(project=project, firewall=rule) for rule in rules]
+    for operation in operations:
+        sdk_waited(via, operation, None)
+    sdk_rules = recording.writes(since, {"cloudtrain-wire-": "cloudtrain-{c}-"})
+    assert [m for m, *_ in sdk_rules] == ["DELETE"] * 3 + ["POST"] * 3
+    assert "/global/operations/{op}/wait" in sdk_rules[3][1]
+    from google.cloud import compute_v1
+
+    labels = {TAG_CLUSTER: "wire2", TAG_OWNER: owner_id()}
+    disk = gce_server.client("disks").insert_unary(project=project, zone=zone, disk_resource=compute_v1.Disk(
+        name="wire2-left", size_gb=10, labels=labels))
+    sdk_waited(via, disk, zone)
+    # The same rules again, for a cluster whose last instance is gone: release_resources deletes them.
+    for body in build.firewall_bodies("wire2", owner_id(), "203.0.113.7/32", 2).values():
+        sdk_waited(via, firewalls.insert_unary(project=project, firewall_resource=compute_v1.Firewall(body)), None)
+    since = len(recording.seen)
+    assert via.release_resources("wire2") == []
+    released = recording.writes(since, {"cloudtrain-wire2-": "cloudtrain-{c}-", "wire2-left": "{disk}"})
+    assert released[:6] == sdk_rules
+    other = gce_server.client("disks").insert_unary(project=project, zone=zone, disk_resource=compute_v1.Disk(
+        name="wire3-left", size_gb=10, labels={**labels, TAG_CLUSTER: "wire3"}))
+    sdk_waited(via, other, zone)
+    since = len(recording.seen)
+    sdk_waited(via, via.api.client("disks").delete_unary(project=project, zone=zone, disk="wire3-left"), zone)
+    assert released[6:] == recording.writes(since, {"wire3-left": "{disk}"})
+    assert [m for m, *_ in released[6:]] == ["DELETE", "POST"] and released[6][1].endswith(f"/zones/{zone}/disks/{{disk}}")
+    assert not gce_server.disks and not [r for r in via.firewalls.list() if "wire" in r.id]
+
+
+@pytest.mark.parametrize("code,status,kind", [
+    ("forbidden", None, CredentialsError),  # 403: a missing permission
+    ("authError", None, CredentialsError),  # 401
+    ("rateLimitExceeded", None, GcpApiError),  # retried with backoff, then the answer
+    ("backendError", None, GcpApiError),  # a 503: retried likewise
+    ("invalid", 400, GcpApiError),
+])
+def test_a_refused_write_becomes_what_the_sdk_path_made_of_it(gce_server: GceServer, provider: GcpProvider,
+                                                              waits: list[float], code: str, status: int | None,
+                                                              kind: type) -> None:
+    (inst,) = provider.launch(spec("refused"), 1)
+    zone, name = inst.id.split(":")
+    provider.api.backoff = Backoff(tries=2, sleep=waits.append)
+    sdk, project = provider.api.client("instances"), gce_server.project
+    cases: list[tuple[str, Callable[[], Any], Callable[[], Any]]] = [
+        ("instances.stop", lambda: provider.api.call(f"stopping {name}", sdk.stop_unary, project=project, zone=zone,
+                                                     instance=name), lambda: provider.stop([inst.id])),
+        ("instances.setLabels", lambda: provider.api.call(
+            f"labelling {name}", sdk.set_labels_unary, project=project, zone=zone, instance=name,
+            instances_set_labels_request_resource={"labels": {}, "label_fingerprint": ""}),
+         lambda: provider.mark_alive([inst.id], 1000.0)),
+        ("instances.delete", lambda: provider.api.call(f"deleting {name}", sdk.delete_unary, project=project,
+                                                       zone=zone, instance=name), lambda: provider.terminate([inst.id])),
+    ]
+    for action, by_sdk, by_rest in cases:
+        gce_server.faults.add(code, action=action, status=status)
+        before = gce_server.faults.count(action)
+        was = error_of(by_sdk)
+        asked = gce_server.faults.count(action) - before
+        now = error_of(by_rest)
+        assert isinstance(now, kind) and said(now) == said(was), action
+        assert gce_server.faults.count(action) - before - asked == asked, action  # retried (or not) alike
+        gce_server.faults.faults.clear()
+    assert (gce_server.instance(zone, name) or {}).get("status") == "RUNNING"
+
+
+def test_an_operation_that_ends_in_an_error_is_said_as_the_sdk_operation_was(gce_server: GceServer,
+                                                                            provider: GcpProvider) -> None:
+    """A write accepted whose operation ends DONE with `error.errors[]`: the codes, messages and
+    HTTP status the SDK's Operation carried; a permission code is a CredentialsError."""
+    a, b = provider.launch(spec("op-error", zone="us-central1-b"), 2)
+    zone = "us-central1-b"
+    sdk, project = provider.api.client("instances"), gce_server.project
+    gce_server.faults.add("RESOURCE_NOT_READY", action="instances.stop", times=1)
+    operation = sdk.stop_unary(project=project, zone=zone, instance=a.id.split(":")[1])
+    done = sdk_waited(provider, operation, zone)
+    assert done.status == done.Status.DONE and done.error.errors
+    gce_server.faults.add("RESOURCE_NOT_READY", action="instances.stop", times=1)
+    now = error_of(lambda: provider.stop([b.id]))
+    assert isinstance(now, GcpApiError)
+    assert (now.codes, now.gcp_message, now.status) == (
+        tuple(e.code for e in done.error.errors),
+        "; ".join(e.message for e in done.error.errors).replace(a.id.split(":")[1], b.id.split(":")[1]),
+        done.http_error_status_code)
+    gce_server.faults.add("IAM_PERMISSION_DENIED", action="instances.delete", times=1)
+    denied = error_of(lambda: provider.terminate([b.id]))
+    assert isinstance(denied, CredentialsError) and "GCP denied deleting" in str(denied)
+    # An operation gone from the server (a 404 on its wait) is an error of the write, not a hang.
+    with pytest.raises(GcpApiError) as gone:
+        provider.api.wait("stopping x", {"name": "operation-none", "status": "RUNNING"}, zone)
+    assert gone.value.not_found
+
+
+def test_a_delete_answered_503_after_it_acted_is_done_and_a_gone_one_is_fine(gce_server: GceServer,
+                                                                            provider: GcpProvider,
+                                                                            waits: list[float]) -> None:
+    (inst,) = provider.launch(spec("again"), 1)
+    gce_server.faults.add("backendError", action="instances.delete", delivery="reply", times=1)
+    gce_server.faults.add("backendError", action="globalOperations.wait", times=1)
+    provider.terminate([inst.id])  # the retry finds it gone (404): done
+    assert provider.list_tagged("again") == [] and not [r for r in gce_server.firewalls if "again" in r]
+    assert len(waits) == 2
+    provider.terminate([inst.id])  # nothing left: nothing asked but the read
+
+
+def test_stop_start_down_and_the_mark_import_no_compute_sdk(gce_server: GceServer, provider: GcpProvider) -> None:
+    """In a fresh process, what `stop`, `start`, `down` (terminate and release_resources) and the
+    liveness mark call never imports google.cloud.compute_v1 (nor proto-plus, which it brings)."""
+    (inst,) = provider.launch(spec("light-writes"), 1)
+    code = (
+        "import json, sys\n"
+        "from cloudtrain.providers.gcp import GcpProvider\n"
+        f"p = GcpProvider(project={gce_server.project!r}, api_endpoint={gce_server.url!r}, all_owners=True)\n"
+        f"ids = [{inst.id!r}]\n"
+        "p.mark_alive(ids, 1000.0)\n"
+        "p.stop(ids)\n"
+        "stopped = [i.state.value for i in p.describe(ids)]\n"
+        "p.start(ids)\n"
+        "p.terminate(ids)\n"
+        "left = [r.id for r in p.list_resources('light-writes')]\n"
+        "heavy = sorted({p for m in list(sys.modules) for p in ('google.cloud.compute_v1', 'proto')\n"
+        "                if m == p or m.startswith(p + '.')})\n"
+        "print(json.dumps([stopped, [i.state.value for i in p.describe(ids)], left, heavy]))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
+    assert out.returncode == 0, out.stderr
+    stopped, after, left, heavy = json.loads(out.stdout.strip().splitlines()[-1])
+    assert stopped == ["stopped"] and after == ["terminated"] and left == [] and heavy == []
+    assert not [r for r in gce_server.firewalls if "light-writes" in r]
+
+
+def test_a_wait_may_take_the_two_minutes_the_api_may_hold_it(gce_server: GceServer, provider: GcpProvider,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """zoneOperations.wait answers when the operation is DONE or after its 2-minute deadline: its
+    read timeout is longer than that (a slow delete going well is not an error); other calls keep
+    the usual one."""
+    (inst,) = provider.launch(spec("slow"), 1)
+    session = provider.api.session()
+    asked: list[tuple[str, float]] = []
+    real = session.request
+
+    def noted(method: str, url: str, **kwargs: Any) -> Any:
+        asked.append((url.rsplit("/", 1)[-1], kwargs["timeout"]))
+        return real(method, url, **kwargs)
+
+    monkeypatch.setattr(session, "request", noted)
+    provider.stop([inst.id])
+    timeouts = dict(asked)
+    assert timeouts["wait"] > 120 and timeouts["stop"] < timeouts["wait"]

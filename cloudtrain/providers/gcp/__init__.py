@@ -33,13 +33,15 @@ instanceTerminationAction STOP or DELETE from the teardown policy; they can be s
 `spec.max_run_s` (the budget's cloud-side backstop) becomes scheduling.maxRunDuration with the same
 termination action: Compute Engine itself stops or deletes the VM if everything else fails.
 
-Waiting: operations through ZoneOperationsClient/GlobalOperationsClient.wait (server-side long
-polls); this module never sleeps and never opens SSH.
+Waiting: operations through zoneOperations.wait / globalOperations.wait (server-side long polls,
+api.ComputeApi.wait); this module never sleeps and never opens SSH.
 
-Reading instances (`describe`, `list_tagged`, the read before a stop, start, delete or label) is
-Compute Engine's REST API without the SDK (api.ComputeApi.get_json): an instance is its JSON here
-(build.instance_record reads it), so `status --refresh` never imports google.cloud.compute_v1
-(2-4 s). The SDK is imported on the first write or launch lookup (api.ComputeApi.v1).
+Everything but `launch` speaks Compute Engine's REST API without the SDK (api.ComputeApi.get_json,
+post_json, delete_json): reading instances (`describe`, `list_tagged`, the read before a stop,
+start, delete or label), `stop`, `start`, `terminate`, `mark_alive` and `release_resources` (see
+resources.py). An instance is its JSON here (build.instance_record reads it), so `status
+--refresh`, `stop`, `start` and `down` never import google.cloud.compute_v1 (2-4 s). The SDK is
+imported on launch's first write or lookup, or by `grant_buckets` (api.ComputeApi.v1).
 """
 
 from __future__ import annotations
@@ -429,30 +431,25 @@ class GcpProvider:
         return self.api.endpoint is None or bool(os.environ.get("STORAGE_EMULATOR_HOST"))
 
     def mark_alive(self, ids: Sequence[str], at: float) -> None:
-        instances = self.api.client("instances")
         for value in dict.fromkeys(ids):
             parsed = build.parse_instance_id(value)
             raw = self._raw(*parsed) if parsed else None
             if raw is None or parsed is None or raw.get("status") in build.STOPPED_STATUSES:
                 continue  # gone, or stopped: nothing runs there to vouch for
             labels = {**dict(raw.get("labels") or {}), TAG_ALIVE: alive_value(at)}
-            self.api.call(f"labelling {parsed[1]}", instances.set_labels_unary, project=self.api.project,
-                          zone=parsed[0], instance=parsed[1], instances_set_labels_request_resource={
-                              "labels": labels, "label_fingerprint": raw.get("labelFingerprint", "")})
+            # Not waited for: the label is a hint, and the next mark writes it again.
+            self.api.post_json(f"labelling {parsed[1]}", f"{_instance_path(*parsed)}/setLabels",
+                               {"labels": labels, "labelFingerprint": raw.get("labelFingerprint", "")})
 
     def stop(self, ids: Sequence[str]) -> None:
-        instances = self.api.client("instances")
-        pending = [(zone, name, self.api.call(f"stopping {name}", instances.stop_unary, project=self.api.project,
-                                              zone=zone, instance=name))
+        pending = [(zone, name, self.api.post_json(f"stopping {name}", f"{_instance_path(zone, name)}/stop"))
                    for zone, name, raw in self._existing(ids, "stop")
                    if raw.get("status") not in build.STOPPED_STATUSES]
         for zone, name, operation in pending:
             self.api.wait(f"stopping {name}", operation, zone)
 
     def start(self, ids: Sequence[str]) -> None:
-        instances = self.api.client("instances")
-        pending = [(zone, name, self.api.call(f"starting {name}", instances.start_unary, project=self.api.project,
-                                              zone=zone, instance=name))
+        pending = [(zone, name, self.api.post_json(f"starting {name}", f"{_instance_path(zone, name)}/start"))
                    for zone, name, raw in self._existing(ids, "start")
                    if raw.get("status") not in build.STARTED_STATUSES]
         for zone, name, operation in pending:
@@ -472,7 +469,6 @@ class GcpProvider:
         rules go once no instance of it is left."""
         clusters: set[str] = set()
         pending = []
-        instances = self.api.client("instances")
         for value in dict.fromkeys(ids):
             parsed = build.parse_instance_id(value)
             if parsed is None:
@@ -487,8 +483,7 @@ class GcpProvider:
             if build.instance_buckets(raw):  # its bindings go with the cluster's last VM
                 self._bound.setdefault(cluster, set()).update(build.instance_buckets(raw))
             try:
-                pending.append((zone, name, self.api.call(f"deleting {name}", instances.delete_unary,
-                                                          project=self.api.project, zone=zone, instance=name)))
+                pending.append((zone, name, self.api.delete_json(f"deleting {name}", _instance_path(zone, name))))
             except GcpApiError as exc:
                 if not exc.not_found:
                     raise
@@ -549,8 +544,7 @@ class GcpProvider:
     def _raw(self, zone: str, name: str) -> dict[str, Any] | None:
         """The instance's JSON (instances.get), None when it is gone."""
         try:
-            return self.api.get_json(f"reading {name}",
-                                     f"zones/{quote(zone, safe='')}/instances/{quote(name, safe='')}")
+            return self.api.get_json(f"reading {name}", _instance_path(zone, name))
         except GcpApiError as exc:
             if exc.not_found:
                 return None
@@ -578,11 +572,10 @@ class GcpProvider:
 
     def _delete_quietly(self, zone: str, names: Sequence[str]) -> None:
         """Cleanup on a failure path: delete by name and wait; never hide the original failure."""
-        instances, pending = self.api.client("instances"), []
+        pending = []
         for name in names:
             try:
-                pending.append((name, self.api.call(f"deleting {name}", instances.delete_unary,
-                                                    project=self.api.project, zone=zone, instance=name)))
+                pending.append((name, self.api.delete_json(f"deleting {name}", _instance_path(zone, name))))
             except GcpApiError as exc:
                 if not exc.not_found:
                     log.warning("gcp: could not delete %s in %s after a failed launch: %s", name, zone, exc.one_line())
@@ -594,6 +587,11 @@ class GcpProvider:
             except (ProviderError, CredentialsError) as exc:
                 if not (isinstance(exc, GcpApiError) and exc.not_found):
                     log.warning("gcp: deleting %s in %s after a failed launch: %s", name, zone, exc.one_line())
+
+
+def _instance_path(zone: str, name: str) -> str:
+    """An instance's path under the project, as the SDK's transport writes it."""
+    return f"zones/{quote(zone, safe='')}/instances/{quote(name, safe='')}"
 
 
 def make_provider(config: Config) -> GcpProvider:

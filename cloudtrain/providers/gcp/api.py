@@ -5,17 +5,34 @@ application-default login, the metadata server on GCE, workload identity federat
 comes from the config (`gcp.project`), then GOOGLE_CLOUD_PROJECT / CLOUDSDK_CORE_PROJECT, then the
 credentials' own project. Every call speaks REST to `gcp.api_endpoint` when the config names one.
 
-Reads of instances (instances.get, instances.aggregatedList: `describe`, `list_tagged`, `status
---refresh`) are the REST calls the SDK makes, sent here with google-auth's AuthorizedSession
-(`get_json`): google.cloud.compute_v1 imports in 2-4 s (its package imports every service), which
-a read has no use for. Everything that changes something (creates, stops, starts, deletes,
-firewalls, disks) and the launch's lookups keep the SDK. Both go through `call`: an HTTP error
-of a read is turned into google-api-core's exception by google-api-core's own
-`from_http_response` (what the SDK's transport does), then mapped like every other.
+What goes over REST, without the SDK: the calls of every verb but `launch`. google.cloud.compute_v1
+imports in 2-4 s (its package __init__ imports every service), which `status --refresh`, `stop`,
+`start`, `down`, `gc` and the liveness mark would pay for a handful of requests. So these are the
+REST calls the SDK's transport makes (same method, path, query and camelCase JSON body), sent here
+with google-auth's AuthorizedSession (`get_json`, `post_json`, `delete_json`, `list_json`,
+`aggregated_json`):
+  reads     instances.get, instances.aggregatedList, firewalls.get, firewalls.list,
+            disks.aggregatedList
+  writes    instances.stop / start (POST .../instances/N/stop|start, no body), instances.delete,
+            instances.setLabels (the liveness mark), firewalls.delete, disks.delete
+  waits     zoneOperations.wait / globalOperations.wait (POST .../operations/OP/wait, no body)
+None of these writes carried a requestId on the SDK path, and none does here: a repeated delete
+is answered 404 (gone: done), a repeated stop or start acts on a VM already so.
 
-Long-running calls use `*_unary` and `ZoneOperationsClient.wait` / `GlobalOperationsClient.wait`:
-the SDK's `insert(...).result()` polls the public endpoint whatever endpoint the client has. `wait`
-is a server-side long poll (up to about two minutes per call), so waiting never sleeps here.
+What keeps the SDK (`client`, `v1`): `launch` (instances.insert with its requestId, firewalls.insert
+and patch, the lookups of images, machine and accelerator types, zones and the project) and
+instances.setMetadata (`grant_buckets`): building an Instance or Firewall message checks our body
+against the API's schema before anything is created, and launch pays for boot minutes anyway.
+Those calls answer SDK Operations; `wait` reads them as their JSON, so every wait is the same REST
+long poll.
+
+Errors: an HTTP error of a REST call is turned into google-api-core's exception by google-api-core's
+own `from_http_response` (what the SDK's transport does; imported on an error only), and both paths
+go through `call`, so a REST call and an SDK call fail, retry and map alike.
+
+Long-running calls use `*_unary` (SDK) or the REST answer, and `wait`: the SDK's
+`insert(...).result()` polls the public endpoint whatever endpoint the client has. `wait` is a
+server-side long poll (up to about two minutes per call), so waiting never sleeps here.
 
 Retries: what Google documents as "try again" is retried with exponential backoff and jitter,
 bounded in tries and in time (`Backoff`), on every call, creates included: an HTTP 429, a 5xx that
@@ -35,6 +52,7 @@ The provider decides what a GcpApiError means for failover (see `failover_error`
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import threading
@@ -44,6 +62,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import quote
 
 from cloudtrain.errors import (
     CapacityError,
@@ -61,6 +80,9 @@ SCOPES = ("https://www.googleapis.com/auth/cloud-platform",)
 PUBLIC_ENDPOINT = "https://compute.googleapis.com"
 DEFAULT_HOST = "compute.googleapis.com"  # a self-signed JWT's audience when it has no scopes (as the SDK)
 CALL_TIMEOUT_S = 60.0
+# An operation's `wait` answers when it is DONE or after "the default deadline of 2 minutes": a
+# shorter read timeout would fail a slow delete or stop that is going well.
+WAIT_TIMEOUT_S = 150.0
 OPERATION_DEADLINE_S = 20 * 60.0  # one create, start, stop or delete; `wait` returns within ~2 min
 NO_CREDENTIALS = ("no GCP credentials found (run `gcloud auth application-default login` or set "
                   "GOOGLE_APPLICATION_CREDENTIALS)")
@@ -259,8 +281,8 @@ class ComputeApi:
     # clients and calls --------------------------------------------------------------------------
 
     def client(self, kind: str) -> Any:
-        """kind: instances, zone_operations, global_operations, firewalls, images, machine_types,
-        accelerator_types, zones."""
+        """The SDK's client of `kind` (launch's writes and lookups): instances, firewalls, images,
+        machine_types, accelerator_types, zones, projects."""
         with self._clients_lock:  # one provider serves the run's threads (the watcher's too)
             return self._client_locked(kind)
 
@@ -290,18 +312,50 @@ class ComputeApi:
     def get_json(self, what: str, path: str, /, **params: str) -> dict[str, Any]:
         """GET {endpoint}/compute/v1/projects/{project}/{path}: Compute Engine's JSON answer, with
         errors and retries as `call` has them for the SDK."""
+        return self._rest(what, "GET", path, None, params)
+
+    def post_json(self, what: str, path: str, body: dict[str, Any] | None = None, /,
+                  **params: str) -> dict[str, Any]:
+        """POST to `path` (e.g. zones/Z/instances/N/stop) with `body` as JSON (camelCase, as the
+        SDK's transport sends it; none for stop, start and operations' wait): its answer, an
+        operation for every write."""
+        return self._rest(what, "POST", path, body, params)
+
+    def delete_json(self, what: str, path: str, /, **params: str) -> dict[str, Any]:
+        """DELETE `path` (an instance, a firewall rule, a disk): the operation's JSON."""
+        return self._rest(what, "DELETE", path, None, params)
+
+    def _rest(self, what: str, method: str, path: str, body: dict[str, Any] | None,
+              params: dict[str, str], timeout: float = CALL_TIMEOUT_S) -> dict[str, Any]:
+        """One REST call as the SDK's REST transport makes it (the JSON content type on every
+        method, the body serialized, the query flat), through `call`: a retryable answer repeats
+        the same request, an error becomes ours. google-api-core is imported on an error only."""
         url = f"{api_base(self.endpoint or PUBLIC_ENDPOINT)}/compute/v1/projects/{self.project}/{path}"
         session = self.session()
+        data = json.dumps(body) if body is not None else None
 
-        def get(timeout: float) -> dict[str, Any]:
-            response = session.get(url, params=params or None, timeout=timeout)
+        def send(timeout: float) -> dict[str, Any]:
+            response = session.request(method, url, params=params or None, data=data, timeout=timeout,
+                                       headers={"Content-Type": "application/json"})
             if response.status_code >= 400:
-                # The SDK's transport does exactly this; imported on an error only.
+                # The SDK's transport does exactly this.
                 raise self._api_errors.from_http_response(response)
             found: dict[str, Any] = response.json()
             return found
 
-        return self.call(what, get)
+        return self.call(what, send, timeout=timeout)
+
+    def list_json(self, what: str, path: str, /, **params: str) -> list[dict[str, Any]]:
+        """Every item of a list call (e.g. global/firewalls), every page read (each page its own
+        call, as in `aggregated_json`)."""
+        found: list[dict[str, Any]] = []
+        token = ""
+        while True:
+            page = self.get_json(what, path, **params, **({"pageToken": token} if token else {}))
+            found += page.get("items") or []
+            token = page.get("nextPageToken") or ""
+            if not token:
+                return found
 
     def aggregated_json(self, what: str, kind: str, /, **params: str) -> list[tuple[str, dict[str, Any]]]:
         """(zone, item) for every item of `aggregated/{kind}` (e.g. instances) across zones, every
@@ -351,9 +405,6 @@ class ComputeApi:
             raise ProviderError(f"GCP {what}: could not reach {self.endpoint or PUBLIC_ENDPOINT}: "
                                 f"{_network_reason(exc)}") from None
 
-    def list_all(self, what: str, fn: Callable[..., Any], /, **request: Any) -> list[Any]:
-        return self.call(what, lambda timeout: list(fn(request=request, timeout=timeout)))
-
     def aggregated(self, what: str, fn: Callable[..., Any], field: str, /, **request: Any) -> list[tuple[str, Any]]:
         """(zone, item) for every item of an aggregatedList, across zones."""
         def read(timeout: float) -> list[tuple[str, Any]]:
@@ -366,14 +417,16 @@ class ComputeApi:
         return self.call(what, read)
 
     def wait(self, what: str, operation: Any, zone: str | None = None,
-             again: Callable[[], Any] | None = None) -> Any:
+             again: Callable[[], Any] | None = None) -> dict[str, Any]:
         """Wait for a zonal (or global, zone None) operation to be DONE; its errors raised as ours.
-        `again`: issues the request anew (a fresh requestId), for an operation that ended with a
-        retryable code (RESOURCE_OPERATION_RATE_EXCEEDED): tried with backoff, as `call` does."""
+        `operation`: its JSON (the REST writes' answer), or the SDK's Operation (launch's writes),
+        read as its JSON; the waiting itself is REST either way. `again`: issues the request anew
+        (a fresh requestId), for an operation that ended with a retryable code
+        (RESOURCE_OPERATION_RATE_EXCEEDED): tried with backoff, as `call` does."""
         delays = self.backoff.delays()
         while True:
             try:
-                return self._wait_once(what, operation, zone)
+                return self._wait_once(what, _operation_json(operation), zone)
             except GcpApiError as exc:
                 delay = next(delays, None) if exc.retryable and again is not None else None
                 if delay is None or again is None:
@@ -382,23 +435,22 @@ class ComputeApi:
                 self.backoff.sleep(delay)
                 operation = again()
 
-    def _wait_once(self, what: str, operation: Any, zone: str | None) -> Any:
-        done = self.v1.Operation.Status.DONE
+    def _wait_once(self, what: str, operation: dict[str, Any], zone: str | None) -> dict[str, Any]:
         deadline = time.monotonic() + OPERATION_DEADLINE_S
-        while operation.status != done:
+        while operation.get("status") != "DONE":
+            name = str(operation.get("name", ""))
             if time.monotonic() > deadline:
-                raise ProviderError(f"GCP {what}: operation {operation.name} not done after "
+                raise ProviderError(f"GCP {what}: operation {name} not done after "
                                     f"{OPERATION_DEADLINE_S / 60:.0f} min", hint="see the console's operations list")
-            if zone:
-                operation = self.call(what, self.client("zone_operations").wait, project=self.project, zone=zone,
-                                      operation=operation.name)
-            else:
-                operation = self.call(what, self.client("global_operations").wait, project=self.project,
-                                      operation=operation.name)
-        errors = list(operation.error.errors) if operation.error else []
+            # zoneOperations.wait / globalOperations.wait: POST, no body; a long poll on the server.
+            scope = f"zones/{quote(zone, safe='')}" if zone else "global"
+            operation = self._rest(what, "POST", f"{scope}/operations/{quote(name, safe='')}/wait", None, {},
+                                   timeout=WAIT_TIMEOUT_S)
+        errors = [e for e in (operation.get("error") or {}).get("errors") or [] if isinstance(e, dict)]
         if errors:
-            error = GcpApiError(what, [e.code for e in errors], "; ".join(e.message for e in errors if e.message),
-                                operation.http_error_status_code or None)
+            error = GcpApiError(what, [str(e.get("code", "")) for e in errors],
+                                "; ".join(str(e["message"]) for e in errors if e.get("message")),
+                                operation.get("httpErrorStatusCode") or None)
             if set(error.codes) & CREDENTIAL_CODES:
                 raise CredentialsError(f"GCP denied {what}: {error.gcp_message}", hint=CREDENTIALS_HINT)
             raise error
@@ -435,6 +487,15 @@ class ComputeApi:
         region = self.default_region
         place = f"region {region}" if region else "no default region (set gcp.region or name one in recipes)"
         return CredentialStatus("gcp", True, f"{source}, project {project} (from {where}), {place}")
+
+
+def _operation_json(operation: Any) -> dict[str, Any]:
+    """An operation as Compute Engine's JSON: as it is, or an SDK Operation written out (enums by
+    name, camelCase: what its REST transport read)."""
+    if isinstance(operation, dict):
+        return operation
+    found: dict[str, Any] = json.loads(type(operation).to_json(operation, use_integers_for_enums=False))
+    return found
 
 
 def _rest_message(exc: Any) -> str:

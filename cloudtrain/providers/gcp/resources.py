@@ -5,6 +5,10 @@ firewall rules carry no labels, so ours are found by name (`cloudtrain-*`) and c
 description (`cloudtrain-cluster=<c> cloudtrain-owner=<o>: ...`): a rule whose description names
 another cluster or owner is never changed or deleted.
 
+Reading rules and disks and deleting them is REST (api.ComputeApi: `down` and `gc` import no SDK),
+so rules and disks are their JSON here; creating and patching a rule (`ensure`, `follow`) keeps
+the SDK's Firewall message (see api.py).
+
 Disks: cloudtrain makes only boot disks, labelled like their instance and deleted with it
 (autoDelete). One can still outlive its instance (deleted with autoDelete off, by hand or by a
 tool; an insert that failed after its disk was made) and stays billed per GB-month. A loose disk is
@@ -18,6 +22,7 @@ import dataclasses
 import uuid
 from collections.abc import Callable
 from typing import Any
+from urllib.parse import quote
 
 from cloudtrain.errors import CredentialsError, ProviderError
 from cloudtrain.providers.base import TAG_CLUSTER, TAG_OWNER, ClusterResource
@@ -44,10 +49,11 @@ class Firewalls:
                                                              "request_id": str(uuid.uuid4()),
                                                              "firewall_resource": self.api.v1.Firewall(body)})))
                 continue
-            if build.parse_firewall_description(existing.description) != (cluster, owner):
+            if build.parse_firewall_description(existing.get("description", "")) != (cluster, owner):
                 raise ProviderError(f"firewall rule {name} exists and is not cloudtrain's for cluster {cluster}",
                                     hint="delete it or use another cluster name")
-            if list(existing.source_ranges) != list(body.get("source_ranges", existing.source_ranges)):
+            ranges = list(existing.get("sourceRanges") or [])
+            if ranges != list(body.get("source_ranges", ranges)):
                 patch = self.api.v1.Firewall(source_ranges=body["source_ranges"])
                 pending.append((name, self.api.call(f"updating firewall rule {name}", client.patch_unary,
                                                     project=self.api.project, firewall=name,
@@ -60,10 +66,10 @@ class Firewalls:
         the old source ranges when it changed, else None (already so, or no rule of ours)."""
         name = build.firewall_name(cluster, "ssh")
         rule = self._get(name)
-        claimed = build.parse_firewall_description(rule.description) if rule is not None else None
+        claimed = build.parse_firewall_description(rule.get("description", "")) if rule is not None else None
         if rule is None or claimed is None or claimed[0] != cluster or (self.owner and claimed[1] != self.owner):
             return None
-        before = list(rule.source_ranges)
+        before = list(rule.get("sourceRanges") or [])
         if before == [cidr]:
             return None
         operation = self.api.call(f"updating firewall rule {name}", self.api.client("firewalls").patch_unary,
@@ -73,16 +79,15 @@ class Firewalls:
         return ", ".join(before)
 
     def list(self, cluster: str | None = None) -> list[ClusterResource]:
-        rules = self.api.list_all("listing firewall rules", self.api.client("firewalls").list,
-                                  project=self.api.project, filter='name eq "cloudtrain-.*"')
+        rules = self.api.list_json("listing firewall rules", "global/firewalls", filter='name eq "cloudtrain-.*"')
         found = []
         for rule in rules:
-            claimed = build.parse_firewall_description(rule.description)
+            claimed = build.parse_firewall_description(rule.get("description", ""))
             if claimed is None or (cluster is not None and claimed[0] != cluster):
                 continue
             if self.owner is not None and claimed[1] != self.owner:
                 continue
-            found.append(ClusterResource("gcp", claimed[0], "firewall", rule.name))
+            found.append(ClusterResource("gcp", claimed[0], "firewall", rule["name"]))
         return found
 
     def release(self, cluster: str, live: int) -> list[ClusterResource]:
@@ -91,12 +96,11 @@ class Firewalls:
         if live:
             return [ClusterResource(r.cloud, r.cluster, r.kind, r.id, note=f"in use by {live} instance(s)")
                     for r in rules]
-        client = self.api.client("firewalls")
         pending = []
         for rule in rules:
             try:
-                pending.append((rule.id, self.api.call(f"deleting firewall rule {rule.id}", client.delete_unary,
-                                                       project=self.api.project, firewall=rule.id)))
+                pending.append((rule.id, self.api.delete_json(f"deleting firewall rule {rule.id}",
+                                                              f"global/firewalls/{quote(rule.id, safe='')}")))
             except GcpApiError as exc:
                 if not exc.not_found:
                     raise
@@ -119,10 +123,10 @@ class Firewalls:
         for rule in kept:
             log.info("gcp: kept firewall rule %s (%s)", rule.id, rule.note)
 
-    def _get(self, name: str) -> Any | None:
+    def _get(self, name: str) -> dict[str, Any] | None:
+        """The rule's JSON (firewalls.get), None when there is none."""
         try:
-            return self.api.call(f"reading firewall rule {name}", self.api.client("firewalls").get,
-                                 project=self.api.project, firewall=name)
+            return self.api.get_json(f"reading firewall rule {name}", f"global/firewalls/{quote(name, safe='')}")
         except GcpApiError as exc:
             if exc.not_found:
                 return None
@@ -151,50 +155,51 @@ class Disks:
         if live:
             return [_noted(_disk_resource(zone, raw), f"the cluster still has {live} instance(s)")
                     for zone, raw in loose]
-        client = self.api.client("disks")
         kept, pending = [], []
         for zone, raw in loose:
+            name = raw["name"]
             try:
-                pending.append((zone, raw, self.api.call(f"deleting disk {raw.name}", client.delete_unary,
-                                                         project=self.api.project, zone=zone, disk=raw.name)))
+                pending.append((zone, name, self.api.delete_json(
+                    f"deleting disk {name}", f"zones/{quote(zone, safe='')}/disks/{quote(name, safe='')}")))
             except GcpApiError as exc:
                 if exc.code == IN_USE:
                     kept.append(_noted(_disk_resource(zone, raw), "attached to an instance since listed"))
                 elif not exc.not_found:
                     raise
-        for zone, raw, operation in pending:
+        for zone, name, operation in pending:
             try:
-                self.api.wait(f"deleting disk {raw.name}", operation, zone)
+                self.api.wait(f"deleting disk {name}", operation, zone)
             except GcpApiError as exc:
                 if not exc.not_found:
                     raise
         return kept
 
-    def _loose(self, cluster: str | None) -> list[tuple[str, Any]]:
-        """(zone, disk) of this owner's labelled disks no instance uses. The filter narrows the
+    def _loose(self, cluster: str | None) -> list[tuple[str, dict[str, Any]]]:
+        """(zone, disk JSON) of this owner's labelled disks no instance uses. The filter narrows the
         listing; the labels and `users` are checked here again, since deleting rests on them."""
         want_cluster = build.label_value(cluster) if cluster else None
         terms = [f'(labels.{TAG_CLUSTER} = "{want_cluster}")' if want_cluster else f"(labels.{TAG_CLUSTER}:*)",
                  f'(labels.{TAG_OWNER} = "{self.owner}")' if self.owner else f"(labels.{TAG_OWNER}:*)"]
-        found = self.api.aggregated("listing disks", self.api.client("disks").aggregated_list, "disks",
-                                    project=self.api.project, filter=" ".join(terms))
+        found = self.api.aggregated_json("listing disks", "disks", filter=" ".join(terms))
         loose = []
         for zone, raw in found:
-            labels = dict(raw.labels or {})
-            if not labels.get(TAG_CLUSTER) or not labels.get(TAG_OWNER) or list(raw.users):
+            labels = dict(raw.get("labels") or {})
+            if not labels.get(TAG_CLUSTER) or not labels.get(TAG_OWNER) or raw.get("users"):
                 continue
             if want_cluster and labels[TAG_CLUSTER] != want_cluster:
                 continue
             if self.owner and labels[TAG_OWNER] != self.owner:
                 continue
             loose.append((zone, raw))
-        return sorted(loose, key=lambda found: (found[0], found[1].name))
+        return sorted(loose, key=lambda found: (found[0], found[1]["name"]))
 
 
-def _disk_resource(zone: str, raw: Any) -> ClusterResource:
-    """Named `<zone>:<name>` like instances (a disk lives in one zone); priced by its size."""
-    return ClusterResource("gcp", dict(raw.labels)[TAG_CLUSTER], "disk", build.instance_id(zone, raw.name),
-                           build.region_of(zone), size_gb=float(raw.size_gb) if raw.size_gb else None)
+def _disk_resource(zone: str, raw: dict[str, Any]) -> ClusterResource:
+    """Named `<zone>:<name>` like instances (a disk lives in one zone); priced by its size
+    (`sizeGb`, an int64: a string in the JSON)."""
+    size = raw.get("sizeGb")
+    return ClusterResource("gcp", raw["labels"][TAG_CLUSTER], "disk", build.instance_id(zone, raw["name"]),
+                           build.region_of(zone), size_gb=float(size) if size and float(size) else None)
 
 
 def _noted(resource: ClusterResource, note: str) -> ClusterResource:
