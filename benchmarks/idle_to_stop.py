@@ -1,6 +1,6 @@
 """Idle to stop: seconds from a job's end to the stop call, per cloud fake, with the default tick.
 
-Every leg runs the real watchdog (templates/watchdog.py) with the default 15 s tick and a 1-minute
+Every leg runs the real watchdog (cloudtrain/node, shipped as watchdog.pyz) with the default 15 s tick and a 1-minute
 idle period (the smallest a recipe can ask for; --idle-s shortens it, through the test-only
 CLOUDTRAIN_WATCHDOG_IDLE_S), the legs side by side:
 

@@ -29,8 +29,12 @@ ABOVE = {
     "cluster": ("run", "sweep"),
     "run": ("sweep",),
 }
-# Where clouds may be named: the providers themselves, their fakes, their price lists, their config.
-CLOUD_AWARE = ("providers", "testing", "catalog", "config.py", "jobs")
+# Where clouds may be named: the providers themselves, their fakes, their price lists, their config,
+# and the node program (it reads each cloud's interruption notice from its metadata server).
+CLOUD_AWARE = ("providers", "testing", "catalog", "config.py", "jobs", "node")
+# The lowest floor: the node program (cloudtrain/node) is shipped alone to every node, so it imports
+# nothing of the rest of cloudtrain (and only the standard library of Python 3.8).
+NODE = "node"
 CLOUD_WORDS = re.compile(r"\b(aws|gcp|azure|ami-[0-9a-f]*|ec2|gce|arm)\b", re.IGNORECASE)
 
 
@@ -158,6 +162,23 @@ def test_the_floor_check_finds_upward_imports() -> None:
              "cloudtrain.cli.w": {"cloudtrain.sweep"}}
     assert _upward(graph) == ["cloudtrain.cluster.z -> cloudtrain.run.jobs",
                               "cloudtrain.providers.x -> cloudtrain.state"]
+
+
+def test_the_node_program_imports_only_itself_and_the_standard_library() -> None:
+    import sys
+
+    graph = _graph()
+    found = [f"{name} -> {dep}" for name in sorted(graph) if name.startswith(f"cloudtrain.{NODE}")
+             for dep in sorted(graph[name]) if not dep.startswith(f"cloudtrain.{NODE}") and dep != "cloudtrain"]
+    assert found == [], "\n".join(found)
+    outside = []
+    for path in sorted((PACKAGE / NODE).glob("*.py")):
+        tree = ast.parse(path.read_text(), feature_version=(3, 8))  # Python 3.8's syntax: any image's python3
+        for node in ast.walk(tree):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+            outside += [f"{path.name}: {n}" for n in names if n.split(".")[0] not in sys.stdlib_module_names]
+    assert outside == [], "\n".join(outside)
 
 
 def _cloud_mentions(path: Path) -> list[str]:

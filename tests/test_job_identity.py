@@ -1,13 +1,12 @@
 """One rule for "is this job still running", read three ways (issue 22.8): by `runner.sh status`
 on the node, by the node's watchdog when the runner is missing, and by `status` on the laptop for
-local nodes. A job's supervisor is identified by (boot id, pid, start time), written by the runner
+local nodes (the last two through one implementation, cloudtrain/node/jobs.py). A job's supervisor is identified by (boot id, pid, start time), written by the runner
 as `identity`: a pid that lives but belongs to another process now (reused after a reboot) is a
 lost job, not a running one, so autostop fires and `cancel` signals nobody else.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -18,17 +17,11 @@ from pathlib import Path
 import pytest
 
 from cloudtrain import paths, procid
+from cloudtrain.node.jobs import job_state
 from cloudtrain.run.jobstate import peek_local
 from cloudtrain.state import JobRecord
 
 RUNNER = paths.templates_dir() / "runner.sh"
-
-
-def _watchdog():  # noqa: ANN202
-    spec = importlib.util.spec_from_file_location("watchdog_template_identity", paths.templates_dir() / "watchdog.py")
-    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
-    spec.loader.exec_module(module)  # type: ignore[union-attr]
-    return module
 
 
 @pytest.fixture
@@ -51,8 +44,10 @@ def _dead_pid() -> int:
 # (case, files written into the job dir; "{live}" is the live process's pid and "{ident}" its
 # identity, "{dead}" a pid that no longer exists; expected: runner status, watchdog, laptop)
 CASES = [
-    ("succeeded", {"pid": "{dead}", "exit_code": "0"}, ("succeeded", "over", "succeeded")),
-    ("failed", {"pid": "{dead}", "exit_code": "3"}, ("failed", "over", "failed")),
+    ("succeeded", {"pid": "{dead}", "exit_code": "0"}, ("succeeded", "succeeded", "succeeded")),
+    ("failed", {"pid": "{dead}", "exit_code": "3"}, ("failed", "failed", "failed")),
+    ("cancelled", {"pid": "{dead}", "exit_code": "1", "cancelled": ""}, ("killed", "killed", "killed")),
+    ("ended by TERM", {"pid": "{dead}", "exit_code": "143"}, ("killed", "killed", "killed")),
     ("never started", {}, ("pending", "pending", "running")),
     ("running, identity matches", {"pid": "{live}", "identity": "{ident}"}, ("running", "running", "running")),
     ("pid reused: another start time", {"pid": "{live}", "identity": "{boot}:{live}:1"}, ("lost", "lost", "lost")),
@@ -77,7 +72,7 @@ def test_one_rule_three_readers(case, other_process: subprocess.Popen, cloudtrai
     status = json.loads(subprocess.run(["sh", str(RUNNER), "status", str(job_dir)], capture_output=True,
                                        text=True, check=True).stdout)
     assert status["state"] == by_runner
-    assert _watchdog().job_state(str(job_dir), "/nonexistent/runner.sh") == by_watchdog
+    assert job_state(str(job_dir), "/nonexistent/runner.sh") == by_watchdog
     record = JobRecord(id="j1", cluster="c", run_id=None, job_dir=str(job_dir), status="running", command=None,
                        submitted_at=time.time(), started_at=None, ended_at=None, exit_code=None)
     # The laptop reads only jobs it still believes open; "never started" stays as state has it.

@@ -1,4 +1,4 @@
-"""The on-node watchdog (templates/watchdog.py) from this side: its config, starting it, its log.
+"""The on-node watchdog (cloudtrain/node, shipped as one zipapp) from this side: its config, starting it, its log.
 
 A watchdog runs on every node of a cluster whose recipe sets `autostop` or `budget` (started by
 `up`, and by `run` when it readies the nodes), or after `cloudtrain autostop`. It needs nothing from
@@ -41,9 +41,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from cloudtrain import paths
 from cloudtrain.budget import budget_limit
 from cloudtrain.errors import NotAvailableError, RemoteError, UsageError
+from cloudtrain.node.protocol import CONFIG_NAME, DEFAULT_TICK_S, LOG_NAME, PROGRAM_NAME, WAIT_FOR, action_key
 
 if TYPE_CHECKING:
     from cloudtrain.cluster.lifecycle import Cluster, Lifecycle
@@ -53,10 +53,6 @@ if TYPE_CHECKING:
     from cloudtrain.recipe import Budget, Recipe
     from cloudtrain.state import StateStore
 
-DEFAULT_TICK_S = 15.0
-WAIT_FOR = ("jobs_and_ssh", "jobs", "none")
-CONFIG_NAME = "watchdog.json"
-LOG_NAME = "watchdog.log"
 # Test-only knobs, read when a config is written (docs/watchdog.md): they let a test run the real
 # watchdog in seconds against fakes. Never needed on a real cloud.
 ENV_TICK_S = "CLOUDTRAIN_WATCHDOG_TICK_S"
@@ -72,26 +68,28 @@ ENV_GPU_SAMPLE_S = "CLOUDTRAIN_WATCHDOG_GPU_SAMPLE_S"  # GPU sampling, replacing
 # `<run>-upload`). fnmatch patterns on the job's id (tests/watchdog/test_gpu_rule.py pins them).
 BUSY_JOBS = ("*-setup", "setup-*", "*-data", "*-upload")
 
-# Runs on the node with its python3: installs watchdog.py (only when it changed) and calls its
-# ensure() with the config, in one round trip. stdin: {"program": source, "config": {...}}.
+# Runs on the node with its python3: installs the node program, watchdog.pyz (only when its bytes
+# changed; 0600 in a 0700 directory), and calls its install.ensure() with the config, in one round
+# trip. stdin: {"program": base64 of the zipapp (cloudtrain/node/bundle.py), "config": {...}, "secrets"}.
 _BOOT = """\
-import importlib.util, json, os, sys
+import base64, json, os, sys
 program, config = sys.argv[1], sys.argv[2]
 payload = json.load(sys.stdin)
+data = base64.b64decode(payload["program"])
 try:
-    with open(program, encoding="utf-8") as handle:
+    with open(program, "rb") as handle:
         old = handle.read()
 except OSError:
     old = None
-if old != payload["program"]:
-    os.makedirs(os.path.dirname(program), exist_ok=True)
-    with open(program + ".tmp", "w", encoding="utf-8") as handle:
-        handle.write(payload["program"])
+if old != data:
+    os.makedirs(os.path.dirname(program), mode=0o700, exist_ok=True)
+    fd = os.open(program + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as handle:
+        handle.write(data)
     os.replace(program + ".tmp", program)
-spec = importlib.util.spec_from_file_location("cloudtrain_watchdog", program)
-module = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(module)
-print(json.dumps(module.ensure(config, payload["config"], sys.executable, program, payload.get("secrets"))))
+sys.path.insert(0, program)
+from cloudtrain.node.install import ensure
+print(json.dumps(ensure(config, payload["config"], sys.executable, program, payload.get("secrets"))))
 """
 
 
@@ -178,7 +176,7 @@ def autostop_settings(idle_minutes: float, down: bool, wait_for: str,
     if gpu_util_below is not None:
         out["gpu_util_below"] = float(gpu_util_below)
     if delete_after_stopped_days is not None:
-        # The node tags the machine before it stops it (templates/watchdog.py tag_expiry).
+        # The node tags the machine before it stops it (cloudtrain/node/actions.py tag_expiry).
         out["delete_after_stopped_days"] = int(delete_after_stopped_days)
     return out
 
@@ -251,7 +249,7 @@ def node_config(cluster: Cluster, node: Node, settings: Settings, action: Mappin
         "budget": settings.budget,
         "lease": {**settings.lease, "sent_at": time.time()} if settings.lease is not None else None,
         "action": dict(action) if action is not None else None,
-        "action_key": f"{node.record.instance_id}:{'delete' if settings.down else 'stop'}",
+        "action_key": action_key(node.record.instance_id, settings.down),
         "interruption": settings.interruption,
         # The node renews its own liveness mark where its machine has an identity (MarksItself).
         "mark": dict(mark) if mark is not None else None,
@@ -282,7 +280,16 @@ def config_path(node: Node) -> str:
 
 
 def program_path(node: Node) -> str:
-    return f"{node.layout.runtime}/watchdog.py"
+    return f"{node.layout.runtime}/{PROGRAM_NAME}"
+
+
+def program_text() -> str:
+    """The node program (cloudtrain/node as a zipapp), base64 for the installer's JSON stdin."""
+    import base64
+
+    from cloudtrain.node import bundle
+
+    return base64.b64encode(bundle.program()).decode("ascii")
 
 
 def _python(cluster: Cluster, node: Node) -> str:
@@ -295,7 +302,7 @@ def _send(cluster: Cluster, node: Node, config: dict[str, Any], settings: Settin
     from cloudtrain.notify.node import node_secrets
 
     # The targets' secrets travel on stdin only, and land in 0600 files (never the config or argv).
-    payload = json.dumps({"program": (paths.templates_dir() / "watchdog.py").read_text(), "config": config,
+    payload = json.dumps({"program": program_text(), "config": config,
                           "secrets": node_secrets(list(settings.notify or ()))})
     result = node.transport.run([_python(cluster, node), "-c", _BOOT, program_path(node), config_path(node)],
                                 input=payload.encode(), timeout=120, what="starting the watchdog")

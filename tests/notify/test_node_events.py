@@ -5,7 +5,7 @@ package, an implementation independent of both signers."""
 
 from __future__ import annotations
 
-import importlib.util
+import base64
 import json
 import stat
 import time
@@ -16,6 +16,10 @@ import pytest
 from standardwebhooks import Webhook
 
 from cloudtrain import paths
+from cloudtrain.node import tell as node_tell
+from cloudtrain.node.bundle import program
+from cloudtrain.node.loop import Watchdog
+from cloudtrain.node.protocol import SENT_LOG, Paths
 from cloudtrain.notify import outbox
 from cloudtrain.notify.model import preemption_event_id
 from cloudtrain.notify.node import NodeTarget, node_config, node_secrets, node_targets, reconcile
@@ -27,17 +31,6 @@ from tests.notify.receiver import free_port, receiving
 from tests.watchdog.conftest import NodeDir, decisions, marker_command, wait_until
 
 
-def _template() -> Any:
-    spec = importlib.util.spec_from_file_location("node_watchdog", paths.templates_dir() / "watchdog.py")
-    module = importlib.util.module_from_spec(spec)
-    assert spec.loader is not None
-    spec.loader.exec_module(module)
-    return module
-
-
-wd = _template()
-
-
 def _node_notify(url: str, secret: str, on: tuple[str, ...] = ("watchdog.stopped",)) -> tuple[dict, dict]:
     target = NodeTarget("ci hook", "config:#abcdef0123456789", url, on, secret)
     return node_config("aws", [target]), node_secrets([target])
@@ -45,9 +38,9 @@ def _node_notify(url: str, secret: str, on: tuple[str, ...] = ("watchdog.stopped
 
 def test_the_nodes_signature_verifies_with_standardwebhooks_and_matches_the_laptops() -> None:
     secret = new_secret()
-    event_id, body = wd.node_event({"cluster": "c1", "instance_id": "i-1", "notify": {"cloud": "aws"}},
+    event_id, body = node_tell.node_event({"cluster": "c1", "instance_id": "i-1", "notify": {"cloud": "aws"}},
                                    "watchdog.stopped", "autostop: idle 3s >= 3s")
-    signed = wd.webhook_headers(secret, event_id, body)
+    signed = node_tell.webhook_headers(secret, event_id, body)
     envelope = Webhook(secret).verify(body, signed)
     assert envelope["type"] == "watchdog.stopped" and envelope["id"] == event_id and envelope["version"] == 1
     assert envelope["source"] == "node"
@@ -64,22 +57,22 @@ def test_tell_retries_with_the_same_id_logs_by_name_and_appends_the_sent_log(tmp
     secret = new_secret()
     with receiving(secret, fail_first=2) as receiver:
         notify, secrets = _node_notify(receiver.url, secret)
-        node = wd.Paths(str(tmp_path / "watchdog.json"))
-        wd.write_secrets(node, {"notify": notify}, secrets)
+        node = Paths(str(tmp_path / "watchdog.json"))
+        node_tell.write_secrets(node, {"notify": notify}, secrets)
         lines: list[tuple[str, str]] = []
         cfg = {"cluster": "c1", "instance_id": "i-1", "notify": notify}
-        wd.tell(cfg, node, lambda d, text: lines.append((d, text)), "watchdog.stopped", "autostop: idle")
-        wd.tell(cfg, node, lambda d, text: lines.append((d, text)), "watchdog.deleted", "not wanted")
+        node_tell.tell(cfg, node, lambda d, text: lines.append((d, text)), "watchdog.stopped", "autostop: idle")
+        node_tell.tell(cfg, node, lambda d, text: lines.append((d, text)), "watchdog.deleted", "not wanted")
     assert [d.answered for d in receiver.got] == [500, 500, 204]
     assert len({d.headers["webhook-id"] for d in receiver.got}) == 1  # every retry: the same id
     (envelope,) = receiver.accepted()
     assert envelope["type"] == "watchdog.stopped"
-    (entry,) = [json.loads(x) for x in (tmp_path / wd.SENT_LOG).read_text().splitlines()]
+    (entry,) = [json.loads(x) for x in (tmp_path / SENT_LOG).read_text().splitlines()]
     assert entry["id"] == envelope["id"] and entry["status"] == "delivered" and entry["attempts"] == 3
     assert entry["target"] == "config:#abcdef0123456789" and json.loads(entry["body"]) == envelope
     ((decision, text),) = lines
     assert decision == "notify" and "to ci hook: delivered (3 attempt(s))" in text
-    for written in (text, (tmp_path / wd.SENT_LOG).read_text()):
+    for written in (text, (tmp_path / SENT_LOG).read_text()):
         assert secret not in written and str(receiver.port) not in written
 
 
@@ -95,21 +88,21 @@ def test_a_receiver_that_is_down_or_slow_costs_the_stop_at_most_the_budget(tmp_p
                       secret)
     slow = NodeTarget("slow", "config:#0000000000000002", f"http://127.0.0.1:{silent.getsockname()[1]}/",
                       ("watchdog.stopped",), secret)
-    node = wd.Paths(str(tmp_path / "watchdog.json"))
+    node = Paths(str(tmp_path / "watchdog.json"))
     notify = node_config("aws", [down, slow])
-    wd.write_secrets(node, {"notify": notify}, node_secrets([down, slow]))
+    node_tell.write_secrets(node, {"notify": notify}, node_secrets([down, slow]))
     lines: list[tuple[str, str]] = []
     started = time.monotonic()
     try:
-        wd.tell({"cluster": "c1", "notify": notify}, node, lambda d, t: lines.append((d, t)), "watchdog.stopped", "x")
+        node_tell.tell({"cluster": "c1", "notify": notify}, node, lambda d, t: lines.append((d, t)), "watchdog.stopped", "x")
     finally:
         silent.close()
     took = time.monotonic() - started
-    assert took < wd.NOTIFY_BUDGET_S + 0.5, took
+    assert took < node_tell.NOTIFY_BUDGET_S + 0.5, took
     assert threading.active_count() < 10
     said = {text.split(" to ", 1)[1].split(":", 1)[0]: text for _, text in lines}
     assert set(said) == {"down", "slow"} and all("not delivered" in t for t in said.values())
-    states = {json.loads(x)["name"]: json.loads(x)["status"] for x in (tmp_path / wd.SENT_LOG).read_text().splitlines()}
+    states = {json.loads(x)["name"]: json.loads(x)["status"] for x in (tmp_path / SENT_LOG).read_text().splitlines()}
     assert states == {"down": "failed", "slow": "failed"}
 
 
@@ -126,9 +119,9 @@ def test_secrets_land_in_0600_files_never_in_the_config_and_go_with_their_target
     action = {"kind": "exec", "effect": "stop", "argv": ["true"]}
 
     def install(notify: dict, secrets: dict) -> dict:
-        payload = {"program": (paths.templates_dir() / "watchdog.py").read_text(), "secrets": secrets,
+        payload = {"program": base64.b64encode(program()).decode(), "secrets": secrets,
                    "config": node.config(notify=notify, action=action)}
-        argv = [sys.executable, "-c", _BOOT, str(node.root / "runtime" / "watchdog.py"), str(node.config_path)]
+        argv = [sys.executable, "-c", _BOOT, str(node.program), str(node.config_path)]
         assert secret not in " ".join(argv)
         done = subprocess.run(argv, input=json.dumps(payload), capture_output=True, text=True, timeout=60, check=True)
         return json.loads(done.stdout.strip().splitlines()[-1])
@@ -155,7 +148,7 @@ def test_the_watchdog_tells_before_it_stops_and_only_once(tmp_path: Path) -> Non
             config = node.config(autostop={"idle_s": 0.5, "down": False, "wait_for": "jobs"}, retry_s=0.5,
                                  action={"kind": "shutdown", "effect": "stop"}, notify=notify,
                                  shutdown_command=marker_command(marker))
-            wd.write_secrets(wd.Paths(str(node.config_path)), {"notify": notify}, secrets)
+            node_tell.write_secrets(Paths(str(node.config_path)), {"notify": notify}, secrets)
             node.write(**config)
             node.run()
             wait_until(lambda: marker.exists(), what="the shutdown command")
@@ -208,8 +201,8 @@ def test_the_notice_tells_run_preempted_from_the_node_with_the_id_the_laptop_use
                "metadata_url": metadata_server.url, "tick_s": 1, "notify": notify}
         config = root / "watchdog.json"
         config.write_text(json.dumps(cfg))
-        wd.write_secrets(wd.Paths(str(config)), {"notify": notify}, secrets)
-        loop = wd.Watchdog(str(config))
+        node_tell.write_secrets(Paths(str(config)), {"notify": notify}, secrets)
+        loop = Watchdog(str(config))
         loop.wake_in = 1.0
         loop.watch_for_notice(cfg)
         assert receiver.got == []  # no notice, nothing told
@@ -221,8 +214,8 @@ def test_the_notice_tells_run_preempted_from_the_node_with_the_id_the_laptop_use
     assert envelope["id"] == preemption_event_id("c1", "u-123")
     assert envelope["data"]["cluster"] == "c1" and envelope["data"]["jobs"] == []
     assert envelope["data"]["reason"]  # what the notice said
-    wait_until(lambda: (root / wd.SENT_LOG).exists(), what="the sent-log")
-    (entry,) = [json.loads(x) for x in (root / wd.SENT_LOG).read_text().splitlines()]
+    wait_until(lambda: (root / SENT_LOG).exists(), what="the sent-log")
+    (entry,) = [json.loads(x) for x in (root / SENT_LOG).read_text().splitlines()]
     assert entry["id"] == envelope["id"] and entry["status"] == "delivered"
 
 
@@ -240,7 +233,7 @@ def test_the_node_warns_once_at_80_percent_of_its_budget_then_stops_at_the_limit
             config = node.config(budget={"limit_s": 10.0, "used_s": 8.2, "epoch": "e1", "why": "max_usd $1"},
                                  action={"kind": "shutdown", "effect": "stop"}, notify=notify,
                                  shutdown_command=marker_command(marker))
-            wd.write_secrets(wd.Paths(str(node.config_path)), {"notify": notify}, secrets)
+            node_tell.write_secrets(Paths(str(node.config_path)), {"notify": notify}, secrets)
             node.write(**config)
             node.run()
             wait_until(lambda: marker.exists(), what="the budget stop")
@@ -254,14 +247,15 @@ def test_the_node_warns_once_at_80_percent_of_its_budget_then_stops_at_the_limit
         node.close()
 
 
-def test_the_laptop_and_the_node_name_a_preemption_alike() -> None:
-    for cluster, incarnation in (("c1", "u-123"), ("train-a", "0f3c9a7e-1b2d")):
-        assert wd.preemption_event_id(cluster, incarnation) == preemption_event_id(cluster, incarnation)
-    assert preemption_event_id("c1", "u-1") != preemption_event_id("c1", "u-2")
+def test_a_preemption_has_one_id_per_incarnation() -> None:
+    # One rule (cloudtrain/node/protocol.py), imported by the laptop (notify/model.py) and the node.
+    first = preemption_event_id("c1", "u-1")
+    assert first == preemption_event_id("c1", "u-1") and first.startswith("msg_") and len(first) == 28
+    assert first != preemption_event_id("c1", "u-2") and first != preemption_event_id("c2", "u-1")
 
 
 def _sent(status: str, target: str = "config:#abcdef0123456789") -> dict[str, Any]:
-    event_id, body = wd.node_event({"cluster": "c1", "instance_id": "i-1", "notify": {"cloud": "aws"}},
+    event_id, body = node_tell.node_event({"cluster": "c1", "instance_id": "i-1", "notify": {"cloud": "aws"}},
                                    "watchdog.stopped", "autostop: idle")
     return {"id": event_id, "type": "watchdog.stopped", "target": target, "name": "ci hook", "status": status,
             "attempts": 1, "at": time.time(), "body": body}

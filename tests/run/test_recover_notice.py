@@ -1,33 +1,25 @@
-"""The node's reading of its cloud's interruption notice (templates/watchdog.py interruption_notice)
+"""The node's reading of its cloud's interruption notice (cloudtrain/node/notices.py interruption_notice)
 against the metadata fake's three endpoints (cloudtrain/testing/metadata.py), and what it does on
 one: interruption.json beside the config, the running job TERMed (run/recover.py reads the first;
 the job's last checkpoint comes of the second)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 
 from cloudtrain import paths
+from cloudtrain.node.loop import Watchdog
+from cloudtrain.node.notices import interruption_notice
+from cloudtrain.node.protocol import NOTICE_FILE, NOTICE_SCRIPT
 from cloudtrain.testing.metadata import MetadataServer
 from cloudtrain.testing.wait import wait_until
 
 
-def _watchdog() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("watchdog_template", paths.templates_dir() / "watchdog.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-wd = _watchdog()
 AZURE_VM = "/subscriptions/s/resourceGroups/g/providers/Microsoft.Compute/virtualMachines/vm-0"
 
 
@@ -46,12 +38,12 @@ def test_each_clouds_notice_is_read_as_its_docs_describe(metadata_server: Metada
                                                           armed: tuple[str, Any] | None, seen: bool, says: str) -> None:
     if armed is not None:
         metadata_server.interrupt(armed[0], armed[1])
-    got, detail = wd.interruption_notice(cloud, {"metadata_url": metadata_server.url, "instance_id": AZURE_VM})
+    got, detail = interruption_notice(cloud, {"metadata_url": metadata_server.url, "instance_id": AZURE_VM})
     assert (got, says in detail) == (seen, True), detail
 
 
 def test_no_metadata_server_is_no_notice() -> None:
-    got, detail = wd.interruption_notice("aws", {"metadata_url": "http://127.0.0.1:9"})
+    got, detail = interruption_notice("aws", {"metadata_url": "http://127.0.0.1:9"})
     assert not got and "metadata server" in detail
 
 
@@ -72,14 +64,14 @@ def test_a_notice_records_itself_and_terms_the_running_job(metadata_server: Meta
     wait_until(ready.exists, 30, "the job to set its TERM trap")
     config = root / "watchdog.json"
     config.write_text(json.dumps({"interruption": "gcp", "metadata_url": metadata_server.url, "tick_s": 1}))
-    loop = wd.Watchdog(str(config))
+    loop = Watchdog(str(config))
     try:
         loop.wake_in = 1.0
         loop.watch_for_notice(json.loads(config.read_text()))
-        assert not (root / wd.NOTICE_FILE).exists()  # nothing announced yet
+        assert not (root / NOTICE_FILE).exists()  # nothing announced yet
         metadata_server.interrupt("gcp")
         loop.watch_for_notice(json.loads(config.read_text()))
-        notice = json.loads((root / wd.NOTICE_FILE).read_text())
+        notice = json.loads((root / NOTICE_FILE).read_text())
         assert notice["kind"] == "gcp" and notice["jobs"] == ["j1"] and "TRUE" in notice["detail"]
         wait_until(lambda: mark.exists() and (job / "exit_code").exists(), 30, "the job TERMed, ended")
         assert (job / "exit_code").read_text().strip() == "143"
@@ -96,14 +88,14 @@ def test_a_notice_starts_the_upload_the_cli_left_on_the_node(metadata_server: Me
     (root / "jobs").mkdir(parents=True)
     ran = tmp_path / "uploaded"
     if left:
-        (root / wd.NOTICE_SCRIPT).write_text(f"echo up > {ran}\n")
+        (root / NOTICE_SCRIPT).write_text(f"echo up > {ran}\n")
     config = root / "watchdog.json"
     config.write_text(json.dumps({"interruption": "aws", "metadata_url": metadata_server.url, "tick_s": 1}))
-    loop = wd.Watchdog(str(config))
+    loop = Watchdog(str(config))
     loop.wake_in = 1.0
     metadata_server.interrupt("aws")
     loop.watch_for_notice(json.loads(config.read_text()))
-    notice = json.loads((root / wd.NOTICE_FILE).read_text())
+    notice = json.loads((root / NOTICE_FILE).read_text())
     assert notice["upload"] is left and notice["jobs"] == []
     if left:
         wait_until(lambda: ran.exists() and ran.read_text() == "up\n", 30, "the upload script to run")

@@ -21,11 +21,20 @@ from typing import Any
 import pytest
 
 from cloudtrain import paths
+from cloudtrain.node import bundle
+from cloudtrain.node.protocol import PROGRAM_NAME
 from cloudtrain.testing.metadata import metadata_server  # noqa: F401 - a fixture for these tests
 from cloudtrain.testing.wait import wait_until  # noqa: F401 - these tests' waits
 
-WATCHDOG = paths.templates_dir() / "watchdog.py"
 RUNNER = paths.templates_dir() / "runner.sh"
+
+
+def install_program(directory: Path) -> Path:
+    """The node program as the CLI ships it (cloudtrain/node as a zipapp), written into `directory`."""
+    directory.mkdir(parents=True, exist_ok=True)
+    program = directory / PROGRAM_NAME
+    program.write_bytes(bundle.program())
+    return program
 
 
 def decisions(log: Path) -> list[tuple[str, str]]:
@@ -84,7 +93,11 @@ class NodeDir:
         (self.root / "runtime").mkdir(parents=True, exist_ok=True)
         (self.root / "jobs").mkdir(exist_ok=True)
         shutil.copy(RUNNER, self.root / "runtime" / "runner.sh")
-        shutil.copy(WATCHDOG, self.root / "runtime" / "watchdog.py")
+        install_program(self.root / "runtime")
+
+    @property
+    def program(self) -> Path:
+        return self.root / "runtime" / PROGRAM_NAME
 
     @property
     def config_path(self) -> Path:
@@ -110,7 +123,7 @@ class NodeDir:
 
     def watchdog(self, mode: str, stdin: dict | None = None, env: dict[str, str] | None = None) -> dict[str, Any]:
         proc = subprocess.run(
-            [sys.executable, str(self.root / "runtime" / "watchdog.py"), mode, str(self.config_path)],
+            [sys.executable, str(self.program), mode, str(self.config_path)],
             input=json.dumps(stdin) if stdin is not None else "", capture_output=True, text=True, timeout=60,
             env={**os.environ, **(env or {})}, check=False,
         )
@@ -121,9 +134,8 @@ class NodeDir:
         return answer
 
     def run(self, env: dict[str, str] | None = None) -> subprocess.Popen:
-        """`watchdog.py run CONFIG` in the foreground of a process of our own (ended at teardown)."""
-        proc = subprocess.Popen([sys.executable, str(self.root / "runtime" / "watchdog.py"), "run",
-                                 str(self.config_path)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        """`watchdog.pyz run CONFIG` in the foreground of a process of our own (ended at teardown)."""
+        proc = subprocess.Popen([sys.executable, str(self.program), "run", str(self.config_path)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                 env={**os.environ, **(env or {})})
         self.started.append(proc.pid)
         return proc
@@ -141,7 +153,7 @@ class NodeDir:
                        capture_output=True, timeout=60)
 
     def close(self) -> None:
-        subprocess.run([sys.executable, str(WATCHDOG), "stop", str(self.config_path)], capture_output=True,
+        subprocess.run([sys.executable, str(self.program), "stop", str(self.config_path)], capture_output=True,
                        timeout=60, check=False)
         for pid in self.started:
             try:

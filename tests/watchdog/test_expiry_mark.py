@@ -5,7 +5,6 @@ still stops on time. And the rule `gc --expired` applies to those tags, as a tab
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import time
 from pathlib import Path
@@ -14,7 +13,8 @@ import pytest
 
 from cloudtrain import expiry
 from cloudtrain.expiry import Expiry, due_at, verdict
-from tests.watchdog.conftest import WATCHDOG, NodeDir, RecordingApi, decisions, marker_command, wait_until
+from cloudtrain.node.protocol import expiry_tags
+from tests.watchdog.conftest import NodeDir, RecordingApi, decisions, marker_command, wait_until
 
 IDLE_S = 1.0
 DAY = 86400.0
@@ -74,13 +74,9 @@ def test_without_days_nothing_is_tagged(node_dir: NodeDir, cloud_api: RecordingA
     assert cloud_api.calls == [] and not any(d == "expiry" for d, _ in decisions(node_dir.log))
 
 
-def test_the_node_and_the_laptop_name_the_same_tags() -> None:
-    spec = importlib.util.spec_from_file_location("node_watchdog", WATCHDOG)
-    assert spec is not None and spec.loader is not None
-    node = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(node)
-    assert (node.TAG_DELETE_AFTER, node.TAG_STOPPED_DAYS) == (expiry.TAG_DELETE_AFTER, expiry.TAG_STOPPED_DAYS)
-    tags = node.expiry_tags(7, 1_000_000.0)
+def test_the_tags_a_stop_leaves_read_back_as_their_expiry() -> None:
+    # One rule (cloudtrain/node/protocol.py): the node writes these tags, gc reads them back.
+    tags = expiry_tags(7, 1_000_000.0)
     assert expiry.expiry_of(tags) == Expiry(1_000_000.0 + 7 * DAY, 7.0)
     # Digits only: a GCE label value takes lowercase letters, digits, '-' and '_'.
     assert all(v.isdigit() for v in tags.values()) and expiry.launch_tags(7) == {expiry.TAG_STOPPED_DAYS: "7"}

@@ -8,15 +8,13 @@ same on the AWS fake, through `cloudtrain up`: tests/watchdog/test_aws.py.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
+from cloudtrain.node.signals import gpu_rule, sample_gpus
 from tests.watchdog.conftest import (
-    WATCHDOG,
     FakeGpus,
     NodeDir,
     decisions,
@@ -28,17 +26,6 @@ from tests.watchdog.conftest import (
 IDLE_S = 1.5
 TICK_S = 0.2
 SAMPLE_S = 0.2
-
-
-def _watchdog() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("watchdog_template", WATCHDOG)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-wd = _watchdog()
 
 
 @pytest.mark.parametrize(("samples", "now", "verdict", "since", "said"), [
@@ -60,7 +47,7 @@ wd = _watchdog()
     ([(t, [0.0]) for t in range(0, 100, 10)] + [(100, [55.0])], 100.0, "busy", None, "55%"),
 ])
 def test_gpu_rule(samples: list, now: float, verdict: str, since: float | None, said: str) -> None:
-    got_verdict, got_since, text = wd.gpu_rule(samples, 10.0, 60.0, now)
+    got_verdict, got_since, text = gpu_rule(samples, 10.0, 60.0, now)
     assert (got_verdict, got_since) == (verdict, since), text
     assert said in text
 
@@ -83,17 +70,17 @@ def test_the_sampler_reads_every_gpu_and_a_hung_one_is_ended(tmp_path: Path, mon
     gpus = FakeGpus(tmp_path / "bin", tmp_path / "gpu")
     monkeypatch.setenv("PATH", f"{gpus.bin_dir}:{os.environ['PATH']}")
     gpus.set("0 42")
-    assert wd.sample_gpus() == ([0.0, 42.0], "0%,42%")
+    assert sample_gpus() == ([0.0, 42.0], "0%,42%")
     gpus.set("fail")
-    values, why = wd.sample_gpus()
+    values, why = sample_gpus()
     assert values is None and why.startswith("nvidia-smi exited 1: NVIDIA-SMI has failed")
     gpus.set("hang")
-    values, why = wd.sample_gpus(timeout=0.5)
+    values, why = sample_gpus(timeout=0.5)
     assert values is None and why == "nvidia-smi timed out after 0.5s"
     gpus.set("[N/A]")
-    assert wd.sample_gpus()[0] is None
+    assert sample_gpus()[0] is None
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
-    values, why = wd.sample_gpus()
+    values, why = sample_gpus()
     assert values is None and "FileNotFoundError" in why
 
 

@@ -15,13 +15,11 @@ import pytest
 
 from cloudtrain.config import Config
 from cloudtrain.remote import muxkeep, muxlink
-from cloudtrain.remote.helper import NODE_HELPER_MARK
 from cloudtrain.remote.keys import KnownHosts
 from cloudtrain.remote.ssh import SSHTransport, open_transport
 from cloudtrain.testing.mux import mux_pids
 from cloudtrain.testing.sshd import SshdFactory, SshdVM
 from tests.watchdog.conftest import (
-    WATCHDOG,
     NodeDir,
     decisions,
     logged_in,
@@ -60,11 +58,6 @@ def _watch(node: NodeDir, vm: SshdVM, marker: Path) -> None:
     node.write(autostop={"idle_s": IDLE_S, "down": False, "wait_for": "jobs_and_ssh"}, count_ssh=True,
                ssh_port=vm.port, action={"kind": "shutdown", "effect": "stop"}, shutdown_command=marker_command(marker))
     node.run()
-
-
-def test_the_helper_mark_is_the_watchdogs() -> None:
-    # Two copies of one constant (the watchdog is a stdlib-only file run on the node).
-    assert f'NODE_HELPER_MARK = "{NODE_HELPER_MARK}"' in WATCHDOG.read_text()
 
 
 def test_an_idle_kept_connection_does_not_hold_autostop_off(node_dir: NodeDir, sshd_vm: SshdVM,

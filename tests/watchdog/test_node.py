@@ -1,4 +1,4 @@
-"""templates/watchdog.py as it runs on a node: real processes, real jobs started by runner.sh,
+"""The node program (cloudtrain/node, shipped as watchdog.pyz) as it runs on a node: real processes, real jobs started by runner.sh,
 real TCP connections, and HTTP actions against a fake metadata server and a recording cloud API.
 
 Timing is never asserted: each test waits for what the watchdog logs (a bound only stops a hung
@@ -419,7 +419,7 @@ def test_ensure_refuses_an_os_shutdown_the_node_could_not_perform(sudo: str, ref
     import sys
     import tempfile
 
-    from tests.watchdog.conftest import WATCHDOG
+    from tests.watchdog.conftest import install_program
 
     python = "/usr/bin/python3" if os.geteuid() == 0 else sys.executable
     if os.geteuid() == 0 and not Path(python).exists():
@@ -431,7 +431,7 @@ def test_ensure_refuses_an_os_shutdown_the_node_could_not_perform(sudo: str, ref
         fake = root / "bin" / "sudo"
         fake.write_text(f"#!/bin/sh\n{sudo}\n")
         fake.chmod(0o755)
-        shutil.copy(WATCHDOG, root / "watchdog.py")
+        program = install_program(root)
         node = root / "node"
         node.mkdir()
         node.chmod(0o777)
@@ -439,7 +439,7 @@ def test_ensure_refuses_an_os_shutdown_the_node_could_not_perform(sudo: str, ref
                   "autostop": {"idle_s": 3600, "down": False, "wait_for": "none"}, "budget": None,
                   "action": {"kind": "shutdown", "effect": "stop"}, "action_key": "i-test:stop",
                   "count_ssh": False, "ssh_port": None, "persist": "none"}
-        argv = [python, str(root / "watchdog.py"), "ensure", str(node / "watchdog.json")]
+        argv = [python, str(program), "ensure", str(node / "watchdog.json")]
         if os.geteuid() == 0:  # the check is for a login user that is not root
             argv = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--", *argv]
         env = {"PATH": f"{root / 'bin'}:/usr/bin:/bin", "HOME": str(root)}

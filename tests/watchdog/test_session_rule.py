@@ -1,4 +1,4 @@
-"""The watchdog's ssh session rule (templates/watchdog.py session_rule), over sequences of looks.
+"""The watchdog's ssh session rule (cloudtrain/node/signals.py session_rule), over sequences of looks.
 
 The bug this pins: one look that missed a live session (a read of a busy /proc/net/tcp) was taken
 as "the last ssh session ended", so the idle clock ran while a user was logged in.
@@ -6,25 +6,11 @@ as "the last ssh session ended", so the idle clock ran while a user was logged i
 
 from __future__ import annotations
 
-import importlib.util
-from types import ModuleType
-
 import pytest
 
-from tests.watchdog.conftest import WATCHDOG
+from cloudtrain.node.signals import session_rule
 
 pytestmark = pytest.mark.quick
-
-
-def _watchdog() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("watchdog_template", WATCHDOG)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-wd = _watchdog()
 
 
 # Each look: the session count read (None: cannot count). Expected per look: "busy" (a session
@@ -46,7 +32,7 @@ wd = _watchdog()
 def test_a_session_ends_only_when_two_looks_in_a_row_miss_it(looks: list, expected: list[str]) -> None:
     seen, absent, got = 0, 0, []
     for now in looks:
-        busy, ended, seen, absent = wd.session_rule(seen, now, absent)
+        busy, ended, seen, absent = session_rule(seen, now, absent)
         assert not (busy and ended)
         got.append("busy" if busy else "ended" if ended else "-")
         if busy:
