@@ -1,8 +1,8 @@
 """Idle to stop: seconds from a job's end to the stop call, per cloud fake, with the default tick.
 
-Every leg runs the real watchdog (cloudtrain/node, shipped as watchdog.pyz) with the default 15 s tick and a 1-minute
-idle period (the smallest a recipe can ask for; --idle-s shortens it, through the test-only
-CLOUDTRAIN_WATCHDOG_IDLE_S), the legs side by side:
+Every leg runs the real watchdog (cloudtrain/node, shipped as watchdog.pyz) with the default 15 s
+tick and a 1-minute idle period (the smallest a recipe can ask for; --idle-s shortens it, through
+the test-only CLOUDTRAIN_WATCHDOG_IDLE_S), the legs side by side:
 
   aws     `cloudtrain up` against moto's server, the instance an sshd VM; `cloudtrain exec --detach`
           a job that sleeps 5 s and records when it ends; the stop call is moto receiving

@@ -36,8 +36,12 @@ from dataclasses import dataclass
 
 from cloudtrain.errors import UsageError
 
-TAG_DELETE_AFTER = "cloudtrain-delete-after"
-TAG_STOPPED_DAYS = "cloudtrain-delete-after-stopped-days"
+# The tags' names, and what a stop and a launch write, are the node protocol's: the node's watchdog
+# writes them (cloudtrain/node/actions.py tag_expiry), this module reads them back.
+from cloudtrain.node.protocol import TAG_DELETE_AFTER as TAG_DELETE_AFTER
+from cloudtrain.node.protocol import TAG_STOPPED_DAYS as TAG_STOPPED_DAYS
+from cloudtrain.node.protocol import launch_tags as launch_tags
+
 DAY_S = 86400.0
 ENV_NOW = "CLOUDTRAIN_NOW"  # test-only: the clock `gc --expired` judges by, in epoch seconds
 
@@ -51,11 +55,6 @@ def now() -> float:
         return float(raw)
     except ValueError:
         raise UsageError(f"{ENV_NOW}={raw!r} is not a time in epoch seconds") from None
-
-
-def launch_tags(days: int | None) -> dict[str, str]:
-    """What a launch request carries for `autostop.delete_after_stopped_days` (nothing without it)."""
-    return {} if days is None else {TAG_STOPPED_DAYS: str(int(days))}
 
 
 def _digits(value: object) -> float | None:

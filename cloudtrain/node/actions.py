@@ -38,7 +38,7 @@ import shlex
 import subprocess
 import time
 
-from .protocol import MARK_EVERY_S, expiry_tags, seconds, tick_of
+from .protocol import ENV_CLUSTER, ENV_EFFECT, ENV_INSTANCE_ID, MARK_EVERY_S, expiry_tags, seconds, tick_of
 
 ACTION_TIMEOUT_S = 120.0
 
@@ -206,8 +206,8 @@ def is_the_node(identity, cfg: dict) -> tuple[bool, str]:
 
 def perform(action: dict, cfg: dict) -> tuple[bool, str]:
     kind = action.get("kind")
-    env = {"CLOUDTRAIN_CLUSTER": str(cfg.get("cluster", "")), "CLOUDTRAIN_INSTANCE_ID": str(cfg.get("instance_id", "")),
-           "CLOUDTRAIN_WATCHDOG_EFFECT": str(action.get("effect", ""))}
+    env = {ENV_CLUSTER: str(cfg.get("cluster", "")), ENV_INSTANCE_ID: str(cfg.get("instance_id", "")),
+           ENV_EFFECT: str(action.get("effect", ""))}
     if kind == "shutdown":
         if not cfg.get("shutdown_command"):
             # The real power-off: only on the machine this watchdog was started for (a test kit's

@@ -49,7 +49,7 @@ def boot_id() -> str:
     return _read(os.path.join(PROC, "sys/kernel/random/boot_id")) or ""
 
 
-def _stat_fields(pid: int) -> list:
+def _stat_fields(pid: int) -> list[str]:
     """/proc/PID/stat from field 3 on (the command name, field 2, may hold spaces and parentheses:
     split after its last ')'); [] where there is no /proc or no such process."""
     return (_read(os.path.join(PROC, str(pid), "stat")) or "").rsplit(")", 1)[-1].split()
@@ -71,7 +71,7 @@ def identity(pid: int | None = None) -> str:
     return "{}:{}:{}".format(boot_id(), pid, "" if ticks is None else ticks)
 
 
-def parse(value: str) -> tuple | None:
+def parse(value: str) -> tuple[str, int, int | None] | None:
     """(boot, pid, ticks or None) of an identity, or None where it is not one."""
     parts = value.split(":")
     if len(parts) != 3 or not parts[1].isdigit():

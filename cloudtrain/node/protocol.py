@@ -144,6 +144,17 @@ CONFIG_FIELDS = {
     "ca_file": "CA bundle for the node's HTTPS calls (tests)",
     "persist": "auto | none: whether the loop survives reboots (systemd unit or cron line)",
 }
+
+
+def config_fields(fields: dict) -> dict:
+    """`fields` as a config to send, every name one of CONFIG_FIELDS (a misspelt one fails here, on
+    the laptop, rather than being ignored by the node)."""
+    unknown = sorted(set(fields) - set(CONFIG_FIELDS))
+    if unknown:
+        raise KeyError("not watchdog config fields: {}".format(", ".join(unknown)))
+    return fields
+
+
 VOLATILE_FIELDS = ("written_at",)  # change on every write without changing what the loop does
 LEASE_STAMPS = ("sent_at", "mono_until", "boot_id")  # when it was sent, and the node's own reading
 
@@ -168,6 +179,10 @@ def key_wants_delete(key: object) -> bool:
     return str(key or "").endswith(":delete")
 
 
+# What an action's command (a shutdown or exec action) finds in its environment: the cluster, the
+# instance (a test kit's stand-in shutdown reads it: cloudtrain/testing/metadata.py), the effect.
+ENV_CLUSTER, ENV_INSTANCE_ID, ENV_EFFECT = "CLOUDTRAIN_CLUSTER", "CLOUDTRAIN_INSTANCE_ID", "CLOUDTRAIN_WATCHDOG_EFFECT"
+
 # ------------------------------------------------------------------------------------ decisions
 
 # The log's decision words (watchdog.log); `cloudtrain logs --watchdog` shows them as they are.
@@ -189,17 +204,17 @@ TAG_STOPPED_DAYS = "cloudtrain-delete-after-stopped-days"
 DAY_S = 86400
 
 
-def expiry_tags(days: object, now: float) -> dict:
+def expiry_tags(days: int | None, now: float) -> dict[str, str]:
     """The tags a stop leaves for `autostop.delete_after_stopped_days` = days (none without it)."""
     if days is None:
         return {}
-    whole = int(days)  # type: ignore[call-overload]
+    whole = int(days)
     return {TAG_DELETE_AFTER: str(int(now + whole * DAY_S)), TAG_STOPPED_DAYS: str(whole)}
 
 
-def launch_tags(days: object) -> dict:
+def launch_tags(days: int | None) -> dict[str, str]:
     """What a launch request carries for `autostop.delete_after_stopped_days` (nothing without it)."""
-    return {} if days is None else {TAG_STOPPED_DAYS: str(int(days))}  # type: ignore[call-overload]
+    return {} if days is None else {TAG_STOPPED_DAYS: str(int(days))}
 
 
 # Notifications (docs/notifications.md). A run's spend or a cluster's running time past this share

@@ -3,7 +3,6 @@ readable line (what a human channel shows). Plain data, no I/O."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import secrets
 import time
@@ -12,8 +11,19 @@ from datetime import datetime, timezone
 from enum import Enum
 from typing import Any
 
-# Receivers branch on this: a field added keeps the version, a field renamed or removed bumps it.
-ENVELOPE_VERSION = 1
+# ENVELOPE_VERSION: receivers branch on it (a field added keeps it, a field renamed or removed bumps
+# it). It, the node's event names, the budget's warning share and a preemption's id are the node
+# protocol's: the node's watchdog builds the same envelopes (cloudtrain/node/tell.py).
+from cloudtrain.node.protocol import BUDGET_WARNING_SHARE as BUDGET_WARNING_SHARE
+from cloudtrain.node.protocol import ENVELOPE_VERSION as ENVELOPE_VERSION
+from cloudtrain.node.protocol import (
+    EVENT_BUDGET_WARNING,
+    EVENT_DEADLINE,
+    EVENT_DELETED,
+    EVENT_PREEMPTED,
+    EVENT_STOPPED,
+)
+from cloudtrain.node.protocol import preemption_event_id as preemption_event_id
 
 
 class EventType(str, Enum):
@@ -21,13 +31,13 @@ class EventType(str, Enum):
     RUN_SUCCEEDED = "run.succeeded"
     RUN_FAILED = "run.failed"
     RUN_CANCELLED = "run.cancelled"
-    RUN_PREEMPTED = "run.preempted"
+    RUN_PREEMPTED = EVENT_PREEMPTED
     RUN_RECOVERED = "run.recovered"
-    BUDGET_WARNING = "budget.warning"
+    BUDGET_WARNING = EVENT_BUDGET_WARNING
     BUDGET_EXHAUSTED = "budget.exhausted"
-    WATCHDOG_STOPPED = "watchdog.stopped"
-    WATCHDOG_DELETED = "watchdog.deleted"
-    DEADLINE_REACHED = "deadline.reached"
+    WATCHDOG_STOPPED = EVENT_STOPPED
+    WATCHDOG_DELETED = EVENT_DELETED
+    DEADLINE_REACHED = EVENT_DEADLINE
     GC_LEAKS = "gc.leaks"
     SWEEP_FINISHED = "sweep.finished"
 
@@ -39,17 +49,9 @@ class EventType(str, Enum):
 # preemption, budget and watchdog actions, leaks, a sweep's end.
 DEFAULT_ON: frozenset[EventType] = frozenset(EventType) - {EventType.RUN_STARTED}
 
-# A run's or sweep's spend past this share of its budget is a budget.warning.
-BUDGET_WARNING_SHARE = 0.8
-
-
-def preemption_event_id(cluster: str, incarnation: str) -> str:
-    """One id for the preemption of one incarnation of a cluster, whoever tells it: each node's
-    watchdog on the cloud's notice (templates/watchdog.py `preemption_event_id`, the same rule) and
-    this machine when it sees the node gone. A receiver that keeps one event per webhook-id (as
-    Standard Webhooks asks) hears of it once, from whichever came first."""
-    digest = hashlib.sha256(f"run.preempted:{cluster}:{incarnation}".encode()).hexdigest()
-    return "msg_" + digest[:24]
+# A run's or sweep's spend past BUDGET_WARNING_SHARE of its budget is a budget.warning. A preemption
+# has one id whoever tells it (preemption_event_id): each node's watchdog on the cloud's notice and
+# this machine when it sees the node gone, so a receiver that dedupes by webhook-id hears it once.
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,5 @@
 """The node's own events (docs/notifications.md, "From the node"): which targets the on-node
-watchdog (templates/watchdog.py) is given, and recording what it sent.
+watchdog (cloudtrain/node/tell.py) is given, and recording what it sent.
 
 Only `webhook:` targets that want a watchdog event go to the node, with the URL expanded and the
 secret in a 0600 file of its own (never in the watchdog's config, a log or a command line); Apprise
@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from cloudtrain.node.protocol import secret_file
 from cloudtrain.notify.model import EventType
 from cloudtrain.notify.targets import Bound, MissingVariable, expand
 
@@ -39,7 +40,7 @@ class NodeTarget:
 
     @property
     def secret_file(self) -> str:
-        return f"notify-{self.ref.rsplit('#', 1)[-1]}.secret"
+        return secret_file(self.ref.rsplit("#", 1)[-1])
 
     def entry(self) -> dict[str, Any]:
         """As the node's config has it: no secret, only the name of its file."""

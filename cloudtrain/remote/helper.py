@@ -33,6 +33,7 @@ from typing import IO, TYPE_CHECKING
 
 from cloudtrain import paths
 from cloudtrain.errors import RemoteError
+from cloudtrain.node.protocol import NODE_HELPER_MARK
 from cloudtrain.remote.channel import CHUNK, Connection, ConnectionLostError, InputSource, lost, transfer_errors
 from cloudtrain.remote.roundtrips import RoundTrips
 from cloudtrain.remote.transport import SKIPPED
@@ -60,10 +61,9 @@ class HomeMoved(RemoteError):
 
 
 HOME_REFUSED = 125  # the helper's exit code for a request built for another home
-# The helper's last argument (sync_helper.py reads only `serve` before it): how the node's watchdog
-# knows a session that runs nothing but our helper, idle, for cloudtrain's own kept connection and
-# not a user's (templates/watchdog.py NODE_HELPER_MARK, ssh_activity).
-NODE_HELPER_MARK = "cloudtrain-node-helper"
+# NODE_HELPER_MARK (the node protocol's) is the helper's last argument (sync_helper.py reads only
+# `serve` before it): how the node's watchdog knows a session that runs nothing but our helper, idle,
+# for cloudtrain's own kept connection and not a user's (cloudtrain/node/signals.py ssh_activity).
 
 
 def helper_source() -> str:

@@ -39,41 +39,21 @@ def peek_local(job: JobRecord) -> JobRecord:
     """A job on a node that is a directory on this machine, read from its files without starting a
     shell (for plain `status`); other jobs are returned as state knows them.
 
-    Mirrors `runner.sh status`: exit_code present means over; a supervisor that is gone without
-    one means lost, "gone" judged by its recorded identity (boot id, pid, start time: procid), so a
-    pid reused after a reboot is not taken for the job.
+    The node's own rule (cloudtrain/node/jobs.py read_job, what `runner.sh status` says): exit_code
+    present means over; a supervisor that is gone without one means lost, "gone" judged by its
+    recorded identity (boot id, pid, start time), so a pid reused after a reboot is not taken for the
+    job. A job whose directory is gone is lost too; one not started yet stays as state has it.
     """
     if job.status not in OPEN_STATES or not _on_this_machine(job):
         return job
-    job_dir = Path(job.job_dir)
-    ended = _ended(job, job_dir)
-    if ended is not None:
-        return ended
-    pid_text = _read(job_dir / "pid")
-    if pid_text is None or not pid_text.isdigit():
-        return job if job_dir.exists() else _with(job, JobState.LOST, None, None)
-    from cloudtrain import procid
+    from cloudtrain.node.jobs import read_job
 
-    if not procid.alive(_read(job_dir / "identity"), int(pid_text)):
-        # The supervisor writes exit_code, then exits: one that ended since the first look left it.
-        return _ended(job, job_dir) or _with(job, JobState.LOST, None, None)
-    return job
-
-
-def _ended(job: JobRecord, job_dir: Path) -> JobRecord | None:
-    """The job as its exit_code says it ended; None while there is none."""
-    code_text = _read(job_dir / "exit_code")
-    if code_text is None or not code_text.lstrip("-").isdigit():
-        return None
-    code = int(code_text)
-    if code == 0:
-        state = JobState.SUCCEEDED
-    elif (job_dir / "cancelled").exists() or code == 143:
-        state = JobState.KILLED
-    else:
-        state = JobState.FAILED
-    ended = _read(job_dir / "ended_at")
-    return _with(job, state, code, float(ended) if ended and ended.isdigit() else None)
+    if not Path(job.job_dir).is_dir():
+        return _with(job, JobState.LOST, None, None)
+    seen = read_job(job.job_dir)
+    if seen.state.open:
+        return job
+    return _with(job, JobState(seen.state.value), seen.exit_code, seen.ended_at)
 
 
 def _on_this_machine(job: JobRecord) -> bool:
@@ -88,10 +68,3 @@ def _with(job: JobRecord, state: str, code: int | None, ended: float | None) -> 
     from dataclasses import replace
 
     return replace(job, status=state, exit_code=code, ended_at=ended or job.ended_at or time.time())
-
-
-def _read(path: Path) -> str | None:
-    try:
-        return path.read_text().strip()
-    except (FileNotFoundError, NotADirectoryError):
-        return None

@@ -16,8 +16,8 @@ While an attempt runs:
 
 When an attempt fails, the cause is settled by asking, in order: did the watcher see the node go;
 does the cloud, asked once more now, say it went; did the node's watchdog record an interruption
-notice (templates/watchdog.py writes `interruption.json` beside its config and SIGTERMs the job,
-which may write a final checkpoint: pulled now, while the node is still up). Any of them: the
+notice (cloudtrain/node/notices.py writes NOTICE_FILE, `interruption.json`, beside its config and
+SIGTERMs the job, which may write a final checkpoint: pulled now, while the node is still up). Any of them: the
 attempt ended `preempted` (spot) or `lost`, the cluster is taken down (`lifecycle.down`: the cloud
 confirms it gone, billing closed), and the next attempt launches on the plan made again with what
 is left of the budget (`budget.max_usd` minus the spend of every attempt so far, `max_hours` minus
@@ -52,6 +52,7 @@ from cloudtrain.run.recover_watch import Tee, Watcher, lost_now
 from cloudtrain.run.stop import StopToken
 from cloudtrain.state import RunStatus
 from cloudtrain.run import carry, checkpoints
+from cloudtrain.node.protocol import NOTICE_FILE
 from cloudtrain.run.checkpoints import CHECKPOINT_ENV
 
 if TYPE_CHECKING:
@@ -59,7 +60,6 @@ if TYPE_CHECKING:
     from cloudtrain.recipe.recover import Recover
     from cloudtrain.run.recovering import RunSoFar, Runs
 
-NOTICE_FILE = "interruption.json"  # beside the watchdog's config, ~/.cloudtrain/<cluster>/
 ATTEMPTS_DIR = "attempts"
 ATTEMPTS_FILE = "attempts.json"  # in the run directory, rewritten as attempts go (read by `run --resume`)
 

@@ -1,8 +1,8 @@
 """Upload on an interruption notice (a recovering run whose recipe has `upload:`, docs/recovery.md).
 
 Before each attempt's job starts, the CLI leaves a script on node 0 beside the watchdog's config
-(`~/.cloudtrain/<cluster>/on_notice.sh`). On the cloud's interruption notice the watchdog
-(templates/watchdog.py), which TERMs the job, also starts that script: it waits for the job to end
+(`~/.cloudtrain/<cluster>/on_notice.sh`, SCRIPT). On the cloud's interruption notice the watchdog
+(cloudtrain/node/notices.py), which TERMs the job, also starts that script: it waits for the job to end
 (so the last checkpoint, written on TERM, is complete), then puts the run's result paths and its
 checkpoint directory under the run's upload URL with the node's own identity (the same copy tool
 and identity as the run's own upload step: buckets/steps.py), and writes what it uploaded, and how
@@ -25,16 +25,18 @@ from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
 from cloudtrain.errors import CloudtrainError
+# The script the watchdog starts on a notice, and its record of the notice (with the jobs it TERMed):
+# the node protocol's names.
+from cloudtrain.node.protocol import NOTICE_FILE as NOTICE_FILE
+from cloudtrain.node.protocol import NOTICE_SCRIPT as SCRIPT
 
 if TYPE_CHECKING:
     from cloudtrain.cluster.nodes import Node
     from cloudtrain.recipe import Recipe
     from cloudtrain.run.recovering import Recovering
 
-SCRIPT = "on_notice.sh"  # the watchdog starts it on a notice (templates/watchdog.py NOTICE_SCRIPT)
 RESULT = "on_notice.json"
 LOG = "on_notice.log"
-NOTICE_FILE = "interruption.json"  # the watchdog's record of the notice, with the jobs it TERMed
 # How long the script waits for the TERMed job to end before uploading what there is: inside every
 # cloud's warning (GCP's and Azure's 30 s; the watchdog KILLs the job after 20 s there).
 JOB_END_WAIT_S = 25

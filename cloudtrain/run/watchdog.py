@@ -3,7 +3,8 @@
 A watchdog runs on every node of a cluster whose recipe sets `autostop` or `budget` (started by
 `up`, and by `run` when it readies the nodes), or after `cloudtrain autostop`. It needs nothing from
 this machine afterwards: the laptop can be closed. Its config, ~/.cloudtrain/<cluster>/watchdog.json
-on the node, is rewritten here and reread by the watchdog on every tick:
+on the node, is rewritten here and reread by the watchdog on every tick (its fields, one by one:
+cloudtrain/node/protocol.py CONFIG_FIELDS; what this side puts in them):
 
     tick_s       seconds between decisions (15; CLOUDTRAIN_WATCHDOG_TICK_S overrides, for tests)
     autostop     {idle_s, down, wait_for} or null (idle_s: idle_minutes x 60;
@@ -43,7 +44,15 @@ from typing import TYPE_CHECKING, Any
 
 from cloudtrain.budget import budget_limit
 from cloudtrain.errors import NotAvailableError, RemoteError, UsageError
-from cloudtrain.node.protocol import CONFIG_NAME, DEFAULT_TICK_S, LOG_NAME, PROGRAM_NAME, WAIT_FOR, action_key
+from cloudtrain.node.protocol import (
+    CONFIG_NAME,
+    DEFAULT_TICK_S,
+    LOG_NAME,
+    PROGRAM_NAME,
+    WAIT_FOR,
+    action_key,
+    config_fields,
+)
 
 if TYPE_CHECKING:
     from cloudtrain.cluster.lifecycle import Cluster, Lifecycle
@@ -269,7 +278,7 @@ def node_config(cluster: Cluster, node: Node, settings: Settings, action: Mappin
     keep = settings.keep + (("notify",) if settings.notify is None else ())
     if keep:
         config["keep"] = list(keep)
-    return config
+    return config_fields(config)
 
 
 # ---------------------------------------------------------------------------------------- on the nodes

@@ -1,4 +1,4 @@
-"""What a VM asks of its own cloud, faked for the on-node watchdog (templates/watchdog.py).
+"""What a VM asks of its own cloud, faked for the on-node watchdog (cloudtrain/node).
 
 - `MetadataServer`: an instance metadata server on loopback answering the two token endpoints a
   watchdog uses to act with the machine's own identity, with the headers the real ones require:
@@ -57,6 +57,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
+from cloudtrain.node.protocol import ENV_INSTANCE_ID
 from cloudtrain.testing.serving import serve, stop_serving
 
 GCE_TOKEN_PATH = "/computeMetadata/v1/instance/service-accounts/default/token"
@@ -329,16 +330,16 @@ def main(argv: list[str] | None = None) -> int:
     shutdown = sub.add_parser("ec2-shutdown", help="an OS shutdown of an EC2 instance, against moto")
     shutdown.add_argument("--endpoint", required=True, help="moto's URL")
     shutdown.add_argument("--region", default="us-east-1")
-    shutdown.add_argument("--instance-id", default=os.environ.get("CLOUDTRAIN_INSTANCE_ID"))
+    shutdown.add_argument("--instance-id", default=os.environ.get(ENV_INSTANCE_ID))
     gce = sub.add_parser("gce-shutdown", help="an OS shutdown of a GCE instance, against the fake Compute Engine")
     gce.add_argument("--endpoint", required=True, help="the fake Compute Engine's URL")
     gce.add_argument("--project", required=True)
     gce.add_argument("--key-file", default=os.environ.get("GOOGLE_APPLICATION_CREDENTIALS"),
                      help="a service-account key the fake knows (default: $GOOGLE_APPLICATION_CREDENTIALS)")
-    gce.add_argument("--instance-id", default=os.environ.get("CLOUDTRAIN_INSTANCE_ID"), help="<zone>:<name>")
+    gce.add_argument("--instance-id", default=os.environ.get(ENV_INSTANCE_ID), help="<zone>:<name>")
     args = parser.parse_args(argv)
     if not args.instance_id:
-        parser.error("no instance id: pass --instance-id or set CLOUDTRAIN_INSTANCE_ID")
+        parser.error(f"no instance id: pass --instance-id or set {ENV_INSTANCE_ID}")
     if args.command == "gce-shutdown":
         if not args.key_file:
             parser.error("no key file: pass --key-file or set GOOGLE_APPLICATION_CREDENTIALS")

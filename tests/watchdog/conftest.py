@@ -22,7 +22,7 @@ import pytest
 
 from cloudtrain import paths
 from cloudtrain.node import bundle
-from cloudtrain.node.protocol import PROGRAM_NAME
+from cloudtrain.node.protocol import ENV_CLUSTER, ENV_EFFECT, ENV_INSTANCE_ID, PROGRAM_NAME
 from cloudtrain.testing.metadata import metadata_server  # noqa: F401 - a fixture for these tests
 from cloudtrain.testing.wait import wait_until  # noqa: F401 - these tests' waits
 
@@ -178,8 +178,8 @@ def marker_command(path: Path) -> list[str]:
     trace. Atomically (a new file renamed over it): tests wait for the file to exist and then read it,
     and a file created before its line is written read empty once under load."""
     code = ("import os, sys; p = sys.argv[1]; old = open(p).read() if os.path.exists(p) else ''; "
-            "open(p + '.part', 'w').write(old + '%s %s %s\\n' % (os.environ['CLOUDTRAIN_INSTANCE_ID'], "
-            "os.environ['CLOUDTRAIN_WATCHDOG_EFFECT'], os.environ['CLOUDTRAIN_CLUSTER'])); os.replace(p + '.part', p)")
+            f"open(p + '.part', 'w').write(old + '%s %s %s\\n' % (os.environ['{ENV_INSTANCE_ID}'], "
+            f"os.environ['{ENV_EFFECT}'], os.environ['{ENV_CLUSTER}'])); os.replace(p + '.part', p)")
     return [sys.executable, "-c", code, str(path)]
 
 
