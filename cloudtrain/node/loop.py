@@ -131,8 +131,10 @@ class Watchdog:
             if used >= BUDGET_WARNING_SHARE * limit and used < limit and not self.state.get("warned"):
                 # Once per budget (its epoch), kept across restarts: the laptop may be closed.
                 self.state["warned"] = True
-                self.tell_in_background(cfg, EVENT_BUDGET_WARNING, "budget: {:.0f}s of running time of {:.0f}s ({:.0%}; {})".format(
-                    used, limit, used / limit, budget.get("why", "")), None, {"used_s": round(used), "limit_s": round(limit)})
+                said = "budget: {:.0f}s of running time of {:.0f}s ({:.0%}; {})".format(
+                    used, limit, used / limit, budget.get("why", ""))
+                self.tell_in_background(cfg, EVENT_BUDGET_WARNING, said, None,
+                                        {"used_s": round(used), "limit_s": round(limit)})
             try:
                 write_json(self.paths.state, self.state)
             except OSError as exc:

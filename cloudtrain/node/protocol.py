@@ -78,7 +78,8 @@ class Paths:
 # (BOOT:PID:TICKS of the supervisor, process identity), `started_at`, `ended_at` (whole epoch
 # seconds), `exit_code` (written last: the job and everything it started are over), `cancelled`
 # (ended by `runner.sh kill`), `log`, `cmd.sh`.
-JOB_PID, JOB_IDENTITY, JOB_EXIT_CODE, JOB_ENDED_AT, JOB_CANCELLED = "pid", "identity", "exit_code", "ended_at", "cancelled"
+JOB_PID, JOB_IDENTITY, JOB_EXIT_CODE = "pid", "identity", "exit_code"
+JOB_ENDED_AT, JOB_CANCELLED = "ended_at", "cancelled"
 KILLED_BY_TERM = 143  # a job ended by TERM (runner.sh kill, or from outside) counts as killed
 
 

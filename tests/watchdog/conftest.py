@@ -135,7 +135,8 @@ class NodeDir:
 
     def run(self, env: dict[str, str] | None = None) -> subprocess.Popen:
         """`watchdog.pyz run CONFIG` in the foreground of a process of our own (ended at teardown)."""
-        proc = subprocess.Popen([sys.executable, str(self.program), "run", str(self.config_path)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        proc = subprocess.Popen([sys.executable, str(self.program), "run", str(self.config_path)],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                 env={**os.environ, **(env or {})})
         self.started.append(proc.pid)
         return proc
