@@ -74,7 +74,8 @@ def test_idle_local_cluster_stops_itself_once_its_job_ends(local_cloud: LocalClo
     assert local_cloud.leftovers() == []
 
 
-def test_autostop_changes_a_running_cluster_live(local_cloud: LocalCloud, fast_watchdog: None) -> None:
+def test_autostop_changes_a_running_cluster_live(local_cloud: LocalCloud, fast_watchdog: None,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
     cluster = local_cloud.cluster
     # A generous budget only: the watchdog runs, but nothing stops the node for an hour.
     up = local_cloud.up(local_cloud.recipe(run="echo hi", budget={"max_hours": 1}))
@@ -86,6 +87,8 @@ def test_autostop_changes_a_running_cluster_live(local_cloud: LocalCloud, fast_w
     bad = autostop_cli(local_cloud, cluster)
     assert bad.returncode == 2 and "how long may the cluster be idle" in bad.stderr, bad.stderr
     # The GPU rule and the delete-after-stop, live too: what the node's watchdog now enforces.
+    # (With the fixture's 1 s idle the idle node would stop itself before the next step: an hour.)
+    monkeypatch.setenv("CLOUDTRAIN_WATCHDOG_IDLE_S", "3600")
     armed = autostop_cli(local_cloud, cluster, "-i", "90", "--wait-for", "jobs", "--gpu-util-below", "10",
                          "--delete-after-stopped-days", "7")
     assert armed.returncode == 0, armed.stdout + armed.stderr
@@ -95,6 +98,7 @@ def test_autostop_changes_a_running_cluster_live(local_cloud: LocalCloud, fast_w
     assert node_config["autostop"]["gpu_util_below"] == 10 and node_config["autostop"]["delete_after_stopped_days"] == 7
     refused = autostop_cli(local_cloud, cluster, "-i", "1", "--wait-for", "none", "--gpu-util-below", "10")
     assert refused.returncode == 2 and "--gpu-util-below judges running jobs" in refused.stderr, refused.stderr
+    monkeypatch.setenv("CLOUDTRAIN_WATCHDOG_IDLE_S", str(IDLE_S))
     live = autostop_cli(local_cloud, cluster, "-i", "1", "--down")
     assert live.returncode == 0, live.stdout + live.stderr
     assert "autostop after 1s idle (delete" in live.stdout + live.stderr
