@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from cloudtrain.errors import CloudtrainError
+from cloudtrain.node.protocol import MARK_EVERY_S  # the node's watchdog renews the mark as often
 from cloudtrain.providers.base import InstanceState, MarksAlive, supports
 
 if TYPE_CHECKING:
@@ -30,7 +31,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-MARK_EVERY_S = 300.0
 # Four marks missed (a laptop asleep for a moment, an API error or two) before work counts as gone.
 LIVE_FOR_S = 4 * MARK_EVERY_S
 # How often the holder looks for new machines (a relaunch, a recovery's new incarnation) to mark.

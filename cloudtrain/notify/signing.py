@@ -1,5 +1,5 @@
 """Standard Webhooks signatures (https://www.standardwebhooks.com), so that a receiver can check a
-delivery with any of the spec's verifiers. templates/watchdog.py signs the node's events with the
+delivery with any of the spec's verifiers. cloudtrain/node/tell.py signs the node's events with the
 same few lines (it runs on the node with the standard library only)."""
 
 from __future__ import annotations

@@ -261,7 +261,7 @@ class StopsMachines(Protocol):
 @runtime_checkable
 class SelfStopping(Protocol):
     """Machines that can stop or delete themselves with no user credentials on them, so recipes may
-    set `autostop` and `budget` (templates/watchdog.py)."""
+    set `autostop` and `budget` (cloudtrain/node/)."""
 
     def watchdog_action(self, instance: Instance, down: bool) -> dict[str, Any]:
         """What the watchdog on `instance` must do to stop it (down=False) or delete it (down=True)

@@ -7,23 +7,13 @@ import math
 import shlex
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from enum import StrEnum
 from typing import Any
 
 from cloudtrain import paths
 from cloudtrain.errors import RemoteCommandError, RemoteError
+# The job's states are the node's (runner.sh writes them; cloudtrain/node/jobs.py reads them): one definition.
+from cloudtrain.node.protocol import JobState
 from cloudtrain.remote.transport import SKIPPED, Skipped, Transport
-
-class JobState(StrEnum):
-    """As templates/runner.sh reports it."""
-
-    PENDING = "pending"
-    RUNNING = "running"
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"
-    KILLED = "killed"
-    LOST = "lost"  # the supervisor is gone without an exit code: the node rebooted or was killed
-
 
 TERMINAL_STATES = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.KILLED, JobState.LOST})
 OPEN_STATES = frozenset({JobState.PENDING, JobState.RUNNING})

@@ -35,7 +35,7 @@ Approver = Callable[[SpendRequest], None]  # returns to proceed; raises (Decline
 
 
 def worst_case(recipe: Recipe, hourly_usd: float) -> str:
-    """The spend bound the node enforces (templates/watchdog.py): the smaller of the budget's hours
+    """The spend bound the node enforces (cloudtrain/node/): the smaller of the budget's hours
     at this price and its dollars; otherwise what autostop bounds, or nothing."""
     bound = _budget_bound(recipe.budget, hourly_usd)
     if bound is not None:

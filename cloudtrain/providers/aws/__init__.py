@@ -778,8 +778,8 @@ def _ingress_cidr(cidr: str | None) -> str:
 
 
 def _imds_identity(instance_id: str) -> dict[str, Any]:
-    """How the on-node watchdog asks this is `instance_id` before an OS power-off (templates/
-    watchdog.py is_the_node): IMDSv2, a session token then the instance id, reachable only on the VM."""
+    """How the on-node watchdog asks this is `instance_id` before an OS power-off (cloudtrain/
+    node/actions.py is_the_node): IMDSv2, a session token then the instance id, reachable only on the VM."""
     return {"token": {"url": "http://169.254.169.254/latest/api/token", "method": "PUT",
                       "headers": {"X-aws-ec2-metadata-token-ttl-seconds": "60"}, "header": "X-aws-ec2-metadata-token"},
             "url": "http://169.254.169.254/latest/meta-data/instance-id", "expect": instance_id}

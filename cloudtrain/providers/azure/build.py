@@ -46,7 +46,7 @@ VM_CONTRIBUTOR_ROLE = "9980e02c-c2be-4d73-94e8-173b1dc7cf3c"
 # deallocate or delete a VM (Virtual Machine Contributor suffices), or delete the whole group.
 VM_SELF_ROLES = frozenset({CONTRIBUTOR_ROLE, OWNER_ROLE, VM_CONTRIBUTOR_ROLE})
 GROUP_DELETE_ROLES = frozenset({CONTRIBUTOR_ROLE, OWNER_ROLE})
-# The on-node watchdog's calls (templates/watchdog.py, kind "http"). IMDS is link-local on every
+# The on-node watchdog's calls (cloudtrain/node/actions.py, kind "http"). IMDS is link-local on every
 # Azure VM and answers only with `Metadata: true`; its token is for the audience named by
 # `resource`, which must be the ARM endpoint the call goes to (https://management.azure.com/).
 IMDS_TOKEN_URL = "http://169.254.169.254/metadata/identity/oauth2/token?api-version=2018-02-01&resource={resource}"
