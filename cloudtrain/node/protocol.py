@@ -22,7 +22,6 @@ Files beside the watchdog's config, ~/.cloudtrain/<cluster>/ on the node (Paths)
 from __future__ import annotations
 
 import enum
-import hashlib
 import os
 
 VERSION = 1
@@ -232,5 +231,7 @@ def preemption_event_id(cluster: str, incarnation: str) -> str:
     """One id for the preemption of one incarnation of a cluster, whoever tells it: each node's
     watchdog on the cloud's notice and the laptop when it sees the node gone. A receiver that keeps
     one event per webhook-id (as Standard Webhooks asks) hears of it once, from whichever came first."""
+    import hashlib  # here: every CLI start imports this module, few of them need a digest (~5 ms)
+
     digest = hashlib.sha256(f"run.preempted:{cluster}:{incarnation}".encode()).hexdigest()
     return "msg_" + digest[:24]
