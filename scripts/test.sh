@@ -6,4 +6,9 @@ scripts/setup.sh --test
 # Two workers: most tests wait on sshd, fake clouds and watchdog ticks, so two halve the wall time
 # on a 2-core machine (26.8 -> 15.7 min measured). CLOUDTRAIN_TEST_WORKERS=0 runs in one process.
 # `scripts/test.sh -m quick` runs only the edit-loop tier (docs/testing.md); CI runs everything.
+# Bytecode is cached: with PYTHONDONTWRITEBYTECODE (set on some images) every worker re-rewrote every
+# test module's asserts at collection (~10 s of CPU each) and every CLI subprocess compiled the
+# cloudtrain modules without a .pyc again. __pycache__ is git-ignored.
+unset PYTHONDONTWRITEBYTECODE
+.venv/bin/python -m compileall -q cloudtrain >/dev/null
 exec .venv/bin/python -m pytest -n "${CLOUDTRAIN_TEST_WORKERS:-2}" --dist worksteal "$@"
