@@ -2,18 +2,49 @@
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
 import click
 
 from cloudtrain.cli import output
 
+if TYPE_CHECKING:
+    from cloudtrain.config import Config
+
 
 @click.command()
-@click.argument("recipe_path", metavar="RECIPE")
-def validate(recipe_path: str) -> None:
-    """Check RECIPE without creating anything: YAML syntax, fields, types, ${VAR}s, workdir and
+@click.argument("recipe_paths", metavar="RECIPE...", nargs=-1, required=True)
+@click.pass_context
+def validate(ctx: click.Context, recipe_paths: tuple[str, ...]) -> None:
+    """Check each RECIPE without creating anything: YAML syntax, fields, types, ${VAR}s, workdir and
     data paths, the bundled job's parameters and, for clouds that bill, the plan (instance type,
-    region, GPU and price from the catalog). No cloud is asked."""
-    from cloudtrain.config import load_config
+    region, GPU and price from the catalog). No cloud is asked. Every recipe is checked; exit 2 if
+    any is refused (`cloudtrain validate recipes/*.yaml` in a pre-commit hook)."""
+    from cloudtrain.config import load_config as load
+    from cloudtrain.errors import UsageError
+
+    load_config = functools.cache(load)  # read once for all the recipes
+    if len(recipe_paths) == 1:  # one recipe: its error is the command's, rendered by main
+        _validate_one(recipe_paths[0], load_config)
+        return
+    load_config()  # a bad config is said once, not once per recipe
+    refused = 0
+    for path in recipe_paths:
+        try:
+            _validate_one(path, load_config)
+        except UsageError as exc:
+            # The same lines main prints for one recipe; the others are still checked.
+            refused += 1
+            for line in exc.one_line().splitlines():
+                click.echo(f"error: {line}", err=True)
+    if refused:
+        output.info(f"{refused} of {len(recipe_paths)} recipes refused")
+        ctx.exit(2)
+
+
+def _validate_one(recipe_path: str, load_config: Callable[[], Config]) -> None:
     from cloudtrain.preflight import preflight
     from cloudtrain.recipe import load_recipe
 
