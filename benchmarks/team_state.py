@@ -4,7 +4,7 @@ The same rows are written to this machine's SQLite file and to a PostgreSQL data
 its own, started as the tests start it: cloudtrain/testing/postgres.py, Debian's `postgresql`), then
 each verb's cold start (the real CLI, a subprocess, as a user runs it) is timed 5 times, the two
 engines taking turns so that a change in the machine's load hits both alike; the median is shown.
-What a PostgreSQL verb pays on top (importing psycopg) is measured on its own, and the date and
+What a PostgreSQL verb pays on top (importing psycopg2) is measured on its own, and the date and
 the machine's load are printed with the numbers: on a shared machine they move them a lot.
 
 Goal (issue 37): PostgreSQL <= 1.5x SQLite, both <= 300 ms on the 2-core dev machine.
@@ -71,7 +71,7 @@ def cold_start_s(args: list[str], env: dict[str, str]) -> tuple[float, float]:
 
 
 def import_s(code: str) -> float:
-    """Median wall time of a bare interpreter running `code` (the psycopg import's share)."""
+    """Median wall time of a bare interpreter running `code` (the driver import's share)."""
     times = []
     for _ in range(REPEATS):
         start = time.perf_counter()
@@ -110,7 +110,7 @@ def main() -> None:
             for verb in VERBS:
                 for engine, engine_env in engines:
                     times.setdefault((engine, " ".join(verb)), []).append(cold_start_s(list(verb), engine_env))
-        bare, psycopg = import_s("pass"), import_s("import psycopg")
+        bare, driver = import_s("pass"), import_s("import psycopg2, psycopg2.extensions")
         print(f"after:  {load()}")
         print(f"{CLUSTERS} clusters, {RUNS} runs; median of {REPEATS} cold starts, the engines taking turns")
         print(f"{'':20} {'wall time':^25}  {'CPU time':^25}")
@@ -127,7 +127,7 @@ def main() -> None:
             met = pg <= 1.5 * lite and max(lite, pg) <= 0.3
             print(f"{name:20} {lite * 1000:6.0f}ms {pg * 1000:7.0f}ms {pg / lite:6.2f}  {lite_cpu * 1000:6.0f}ms "
                   f"{pg_cpu * 1000:7.0f}ms {pg_cpu / lite_cpu:6.2f}  {'met' if met else 'not met'}")
-        print(f"importing psycopg: {(psycopg - bare) * 1000:.0f} ms (a bare interpreter: {bare * 1000:.0f} ms)")
+        print(f"importing psycopg2: {(driver - bare) * 1000:.0f} ms (a bare interpreter: {bare * 1000:.0f} ms)")
     finally:
         server.stop()
         shutil.rmtree(home, ignore_errors=True)

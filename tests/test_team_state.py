@@ -7,13 +7,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-import psycopg
+import psycopg2.errors
 import pytest
 
 from cloudtrain.state import ClusterStatus, StateStore
 from cloudtrain.state.schema_pg import PG_SCHEMA_VERSION
 from cloudtrain.state.team import migrate
 from cloudtrain.testing.postgres import PostgresServer
+from cloudtrain.testing.postgres import connection as pg_connection
 from tests.conftest import cli_env, cloudtrain
 
 
@@ -26,7 +27,7 @@ def empty_db(postgres_server: PostgresServer, monkeypatch: pytest.MonkeyPatch): 
 
 
 def _versions(server: PostgresServer, db: str) -> list[int]:
-    with psycopg.connect(server.url(db)) as conn:
+    with pg_connection(server.url(db)) as conn:
         return [r[0] for r in conn.execute("SELECT version FROM cloudtrain_schema ORDER BY version")]
 
 
@@ -51,7 +52,7 @@ def test_init_prints_grants_that_let_a_member_use_the_state_and_nothing_more(
     for statement in grants:
         try:
             postgres_server.sql(statement, empty_db)
-        except psycopg.errors.DuplicateObject:  # the role is cluster-wide: another test made it
+        except psycopg2.errors.DuplicateObject:  # the role is cluster-wide: another test made it
             pass
     postgres_server.sql("CREATE ROLE alice LOGIN IN ROLE cloudtrain_member")
     try:
@@ -63,9 +64,9 @@ def test_init_prints_grants_that_let_a_member_use_the_state_and_nothing_more(
         assert [e.message for e in store.list_events("a1")] == ["hello"]
         # The row records who wrote it: the database role, filled in by the server.
         assert store._db.execute("SELECT member FROM clusters WHERE name = 'a1'").fetchone()[0] == "alice"
-        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+        with pytest.raises(psycopg2.errors.InsufficientPrivilege):
             store._db.execute("CREATE TABLE mine (x INTEGER)")
-        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+        with pytest.raises(psycopg2.errors.InsufficientPrivilege):
             store._db.execute("DELETE FROM cloudtrain_schema")
         store.close()
         again = cloudtrain("team", "init")

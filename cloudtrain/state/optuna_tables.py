@@ -40,26 +40,24 @@ def team_storage(url: str) -> Any:
     from cloudtrain.state import pg
 
     def connect() -> Any:
-        import psycopg.rows
-
-        conn = pg.connect(url)
+        conn = pg.connect(url, rows=False)  # the driver's own connection and tuple rows, as SQLAlchemy expects
         conn.autocommit = False
-        conn.row_factory = psycopg.rows.tuple_row
         return conn
 
     where = pg.display(url)
     try:
         # pool_pre_ping: a connection the server dropped while trials ran is replaced, not an error.
-        return RDBStorage("postgresql+psycopg://", engine_kwargs={"creator": connect, "pool_pre_ping": True})
+        return RDBStorage("postgresql+psycopg2://", engine_kwargs={"creator": connect, "pool_pre_ping": True})
     except (sqlalchemy.exc.DBAPIError, StorageInternalError) as exc:
-        import psycopg
+        import psycopg2
+        import psycopg2.errors
 
         # Optuna wraps some of SQLAlchemy's errors, which wrap the driver's: the driver's says what happened.
         cause: BaseException | None = exc
-        while cause is not None and not isinstance(cause, psycopg.Error):
+        while cause is not None and not isinstance(cause, psycopg2.Error):
             cause = getattr(cause, "orig", None) or cause.__cause__
         first = _first_line(cause or exc)
-        if isinstance(cause, psycopg.errors.InsufficientPrivilege):
+        if isinstance(cause, psycopg2.errors.InsufficientPrivilege):
             raise UsageError(f"the team database {where} keeps sweeps' Optuna studies, and this member may not use "
                              f"its Optuna tables ({first})",
                              hint="an admin runs `cloudtrain team migrate` (it creates them) and the grants "

@@ -5,7 +5,7 @@ engines read alike except for a handful of spellings, so one copy of every query
 notify outbox's) stays the contract, and a query added later runs on both without being written
 twice. The differences, all translated here in one place:
 
-- placeholders: `?` and `:name` become psycopg's `%s` and `%(name)s` (a literal `%` is doubled);
+- placeholders: `?` and `:name` become the driver's `%s` and `%(name)s` (a literal `%` is doubled);
 - SQLite's two-argument scalar `MAX(a, b)` is PostgreSQL's `GREATEST(a, b)`;
 - a Python bool is bound as 0/1, as SQLite stores it (the columns are INTEGER on both);
 - rows answer `row["name"]` and `row[0]`, like sqlite3.Row.
@@ -15,6 +15,10 @@ wait), and a write transaction (`StateStore._write`) takes one transaction-level
 first, so writers run one at a time across every CLI of the team exactly as `BEGIN IMMEDIATE`
 makes them do on one file: a read-then-write in a transaction can never interleave with another.
 Writes are milliseconds long; 50 CLIs queue for a few milliseconds each, never deadlock.
+
+The driver is psycopg2 (its binary wheel carries libpq): it imports in ~40 ms where psycopg 3,
+which loads asyncio and importlib.metadata at import, takes 200-500 ms, and every verb on a team
+database pays that import (docs/teams.md, "Speed").
 
 One connection per CLI process: every store a process opens on the same database (the command's,
 a launch heartbeat's thread, a liveness marker's, a recovery's) and its cluster locks
@@ -48,7 +52,7 @@ _MAX2 = re.compile(r"\bMAX\(([^(),]+),([^(),]+)\)", re.IGNORECASE)
 
 @lru_cache(maxsize=512)
 def translate(sql: str, with_params: bool) -> str:
-    """SQLite-flavoured SQL as psycopg takes it (see the module's docstring)."""
+    """SQLite-flavoured SQL as the driver takes it (see the module's docstring)."""
     sql = _MAX2.sub(r"GREATEST(\1,\2)", sql)
     out: list[str] = []
     quote: str | None = None
@@ -105,9 +109,62 @@ class Row:
         return list(self._names)
 
 
-def _row_factory(cursor: Any) -> Any:
-    names = {column.name: i for i, column in enumerate(cursor.description or ())}
-    return lambda values: Row(names, values)
+def _driver() -> Any:
+    try:
+        import psycopg2
+        import psycopg2.extensions
+    except ImportError:
+        raise UsageError("state_url is a PostgreSQL database, and its driver (psycopg2) is not installed",
+                         hint="pip install 'cloudtrain[team]'") from None
+    return psycopg2
+
+
+@lru_cache(maxsize=1)
+def _row_cursor() -> type:
+    """A psycopg2 cursor whose rows are `Row`s (defined on first use: the driver loads lazily)."""
+    base = _driver().extensions.cursor
+
+    class RowCursor(base):  # type: ignore[misc, valid-type]
+        def _names(self) -> dict[str, int]:
+            return {column.name: i for i, column in enumerate(self.description or ())}
+
+        def fetchone(self) -> Row | None:
+            values = super().fetchone()
+            return None if values is None else Row(self._names(), values)
+
+        def fetchall(self) -> list[Row]:
+            names = self._names()
+            return [Row(names, values) for values in super().fetchall()]
+
+        def fetchmany(self, size: int | None = None) -> list[Row]:
+            names = self._names()
+            rows = super().fetchmany(size) if size is not None else super().fetchmany()
+            return [Row(names, values) for values in rows]
+
+        def __iter__(self) -> Iterator[Row]:
+            return iter(self.fetchall())
+
+    return RowCursor
+
+
+class Raw:
+    """A driver connection that answers `execute(sql, params)` with its cursor, as sqlite3's does
+    (StateStore, team migrations and the lock queries all call it so)."""
+
+    def __init__(self, conn: Any) -> None:
+        self.conn = conn
+
+    def execute(self, sql: str, params: Sequence[Any] | Mapping[str, Any] | None = None) -> Any:
+        cursor = self.conn.cursor()
+        cursor.execute(sql, params)
+        return cursor
+
+    @property
+    def closed(self) -> bool:
+        return bool(self.conn.closed)  # psycopg2: 1 closed, 2 broken
+
+    def close(self) -> None:
+        self.conn.close()
 
 
 class StateUnavailable(CloudtrainError):
@@ -124,11 +181,11 @@ class _Session:
         self.users = 0
 
     def usable(self) -> bool:
-        return not (self.conn.closed or self.conn.broken)
+        return not self.conn.closed
 
 
 # (pid, url, project) -> the session. Weak: a store dropped without close() frees its connection
-# as before (psycopg closes it when collected). The pid: a forked child never shares a socket.
+# as before (the driver closes it when collected). The pid: a forked child never shares a socket.
 _sessions: weakref.WeakValueDictionary[tuple[int, str, str], _Session] = weakref.WeakValueDictionary()
 _sessions_lock = threading.Lock()
 _TRANSACTION = {"BEGIN": "begin", "COMMIT": "end", "ROLLBACK": "end"}
@@ -165,8 +222,7 @@ class PgConnection:
             return self._execute(sql, params)
 
     def _execute(self, sql: str, params: Sequence[Any] | Mapping[str, Any] | None) -> Any:
-        import psycopg
-
+        driver = _driver()
         if not params:
             query, bound = translate(sql, False), None
         elif isinstance(params, Mapping):
@@ -175,8 +231,9 @@ class PgConnection:
             query, bound = translate(sql, True), [_bind(v) for v in params]
         try:
             return self._conn.execute(query, bound)
-        except psycopg.OperationalError as exc:
+        except (driver.OperationalError, driver.InterfaceError) as exc:
             # One line, not a driver traceback: what the user can act on is that the database is away.
+            # (InterfaceError: the driver had already seen the connection close.)
             raise StateUnavailable(f"lost the state database {display(self._url)}: {_first_line(exc)}",
                                    hint="run the command again once it is back; the nodes' jobs, watchdogs and "
                                         "deadlines do not need it, and `gc` finds by tag what a launch left") from exc
@@ -196,19 +253,14 @@ class PgConnection:
         self._session.conn.close()
 
 
-def connect(url: str) -> Any:
-    """A raw psycopg connection in autocommit mode. libpq reads the URL, so sslmode, passfile
-    (~/.pgpass, PGPASSFILE), service files (PGSERVICEFILE, `service=`) and PG* variables apply."""
+def connect(url: str, *, rows: bool = True) -> Any:
+    """A connection in autocommit mode (`Raw`; with rows=False the bare driver connection, for
+    SQLAlchemy). libpq reads the URL, so sslmode, passfile (~/.pgpass, PGPASSFILE), service files
+    (PGSERVICEFILE, `service=`) and PG* variables apply."""
+    driver = _driver()
     try:
-        import psycopg
-    except ImportError:
-        raise UsageError("state_url is a PostgreSQL database, and psycopg is not installed",
-                         hint="pip install 'cloudtrain[team]'") from None
-    from psycopg.conninfo import conninfo_to_dict
-
-    try:
-        given = conninfo_to_dict(url)
-    except psycopg.ProgrammingError as exc:
+        given = driver.extensions.parse_dsn(url)
+    except driver.ProgrammingError as exc:
         raise UsageError(f"state_url {url!r}: not a libpq URL ({_first_line(exc)})",
                          hint="e.g. postgresql://alice@db.example.com/cloudtrain?sslmode=require") from None
     extra: dict[str, Any] = {}
@@ -224,13 +276,15 @@ def connect(url: str) -> Any:
         if f"keepalives_{key}" not in given:
             extra[f"keepalives_{key}"] = value
     try:
-        conn = psycopg.connect(url, autocommit=True, row_factory=_row_factory, **extra)
-    except psycopg.Error as exc:
+        conn = driver.connect(url, cursor_factory=_row_cursor() if rows else None, **extra)
+        conn.autocommit = True
+    except driver.Error as exc:
         raise CloudtrainError(f"could not reach the state database {display(url)}: {_first_line(exc)}",
                               hint="check state_url / CLOUDTRAIN_STATE_URL and that the server is up") from None
+    raw = Raw(conn)
     if "tcp_keepalives" not in given.get("options", "") + os.environ.get("PGOPTIONS", ""):
-        _server_keepalives(conn, psycopg.Error)
-    return conn
+        _server_keepalives(raw, driver.Error)
+    return raw if rows else conn
 
 
 # TCP keepalive probes, both ways: after IDLE s of silence, every INTERVAL s, COUNT unanswered ones
@@ -255,9 +309,7 @@ def _server_keepalives(conn: Any, error: type[BaseException]) -> None:
 
 
 def errors() -> tuple[type[BaseException], ...]:
-    import psycopg
-
-    return (psycopg.Error, StateUnavailable)
+    return (_driver().Error, StateUnavailable)
 
 
 def schema_version(conn: Any) -> int | None:

@@ -14,6 +14,7 @@ Fixtures:
 
 from __future__ import annotations
 
+import contextlib
 import getpass
 import os
 import secrets
@@ -22,6 +23,7 @@ import subprocess
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -82,9 +84,7 @@ class PostgresServer:
         return f"postgresql:///{database}?host={self.socket_dir}&user={user or self.superuser}"
 
     def sql(self, statement: str, database: str = "postgres") -> None:
-        import psycopg
-
-        with psycopg.connect(self.url(database), autocommit=True) as conn:
+        with connection(self.url(database)) as conn:
             conn.execute(statement)
 
     def create_database(self, template: str | None = None) -> str:
@@ -98,7 +98,7 @@ class PostgresServer:
     def grant_members(self, database: str) -> None:
         """Run the grants `team init` prints on `database` (as its admin would), so that roles in
         cloudtrain_member can use it. The role itself is cluster-wide: another test may have made it."""
-        import psycopg
+        import psycopg2.errors
 
         from cloudtrain.state.team import grants
 
@@ -107,7 +107,7 @@ class PostgresServer:
                 continue
             try:
                 self.sql(statement, database)
-            except psycopg.errors.DuplicateObject:
+            except psycopg2.errors.DuplicateObject:
                 continue
 
     def initialized_database(self) -> str:
@@ -152,3 +152,19 @@ def state_backend(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatc
         yield "postgres"
     finally:
         server.drop_database(database)
+
+
+@contextlib.contextmanager
+def connection(url: str) -> Iterator[Any]:
+    """An admin's autocommit connection, as psql gives one (`conn.execute(sql, params)` answers
+    its cursor), closed on leaving. The driver's own, not the state's: no keepalives, no checks."""
+    import psycopg2
+
+    from cloudtrain.state.pg import Raw
+
+    conn = psycopg2.connect(url)
+    conn.autocommit = True
+    try:
+        yield Raw(conn)
+    finally:
+        conn.close()

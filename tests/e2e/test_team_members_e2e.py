@@ -17,11 +17,11 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import psycopg
 import pytest
 
 from cloudtrain.testing import sshd
 from cloudtrain.testing.aws import AwsCloud
+from cloudtrain.testing.postgres import connection as pg_connection
 from tests.e2e.test_team_budget_e2e import _cli, _member_env, team_db  # noqa: F401 - team_db: a fixture
 
 if not sshd.sshd_available() and not os.environ.get("CI"):
@@ -44,7 +44,7 @@ def _lock_holders(admin: str, cluster: str) -> int:
     """Sessions holding cluster `cluster`'s advisory lock (state/locks.py: keys 0x6374, hashtext)."""
     from cloudtrain.state.locks import CLUSTER_LOCK_SPACE
 
-    with psycopg.connect(admin, autocommit=True) as conn:
+    with pg_connection(admin) as conn:
         return conn.execute(
             "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted AND objsubid = 2 "
             "AND classid = %s AND objid::bigint = (hashtext(%s)::bigint + 4294967296) %% 4294967296",
@@ -52,7 +52,7 @@ def _lock_holders(admin: str, cluster: str) -> int:
 
 
 def _events(admin: str, cluster: str) -> list[tuple[str, str, str]]:
-    with psycopg.connect(admin, autocommit=True) as conn:
+    with pg_connection(admin) as conn:
         return [tuple(r) for r in conn.execute("SELECT kind, member, message FROM events WHERE cluster = %s "
                                                "ORDER BY id", (cluster,)).fetchall()]
 
@@ -126,7 +126,7 @@ def test_a_member_killed_while_holding_a_cluster_frees_it_for_the_other(
         assert _lock_holders(admin, name) == 1
         # One connection per CLI (issue 37): mid-launch, alice's up holds the cluster lock, writes
         # its launch heartbeat from a thread and has its store open, all on one session.
-        with psycopg.connect(admin, autocommit=True) as conn:
+        with pg_connection(admin) as conn:
             seen = conn.execute("SELECT pid, state, query FROM pg_stat_activity WHERE usename = %s",
                                 (roles[0],)).fetchall()
         connections = len(seen)

@@ -22,12 +22,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-import psycopg
 import pytest
 import yaml
 
 from cloudtrain.testing import sshd
 from cloudtrain.testing.aws import AwsCloud
+from cloudtrain.testing.postgres import connection as pg_connection
 from cloudtrain.testing.wait import wait_until
 from tests.e2e.test_team_budget_e2e import _member_env, team_db  # noqa: F401 - team_db: a fixture
 
@@ -78,7 +78,7 @@ def _one_error(stderr: str) -> str:
 
 
 def _admin_rows(admin: str, sql: str, *args: Any) -> list[tuple]:
-    with psycopg.connect(admin, autocommit=True) as conn:
+    with pg_connection(admin) as conn:
         return [tuple(r) for r in conn.execute(sql, args).fetchall()]
 
 

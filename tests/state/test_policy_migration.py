@@ -8,7 +8,7 @@ import secrets
 import sqlite3
 from pathlib import Path
 
-import psycopg
+import psycopg2.errors
 import pytest
 
 from cloudtrain.config import Config
@@ -22,6 +22,7 @@ from cloudtrain.state.schema import _MIGRATIONS
 from cloudtrain.state.schema_pg import PG_SCHEMA_VERSION
 from cloudtrain.state.team import grants, migrate
 from cloudtrain.testing.postgres import PostgresServer
+from cloudtrain.testing.postgres import connection as pg_connection
 
 
 def test_a_v8_file_migrates_to_the_policies_table(tmp_path: Path) -> None:
@@ -77,7 +78,7 @@ def test_a_v3_team_database_migrates_to_policies_and_a_member_needs_the_grants_a
         v3_db: tuple[str, str, str], postgres_server: PostgresServer, monkeypatch: pytest.MonkeyPatch) -> None:
     database, member, group = v3_db
     admin = postgres_server.url(database)
-    with psycopg.connect(admin, autocommit=True) as conn:
+    with pg_connection(admin) as conn:
         conn.execute("INSERT INTO budgets (member, project, monthly_usd, set_at) VALUES ('*', '*', 70, 1)")
     done = migrate(admin)
     assert (done.before, done.after) == (3, PG_SCHEMA_VERSION) and 4 in done.applied
@@ -86,11 +87,11 @@ def test_a_v3_team_database_migrates_to_policies_and_a_member_needs_the_grants_a
     set_policy(store, max_idle_minutes=30, max_hours=None, project=None, by="admin")
     set_budget(store, 80.0, None, None, by="admin")  # v3's table still written as before
     store.close()
-    with psycopg.connect(admin, autocommit=True) as conn:
+    with pg_connection(admin) as conn:
         # One row per scope, NULL (every project) included; a row sets at least one floor.
-        with pytest.raises(psycopg.errors.UniqueViolation):
+        with pytest.raises(psycopg2.errors.UniqueViolation):
             conn.execute("INSERT INTO policies (project, max_hours, set_at) VALUES (NULL, 2, 1)")
-        with pytest.raises(psycopg.errors.CheckViolation):
+        with pytest.raises(psycopg2.errors.CheckViolation):
             conn.execute("INSERT INTO policies (project, set_at) VALUES ('vision', 1)")
 
     # The member's grants were run at v3: the new table is not theirs to read, said in one line,

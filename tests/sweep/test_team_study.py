@@ -12,7 +12,6 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-import psycopg
 import pytest
 
 from cloudtrain.errors import UsageError
@@ -21,6 +20,7 @@ from cloudtrain.sweep.model import TrialState
 from cloudtrain.state.optuna_tables import study_tables
 from cloudtrain.sweep.space import OptunaSampler, study_location
 from cloudtrain.testing.postgres import PostgresServer
+from cloudtrain.testing.postgres import connection as pg_connection
 from tests.conftest import cli_env
 
 
@@ -88,7 +88,7 @@ def test_two_members_go_on_with_one_study_in_the_team_database(members: tuple[st
     finally:
         his.close()
     assert states == [(0, "COMPLETE", 0.5), (1, "COMPLETE", 0.75), (2, "COMPLETE", 0.25)]
-    with psycopg.connect(admin, autocommit=True) as conn:
+    with pg_connection(admin) as conn:
         left = conn.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
                             "AND pid <> pg_backend_pid()").fetchone()[0]
     assert left == 0  # the samplers gave their connections back
