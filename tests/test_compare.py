@@ -1,8 +1,9 @@
-"""`cloudtrain compare` core on real job outputs: one CPU device vs. two logical CPU devices."""
+"""`cloudtrain compare` core on laid-out metrics (its run on the real job's outputs, one CPU device vs. two
+logical ones: tests/jobs/test_mnist_cnn.py::test_compare_reads_one_and_two_device_runs)."""
+
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -10,68 +11,8 @@ from typing import Any
 
 import pytest
 
-from cloudtrain.compare import (CompareError, CompareRow, RunSummary, batch_size_warning, compare_table,
-                                default_png_path, device_colours, format_rows, load_runs, render_png)
-
-ROOT = Path(__file__).resolve().parents[1]
-TINY = ["--data", "bundled", "--limit-train", "640", "--epochs", "2", "--progress-every", "100"]
-
-
-def _train(out: Path, *extra: str) -> None:
-    env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
-    env["PYTHONPATH"] = str(ROOT)
-    res = subprocess.run([sys.executable, "-m", "cloudtrain.jobs.mnist_cnn", "--output", str(out), *TINY, *extra],
-                         capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
-    assert res.returncode == 0, res.stderr[-3000:]
-
-
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """Two real runs laid out the two ways compare must read: results at the top, and results
-    collected under outputs/ next to cloudtrain's run.json with a price."""
-    base = tmp_path_factory.mktemp("runs")
-    one, two = base / "cpu-1", base / "cpu-2"
-    _train(one, "--batch-size", "64")
-    _train(two / "outputs", "--batch-size", "32", "--strategy", "mirrored", "--cpu-devices", "2")
-    (two / "run.json").write_text(json.dumps({"hourly_price_usd": 0.36, "cost_usd": 0.0012}))
-    return one, two
-
-
-def test_table_of_one_and_two_device_runs(runs: tuple[Path, Path], tmp_path: Path) -> None:
-    one, two = runs
-    summaries = load_runs([one, two])
-    assert all(isinstance(s, RunSummary) for s in summaries)
-    a, b = summaries
-    assert (a.name, a.strategy, a.replicas, a.device, a.gpu_names) == ("cpu-1", "default", 1, "CPU", ())
-    assert (b.name, b.strategy, b.replicas, b.global_batch_size) == ("cpu-2", "mirrored", 2, 64)
-    assert b.metrics_path == two / "outputs" / "metrics.json" and b.hostname and b.tensorflow
-    assert b.hourly_price_usd == 0.36 and a.hourly_price_usd is None and len(b.epoch_times_s) == 2
-    with pytest.raises(AttributeError):
-        a.name = "x"  # type: ignore[misc]  # frozen
-
-    rows = compare_table(summaries)
-    assert a.images_per_sec and b.images_per_sec and b.sec_per_batch
-    assert all(isinstance(r, CompareRow) for r in rows)
-    assert rows[0].speedup == 1.0
-    assert rows[1].speedup == pytest.approx(b.images_per_sec / a.images_per_sec)
-    assert rows[0].cost_per_epoch_usd is None
-    assert rows[1].cost_per_epoch_usd == pytest.approx(0.36 * sum(b.epoch_times_s) / 2 / 3600)
-    assert rows[1].cost_usd == 0.0012 and rows[0].gpu_model is None and rows[1].device == "CPU"
-
-    headers, cells = format_rows(rows)
-    assert headers == ["run", "device", "GPU", "strategy", "replicas", "batch", "sec/batch", "images/s", "speed-up",
-                       "test acc", "wall s", "cost/epoch"]
-    assert cells[0][:6] == ["cpu-1", "CPU", "-", "default", "1", "64"] and cells[0][8] == "1.00x"
-    assert cells[0][11] == "-"
-    assert cells[1][:6] == ["cpu-2", "CPU", "-", "mirrored", "2", "64"] and cells[1][11].startswith("$")
-    assert all(len(row) == len(headers) for row in cells)
-    assert float(cells[1][6]) == pytest.approx(b.sec_per_batch, abs=1e-4)
-    assert (rows[0].global_batch_size, rows[1].global_batch_size) == (64, 64)
-    assert batch_size_warning(rows) is None  # 64 per replica x 1 and 32 x 2: the same global batch
-
-    png = render_png(rows, tmp_path / "chart" / "compare.png")
-    data = png.read_bytes()
-    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
+from cloudtrain.compare import (CompareError, batch_size_warning, compare_table, default_png_path, device_colours,
+                                format_rows, load_runs, render_png)
 
 
 def _fake_run(path: Path, **metrics: Any) -> Path:
@@ -191,18 +132,3 @@ def test_compare_command_writes_next_to_the_runs_and_warns(tmp_path: Path) -> No
     res = subprocess.run([sys.executable, "-m", "cloudtrain", "compare", str(runs / "cpu"), "--output", str(chosen)],
                          capture_output=True, text=True, timeout=120, cwd=elsewhere)
     assert res.returncode == 0 and chosen.is_file() and res.stderr == "", res.stderr
-
-
-def test_compare_command_prints_table_and_saves_png(runs: tuple[Path, Path], tmp_path: Path) -> None:
-    one, two = runs
-    png = tmp_path / "chart.png"
-    res = subprocess.run([sys.executable, "-m", "cloudtrain", "compare", str(one), str(two), "--png", str(png)],
-                         capture_output=True, text=True, timeout=120)
-    assert res.returncode == 0, res.stderr
-    lines = res.stdout.splitlines()
-    assert lines[0].split()[:3] == ["run", "device", "GPU"]
-    assert any(line.startswith("cpu-2") and "mirrored" in line and "$" in line for line in lines)
-    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    missing = subprocess.run([sys.executable, "-m", "cloudtrain", "compare", str(tmp_path / "nope")],
-                             capture_output=True, text=True, timeout=120)
-    assert missing.returncode == 2 and missing.stderr.startswith("error:") and "Traceback" not in missing.stderr

@@ -289,24 +289,100 @@ def test_gpu_request_fails_clearly_without_gpu(tmp_path: Path) -> None:
     assert "Traceback" not in res.stderr
 
 
-def test_mirrored_over_two_logical_cpus_as_standalone_file(tmp_path: Path) -> None:
-    # The job alone in a directory with its data file, as cloudtrain ships it to a VM.
-    vm = tmp_path / "vm"
+@pytest.fixture(scope="module")
+def mirrored(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The job alone in a directory with its data file, as cloudtrain ships it to a VM, mirrored
+    over two logical CPUs: BASE/vm holds the job, BASE/out its outputs."""
+    base = tmp_path_factory.mktemp("mirrored")
+    vm = base / "vm"
     vm.mkdir()
     shutil.copy(JOB, vm / "mnist_cnn.py")
     shutil.copy(job.find_bundled(JOB.parent), vm / "mnist_5k.csv.gz")
     env = _env(PYTHONPATH="")
-    res = run_job(tmp_path / "out", *TINY, "--epochs", "1", "--batch-size", "32", "--strategy", "mirrored",
+    res = run_job(base / "out", *TINY, "--epochs", "1", "--batch-size", "32", "--strategy", "mirrored",
                   "--cpu-devices", "2", env=env, script=vm / "mnist_cnn.py")
     assert res.returncode == 0, res.stderr[-3000:]
-    m = read(tmp_path / "out" / "metrics.json")
+    return base
+
+
+def test_mirrored_over_two_logical_cpus_as_standalone_file(mirrored: Path) -> None:
+    m = read(mirrored / "out" / "metrics.json")
     assert (m["strategy"], m["replicas"], m["per_replica_batch_size"], m["global_batch_size"]) == \
         ("mirrored", 2, 32, 64)
-    assert m["data_path"] == str(vm / "mnist_5k.csv.gz")
-    placement = read(tmp_path / "out" / "device_placement.json")
+    assert m["data_path"] == str(mirrored / "vm" / "mnist_5k.csv.gz")
+    placement = read(mirrored / "out" / "device_placement.json")
     assert set(placement["ops_by_device"]) == {"CPU:0", "CPU:1"}
     assert all(n > 50 for n in placement["ops_by_device"].values())
     assert placement["heavy_ops"]["Conv2D"] == {"CPU:0": 2, "CPU:1": 2}
+
+
+@pytest.fixture(scope="module")
+def compared(one_epoch: tuple[Path, subprocess.CompletedProcess[str]], mirrored: Path,
+             tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """The two runs above (not two more trainings) laid out the two ways `cloudtrain compare` must
+    read: results at the top, and results collected under outputs/ next to cloudtrain's run.json
+    with a price."""
+    base = tmp_path_factory.mktemp("compared")
+    one, two = base / "cpu-1", base / "cpu-2"
+    shutil.copytree(one_epoch[0], one)
+    shutil.copytree(mirrored / "out", two / "outputs")
+    (two / "run.json").write_text(json.dumps({"hourly_price_usd": 0.36, "cost_usd": 0.0012}))
+    return one, two
+
+
+def test_compare_reads_one_and_two_device_runs(compared: tuple[Path, Path], tmp_path: Path) -> None:
+    from cloudtrain.compare import (CompareRow, RunSummary, batch_size_warning, compare_table, format_rows,
+                                    load_runs, render_png)
+
+    one, two = compared
+    summaries = load_runs([one, two])
+    assert all(isinstance(s, RunSummary) for s in summaries)
+    a, b = summaries
+    assert (a.name, a.strategy, a.replicas, a.device, a.gpu_names) == ("cpu-1", "default", 1, "CPU", ())
+    assert (b.name, b.strategy, b.replicas, b.global_batch_size) == ("cpu-2", "mirrored", 2, 64)
+    assert b.metrics_path == two / "outputs" / "metrics.json" and b.hostname and b.tensorflow
+    assert b.hourly_price_usd == 0.36 and a.hourly_price_usd is None and len(b.epoch_times_s) == 1
+    with pytest.raises(AttributeError):
+        a.name = "x"  # type: ignore[misc]  # frozen
+
+    rows = compare_table(summaries)
+    assert a.images_per_sec and b.images_per_sec and b.sec_per_batch
+    assert all(isinstance(r, CompareRow) for r in rows)
+    assert rows[0].speedup == 1.0
+    assert rows[1].speedup == pytest.approx(b.images_per_sec / a.images_per_sec)
+    assert rows[0].cost_per_epoch_usd is None
+    assert rows[1].cost_per_epoch_usd == pytest.approx(0.36 * sum(b.epoch_times_s) / 1 / 3600)
+    assert rows[1].cost_usd == 0.0012 and rows[0].gpu_model is None and rows[1].device == "CPU"
+
+    headers, cells = format_rows(rows)
+    assert headers == ["run", "device", "GPU", "strategy", "replicas", "batch", "sec/batch", "images/s", "speed-up",
+                       "test acc", "wall s", "cost/epoch"]
+    assert cells[0][:6] == ["cpu-1", "CPU", "-", "default", "1", "64"] and cells[0][8] == "1.00x"
+    assert cells[0][11] == "-"
+    assert cells[1][:6] == ["cpu-2", "CPU", "-", "mirrored", "2", "64"] and cells[1][11].startswith("$")
+    assert all(len(row) == len(headers) for row in cells)
+    assert float(cells[1][6]) == pytest.approx(b.sec_per_batch, abs=1e-4)
+    assert (rows[0].global_batch_size, rows[1].global_batch_size) == (64, 64)
+    assert batch_size_warning(rows) is None  # 64 per replica x 1 and 32 x 2: the same global batch
+
+    png = render_png(rows, tmp_path / "chart" / "compare.png")
+    data = png.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
+
+
+def test_compare_command_prints_table_and_saves_png(compared: tuple[Path, Path], tmp_path: Path) -> None:
+    one, two = compared
+    png = tmp_path / "chart.png"
+    res = subprocess.run([sys.executable, "-m", "cloudtrain", "compare", str(one), str(two), "--png", str(png)],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    lines = res.stdout.splitlines()
+    assert lines[0].split()[:3] == ["run", "device", "GPU"]
+    assert any(line.startswith("cpu-2") and "mirrored" in line and "$" in line for line in lines)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    missing = subprocess.run([sys.executable, "-m", "cloudtrain", "compare", str(tmp_path / "nope")],
+                             capture_output=True, text=True, timeout=120)
+    assert missing.returncode == 2 and missing.stderr.startswith("error:") and "Traceback" not in missing.stderr
 
 
 def _free_ports(n: int) -> list[int]:
