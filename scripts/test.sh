@@ -10,5 +10,8 @@ scripts/setup.sh --test
 # test module's asserts at collection (~10 s of CPU each) and every CLI subprocess compiled the
 # cloudtrain modules without a .pyc again. __pycache__ is git-ignored.
 unset PYTHONDONTWRITEBYTECODE
+# The fresh-image nodes' Debian rootfs (cloudtrain/testing/rootfs.py) is built once per checkout,
+# not once per test worker (~50 s each); .venv/ is git-ignored.
+export CLOUDTRAIN_TEST_ROOTFS_CACHE="${CLOUDTRAIN_TEST_ROOTFS_CACHE:-$PWD/.venv/rootfs-cache}"
 .venv/bin/python -m compileall -q cloudtrain >/dev/null
 exec .venv/bin/python -m pytest -n "${CLOUDTRAIN_TEST_WORKERS:-2}" --dist worksteal "$@"

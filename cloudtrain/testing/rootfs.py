@@ -19,6 +19,7 @@ started detached (runner.sh's setsid) are reparented to it and must not stay zom
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import signal
@@ -88,12 +89,21 @@ def fresh_node_available() -> str | None:
 
 
 def build_rootfs(cache: Path) -> Path:
-    """The Debian rootfs under `cache` (built once: reused while its stamp is there)."""
+    """The Debian rootfs under `cache` (built once: reused while its stamp is there). Two test
+    workers sharing a cache take turns: the second finds the first's stamp."""
     root = cache / f"debian-{SUITE}"
     if (root / STAMP).exists():
         return root
-    shutil.rmtree(root, ignore_errors=True)
     cache.mkdir(parents=True, exist_ok=True)
+    with open(cache / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (root / STAMP).exists():
+            _build(root)
+    return root
+
+
+def _build(root: Path) -> None:
+    shutil.rmtree(root, ignore_errors=True)
     subprocess.run(["mmdebstrap", "--quiet", "--variant=minbase", f"--include={','.join(PACKAGES)}", SUITE,
                     str(root)], check=True, stdout=subprocess.DEVNULL, timeout=900)
     script = (f"useradd -m -s /bin/sh {USER} && ssh-keygen -A >/dev/null && "
@@ -101,7 +111,6 @@ def build_rootfs(cache: Path) -> Path:
     subprocess.run(["chroot", str(root), "sh", "-c", script], check=True, timeout=120)
     (root / "etc" / "pip.conf").write_text(PIP_CONF)
     (root / STAMP).write_text(f"{SUITE} {' '.join(PACKAGES)}\n")
-    return root
 
 
 def _free_port() -> int:
