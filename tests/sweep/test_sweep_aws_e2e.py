@@ -162,7 +162,8 @@ def test_a_vm_terminated_under_its_trial_is_seen_by_asking_ec2_and_the_trial_run
   if [ "$CLOUDTRAIN_SWEEP_ATTEMPT" = 1 ]; then while [ ! -f {marks}/go ]; do sleep 0.2; done; fi
   mkdir -p outputs
 """)
-    recipe.write_text(text)
+    # The sweep's watcher asks EC2 every recover.watch_s (the recipe's; 15 s without): each second here.
+    recipe.write_text(text.replace("sweep:\n", "recover: {watch_s: 1}\nsweep:\n", 1))
     proc = start_sweep_cli("run", str(recipe), "--runs-dir", str(tmp_path / "runs"), "--yes", cwd=tmp_path)
     ec2 = moto_server.client("ec2", REGION)
     try:

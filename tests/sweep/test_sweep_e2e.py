@@ -194,8 +194,8 @@ def test_a_dead_cli_leaves_no_vm_past_its_lease_and_resume_finishes(tmp_path: Pa
     """The bound when the laptop dies: each VM's watchdog deletes it at its lease end, no CLI needed."""
     marks = tmp_path / "marks"
     marks.mkdir()
-    # Leases of ~30 s: 6 s boot + 6 s setup + 12 s deadline + 3 s collect (the delete is called
-    # release_minutes and a margin before each lease ends).
+    # Leases of ~24 s: 6 s boot + 6 s setup + 6 s deadline (the job takes 2 s) + 3 s collect (the
+    # delete is called release_minutes and a margin before each lease ends).
     recipe = _shell_sweep(tmp_path, "sweep-lease", f"""\
         echo "$X" >> {marks}/started
         sleep 2
@@ -207,7 +207,7 @@ def test_a_dead_cli_leaves_no_vm_past_its_lease_and_resume_finishes(tmp_path: Pa
         budget_usd: 1
         metric: score
         goal: max
-        trial_deadline_minutes: 0.2
+        trial_deadline_minutes: 0.1
         reserve: {boot_minutes: 0.1, setup_minutes: 0.1, collect_minutes: 0.05, release_minutes: 0.05}
         """)
     proc = start_sweep_cli("run", str(recipe), "--runs-dir", str(tmp_path / "runs"), cwd=tmp_path)
@@ -265,74 +265,42 @@ def test_a_cloud_without_a_watchdog_says_the_bound_covers_the_job_only(tmp_path:
     assert "retries: the sweep runs a failed, preempted or lost trial again, up to 1 time(s)" in proc.stdout
 
 
-def test_a_preempted_trial_resumes_from_its_last_checkpoint(tmp_path: Path) -> None:
-    """The bundled CNN; its VM vanishes (the local provider's terminate, what a spot preemption or
-    the watchdog's delete does) after an epoch: the retry on a new VM resumes from the checkpoint
-    the sweep kept on the laptop."""
-    recipe = tmp_path / "resume.yaml"
-    recipe.write_text(textwrap.dedent("""\
-        name: sweep-resume
-        resources:
-          cloud: local
-        job:
-          name: mnist_cnn
-          params: {epochs: 150, data: bundled, no_placement_log: true, limit_train: 256, limit_test: 256,
-                   batch_size: 64, max_steps_per_epoch: 2}
-        sweep:
-          method: grid
-          parameters: {lr: [0.001]}
-          budget_usd: 1
-          metric: test_accuracy
-          goal: max
-        """))
-    proc = start_sweep_cli("run", str(recipe), "--runs-dir", str(tmp_path / "runs"), cwd=tmp_path)
-    try:
-        kept = lambda: next((tmp_path / "runs").glob("sweep-*/trials/t0000-a1/checkpoint/cloudtrain-checkpoint.json"),
-                            None)
-        info = _wait_for_value(kept, timeout=300, what="the first checkpoint kept on the laptop")
-        sweep_id = info.parts[-5].removeprefix("sweep-")
-        (node,) = _node_dirs(sweep_id)
-        # The VM goes away under its job, as a preemption looks to the sweep: no `down`, state not told.
-        gone = subprocess.run([sys.executable, "-m", "cloudtrain.providers.local", "terminate", "--base",
-                               str(node.parent), node.name], capture_output=True, text=True, timeout=60, check=False)
-        assert gone.returncode == 0, gone.stderr
-        out, err = proc.communicate(timeout=600)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
-    assert proc.returncode == 0, out[-3000:] + err[-3000:]
-    detail = json.loads(sweep_cli("status", sweep_id, "--json").stdout)
-    attempts = sorted((a["attempt"], a["state"]) for a in detail["attempts"])
-    assert attempts == [(1, "preempted"), (2, "succeeded")], detail
-    results = Path(out.strip().splitlines()[-1])
-    (second,) = (results / "trials" / "t0000-a2").glob("sw-*")
-    metrics = json.loads((second / "outputs" / "metrics.json").read_text())
-    kept = json.loads((results / "trials" / "t0000-a1" / "checkpoint" / "cloudtrain-checkpoint.json").read_text())
-    # It resumed from the newest checkpoint the sweep had kept of the first attempt when its VM went.
-    assert metrics["resumed_from_epoch"] == kept["epoch"] >= 1 and metrics["epochs"] == 150
-    assert len(json.loads((second / "outputs" / "train_state.json").read_text())["history"]) == 150
-    assert "resuming from the checkpoint after epoch" in (second / "job.log").read_text()
-    _nothing_left()
-
-
 def _wait_for_value(fn, timeout: float, what: str):  # noqa: ANN001, ANN202
     return wait_until(fn, timeout, what)
 
 
-def test_a_run_command_gets_its_checkpoint_dir_back_after_a_preemption(tmp_path: Path) -> None:
+def test_a_preempted_trial_resumes_from_its_last_checkpoint(tmp_path: Path) -> None:
+    """A trial's VM vanishes under its job (the local provider's terminate, what a spot preemption or
+    the watchdog's delete does) after three checkpoints: the retry on a new VM gets the checkpoint the
+    sweep kept on the laptop back in its $CLOUDTRAIN_CHECKPOINT_DIR, resumes there and ends the run
+    with the whole history. The bundled CNN's side of this (its ckpt-N files come home, its script
+    copies them into outputs/, it resumes) is proven for `run` by tests/e2e/test_recovery_e2e.py
+    (test_the_bundled_cnn_told_by_the_notice_saves_where_it_is_and_the_next_attempt_starts_there) and
+    tests/jobs/test_mnist_cnn.py (test_killed_after_epoch_two_resumes_at_three); that a sweep's
+    `job:` trial keeps those files, by test_a_bundled_job_trial_keeps_the_bundled_jobs_checkpoints."""
     marks = tmp_path / "marks"
     marks.mkdir()
-    # Resumes from $CLOUDTRAIN_CHECKPOINT_DIR/step if there, checkpoints there, prints epoch lines.
+    # Resumes from $CLOUDTRAIN_CHECKPOINT_DIR (its step and its history of steps), checkpoints there
+    # after every step (new file, then rename), then prints the epoch line; the first attempt waits
+    # after step 3 until the test has taken its VM away (`go`), so the loss is mid-run.
     recipe = _shell_sweep(tmp_path, "sweep-ckpt", f"""\
-        mkdir -p "$CLOUDTRAIN_CHECKPOINT_DIR"
-        start=$(cat "$CLOUDTRAIN_CHECKPOINT_DIR/step" 2>/dev/null || echo 0)
+        ckpt="$CLOUDTRAIN_CHECKPOINT_DIR"; mkdir -p "$ckpt"
+        start=$(cat "$ckpt/step" 2>/dev/null || echo 0)
         echo "$CLOUDTRAIN_SWEEP_ATTEMPT $start" >> {marks}/starts
+        echo "resuming from the checkpoint after epoch $start"
         i=$start
-        while [ "$i" -lt 40 ]; do
-          i=$((i + 1)); echo "$i" > "$CLOUDTRAIN_CHECKPOINT_DIR/step"; echo "epoch $i/40  loss 0.5"; sleep 0.25
+        while [ "$i" -lt 12 ]; do
+          i=$((i + 1))
+          echo "$i" >> "$ckpt/history"
+          echo "$i" > "$ckpt/step.new" && mv "$ckpt/step.new" "$ckpt/step"
+          echo "epoch $i/12  loss 0.5"
+          if [ "$i" = 3 ] && [ ! -f {marks}/go ]; then
+            while [ ! -f {marks}/go ]; do sleep 0.1; done
+          fi
         done
-        mkdir -p outputs && echo "{{\\"score\\": $start}}" > outputs/metrics.json
+        mkdir -p outputs
+        echo "{{\\"score\\": $start, \\"resumed_from_epoch\\": $start, \\"epochs\\": $i}}" > outputs/metrics.json
+        cp "$ckpt/history" outputs/history
         """, """\
         method: grid
         parameters: {X: [1]}
@@ -344,18 +312,70 @@ def test_a_run_command_gets_its_checkpoint_dir_back_after_a_preemption(tmp_path:
     try:
         info = _wait_for_value(lambda: next((tmp_path / "runs").glob(
             "sweep-*/trials/t0000-a1/checkpoint/cloudtrain-checkpoint.json"), None), timeout=120, what="a kept copy")
-        (node,) = _node_dirs(info.parts[-5].removeprefix("sweep-"))
+        _wait_for(lambda: _kept_epoch(info) == 3, what="the checkpoint of step 3 kept on the laptop")
+        sweep_id = info.parts[-5].removeprefix("sweep-")
+        (node,) = _node_dirs(sweep_id)
+        # The VM goes away under its job, as a preemption looks to the sweep: no `down`, state not told.
         gone = subprocess.run([sys.executable, "-m", "cloudtrain.providers.local", "terminate", "--base",
                                str(node.parent), node.name], capture_output=True, text=True, timeout=60, check=False)
         assert gone.returncode == 0, gone.stderr
         out, err = proc.communicate(timeout=300)
     finally:
+        (marks / "go").touch()
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
     assert proc.returncode == 0, out[-3000:] + err[-3000:]
+    detail = json.loads(sweep_cli("status", sweep_id, "--json").stdout)
+    attempts = sorted((a["attempt"], a["state"]) for a in detail["attempts"])
+    assert attempts == [(1, "preempted"), (2, "succeeded")], detail
     results = Path(out.strip().splitlines()[-1])
-    kept = (results / "trials" / "t0000-a1" / "checkpoint" / "step").read_text().strip()
-    (first, second) = (marks / "starts").read_text().splitlines()
-    assert first == "1 0" and second == f"2 {kept}" and int(kept) >= 1
+    kept = results / "trials" / "t0000-a1" / "checkpoint"
+    assert json.loads((kept / "cloudtrain-checkpoint.json").read_text())["epoch"] == 3
+    assert (kept / "step").read_text().strip() == "3" and (kept / "history").read_text().split() == ["1", "2", "3"]
+    # The second attempt started from the newest checkpoint the sweep had kept of the first one.
+    assert (marks / "starts").read_text().splitlines() == ["1 0", "2 3"]
+    (second,) = (results / "trials" / "t0000-a2").glob("sw-*")
+    metrics = json.loads((second / "outputs" / "metrics.json").read_text())
+    assert metrics == {"score": 3, "resumed_from_epoch": 3, "epochs": 12}
+    # The whole history, each step once: the first attempt's three and the second's nine.
+    assert (second / "outputs" / "history").read_text().split() == [str(i) for i in range(1, 13)]
+    assert "resuming from the checkpoint after epoch 3" in (second / "job.log").read_text()
+    assert json.loads((results / "best" / "outputs" / "metrics.json").read_text()) == metrics
     _nothing_left()
+
+
+def _kept_epoch(info: Path) -> int | None:
+    """The kept checkpoint's epoch; None for the moment a newer copy replaces the directory whole."""
+    try:
+        return int(json.loads(info.read_text())["epoch"])
+    except FileNotFoundError:
+        return None
+
+
+def test_a_bundled_job_trial_keeps_the_bundled_jobs_checkpoints(tmp_path: Path) -> None:
+    """What an attempt's checkpoint keeper copies home follows the recipe: a `job:` trial's are the
+    bundled job's (outputs/checkpoints/ckpt-N, train_state.json: the layout its `run` recovery e2e
+    proves), a `run:` trial's its $CLOUDTRAIN_CHECKPOINT_DIR (the e2e test above). In process: the
+    sweep's own backend, as `sweep run` builds it, with no VM."""
+    from cloudtrain.config import load_config
+    from cloudtrain.recipe import load_recipe
+    from cloudtrain.sweep.backend import PipelineBackend, _Handle
+    from cloudtrain.sweep.spec import check_sweep
+
+    command = _shell_sweep(tmp_path, "sweep-command", "echo hi\n", """\
+        method: grid
+        parameters: {X: [1]}
+        budget_usd: 1
+        metric: score
+        goal: max
+        """)
+    config = load_config()
+    for path, bundled in ((REPO / "recipes" / "sweep-mnist-local.yaml", True), (command, False)):
+        loaded = load_recipe(str(path), sweep=True)
+        backend = PipelineBackend("s1", loaded, check_sweep(loaded, config), config, tmp_path / path.stem, print)
+        handle = _Handle("sw-s1-0")
+        backend._checkpoints(None, handle, 0, 1)  # a first attempt: nothing carried, nothing read from the store
+        assert handle.puller is not None and handle.puller.bundled is bundled, path
+        assert handle.puller.kept == tmp_path / path.stem / "trials" / "t0000-a1" / "checkpoint"
+        assert handle.carry is None
