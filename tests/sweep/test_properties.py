@@ -26,52 +26,85 @@ from cloudtrain.sweep.model import Costs, Limits, Outcome, TrialState
 from cloudtrain.sweep.sim import Crash, Scenario, SeededSampler, simulate
 
 
+# The strategies that depend on no earlier draw, built once: a strategy built inside `worlds` is
+# built (and its properties worked out by hypothesis) again for every one of the 3,000 histories.
+# The draws, and so the histories, are the same.
+DEADLINE_S = st.floats(60, 1800)
+HOURLY_USD = st.floats(0.05, 30)
+BOOT_S = st.floats(10, 300)
+PREP_S = st.floats(5, 120)
+POST_S = st.floats(1, 60)
+RELEASE_S = st.floats(1, 120)
+MIN_S = st.sampled_from([0.0, 60.0, 300.0])
+BUDGET_SHARE = st.floats(0.5, 8)
+MAX_TRIALS = st.integers(1, 30)
+MAX_PARALLEL = st.integers(1, 6)
+MAX_RETRIES = st.integers(0, 3)
+MAX_BOOT_FAILURES = st.integers(1, 5)
+LOW_BOOT = st.floats(1, 200)
+SEED = st.integers(0, 2**31)
+PRICE_SHARE = st.floats(0.1, 1.0)
+BOOT_SPREAD = st.floats(0, 400)
+BOOT_FAIL_P = st.sampled_from([0.0, 0.1, 0.5])
+OVERRUN = st.floats(0.5, 1.5)
+FAIL_P = st.sampled_from([0.0, 0.2, 0.6])
+PREEMPT_P = st.sampled_from([0.0, 0.2, 0.7])
+KILL_S = st.floats(0, 30)
+EPOCHS = st.integers(1, 5)
+RELEASE_FAIL_P = st.sampled_from([0.0, 0.3, 0.8])
+RELEASE_STUCK_P = st.sampled_from([0.0, 0.2, 1.0])
+DESCRIBE_LAG = st.sampled_from([0.0, 30.0, 300.0])
+RETRY_S = st.floats(1, 120)
+# Early steps are while the first VMs boot: a CLI dying there leaves VMs only their lease ends.
+CRASH_STEPS = st.lists(st.one_of(st.integers(1, 4), st.integers(1, 200)), max_size=4)
+EXECUTED = st.integers(0, 4)
+PRUNE_P = st.sampled_from([0.0, 0.3])
+
+
 @st.composite
 def worlds(draw: st.DrawFn) -> tuple[Costs, Limits, Scenario, list[Crash], float]:
-    deadline = draw(st.floats(60, 1800))
+    deadline = draw(DEADLINE_S)
     costs = Costs(
         budget_usd=0.0,  # set below, from one trial's worst case
-        hourly_usd=draw(st.floats(0.05, 30)),
-        boot_s=draw(st.floats(10, 300)),
-        prep_s=draw(st.floats(5, 120)),
+        hourly_usd=draw(HOURLY_USD),
+        boot_s=draw(BOOT_S),
+        prep_s=draw(PREP_S),
         deadline_s=deadline,
-        post_s=draw(st.floats(1, 60)),
-        release_s=draw(st.floats(1, 120)),
-        min_s=draw(st.sampled_from([0.0, 60.0, 300.0])),
+        post_s=draw(POST_S),
+        release_s=draw(RELEASE_S),
+        min_s=draw(MIN_S),
     )
     # From less than one trial's worst case (nothing may start) to several VMs' worth.
-    costs = replace(costs, budget_usd=costs.new_vm_usd() * draw(st.floats(0.5, 8)))
+    costs = replace(costs, budget_usd=costs.new_vm_usd() * draw(BUDGET_SHARE))
     limits = Limits(
-        max_trials=draw(st.integers(1, 30)),
-        max_parallel=draw(st.integers(1, 6)),
-        max_retries=draw(st.integers(0, 3)),
-        max_boot_failures=draw(st.integers(1, 5)),
+        max_trials=draw(MAX_TRIALS),
+        max_parallel=draw(MAX_PARALLEL),
+        max_retries=draw(MAX_RETRIES),
+        max_boot_failures=draw(MAX_BOOT_FAILURES),
     )
-    low_boot = draw(st.floats(1, 200))
+    low_boot = draw(LOW_BOOT)
     low_job = draw(st.floats(1, deadline))
     scenario = Scenario(
-        seed=draw(st.integers(0, 2**31)),
-        price_share=(draw(st.floats(0.1, 1.0)), 1.0),
-        boot=(low_boot, low_boot + draw(st.floats(0, 400))),  # may take longer than boot_s
-        boot_fail_p=draw(st.sampled_from([0.0, 0.1, 0.5])),
-        prep=(1.0, costs.prep_s * draw(st.floats(0.5, 1.5))),  # may overrun prep_s
+        seed=draw(SEED),
+        price_share=(draw(PRICE_SHARE), 1.0),
+        boot=(low_boot, low_boot + draw(BOOT_SPREAD)),  # may take longer than boot_s
+        boot_fail_p=draw(BOOT_FAIL_P),
+        prep=(1.0, costs.prep_s * draw(OVERRUN)),  # may overrun prep_s
         job=(low_job, low_job + draw(st.floats(0, 2 * deadline))),  # may hit the deadline
         post=(0.5, costs.post_s * 2),
         release=(0.5, costs.release_s * 2),
-        fail_p=draw(st.sampled_from([0.0, 0.2, 0.6])),
-        preempt_p=draw(st.sampled_from([0.0, 0.2, 0.7])),
-        kill_s=draw(st.floats(0, 30)),
-        epochs=draw(st.integers(1, 5)),
-        release_fail_p=draw(st.sampled_from([0.0, 0.3, 0.8])),
-        release_stuck_p=draw(st.sampled_from([0.0, 0.2, 1.0])),
-        describe_lag=(0.0, draw(st.sampled_from([0.0, 30.0, 300.0]))),
-        retry_s=draw(st.floats(1, 120)),
+        fail_p=draw(FAIL_P),
+        preempt_p=draw(PREEMPT_P),
+        kill_s=draw(KILL_S),
+        epochs=draw(EPOCHS),
+        release_fail_p=draw(RELEASE_FAIL_P),
+        release_stuck_p=draw(RELEASE_STUCK_P),
+        describe_lag=(0.0, draw(DESCRIBE_LAG)),
+        retry_s=draw(RETRY_S),
     )
-    # Early steps are while the first VMs boot: a CLI dying there leaves VMs only their lease ends.
-    steps = st.one_of(st.integers(1, 4), st.integers(1, 200))
-    crashes = [Crash(after_step=step, executed=draw(st.integers(0, 4)), downtime_s=draw(st.floats(0, 3 * deadline)))
-               for step in sorted(set(draw(st.lists(steps, max_size=4))))]
-    prune_p = draw(st.sampled_from([0.0, 0.3]))
+    crashes = [Crash(after_step=step, executed=draw(EXECUTED), downtime_s=draw(st.floats(0, 3 * deadline)))
+               for step in sorted(set(draw(CRASH_STEPS)))]
+    prune_p = draw(PRUNE_P)
     return costs, limits, scenario, crashes, prune_p
 
 
