@@ -26,9 +26,9 @@ from tests.watchdog.conftest import (
     wait_until,
 )
 
-TICK_S = 0.5
-IDLE_S = 3.0
-T3_MEDIUM_HOURLY = 0.0416  # the catalog's price in every region the plan considers
+# Short, so the waits on them are short: a busy run spans ticks_covering(IDLE_S, TICK_S) ticks.
+TICK_S = 0.25
+IDLE_S = 1.5
 
 
 @pytest.fixture
@@ -98,9 +98,14 @@ def test_with_down_a_running_job_keeps_it_until_the_job_ends_then_it_terminates(
     assert shutdown_behavior(cloud) == "terminate"  # launched so that an OS shutdown terminates it
     job = cloud.cli("exec", cloud.cluster, "--detach", "--", "sleep", "300")
     assert job.ok, job.output
+    # A live change reaches the instance, not only the node, both ways: stop, then down again.
+    kept = autostop_cli(cloud, cloud.cluster, "-i", "60")
+    assert kept.returncode == 0, kept.stdout + kept.stderr
+    assert shutdown_behavior(cloud) == "stop"
     monkeypatch.setenv("CLOUDTRAIN_WATCHDOG_IDLE_S", str(IDLE_S))
     live = autostop_cli(cloud, cloud.cluster, "-i", "1", "--down")
     assert live.returncode == 0, live.stdout + live.stderr
+    assert shutdown_behavior(cloud) == "terminate"
     wait_busy_beyond_idle(watchdog_log(cloud), IDLE_S, TICK_S, "job(s) running")
     assert state(cloud) == "running"
     cancel = cloud.cli("cancel", cloud.cluster)
@@ -110,28 +115,11 @@ def test_with_down_a_running_job_keeps_it_until_the_job_ends_then_it_terminates(
     finish(cloud)
 
 
-def test_budget_deadline_fires_under_a_running_job_after_a_live_autostop_down(
-    cloud: AwsCloud, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # About 60 s, counted from the launch: up, autostop and exec must be done before it, which on a
-    # busy 2-core CI machine took more than the 20 s this used to be. As hours: a max_usd below one
-    # billed minimum (60 s of t3.medium) is refused before launch (issue 34.4).
-    max_hours = round(60 / 3600, 6)
-    up(cloud, budget={"max_hours": max_hours})
-    assert shutdown_behavior(cloud) == "stop"
-    monkeypatch.setenv("CLOUDTRAIN_WATCHDOG_IDLE_S", "3600")  # only the budget may act in this test
-    live = autostop_cli(cloud, cloud.cluster, "-i", "60", "--down")
-    assert live.returncode == 0, live.stdout + live.stderr
-    assert shutdown_behavior(cloud) == "terminate"  # the live change reached the instance, not only the node
-    job = cloud.cli("exec", cloud.cluster, "--detach", "--", "sleep", "300")
-    assert job.ok, job.output
-    wait_until(lambda: state(cloud) == "terminated", what="the budget to terminate the instance")
-    (line,) = [detail for d, detail in decisions(watchdog_log(cloud)) if d == "delete" and detail.startswith("budget")]
-    assert "1 job(s) still running" in line and "max_hours" in line, line
-    finish(cloud)
-
-
-def test_run_after_the_watchdog_stopped_the_cluster_starts_it_again(cloud: AwsCloud) -> None:
+def test_run_after_the_watchdog_stopped_the_cluster_starts_it_again(cloud: AwsCloud,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    # The longer idle period this test always had: the restarted node must not stop itself in a gap
+    # between the run's steps (jobs only count while they run).
+    monkeypatch.setenv("CLOUDTRAIN_WATCHDOG_IDLE_S", "3")
     # State still says `up` (nobody told this laptop); the run must not hang on a stopped machine.
     recipe = cloud.recipe(run="echo again", autostop={"idle_minutes": 1, "wait_for": "jobs"})
     result = cloud.up(recipe)
@@ -147,12 +135,13 @@ def test_run_after_the_watchdog_stopped_the_cluster_starts_it_again(cloud: AwsCl
     finish(cloud)
 
 
-def test_a_job_whose_gpus_idle_stops_the_instance_and_busy_or_broken_samplers_never_do(
+def test_a_job_whose_gpus_idle_stops_the_instance_and_a_busy_gpu_never_does(
     cloud: AwsCloud, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    """autostop.gpu_util_below (issue 39.2) with nvidia-smi scripted on the VM's PATH: a job with a
-    GPU at 50%, a sampler that hangs and one that fails each keep it up past the idle period; every
-    GPU under the threshold stops it while the job still runs."""
+    """autostop.gpu_util_below (issue 39.2) through `cloudtrain up`, with nvidia-smi scripted on the
+    VM's PATH: a job with a GPU at 50% keeps it up past the idle period; every GPU under the
+    threshold stops it while the job still runs. That a hung or failing sampler keeps a node busy
+    is the node program's rule, the same on every cloud: tests/watchdog/test_gpu_rule.py."""
     from tests.watchdog.conftest import FakeGpus
 
     monkeypatch.setenv("CLOUDTRAIN_WATCHDOG_IDLE_S", "3600")  # nothing may act before the job runs
@@ -169,9 +158,6 @@ def test_a_job_whose_gpus_idle_stops_the_instance_and_busy_or_broken_samplers_ne
     assert again.ok, again.output
     log = watchdog_log(cloud)
     wait_busy_beyond_idle(log, IDLE_S, TICK_S, "gpu 50%,0% (not all < 10%)", after_config=True)
-    for mode, reason in (("hang", "nvidia-smi timed out"), ("fail", "nvidia-smi exited 1")):
-        gpus.set(mode)
-        wait_busy_beyond_idle(log, IDLE_S, TICK_S, reason)
     assert state(cloud) == "running"
     gpus.set("0 0")
     wait_until(lambda: state(cloud) == "stopped", timeout=IDLE_S + 60, what="the instance to stop itself")

@@ -35,8 +35,9 @@ pytestmark = requires("azure.identity")
 if not sshd.sshd_available():
     pytest.skip("OpenSSH sshd is not installed (apt-get install openssh-server)", allow_module_level=True)
 
-TICK_S = 0.5
-IDLE_S = 3.0
+# Short, so the waits on them are short: a busy run spans ticks_covering(IDLE_S, TICK_S) ticks.
+TICK_S = 0.25
+IDLE_S = 1.5
 # How long after the activity ends the VM must be deallocated or deleted (a bound on a hung test).
 ACT_WITHIN_S = IDLE_S + 30
 
@@ -167,9 +168,9 @@ def test_with_down_a_running_job_keeps_it_until_the_job_ends_then_its_group_is_d
 
 
 def test_budget_deadline_deallocates_under_a_running_job(cloud: AzureCloud, shutdown_marker: Path) -> None:
-    # About 60 s of running time, counted from the launch: `up` and `exec` must be done before it
+    # About 30 s of running time, counted from the launch: `up` and `exec` must be done before it
     # ends even on a loaded machine (the fake ARM deallocates as soon as the watchdog asks, as Azure does).
-    max_hours = round(60 / 3600, 6)
+    max_hours = round(30 / 3600, 6)
     up(cloud, budget={"max_hours": max_hours}, autostop=False)  # only the budget may act
     (vm,) = vms(cloud)
     job = cloud.cli("exec", cloud.cluster, "--detach", "--", "sleep", "300")

@@ -42,8 +42,9 @@ pytestmark = requires("google.cloud.compute_v1")
 if not sshd.sshd_available():
     pytest.skip("OpenSSH sshd is not installed (apt-get install openssh-server)", allow_module_level=True)
 
-TICK_S = 0.5
-IDLE_S = 3.0
+# Short, so the waits on them are short: a busy run spans ticks_covering(IDLE_S, TICK_S) ticks.
+TICK_S = 0.25
+IDLE_S = 1.5
 # How long after the activity ends the instance must be stopped or deleted (a bound on a hung test).
 ACT_WITHIN_S = IDLE_S + 30
 COMPUTE_SCOPE = "https://www.googleapis.com/auth/compute"

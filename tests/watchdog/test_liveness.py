@@ -4,7 +4,7 @@ job, the laptop closed), the watchdog renews the instance's `cloudtrain-alive` l
 the machine alone; once the job is over and the node idles, nobody renews it and the mark ages.
 
 The marks are made old through the cloud's API first (`age_marks`: as if the launch were hours ago),
-so a fresh mark can only be the node's. The renewal is every CLOUDTRAIN_WATCHDOG_MARK_S (1 s here,
+so a fresh mark can only be the node's. The renewal is every CLOUDTRAIN_WATCHDOG_MARK_S (0.5 s here,
 300 s for real). Against the fake Compute Engine and the fake ARM, with their metadata servers.
 """
 
@@ -28,12 +28,12 @@ from tests.watchdog.conftest import decisions, wait_until
 if not sshd.sshd_available():
     pytest.skip("OpenSSH sshd is not installed (apt-get install openssh-server)", allow_module_level=True)
 
-MARK_S = 1.0
+MARK_S = 0.5
 AGED_S = 3 * 3600
 
 
 def quick_marks(cloud: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("CLOUDTRAIN_WATCHDOG_TICK_S", "0.5")
+    monkeypatch.setenv("CLOUDTRAIN_WATCHDOG_TICK_S", "0.25")
     monkeypatch.setenv("CLOUDTRAIN_WATCHDOG_IDLE_S", "3600")  # nothing stops the node in these tests
     monkeypatch.setenv("CLOUDTRAIN_WATCHDOG_PERSIST", "none")
     monkeypatch.setenv("CLOUDTRAIN_WATCHDOG_MARK_S", str(MARK_S))
