@@ -109,7 +109,7 @@ def test_up_run_stop_start_down(azure_cloud: AzureCloud) -> None:
     assert cloud.down().ok  # again: nothing to do, still fine
 
 
-def test_the_vm_answers_its_callers_address_only(azure_cloud: AzureCloud) -> None:
+def test_the_vm_answers_its_callers_address_only_and_follows_a_caller_that_moved(azure_cloud: AzureCloud) -> None:
     cloud = azure_cloud
     name = cloud.new_cluster()
     up = cloud.up(cloud.recipe(run="echo hi"), cluster=name)
@@ -120,15 +120,9 @@ def test_the_vm_answers_its_callers_address_only(azure_cloud: AzureCloud) -> Non
     assert not cloud.cli("exec", name, "--", "true").ok
     cloud.move_caller(cloud.allowed_cidr.split("/")[0], reconfigure=False)
     assert cloud.cli("exec", name, "--", "true").ok
-    assert cloud.down(name).ok
-    assert_nothing_left(cloud, name)
 
-
-def test_a_caller_that_moved_gets_the_nsg_updated_before_connecting(azure_cloud: AzureCloud) -> None:
-    cloud = azure_cloud
-    name = cloud.new_cluster()
-    up = cloud.up(cloud.recipe(run="echo hi"), cluster=name)
-    assert up.ok, up.output
+    # The same cluster, its owner moved: a new address, and cloudtrain sees it.
+    cloud.configure(ssh={"connect_retries_s": 30})  # the kit's default again (cloud.BASE_SSH_CONFIG)
     cloud.move_caller("198.51.100.23")
     moved = cloud.cli("exec", name, "--", "echo", "reached")
     assert moved.ok and "reached" in moved.stdout, moved.output
@@ -186,26 +180,13 @@ def test_rejected_credentials_are_one_line_and_create_nothing(
     assert name not in cloud.cli("status").stdout
 
 
-def test_sigkill_after_the_vm_put_then_refresh_finds_it_and_down_removes_it(azure_cloud: AzureCloud) -> None:
-    cloud, name = azure_cloud, azure_cloud.cluster
-    recipe = cloud.recipe(run="echo hi")
-    # ARM accepts the VM and its answer is held: the CLI dies between Azure creating the VM and
-    # learning anything about it.
-    gate = cloud.faults.hold("vm.create", after=True)
-    cloud.kill_cli_at(gate, "up", recipe, "--cluster", name)
-    assert len(cloud.server.find("Microsoft.Compute/virtualMachines", f"{name}-0")) == 1
-
-    before = json.loads(cloud.cli("status", name, "--json").stdout)["clusters"][0]
-    assert before["nodes"] == []  # state knows the cluster (written first), not its VM
-    refreshed = cloud.cli("status", name, "--refresh", "--json")
-    assert refreshed.ok, refreshed.output
-    nodes = json.loads(refreshed.stdout)["clusters"][0]["nodes"]
-    assert [n["instance_id"] for n in nodes] == [f"cloudtrain-{name}-eastus:{name}-0"]
-    assert nodes[0]["public_ip"].startswith("20.")
-
-    down = cloud.down()
-    assert down.ok, down.output
-    assert_nothing_left(cloud, name)
+# SIGKILL between the VM's create and its answer, then `status --refresh` and `down`: the pipeline is
+# proven once, on EC2
+# (tests/e2e/test_aws_e2e.py::test_sigkill_after_run_instances_then_refresh_finds_it_and_down_removes_it);
+# what is Azure's in it, finding the VM by its tags and removing its group, by
+# tests/providers/test_contract.py (list_tagged of a new process, [azure]; terminate then release, [azure]);
+# a CLI killed right after ARM took the VM's create, on Azure, by
+# tests/e2e/test_ledger_e2e.py::test_azure_a_vm_whose_cli_died_during_boot_still_ends_at_its_deadline.
 
 
 def test_bundled_azure_recipes_validate() -> None:

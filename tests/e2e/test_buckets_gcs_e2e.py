@@ -25,6 +25,9 @@ pytestmark = requires("google.cloud.compute_v1", "obstore")
 if not sshd.sshd_available() and not os.environ.get("CI"):
     pytest.skip("OpenSSH sshd is not installed (apt-get install openssh-server)", allow_module_level=True)
 
+# The copy's logic at scale, proven here once for every store (it is the same code on each):
+# more objects than one listing page, 500 MB. The S3 and Blob e2e prove their identity and store
+# with a small dataset.
 FILES = 2000
 TOTAL = 500 * 1000 * 1000  # bytes: >= 500 MB, random heads on zero bodies (GcsBuckets.fill)
 MEMBER = f"serviceAccount:{DEFAULT_SERVICE_ACCOUNT}"
