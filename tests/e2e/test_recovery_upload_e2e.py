@@ -5,7 +5,9 @@ managed identity). The node's copy gets its identity only from the cloud's metad
 laptop's, where the CLI copies or lists itself, is the user's own configured credentials.
 
 - On the interruption notice the node uploads the checkpoint its TERMed job wrote, and the
-  results, and run.json's attempt says what went up (the AWS leg is in test_recovery_e2e.py).
+  results, and run.json's attempt says what went up; on each cloud this test is also the notice
+  test's leg (test_recovery_e2e.py keeps the AWS one, without `upload:`): the reason in the
+  cloud's words, the next attempt started from the checkpoint written on TERM.
 - The node goes before the CLI has read what the upload on the notice did (`on_notice.json`'s
   rename parked at a gate of the test kit, then the machine preempted): run.json's attempt says
   what the bucket holds under the run's prefix, listed from the laptop (on AWS; the listing and
