@@ -2,8 +2,9 @@
 
 gpu_rule as a table (the decision from the samples), the job-id patterns that keep setup and bucket
 copies busy, and the real watchdog on this machine with a scripted nvidia-smi on its PATH: quiet
-GPUs under a job stop the node; a busy GPU, a hung or failing sampler, or a setup never do. The
-same on the AWS fake, through `cloudtrain up`: tests/watchdog/test_aws.py.
+GPUs under a job stop the node; a busy GPU, a hung or failing sampler, or a setup never do (the
+samplers that hang or fail are proven here only). On the AWS fake, through `cloudtrain up`, a busy
+GPU holding the node up and quiet GPUs stopping it: tests/watchdog/test_aws.py.
 """
 
 from __future__ import annotations
