@@ -135,6 +135,7 @@ def test_on_the_notice_the_node_uploads_its_checkpoint_with_its_own_identity(
     assert starts[0] == "start 0 -" and starts[1] == "start 3 3", (starts, record["attempts"], err[-4000:])
     assert one["final_checkpoint_at"] is not None and one["final_checkpoint_at"] < two["started_at"]
     assert "final checkpoint at step 3" in (run_dir / "job.log").read_text()
+    assert json.loads((run_dir / "outputs" / "result.json").read_text())["total"] == rk.TOTAL
     ckpt = f".cloudtrain-checkpoints/{run_id}"
     on_notice = one["uploaded_on_notice"]
     assert on_notice is not None and on_notice["ok"] and on_notice["exit_code"] == 0, one
