@@ -29,6 +29,8 @@ from cloudtrain.testing.wait import wait_until
 
 STEPS = 8
 TOTAL = sum(i * i for i in range(1, STEPS + 1))  # what the job's result.json says after all steps
+# How each cloud's interruption notice reads in a lost attempt's reason (the metadata fakes' words).
+NOTICE_SAYS = {"aws": "spot/instance-action", "gcp": "instance/preempted TRUE", "azure": "scheduled event Preempt"}
 TRAIN = textwrap.dedent("""\
     set -eu
     ckpt="$CLOUDTRAIN_CHECKPOINT_DIR"; mkdir -p "$ckpt"

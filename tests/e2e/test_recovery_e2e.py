@@ -24,7 +24,7 @@ import pytest
 
 from cloudtrain.testing import sshd
 from cloudtrain.testing.faults import NodeCommandGate
-from cloudtrain.testing.recovery import STEPS, TOTAL
+from cloudtrain.testing.recovery import NOTICE_SAYS, STEPS, TOTAL
 from cloudtrain.testing.recovery import ended as _ended
 from cloudtrain.testing.recovery import finish as _finish
 from cloudtrain.testing.recovery import kept as _kept
@@ -127,9 +127,6 @@ def test_a_preempted_run_job_resumes_in_another_zone_with_the_same_results(
     assert record["cost_usd"] == pytest.approx(billed, rel=0.01, abs=4 * hourly / 3600), cloud.bill.instances(cloud.cluster)
     assert len(cloud.bill.instances(cloud.cluster)) == 2
     assert cloud.leftovers() == []
-
-
-NOTICE_SAYS = {"aws": "spot/instance-action", "gcp": "instance/preempted TRUE", "azure": "scheduled event Preempt"}
 
 
 # One cloud: from the notice on (the watchdog TERMs the job, the CLI brings the last checkpoint home,

@@ -83,9 +83,6 @@ def _store(cloud: Any, request: pytest.FixtureRequest, metadata: Any, monkeypatc
 
 
 # What each cloud's notice says, as the attempt's reason quotes it.
-NOTICE_SAYS = {"aws": "spot/instance-action", "gcp": "instance/preempted TRUE", "azure": "scheduled event Preempt"}
-
-
 def _notice(cloud: Any, metadata: Any) -> None:
     """The cloud announces the interruption of the cluster's machine; once a watchdog has read it,
     the fake stops announcing (it answers every machine alike: the next one must not see it)."""
@@ -130,7 +127,7 @@ def test_on_the_notice_the_node_uploads_its_checkpoint_with_its_own_identity(
     # The loss was the cloud's own notice, in its words, read by the watchdog on the node; the CLI
     # brought the checkpoint the TERMed job wrote home before the next attempt, which started there
     # (its `final` mark). (This cloud's leg of the no-upload notice test in test_recovery_e2e.py.)
-    assert "interruption notice" in one["reason"] and NOTICE_SAYS[cloud_name] in one["reason"], one
+    assert "interruption notice" in one["reason"] and rk.NOTICE_SAYS[cloud_name] in one["reason"], one
     starts = (marks / "starts").read_text().split("\n")
     assert starts[0] == "start 0 -" and starts[1] == "start 3 3", (starts, record["attempts"], err[-4000:])
     assert one["final_checkpoint_at"] is not None and one["final_checkpoint_at"] < two["started_at"]
