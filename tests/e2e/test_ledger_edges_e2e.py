@@ -113,5 +113,8 @@ def test_the_clouds_own_stops_are_billed_from_when_they_happened(aws_cloud: AwsC
     assert_ledger_is_the_bill(aws_cloud, kept)
     assert aws_cloud.down(kept).ok
     assert aws_cloud.down(stopped).ok
+    # The terminated VM's key pair and security group are the cluster's until its `down`.
+    assert aws_cloud.down(gone).ok
     assert aws_cloud.bill.running() == []
     assert_ledger_is_the_bill(aws_cloud, kept, stopped)
+    assert aws_cloud.leftovers() == []
