@@ -109,6 +109,7 @@ class Row:
         return list(self._names)
 
 
+@lru_cache(maxsize=1)  # asked once per statement: the import lookup once per process
 def _driver() -> Any:
     try:
         import psycopg2
