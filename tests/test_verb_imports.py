@@ -146,8 +146,8 @@ def test_a_rule_moved_behind_our_back_is_put_back_after_the_connect_it_broke(fak
     assert not path.exists()  # `down` forgets it with the cluster's key
 
 
-def test_stop_start_and_down_on_gcp_load_no_compute_sdk(fake_cloud: Any) -> None:
-    """The verbs that change machines but make none talk to Compute Engine over its REST API with
+def test_stop_start_gc_and_down_on_gcp_load_no_compute_sdk(fake_cloud: Any) -> None:
+    """The verbs that change machines but make none (and `gc`, which lists them) talk to Compute Engine over its REST API with
     google-auth only (issue 36.4): no google.cloud.compute_v1 (2-4 s of import), and they still
     do what they say: stopped, started, and nothing left after `down`."""
     if not _installed("google.cloud.compute_v1"):
@@ -166,6 +166,12 @@ def test_stop_start_and_down_on_gcp_load_no_compute_sdk(fake_cloud: Any) -> None
     assert sdk_of("stop", cloud.cluster) == []
     assert (cloud.server.instance(zone, inst["name"]) or {}).get("status") == "TERMINATED"
     assert sdk_of("start", cloud.cluster) == []
+    assert (cloud.server.instance(zone, inst["name"]) or {}).get("status") == "RUNNING"
+    # `gc` lists the tagged machines and checks the credentials over REST too: a live cluster of
+    # this state is no leak, and nothing is removed.
+    gc, modules = imports_of(cloud, "gc", "--cloud", "gcp")
+    assert gc.returncode == 0, gc.stdout + gc.stderr[-3000:]
+    assert "google.auth" in modules and [m for m in modules if m.startswith("google.cloud.compute_v1")] == []
     assert (cloud.server.instance(zone, inst["name"]) or {}).get("status") == "RUNNING"
     assert sdk_of("down", cloud.cluster) == []
     assert cloud.leftovers() == []
