@@ -22,6 +22,8 @@ from pathlib import Path
 import pytest
 from hypothesis import Phase, settings
 
+from cloudtrain.testing import forkcli
+
 REPO = Path(__file__).resolve().parents[1]
 
 # Hypothesis traces every example for its "explain" phase when no deadline is set (as all ours):
@@ -119,7 +121,10 @@ def cli_env(**extra: str) -> dict[str, str]:
 
 
 def cloudtrain(*args: str, cwd: Path | None = None, timeout: float = 600, **popen) -> subprocess.CompletedProcess:
-    """Run the real CLI as a subprocess, the way a user does."""
+    """Run the real CLI as a subprocess, the way a user does (forked from one that has imported
+    it, cloudtrain/testing/forkcli.py, unless popen asks for more than input)."""
+    if forkcli.enabled() and set(popen) <= {"input"}:
+        return forkcli.run(list(args), env=cli_env(), cwd=cwd or os.getcwd(), timeout=timeout, **popen)
     return subprocess.run(
         [sys.executable, "-m", "cloudtrain", *args], cwd=cwd, capture_output=True, text=True, timeout=timeout,
         env=cli_env(), **popen,

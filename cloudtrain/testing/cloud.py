@@ -48,6 +48,7 @@ from typing import Any, ClassVar
 
 import pytest
 
+from cloudtrain.testing import forkcli
 from cloudtrain.testing.faults import Gate, kill_cli_at
 from cloudtrain.testing.sshd import SshdFactory, SshdVM
 
@@ -279,10 +280,14 @@ class FakeCloud:
         (cwd: the cloud's temp dir unless given)."""
         env = dict(os.environ)
         env.update(self.env)
-        proc = subprocess.run(
-            [sys.executable, "-m", "cloudtrain", *map(str, args)], cwd=str(cwd or self.root), env=env,
-            capture_output=True, text=True, timeout=timeout, input=input, preexec_fn=_default_sigint, check=False,
-        )
+        if forkcli.enabled():
+            proc = forkcli.run([str(a) for a in args], env=env, cwd=str(cwd or self.root), input=input,
+                               timeout=timeout, default_sigint=True)
+        else:
+            proc = subprocess.run(
+                [sys.executable, "-m", "cloudtrain", *map(str, args)], cwd=str(cwd or self.root), env=env,
+                capture_output=True, text=True, timeout=timeout, input=input, preexec_fn=_default_sigint, check=False,
+            )
         return CliResult(tuple(map(str, args)), proc.returncode, proc.stdout, proc.stderr)
 
     def run(self, recipe: str | Path, *args: str, cluster: str | None = None, timeout: float = 900,
