@@ -155,3 +155,63 @@ def test_a_window_from_within_the_starts_whole_second_holds_the_start() -> None:
     vm = BillingRecord(1, "c", "aws", "i-1", "running", 3.6, T0, T0 + 2, "u", 60.0, "cloud")
     assert vm.billed_seconds(until=T0 + 30, since=T0 + 0.6) == 60.0
     assert vm.billed_seconds(until=T0 + 30, since=T0 + 1.0) == 0.0  # a later second: past the start
+
+
+def test_what_cost_holds_by_value_equals_its_source() -> None:
+    """`cost` keeps reconcile's and the config's names by value (importing either costs a cold start
+    tens of ms: the providers, pydantic): they must stay what those modules say."""
+    from cloudtrain.cli import cost
+    from cloudtrain.cluster import spend as spend_module
+    from cloudtrain.config import OWNER_PATTERN
+
+    assert spend_module.ESTIMATE == Source.ESTIMATE
+    assert cost.OWNER_PATTERN == OWNER_PATTERN
+
+
+@pytest.mark.parametrize(("config_text", "env_owner"), [
+    (None, None), (None, "Alice Smith!"), ("owner: team-a\n", None), ("owner: team-a\n", "bob"),
+    ("# the owner is the login name\nconfirm: false\n", None), ("owner:\n", "carol"), ("owner: 'x' \n", None)])
+def test_machine_owner_is_owner_id_without_loading_the_config(cloudtrain_home, monkeypatch: pytest.MonkeyPatch,  # noqa: ANN001
+                                                              config_text: str | None, env_owner: str | None) -> None:
+    """`cost --all-users` on SQLite names this machine's owner as owner_id does, from a light read."""
+    from cloudtrain.cli.cost import _load_config, machine_owner
+    from cloudtrain.providers.base import owner_id
+
+    if config_text is not None:
+        cloudtrain_home.mkdir(parents=True, exist_ok=True)
+        (cloudtrain_home / "config.yaml").write_text(config_text)
+    if env_owner is None:
+        monkeypatch.delenv("CLOUDTRAIN_OWNER", raising=False)
+    else:
+        monkeypatch.setenv("CLOUDTRAIN_OWNER", env_owner)
+    assert machine_owner(_load_config) == owner_id(_load_config())
+
+
+@pytest.mark.parametrize("config_text", ["owner: Not Valid\n", "owner: 7\n", "owner: [a]\n"])
+def test_an_owner_the_light_read_cannot_vouch_for_fails_as_the_config_does(cloudtrain_home,  # noqa: ANN001
+                                                                          config_text: str) -> None:
+    from cloudtrain.cli.cost import _load_config, machine_owner
+    from cloudtrain.errors import ConfigError
+
+    cloudtrain_home.mkdir(parents=True, exist_ok=True)
+    (cloudtrain_home / "config.yaml").write_text(config_text)
+    with pytest.raises(ConfigError):
+        _load_config()
+    with pytest.raises(ConfigError):
+        machine_owner(_load_config)
+
+
+def test_cost_all_users_on_this_machine_names_its_owner_without_pydantic(cloudtrain_home) -> None:  # noqa: ANN001
+    """Issue 37: the grouped report of this machine's ledger read the config (pydantic, ~0.3 s of
+    import) only to name the owner of incarnations without a budget hold."""
+    store = StateStore()
+    _cluster(store, "a", 1.0)
+    _observe(store, "a", {"i-1": S.RUNNING}, T0)
+    _observe(store, "a", {"i-1": S.TERMINATED}, T0 + 1800)
+    cloudtrain_home.joinpath("config.yaml").write_text("owner: team-a\nconfirm: false\n")
+    timed = subprocess.run([sys.executable, "-X", "importtime", "-m", "cloudtrain", "cost", "--all-users"],
+                           capture_output=True, text=True, env=cli_env(), timeout=60)
+    assert timed.returncode == 0, timed.stderr[-2000:]
+    assert timed.stdout.splitlines()[:2] == ["USER    SPENT  NODE-HOURS  CLUSTERS", "team-a  $0.51  0.50        1"]
+    loaded = {line.rsplit("|", 1)[1].strip() for line in timed.stderr.splitlines() if line.startswith("import time:")}
+    assert {"cloudtrain.config", "pydantic", "cloudtrain.cluster.reconcile", "cloudtrain.providers"}.isdisjoint(loaded)

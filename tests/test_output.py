@@ -86,3 +86,12 @@ def test_the_bundled_job_prints_the_lines_the_cli_renders() -> None:
     for event in events:
         assert job.progress_text(event) == output.progress_text(event), event
     assert output.progress_text(events[3]) == "test accuracy 0.9800  loss 0.0700  3,210 images/s (steady state)"
+
+
+def test_a_plain_table_is_its_title_and_aligned_lines(capsys: pytest.CaptureFixture[str]) -> None:
+    output.table(["NAME", "COST"], [("a", "$1.00"), ("longer", None)], title="spend")
+    assert capsys.readouterr().out == "spend\nNAME    COST\na       $1.00\nlonger  -\n"
+    output.table(["NAME"], [])
+    assert capsys.readouterr().out == "NAME\n"
+    output.table(["", ""], [])
+    assert capsys.readouterr().out == ""

@@ -102,3 +102,24 @@ def test_state_is_owner_only_and_a_second_store_keeps_the_first_ones_locks(cloud
     finally:
         first._db.execute("ROLLBACK")
         first.close()
+
+
+def test_rows_are_read_by_column_name_whatever_the_columns_order(cloudtrain_home: Path, state_backend: str) -> None:
+    """Records are built by position (the ledger's 10,000 rows: `cost`'s time), so the position
+    must come from the column's name: a query that lists the columns in another order, or a team
+    database's extra ones (member, project), still fills each field with its own column."""
+    from cloudtrain.state import ClusterRecord, _rows
+
+    store = StateStore()
+    store.upsert_cluster(name="c", provider="aws", status="up", owner="me", hourly_price=2.5, num_nodes=3,
+                         instance_type="g4dn.xlarge", created_at=100.0)
+    columns = [c for c in ClusterRecord.__dataclass_fields__][::-1]
+    reversed_rows = _rows(store._db.execute(f"SELECT {', '.join(columns)}, 'x' AS extra FROM clusters"),
+                          ClusterRecord)
+    assert reversed_rows == store.list_clusters() == [store.get_cluster("c")]
+    record = reversed_rows[0]
+    assert (record.name, record.provider, record.num_nodes, record.hourly_price, record.created_at) == \
+        ("c", "aws", 3, 2.5, 100.0)
+    assert store.list_clusters(status="up") == reversed_rows and store.list_clusters(status="stopped") == []
+    assert store.cluster_statuses() == {record.uid: "up"}
+    assert _rows(store._db.execute("SELECT * FROM clusters WHERE name = 'none'"), ClusterRecord) == []

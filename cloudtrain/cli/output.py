@@ -105,10 +105,10 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[Any]], title: str | No
     if not cells:
         return
     widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
-    if title:
-        click.echo(title)
-    for row in cells:
-        click.echo("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())
+    lines = [title] if title else []
+    lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in cells]
+    # One write: a click.echo per line was a fifth of `cost`'s time with 1,000 clusters.
+    click.echo("\n".join(lines))
 
 
 def progress_text(event: dict[str, Any]) -> str | None:

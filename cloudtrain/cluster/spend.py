@@ -15,7 +15,6 @@ from datetime import datetime, timezone
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from cloudtrain.cluster.reconcile import Source
 from cloudtrain.cost import spend
 from cloudtrain.errors import CloudtrainError
 from cloudtrain.state import BillingRecord, ClusterStatus, StateStore
@@ -24,6 +23,10 @@ from cloudtrain.state.locks import launch_in_flight
 if TYPE_CHECKING:
     from cloudtrain.config import Config
     from cloudtrain.cluster.lifecycle import Lifecycle
+
+# reconcile.Source.ESTIMATE, by value: importing reconcile (and the providers it pulls in) was a
+# tenth of `cost`'s cold start (tests/test_cost.py keeps the two equal).
+ESTIMATE = "estimate"
 
 
 def iso(epoch: float | None) -> str | None:
@@ -83,16 +86,16 @@ def by_incarnation(store: StateStore, since: float, now: float) -> list[Incarnat
     groups: dict[str, list[BillingRecord]] = {}
     for item in store.billing(since=since):
         groups.setdefault(item.incarnation or f"legacy-{item.id}", []).append(item)
-    live = {c.uid: c for c in store.list_clusters()}
+    status = store.cluster_statuses()
     found = []
     for incarnation, items in groups.items():
         total = spend(items, since=since, until=now)
-        record = live.get(incarnation)
+        estimates = [i for i in items if i.source == ESTIMATE]
         ends = [i.ended_at for i in items]
         found.append(IncarnationSpend(
             cluster=items[0].cluster, incarnation=incarnation, cloud=items[0].cloud,
-            status=str(record.status) if record is not None else "down", usd=total.usd,
+            status=status.get(incarnation, "down"), usd=total.usd,
             node_hours=total.billed_s / 3600, billing_now=total.running, first=min(i.started_at for i in items),
             last=None if None in ends else max(e for e in ends if e is not None),
-            estimated_usd=spend([i for i in items if i.source == Source.ESTIMATE], since=since, until=now).usd))
+            estimated_usd=spend(estimates, since=since, until=now).usd if estimates else 0.0))
     return sorted(found, key=lambda s: (s.cluster, s.first))

@@ -121,9 +121,7 @@ def stopped_disks_hourly(store: StateStore) -> list[tuple[str, float]]:
     """(cluster, USD/h) for each stopped cluster still billing its disks, from the ledger's open disk
     intervals (what `cost` counts, not a second price)."""
     found = []
-    for record in store.list_clusters():
-        if record.status != ClusterStatus.STOPPED:
-            continue
+    for record in store.list_clusters(status=ClusterStatus.STOPPED):
         hourly = sum(i.hourly_price for i in store.billing(record.name)
                      if i.kind == BillKind.DISK and i.ended_at is None and i.incarnation in (None, record.uid))
         if hourly > 0:
