@@ -121,5 +121,5 @@ def test_rows_are_read_by_column_name_whatever_the_columns_order(cloudtrain_home
     assert (record.name, record.provider, record.num_nodes, record.hourly_price, record.created_at) == \
         ("c", "aws", 3, 2.5, 100.0)
     assert store.list_clusters(status="up") == reversed_rows and store.list_clusters(status="stopped") == []
-    assert store.cluster_statuses() == {record.uid: "up"}
+    assert store.cluster_states() == [("c", record.uid, "up")]
     assert _rows(store._db.execute("SELECT * FROM clusters WHERE name = 'none'"), ClusterRecord) == []

@@ -104,9 +104,10 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[Any]], title: str | No
         ["-" if c is None else str(c) for c in row] for row in rows]
     if not cells:
         return
-    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    widths = [max(map(len, column)) for column in zip(*cells)]
+    line = "  ".join(f"{{:<{w}}}" for w in widths)
     lines = [title] if title else []
-    lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in cells]
+    lines += [line.format(*row).rstrip() for row in cells]
     # One write: a click.echo per line was a fifth of `cost`'s time with 1,000 clusters.
     click.echo("\n".join(lines))
 

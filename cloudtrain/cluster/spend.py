@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING
 from cloudtrain.cost import spend
 from cloudtrain.errors import CloudtrainError
 from cloudtrain.state import BillingRecord, ClusterStatus, StateStore
-from cloudtrain.state.locks import launch_in_flight
 
 if TYPE_CHECKING:
     from cloudtrain.config import Config
@@ -44,10 +43,14 @@ def observe_billing(store: StateStore, config: Callable[[], Config]) -> list[str
     # Besides clusters still billing: launches that died before their create was answered (their
     # machines may exist, unknown to the ledger) and cleanups that did not finish.
     unsettled = {ClusterStatus.PROVISIONING, ClusterStatus.LAUNCH_FAILED, ClusterStatus.DOWN_FAILED}
-    for record in store.list_clusters():
-        if launch_in_flight(record):
+    # Whole rows (and state.locks) only for those: a ledger of 1,000 ended clusters asks nothing.
+    for name, uid, status in store.cluster_states():
+        if uid not in billing_now and status not in unsettled:
             continue
-        if record.uid not in billing_now and record.status not in unsettled:
+        from cloudtrain.state.locks import launch_in_flight
+
+        record = store.get_cluster(name)
+        if record is None or launch_in_flight(record):
             continue
         if lc is None:
             from cloudtrain.cluster.lifecycle import Lifecycle
@@ -86,7 +89,7 @@ def by_incarnation(store: StateStore, since: float, now: float) -> list[Incarnat
     groups: dict[str, list[BillingRecord]] = {}
     for item in store.billing(since=since):
         groups.setdefault(item.incarnation or f"legacy-{item.id}", []).append(item)
-    status = store.cluster_statuses()
+    status = {uid: state for _, uid, state in store.cluster_states()}
     found = []
     for incarnation, items in groups.items():
         total = spend(items, since=since, until=now)

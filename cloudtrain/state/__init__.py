@@ -17,7 +17,6 @@ import functools
 import os
 import sqlite3
 import time
-import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import fields
@@ -206,6 +205,8 @@ class StateStore:
             return str(values.get("uid") or existing["uid"])
         values.setdefault("created_at", now)
         # A new incarnation: everything billed or run from here on is keyed by this uid.
+        import uuid  # here, not at the top: it imports `platform`, paid by every read-only verb
+
         values.setdefault("uid", uuid.uuid4().hex)
         cols = ", ".join(values)
         db.execute(f"INSERT INTO clusters ({cols}) VALUES ({', '.join(':' + k for k in values)})", values)
@@ -229,11 +230,11 @@ class StateStore:
         return _rows(self._db.execute("SELECT * FROM clusters WHERE status = ? ORDER BY created_at", (str(status),)),
                      ClusterRecord)
 
-    def cluster_statuses(self) -> dict[str, str]:
-        """Each cluster row's incarnation (uid) -> its status: what the ledger's reports need of
-        the clusters, without reading whole rows."""
-        rows = self._db.execute("SELECT uid, status FROM clusters WHERE uid IS NOT NULL").fetchall()
-        return {row[0]: row[1] for row in rows}
+    def cluster_states(self) -> list[tuple[str, str | None, str]]:
+        """(name, incarnation (uid), status) of every cluster row, oldest first: what the ledger's
+        reports need of the clusters, without reading whole rows (1,000 of them: ~6 ms)."""
+        rows = self._db.execute("SELECT name, uid, status FROM clusters ORDER BY created_at").fetchall()
+        return [(row[0], row[1], row[2]) for row in rows]
 
     def delete_cluster(self, name: str) -> None:
         with self._write() as db:
