@@ -63,8 +63,7 @@ def status(name: str | None, as_json: bool, refresh: bool, all_users: bool) -> N
     me = who(store, "") if is_team(store) and not all_users and name is None else None
     clusters = [c for c in store.list_clusters() if (name is None or c.name == name)
                 and (me is None or members.get(c.name) == me)]
-    runs = store.list_runs(cluster=name, limit=10)
-    if name is not None and not clusters and not runs:
+    if name is not None and not clusters and not store.list_runs(cluster=name, limit=1):
         from cloudtrain.errors import ClusterNotFoundError
 
         raise ClusterNotFoundError(f"no cluster named {name!r}", hint="see `cloudtrain status`")
