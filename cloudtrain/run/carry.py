@@ -1,9 +1,9 @@
 """The one checkpoint carry (issue 36.1): before a job that resumes after its machine was lost,
 the checkpoint kept on the laptop goes into the job's CLOUDTRAIN_CHECKPOINT_DIR on every node.
 
-A recovering run's next attempt (run/recover.py `job_starting`) and a sweep trial's retry on a new
-VM (sweep/backend.py) both call it, from the pipeline's hook just before the job (run/pipeline.py
-`_job_starting`): the controller's step, never the reporter's. The copy itself is
+A recovering run's next attempt (run/recover.py `Recovery`) and a sweep trial's retry on a new VM
+(run/controller.py `Trial`) both call it from their policy's `before_job`, which the pipeline calls
+just before the job: the controller's step, never the reporter's. The copy itself is
 run/checkpoints.py `upload`; what it kept and from which attempt is the caller's.
 """
 

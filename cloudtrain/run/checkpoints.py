@@ -279,3 +279,15 @@ def epoch_event(line: str) -> dict[str, Any] | None:
         except ValueError:
             log.debug("epoch line %r: %s=%r is not a number", line, key, value)
     return event
+
+
+def epoch_done(line: str, event: dict[str, Any] | None, rank: int = 0) -> int | None:
+    """The epoch a job's output line reports done: its progress event's (`event`, parsed already),
+    or rank 0's readable epoch line (the bundled job prints that; its JSON events go to
+    outputs/progress.jsonl, not to the log a run follows)."""
+    if event is None:
+        event = epoch_event(line) if rank == 0 else None
+    if event is None or event.get("type") != "epoch":
+        return None
+    epoch = event.get("epoch")
+    return epoch if isinstance(epoch, int) and not isinstance(epoch, bool) else None

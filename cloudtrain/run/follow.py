@@ -13,6 +13,7 @@ from cloudtrain.errors import JobFailedError, RemoteError
 from cloudtrain.events import Reporter, parse_progress
 from cloudtrain.remote import jobs
 from cloudtrain.remote.jobs import JobState
+from cloudtrain.run.checkpoints import epoch_done
 from cloudtrain.run.stop import StopToken
 
 POLL_S = 0.5
@@ -24,7 +25,8 @@ MAX_LINE_BYTES = 1 << 20
 def follow(node: Node, job_id: str, offset: int, reporter: Reporter, *, others: Sequence[Node] = (),
            on_offset: Callable[[int], None] | None = None, raw: Callable[[str], None] | None = None,
            until_finished: bool = True, on_worker_failure: Callable[[], None] | None = None,
-           submitted: Callable[[], object] | None = None, stop: StopToken | None = None) -> jobs.JobStatus:
+           submitted: Callable[[], object] | None = None, stop: StopToken | None = None,
+           on_epoch: Callable[[int], None] | None = None) -> jobs.JobStatus:
     """Stream complete log lines from `offset` until the job ends; survives dropped connections.
 
     Only whole lines are emitted and `on_offset` gets the byte offset just past each one, so a
@@ -35,13 +37,15 @@ def follow(node: Node, job_id: str, offset: int, reporter: Reporter, *, others: 
     not yet read) is read once the follow is asked: both go to the node in one round trip.
     `stop`: the attempt's stop token (run/stop.py). Its waits (a poll's interval, the backoff
     after a dropped link) wait on it: once it is set, the follow ends at once instead of sleeping
-    on (a retry raises the error it just got, a poll raises AttemptStopped).
+    on (a retry raises the error it just got, a poll raises AttemptStopped). `on_epoch`: the run's
+    controller hears each epoch the job reports done, beside the reporter (run/controller.py: the
+    reporter only displays).
     """
     # A Ctrl-C between printing a line and recording its offset would repeat it on resume: each
     # line is printed and recorded under _line(), and Ctrl-C is taken between lines.
     if until_finished and not others:
         with _interrupts_between_lines():
-            return _follow_streaming(node, job_id, offset, reporter, on_offset, raw, submitted, stop)
+            return _follow_streaming(node, job_id, offset, reporter, on_offset, raw, submitted, stop, on_epoch)
     if submitted is not None:
         submitted()
     pending = b""
@@ -53,13 +57,13 @@ def follow(node: Node, job_id: str, offset: int, reporter: Reporter, *, others: 
         while chunk:
             lines, pending = split_lines(pending + chunk)
             with _interrupts_between_lines():
-                offset = _emit_lines(lines, offset, node.rank, reporter, raw, on_offset)
+                offset = _emit_lines(lines, offset, node.rank, reporter, raw, on_offset, on_epoch)
             if len(chunk) < jobs.LOG_CHUNK:
                 break
             chunk = _read_retrying(node, job_id, offset + len(pending), stop)
         if status.finished or not until_finished:
             if pending and status.finished:
-                _emit(pending.decode("utf-8", errors="replace"), node.rank, reporter, raw, progress=False)
+                _emit(pending.decode("utf-8", errors="replace"), node.rank, reporter, raw, False, on_epoch)
                 offset += len(pending)
                 if on_offset:
                     on_offset(offset)
@@ -82,8 +86,8 @@ def follow(node: Node, job_id: str, offset: int, reporter: Reporter, *, others: 
 
 def _follow_streaming(node: Node, job_id: str, offset: int, reporter: Reporter,
                       on_offset: Callable[[int], None] | None, raw: Callable[[str], None] | None,
-                      submitted: Callable[[], object] | None = None,
-                      stop: StopToken | None = None) -> jobs.JobStatus:
+                      submitted: Callable[[], object] | None = None, stop: StopToken | None = None,
+                      on_epoch: Callable[[int], None] | None = None) -> jobs.JobStatus:
     """One command on the node streams the log as it grows and returns when the job is over: no
     poll interval on the client, the end is seen within the runner's 50 ms. A dropped link resumes
     from the last byte received."""
@@ -109,7 +113,7 @@ def _follow_streaming(node: Node, job_id: str, offset: int, reporter: Reporter,
                     continue
             for chunk in following.chunks:
                 lines, pending = split_lines(pending + chunk)
-                offset = _emit_lines(lines, offset, node.rank, reporter, raw, on_offset)
+                offset = _emit_lines(lines, offset, node.rank, reporter, raw, on_offset, on_epoch)
                 failures, delay = 0, 0.5
             break
         except _StartFailed as wrapper:
@@ -131,7 +135,7 @@ def _follow_streaming(node: Node, job_id: str, offset: int, reporter: Reporter,
     if not status.finished:
         status = status_retrying(node, job_id, stop)
     if pending:
-        _emit(pending.decode("utf-8", errors="replace"), node.rank, reporter, raw, progress=False)
+        _emit(pending.decode("utf-8", errors="replace"), node.rank, reporter, raw, False, on_epoch)
         offset += len(pending)
         if on_offset:
             on_offset(offset)
@@ -163,11 +167,12 @@ def split_lines(data: bytes) -> tuple[list[tuple[bytes, int]], bytes]:
 
 
 def _emit_lines(lines: list[tuple[bytes, int]], offset: int, rank: int, reporter: Reporter,
-                raw: Callable[[str], None] | None, on_offset: Callable[[int], None] | None) -> int:
+                raw: Callable[[str], None] | None, on_offset: Callable[[int], None] | None,
+                on_epoch: Callable[[int], None] | None = None) -> int:
     """Emit each line and record the offset past it, one line at a time; the new offset."""
     for line, used in lines:
         with _line():
-            _emit(line.decode("utf-8", errors="replace"), rank, reporter, raw)
+            _emit(line.decode("utf-8", errors="replace"), rank, reporter, raw, True, on_epoch)
             offset += used
             if on_offset:
                 on_offset(offset)
@@ -220,7 +225,8 @@ def _interrupts_between_lines() -> Iterator[None]:
         signal.signal(signal.SIGINT, previous)
 
 
-def _emit(text: str, rank: int, reporter: Reporter, raw: Callable[[str], None] | None, progress: bool = True) -> None:
+def _emit(text: str, rank: int, reporter: Reporter, raw: Callable[[str], None] | None, progress: bool = True,
+          on_epoch: Callable[[int], None] | None = None) -> None:
     if raw is not None:
         raw(text)
         return
@@ -229,6 +235,10 @@ def _emit(text: str, rank: int, reporter: Reporter, raw: Callable[[str], None] |
         reporter.progress(event)
     else:
         reporter.log_line(text, rank)
+    if on_epoch is not None:
+        epoch = epoch_done(text, event, rank)
+        if epoch is not None:
+            on_epoch(epoch)
 
 
 def status_retrying(node: Node, job_id: str, stop: StopToken | None = None) -> jobs.JobStatus:

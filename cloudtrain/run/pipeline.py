@@ -3,9 +3,10 @@
 Each step lives in its own module (run/prepare.py, run/job.py, run/follow.py, run/collect.py); this
 one orders them and owns what a run is: its record, its phases, and cleanup that always happens.
 Teardown and collection happen in `finally`, so a failed job, an error or Ctrl-C still brings the
-logs home and leaves nothing running that the policy says should be gone. A recovering run
-collects inside each attempt instead (run/recover.py: a node lost while collecting is relaunched),
-and its `finally` uses that collection.
+logs home and leaves nothing running that the policy says should be gone. Provision to job is an
+attempt, run by the one Controller under the run's policy (run/controller.py: once, recovering, a
+sweep trial). A recovering run collects inside each attempt instead (run/recover.py: a node lost
+while collecting is relaunched), and its `finally` uses that collection.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import sys
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -29,6 +29,7 @@ from cloudtrain.shield import signal_name as _signal_name
 from cloudtrain.run import approval
 from cloudtrain.run.approval import Approver
 from cloudtrain.run.collect import Collected, collect, empty_warning
+from cloudtrain.run.controller import Controller, Once, Policy
 from cloudtrain.errors import CloudtrainError, JobFailedError, RemoteError, UsageError
 from cloudtrain.events import Reporter
 from cloudtrain.remote.jobs import OPEN_STATES
@@ -82,8 +83,8 @@ class _PhaseClock:
     timings: dict[str, float] = field(default_factory=dict)
     # The run's spend so far (None while nothing bills): every phase line carries it, a cost meter.
     spent: Callable[[], float | None] = lambda: None
-    # The current attempt's stop (run/stop.py): its controller's (a sweep trial's) or, recovering,
-    # each attempt's own (run/recover.py). Checked here, between phases, in the run's own thread.
+    # The current attempt's stop (run/stop.py), set by the run's policy (run/controller.py): a sweep
+    # trial's, or each recovering attempt's own. Checked here, between phases, in the run's own thread.
     stop: StopToken | None = None
 
     @contextmanager
@@ -131,6 +132,7 @@ class _Run:
     error: str | None = None
     uploaded: str | None = None  # the bucket URL the results went to (recipe `upload:`), once tried
     recovery: Any = None  # run/recover.Recovery when the recipe recovers from lost nodes
+    policy: Policy = field(default_factory=Once)  # "again or done" of its attempts (run/controller.py)
     # What a recovering run's last attempt collected (inside the attempt, so that a node lost while
     # collecting is relaunched like any loss); _finish then does not collect a second time.
     collected: Collected | None = None
@@ -162,8 +164,7 @@ def new_run_id(cluster: str) -> str:
 
 
 class Executor:
-    def __init__(self, lifecycle: Lifecycle, reporter: Reporter, approve: Approver | None = None,
-                 stop: StopToken | None = None, before_job: Callable[[list[Node]], None] | None = None) -> None:
+    def __init__(self, lifecycle: Lifecycle, reporter: Reporter, approve: Approver | None = None) -> None:
         self.lc = lifecycle
         self.store = lifecycle.store
         self.config = lifecycle.config
@@ -174,10 +175,6 @@ class Executor:
         self._restarted: set[str] = set()  # clusters found stopped behind our back and started again
         # cluster -> UsablePlan checked before anything existed (a recovering run narrows it)
         self.usable: dict[str, Any] = {}
-        # A controller above the run (a sweep trial, sweep/backend.py): its stop, checked between
-        # phases, and its step just before the job (the reserve it checks, the checkpoint it carries).
-        self.stop = stop
-        self.before_job = before_job
 
     # run -----------------------------------------------------------------------------------------
 
@@ -207,11 +204,13 @@ class Executor:
                                             existing.instance_type, existing.num_nodes, existing.hourly_price))
 
     def run(self, loaded: LoadedRecipe, cluster_name: str, teardown: Teardown, runs_dir: Path,
-            env_overrides: Mapping[str, str] | None = None, resume: RunRecord | None = None) -> RunResult:
+            env_overrides: Mapping[str, str] | None = None, resume: RunRecord | None = None,
+            policy: Policy | None = None) -> RunResult:
         """`env_overrides` (`run --env KEY=VALUE`) replace or add to the recipe's envs for this run;
         like envs they are exported for setup and the job and never written to state or run.json.
         `resume`: a recovering run whose CLI died goes on, in its own row and run directory
-        (run/recover.resume checks it may)."""
+        (run/recover.resume checks it may). `policy`: its controller's (a sweep trial's,
+        run/controller.Trial); None: the recipe's (recovering with `recover:`, else once)."""
         if env_overrides:
             recipe = loaded.recipe.model_copy(update={"envs": {**loaded.recipe.envs, **env_overrides}})
             loaded = loaded.model_copy(update={"recipe": recipe})
@@ -222,8 +221,7 @@ class Executor:
             # checks again under the cluster's lock, for a run that starts meanwhile.)
             self.lc.refuse_if_busy(cluster_name)
         if resume is not None and resume.run_dir:
-            r = _Run(resume.id, Path(resume.run_dir), loaded, _PhaseClock(self.reporter, stop=self.stop),
-                     resume.started_at)
+            r = _Run(resume.id, Path(resume.run_dir), loaded, _PhaseClock(self.reporter), resume.started_at)
             r.run_dir.mkdir(parents=True, exist_ok=True)
             self.store.update_run(resume.id, status=RunStatus.RUNNING, ended_at=None, error=None, pid=os.getpid(),
                                   driver=procid.identity())
@@ -243,14 +241,14 @@ class Executor:
         try:
             from cloudtrain.run.recover import recovery_for
 
-            r.recovery = recovery_for(self, r, cluster_name)
-            if r.recovery is None:
-                self._attempt(r, cluster_name)
-            else:
+            if policy is None:
                 # A lost node relaunches elsewhere and the job resumes from its newest checkpoint;
                 # the results are collected inside the attempt, so that a loss while collecting is
                 # one like any other (docs/recovery.md).
-                r.recovery.run(lambda: self._attempt_and_collect(r, cluster_name))
+                r.recovery = recovery_for(self, r, cluster_name)
+            r.policy = policy or r.recovery or Once()
+            attempt = self._attempt_and_collect if r.policy.collects else self._attempt
+            Controller(r.policy).run(r, lambda: attempt(r, cluster_name))
             self._upload(r)
             r.status, r.exit_code = RunStatus.SUCCEEDED, 0
         except KeyboardInterrupt:
@@ -293,7 +291,7 @@ class Executor:
         run_id = new_run_id(cluster_name)
         run_dir = (runs_dir / run_id).resolve()
         run_dir.mkdir(parents=True, exist_ok=False)
-        r = _Run(run_id, run_dir, loaded, _PhaseClock(self.reporter, stop=self.stop), time.time())
+        r = _Run(run_id, run_dir, loaded, _PhaseClock(self.reporter), time.time())
         self.store.insert_run(RunRecord(
             id=run_id, cluster=cluster_name, recipe_path=str(loaded.path.resolve()), recipe_digest=loaded.digest,
             run_dir=str(run_dir), status=RunStatus.RUNNING, exit_code=None, provider=recipe.resources.cloud,
@@ -328,23 +326,18 @@ class Executor:
 
             setup_once.mark_done(r.nodes, recipe)  # an `exec` afterwards need not run it again
         with r.clock.phase("run"):
-            self._job_starting(r)
+            # The policy's step on the job's nodes (a reporter only displays): a recovering run's
+            # next attempt gets its kept checkpoint, a sweep trial checks its reserve and gets the
+            # checkpoint its lost attempt kept (run/controller.py).
+            r.policy.before_job(r.nodes)
             script = job_script(recipe)
             if batch_job is not None:
                 script = batch_job(recipe, script, recipe.setup, r.job_id, cluster_name)
             # The attempt's token (a sweep trial's, or this recovering attempt's): a stop ends the
             # job's retry and poll waits at once, not after their backoff (run/follow.py `pause`).
+            # Each epoch the job reports goes to the policy beside the reporter (its checkpoint puller).
             run_job(self.store, self.reporter, r.nodes, run_id, r.job_id, script, recipe, "job", r.jobs_started,
-                    stop=r.clock.stop)
-
-    def _job_starting(self, r: _Run) -> None:
-        """Just before the job, on its nodes: the controller's step (a reporter only displays). A
-        recovering run's next attempt gets its kept checkpoint (run/recover.py `job_starting`); a
-        sweep trial checks its reserve and gets the checkpoint its lost attempt kept (`before_job`)."""
-        if r.recovery is not None:
-            r.recovery.job_starting()
-        if self.before_job is not None:
-            self.before_job(r.nodes)
+                    stop=r.clock.stop, on_epoch=r.policy.epoch)
 
     def _attempt_and_collect(self, r: _Run, cluster_name: str) -> None:
         """A recovering run's attempt: the job, then its results home while the cloud watcher is

@@ -1,17 +1,18 @@
 """A run that survives losing its node: relaunch elsewhere, resume from the newest checkpoint.
 
-With `recover:` (recipe/recover.py; default on for spot) `run` goes through attempts. Each attempt
-is the pipeline's own provision -> sync -> setup -> job -> collect (run/pipeline.Executor._attempt,
-`_attempt_and_collect`) on a new incarnation of the run's cluster name (lifecycle makes it; the ledger bills each on its own).
-While an attempt runs:
+With `recover:` (recipe/recover.py; default on for spot) `run` goes through attempts. `Recovery` is
+the run's policy under the one attempt loop (run/controller.py `Controller`): each attempt is the
+pipeline's own provision -> sync -> setup -> job -> collect (run/pipeline.Executor._attempt, collecting
+inside the attempt) on a new incarnation of the run's cluster name (lifecycle makes it; the ledger
+bills each on its own). While an attempt runs:
 
 - a watcher thread asks the cloud (lifecycle's refresh: describe and list by tag, which also puts
   what the cloud says in the ledger) every `recover.watch_s` whether the nodes are still there. A
   node the cloud reports gone or going (terminated, stopping, stopped: a spot reclaim, a lost host)
   ends the attempt at once: the watcher makes the pipeline's connections give up instead of waiting
   out their SSH retries;
-- each epoch the job reports makes a Puller (run/checkpoints.py, shared with sweeps) copy its
-  newest checkpoint into `<run dir>/checkpoint/`;
+- each epoch the job reports (the follow path tells the policy, `epoch`) makes a Puller
+  (run/checkpoints.py, shared with sweeps) copy its newest checkpoint into `<run dir>/checkpoint/`;
 - every line the job prints is also kept in `<run dir>/attempts/aN.log`.
 
 When an attempt fails, the cause is settled by asking, in order: did the watcher see the node go;
@@ -40,13 +41,14 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cloudtrain.notify import hooks as notify
 from cloudtrain.errors import CloudtrainError, LaunchLostError, UsageError
+from cloudtrain.run.controller import Ended, plain
 from cloudtrain.run.recover_rules import NodeLostError, budget_left, next_candidates, rule_out
 from cloudtrain.run.recover_watch import Tee, Watcher, lost_now
 from cloudtrain.run.stop import StopToken
@@ -130,60 +132,57 @@ class Recovery:
         self.token: StopToken | None = None  # the current attempt's stop (run/stop.py), set by its watcher
         self.notice_upload = False  # the last notice read says the node started its upload on notice
         self._log: Any = None
+        self._outer: tuple[Any, StopToken | None] | None = None  # the run's reporter and stop, put back at close
         self._load_attempts()
         if CHECKPOINT_ENV not in r.loaded.recipe.envs:
             recipe = r.loaded.recipe.model_copy(update={"envs": {**r.loaded.recipe.envs, CHECKPOINT_ENV: self.rel}})
             r.loaded = r.loaded.model_copy(update={"recipe": recipe})
             self.base = r.loaded
 
-    # the loop ----------------------------------------------------------------------------------------
+    # the policy (run/controller.py): the Controller asks, attempt by attempt ---------------------------
 
-    def run(self, attempt: Callable[[], None]) -> None:
-        reporter = self.ex.reporter
-        outer_stop = self.r.clock.stop
-        tee = Tee(reporter, self)
+    collects = True  # a node lost while collecting is relaunched like any loss
+
+    def start(self, r: RunSoFar) -> None:
+        """The run's reporter becomes the tee (each attempt's log) and its cost meter every attempt's."""
+        self._outer = (self.ex.reporter, self.r.clock.stop)
+        tee = Tee(self.ex.reporter, self)
         self.ex.reporter = tee
         self.r.clock.reporter = tee
         self.r.clock.spent = self.spent_so_far
-        try:
-            while True:
-                current = self._begin()
-                try:
-                    attempt()
-                except CloudtrainError as exc:
-                    if isinstance(exc, UsageError):
-                        self._end(current, "failed", exc.one_line())
-                        raise
-                    lost = self._lost_at_launch(current, exc) or self._lost(current)
-                    if lost is None:
-                        self._end(current, "failed", exc.one_line())
-                        raise
-                    self._end(current, *lost)
-                    notify.attempt_lost(self.ex.store, self.ex.config, self.base, self.r.run_id, self.name, current,
-                                        self.r.run_dir, warn=self.ex.reporter.warn)
-                    self._relaunch(current, exc)
-                    continue
-                except KeyboardInterrupt:
-                    self._end(current, "interrupted", "interrupted by the user")
-                    raise
-                except BaseException as exc:
-                    self._end(current, "failed", f"{type(exc).__name__}: {exc}")
-                    raise
-                lost = self._lost_while_collecting(current)
-                if lost is not None:
-                    self._end(current, *lost)
-                    notify.attempt_lost(self.ex.store, self.ex.config, self.base, self.r.run_id, self.name, current,
-                                        self.r.run_dir, warn=self.ex.reporter.warn)
-                    self._relaunch(current, NodeLostError(f"collect failed: {lost[1]}"))
-                    continue
-                self._end(current, "succeeded", None)
-                return
-        finally:
-            self.ex.reporter = reporter
-            self.r.clock.reporter = reporter
+
+    def ended(self, error: BaseException | None) -> Ended:
+        """Why the attempt ended, recorded: a loss (at launch, while it ran, while collecting) or not."""
+        current = self.attempts[-1]
+        ended = plain(error)
+        if error is None:
+            lost = self._lost_while_collecting(current)
+            if lost is not None:
+                ended = Ended(*lost, NodeLostError(f"collect failed: {lost[1]}"))
+        elif isinstance(error, CloudtrainError) and not isinstance(error, UsageError):
+            lost = self._lost_at_launch(current, error) or self._lost(current)
+            if lost is not None:
+                ended = Ended(*lost, error)
+        self._end(current, ended.outcome, ended.reason)
+        return ended
+
+    def again(self, ended: Ended) -> bool:
+        """A lost attempt is relaunched (or NodeLostError says why not); anything else is final."""
+        if not ended.lost:
+            return False
+        current = self.attempts[-1]
+        notify.attempt_lost(self.ex.store, self.ex.config, self.base, self.r.run_id, self.name, current,
+                            self.r.run_dir, warn=self.ex.reporter.warn)
+        self._relaunch(current, ended.cause)
+        return True
+
+    def close(self) -> None:
+        if self._outer is not None:
+            self.ex.reporter, outer_stop = self._outer
+            self.r.clock.reporter = self.ex.reporter
             self.r.clock.stop = outer_stop  # each attempt's token is its own; the run's phases go on
-            if self.puller is not None:
-                self.puller.close()
+        if self.puller is not None:
+            self.puller.close()
 
     def _load_attempts(self) -> None:
         """A resumed run (`run --resume`) goes on from the attempts its dead CLI recorded; one it
@@ -207,7 +206,7 @@ class Recovery:
         tmp.write_text(json.dumps([asdict(a) for a in self.attempts], indent=1))
         tmp.replace(path)
 
-    def _begin(self) -> Attempt:
+    def begin(self) -> None:
         current = Attempt(number=len(self.attempts) + 1, started_at=time.time(),
                           resumed_from_epoch=checkpoints.kept_epoch(self.kept))
         self.attempts.append(current)
@@ -217,7 +216,6 @@ class Recovery:
         self.puller = checkpoints.Puller(self._open_rank0, self.kept, self.base.recipe.job is not None, 0,
                                          self.ex.reporter.warn, rel=self.rel)
         self.watch()
-        return current
 
     def watch(self) -> Watcher:
         """A new stop token and cloud watcher for what runs on the cluster now (an attempt, or the
@@ -368,7 +366,7 @@ class Recovery:
 
     # the next attempt ---------------------------------------------------------------------------------
 
-    def _relaunch(self, lost: Attempt, exc: CloudtrainError) -> None:
+    def _relaunch(self, lost: Attempt, exc: BaseException | None) -> None:
         """Take the lost cluster down and get the next attempt's plan, or raise NodeLostError."""
         from cloudtrain.cluster.nodes import close_all
 
@@ -472,12 +470,14 @@ class Recovery:
             self._log.flush()
 
     def epoch(self, epoch: int) -> None:
+        """The follow path's word that the job finished an epoch: its checkpoint comes home."""
         if self.puller is not None:
             self.puller.epoch(epoch)
 
-    def job_starting(self) -> None:
-        """Before a relaunched job (the pipeline's hook, run/pipeline.py `_job_starting`): the kept
-        checkpoint into its CLOUDTRAIN_CHECKPOINT_DIR on every node (run/carry.py)."""
+    def before_job(self, nodes: Sequence[Any]) -> None:
+        """Just before the job, on its nodes (the pipeline calls it): the attempt's placement
+        recorded, the upload on a notice armed, and before a relaunched job the kept checkpoint into
+        its CLOUDTRAIN_CHECKPOINT_DIR on every node (run/carry.py)."""
         current = self.attempts[-1]
         if self.r.cluster is not None:
             self._placed(current, self.r.cluster)  # known from here on, also to a resume after a dead CLI
@@ -488,7 +488,7 @@ class Recovery:
                                      self.r.run_dir, warn=self.ex.reporter.warn)
         if current.number == 1:
             return
-        if carry.onto(self.r.nodes, self.kept, self.rel, self.ex.reporter.warn) is None:
+        if carry.onto(nodes, self.kept, self.rel, self.ex.reporter.warn) is None:
             current.resumed_from_epoch = None  # nothing kept, or it could not be put there: it starts over
 
     def _arm_upload_on_notice(self) -> None:

@@ -9,8 +9,9 @@ trial's, sweep/backend.py) and the recovering run's reporter tee.
   from here (a sweep: take the VM down, tell the scheduler) passes `on_gone`; it runs only when
   this watcher was the one that stopped the attempt, so a loss is acted on once.
 - `Tee`: the run's reporter while it recovers: everything goes on to the user's reporter; job lines
-  go to the attempt's log and epochs to the checkpoint puller. It decides nothing: the checkpoint
-  carry before a relaunched job is the pipeline's hook (run/pipeline.py `_job_starting`).
+  also go to the attempt's log. It decides nothing: epochs reach the checkpoint puller through the
+  run's policy (the follow path calls its `epoch`, run/controller.py), and so does the checkpoint
+  carry before a relaunched job (its `before_job`).
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from cloudtrain.run.checkpoints import epoch_event
 from cloudtrain.run.gone import Gone, GoneKind, ask
 from cloudtrain.run.stop import StopKind, StopToken
 
@@ -95,7 +95,7 @@ class Watcher:
 
 class Tee:
     """The run's reporter while it recovers: everything goes on to the user's reporter; job lines
-    go to the attempt's log and epochs to the checkpoint puller. Display and record only."""
+    also go to the attempt's log. Display and record only."""
 
     def __init__(self, inner: Any, recovery: Any) -> None:
         self.inner = inner
@@ -111,19 +111,10 @@ class Tee:
         self.inner.log_line(line, node)
         if node == 0:
             self.recovery.line(line)
-            # The bundled job's epochs come as its readable line (its JSON events go to
-            # outputs/progress.jsonl, not to the log this follows): read back by epoch_event. A job
-            # that prints the JSON events on stdout reaches `progress` instead.
-            event = epoch_event(line)
-            if event is not None:
-                self.recovery.epoch(event["epoch"])
 
     def progress(self, event: dict[str, Any]) -> None:
         self.inner.progress(event)
         self.recovery.line(json.dumps(event))
-        epoch = event.get("epoch")
-        if event.get("type") == "epoch" and isinstance(epoch, int) and not isinstance(epoch, bool):
-            self.recovery.epoch(epoch)
 
     def info(self, message: str) -> None:
         self.inner.info(message)

@@ -20,7 +20,7 @@
   without the pipeline's own recovery (a spot recipe has `recover:` on by default), which would
   otherwise relaunch the same loss a second time, on a machine the scheduler does not count.
   Before the retried job starts, the checkpoint its lost attempt kept goes onto the new VM
-  (run/carry.py, the pipeline's hook before the job; run/checkpoints.py keeps it).
+  (run/carry.py, by the attempt's policy, run/controller.py `Trial`; run/checkpoints.py keeps it).
 - cancel: the attempt's stop token is set (the pipeline starts no further phase), and the cluster's
   open jobs are cancelled (again, until the attempt's thread is over: a job may be submitted just
   after a cancel).
@@ -55,8 +55,9 @@ from typing import TYPE_CHECKING, Any
 from cloudtrain.config import Config
 from cloudtrain.errors import CloudtrainError
 from cloudtrain.recipe import LoadedRecipe
-from cloudtrain.run import carry, checkpoints
+from cloudtrain.run import checkpoints
 from cloudtrain.run.checkpoints import CHECKPOINT_ENV, Puller, epoch_event
+from cloudtrain.run.controller import Trial
 from cloudtrain.run.gone import Gone, GoneKind
 from cloudtrain.run.stop import StopKind, StopToken
 from cloudtrain.sweep import ledger
@@ -75,10 +76,6 @@ RETRY_S = 15.0  # the first wait before a release that failed is tried again
 RETRY_MAX_S = 120.0
 WATCH_S = 15.0  # how often the cloud is asked whether a busy VM is still there (without `recover.watch_s`)
 log = logging.getLogger(__name__)
-
-
-class TrialStopped(CloudtrainError):
-    """The attempt's provisioning, sync and setup overran the time reserved for them."""
 
 
 def attempt_dir(results_dir: Path, trial: int, attempt: int) -> Path:
@@ -108,8 +105,8 @@ class _Handle:
 
 class TrialReporter:
     """The pipeline's Reporter for one attempt: progress becomes events, chatter is dropped. It
-    decides nothing: a stop is the attempt's token, the reserve and the carry the hook before the
-    job (`PipelineBackend._before_job`)."""
+    decides nothing: a stop is the attempt's token; the reserve, the carry and the checkpoint puller
+    are the attempt's policy (run/controller.py `Trial`)."""
 
     def __init__(self, backend: PipelineBackend, key: tuple[int, int], handle: _Handle) -> None:
         self.backend = backend
@@ -134,8 +131,6 @@ class TrialReporter:
             return
         value = event.get(self.backend.spec.progress_metric)
         epoch = event.get("epoch")
-        if isinstance(epoch, int) and not isinstance(epoch, bool) and self.handle.puller is not None:
-            self.handle.puller.epoch(epoch)  # its checkpoint is written: keep a copy here
         if isinstance(value, (int, float)) and not isinstance(value, bool) and isinstance(epoch, int):
             self.backend.put(Progress(self.key[0], self.key[1], epoch, float(value)))
 
@@ -277,9 +272,13 @@ class PipelineBackend:
                 self._checkpoints(lc, handle, action.trial, action.attempt)
                 # Before the job: the old lease may end before this attempt would.
                 self._give_lease(lc, action.vm, action.lease_end)
-                executor = Executor(lc, TrialReporter(self, key, handle), stop=handle.token,
-                                    before_job=lambda nodes: self._before_job(handle, action, nodes))
-                result = executor.run(loaded, handle.cluster, "keep", runs, env_overrides=env)
+                # One attempt (the scheduler retries): the reserve and the carried checkpoint before the
+                # job, epochs to the checkpoint puller, the attempt's token checked between phases.
+                policy = Trial(handle.token, action.job_start_by, checkpoints.node_dir(action.trial),
+                               lambda message: self.warn(f"trial {action.trial}: {message}"), handle.puller,
+                               handle.carry)
+                result = Executor(lc, TrialReporter(self, key, handle)).run(loaded, handle.cluster, "keep", runs,
+                                                                            env_overrides=env, policy=policy)
                 outcome, value, error = self.judge(result.run_dir, result.status, result.exit_code, result.error,
                                                    handle)
             except Exception as exc:  # noqa: BLE001  (a usage error of one trial ends that trial only)
@@ -336,17 +335,6 @@ class PipelineBackend:
 
         return Watcher(self._lifecycle, handle.cluster, self.watch_s, handle.token, self.warn, recovering=False,
                        on_gone=lost)
-
-    def _before_job(self, handle: _Handle, action: Start, nodes: list) -> None:
-        """The pipeline's hook just before the job, on its nodes: a setup that overran its reserved
-        time ends the attempt; a retry gets the checkpoint its lost attempt kept (run/carry.py;
-        without it the job starts over, said)."""
-        if time.time() > action.job_start_by:
-            raise TrialStopped("provisioning, sync and setup took longer than the time reserved for them "
-                               "(sweep.reserve.setup_minutes)")
-        if handle.carry is not None:
-            carry.onto(nodes, handle.carry, checkpoints.node_dir(action.trial),
-                       lambda message: self.warn(f"trial {action.trial}: {message}"))
 
     def _checkpoints(self, lc: Any, handle: _Handle, trial: int, attempt: int) -> None:
         """The attempt's checkpoint keeper, and the checkpoint its preempted predecessors kept (if any),
@@ -612,7 +600,7 @@ class PipelineBackend:
             nodes = connect(list(cluster.nodes), cluster.provider, lc.config)
             handle.phase = "run"
             final = follow(nodes[0], f"{run.id}-run", 0, TrialReporter(self, key, handle), others=nodes[1:],
-                           stop=handle.token)
+                           stop=handle.token, on_epoch=handle.puller.epoch if handle.puller is not None else None)
             handle.phase = "collect"
             paths = json.loads(run.result_paths) if run.result_paths else []
             run_dir = Path(run.run_dir)

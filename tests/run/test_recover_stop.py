@@ -73,6 +73,9 @@ class _Reporter:
     def log_line(self, line: str, node: int = 0) -> None:
         self.said.append(("line", line))
 
+    def progress(self, event: dict[str, Any]) -> None:
+        self.said.append(("progress", str(event.get("epoch"))))
+
 
 def test_the_pipeline_starts_no_attempt_phase_once_stopped_but_the_runs_cleanup_goes_on() -> None:
     reporter, token = _Reporter(), StopToken()
@@ -165,23 +168,22 @@ def test_a_down_by_another_command_is_a_loss_to_a_sweep_and_not_to_a_recovering_
 class _Recovery:
     def __init__(self) -> None:
         self.lines: list[str] = []
-        self.epochs: list[int] = []
 
     def line(self, text: str) -> None:
         self.lines.append(text)
 
-    def epoch(self, epoch: int) -> None:
-        self.epochs.append(epoch)
-
 
 def test_the_tee_only_displays_and_records() -> None:
-    """A reporter decides nothing: the job's phase starting uploads nothing and arms nothing (the
-    checkpoint carry is the pipeline's hook, run/pipeline.py `_job_starting`)."""
+    """A reporter decides nothing: the job's phase starting uploads nothing and arms nothing, and an
+    epoch line pulls no checkpoint (the carry and the puller are the run's policy's,
+    run/controller.py; the follow path tells it the epochs, run/follow.py)."""
     inner, recovery = _Reporter(), _Recovery()
     tee: Any = Tee(inner, recovery)
     tee.phase_start("run")
     tee.phase_end("run", 1.0)
     tee.log_line("epoch 2/8  loss 0.5")
-    assert inner.said == [("start", "run"), ("end", "run", "", "True"), ("line", "epoch 2/8  loss 0.5")]
-    assert recovery.lines == ["epoch 2/8  loss 0.5"] and recovery.epochs == [2]
-    assert not hasattr(recovery, "following")
+    tee.progress({"cloudtrain": "progress", "type": "epoch", "epoch": 3})
+    assert inner.said == [("start", "run"), ("end", "run", "", "True"), ("line", "epoch 2/8  loss 0.5"),
+                          ("progress", "3")]
+    assert recovery.lines[0] == "epoch 2/8  loss 0.5" and len(recovery.lines) == 2
+    assert not hasattr(recovery, "epoch") and not hasattr(recovery, "following")
