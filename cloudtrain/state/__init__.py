@@ -58,7 +58,9 @@ def _rows(cursor: Any, record: type[R]) -> list[R]:
     """The cursor's rows as `record`s, whatever the order of its columns (and extra ones, a team
     database's member and project): fields taken by position, not by name per row per field (that
     was most of `cost`'s time reading the ledger's 10,000 rows)."""
-    rows = cursor.fetchall()
+    # A team database's cursor also gives plain tuples: their fields are picked in C, where a
+    # Row's are picked by a Python __getitem__ each (sqlite3.Row's are in C already).
+    rows = getattr(cursor, "fetchall_values", cursor.fetchall)()
     if not rows:
         return []
     at = {column[0]: i for i, column in enumerate(cursor.description)}
