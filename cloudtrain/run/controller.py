@@ -23,6 +23,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -33,7 +34,20 @@ if TYPE_CHECKING:
     from cloudtrain.run.recovering import RunSoFar
     from cloudtrain.run.stop import StopToken
 
-LOSSES = frozenset({"lost", "preempted"})
+
+
+class AttemptOutcome(StrEnum):
+    """How an attempt ended (run.json's and attempts.json's `outcome`)."""
+
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    INTERRUPTED = "interrupted"
+    PREEMPTED = "preempted"  # its spot machine was reclaimed
+    LOST = "lost"  # its machine went otherwise
+
+
+LOSSES = frozenset({AttemptOutcome.LOST, AttemptOutcome.PREEMPTED})
 
 
 @dataclass(frozen=True)
@@ -41,7 +55,7 @@ class Ended:
     """How an attempt ended, as its policy classified it. `cause`: what ended it (the error, or for
     a loss seen only after a job that succeeded, the loss as an error), raised if it is not retried."""
 
-    outcome: str  # succeeded | failed | interrupted | preempted | lost
+    outcome: AttemptOutcome
     reason: str | None = None
     cause: BaseException | None = None
 
@@ -53,11 +67,11 @@ class Ended:
 def plain(error: BaseException | None) -> Ended:
     """An outcome without a loss to look for: succeeded, interrupted (Ctrl-C) or failed."""
     if error is None:
-        return Ended("succeeded")
+        return Ended(AttemptOutcome.SUCCEEDED)
     if isinstance(error, KeyboardInterrupt):
-        return Ended("interrupted", "interrupted by the user", error)
+        return Ended(AttemptOutcome.INTERRUPTED, "interrupted by the user", error)
     reason = error.one_line() if isinstance(error, CloudtrainError) else f"{type(error).__name__}: {error}"
-    return Ended("failed", reason, error)
+    return Ended(AttemptOutcome.FAILED, reason, error)
 
 
 class Policy(Protocol):

@@ -48,7 +48,7 @@ from typing import TYPE_CHECKING, Any
 
 from cloudtrain.notify import hooks as notify
 from cloudtrain.errors import CloudtrainError, LaunchLostError, UsageError
-from cloudtrain.run.controller import Ended, plain
+from cloudtrain.run.controller import AttemptOutcome, Ended, plain
 from cloudtrain.run.recover_rules import NodeLostError, budget_left, next_candidates, rule_out
 from cloudtrain.run.recover_watch import Tee, Watcher, lost_now
 from cloudtrain.run.stop import StopToken
@@ -80,7 +80,7 @@ class Attempt:
     hourly_price_usd: float = 0.0
     incarnation: str | None = None
     ended_at: float | None = None
-    outcome: str = "running"  # succeeded | failed | interrupted | preempted | lost
+    outcome: AttemptOutcome = AttemptOutcome.RUNNING
     reason: str | None = None
     detected_at: float | None = None  # when cloudtrain knew the node was gone (the watcher, or asking after a failure)
     resumed_from_epoch: int | None = None
@@ -195,8 +195,10 @@ class Recovery:
             raise NodeLostError(f"cannot read {self.r.run_dir / ATTEMPTS_FILE}: {exc}") from exc
         for item in saved:
             attempt = Attempt(**item)
-            if attempt.outcome == "running":
-                attempt.outcome, attempt.reason = "lost", "the CLI driving it ended; picked up by `run --resume`"
+            attempt.outcome = AttemptOutcome(attempt.outcome)
+            if attempt.outcome is AttemptOutcome.RUNNING:
+                attempt.outcome = AttemptOutcome.LOST
+                attempt.reason = "the CLI driving it ended; picked up by `run --resume`"
                 attempt.ended_at = attempt.ended_at or time.time()
             self.attempts.append(attempt)
 
@@ -234,7 +236,7 @@ class Recovery:
 
         return Lifecycle(StateStore(self.ex.store.path), self.ex.config)
 
-    def _end(self, current: Attempt, outcome: str, reason: str | None) -> None:
+    def _end(self, current: Attempt, outcome: AttemptOutcome, reason: str | None) -> None:
         if self.watcher is not None:
             self.watcher.stop()
         current.ended_at = time.time()
@@ -255,9 +257,10 @@ class Recovery:
 
     # why it ended --------------------------------------------------------------------------------------
 
-    def _lost(self, current: Attempt) -> tuple[str, str] | None:
+    def _lost(self, current: Attempt) -> tuple[AttemptOutcome, str] | None:
         """(outcome, reason) when the attempt ended because its node went (see the module docstring)."""
-        kind = "preempted" if self.r.cluster is not None and self.r.cluster.record.spot else "lost"
+        kind = (AttemptOutcome.PREEMPTED if self.r.cluster is not None and self.r.cluster.record.spot
+                else AttemptOutcome.LOST)
         watcher = self.watcher
         if watcher is not None and watcher.lost is not None:
             current.detected_at = watcher.detected_at
@@ -282,11 +285,11 @@ class Recovery:
                     current.uploaded_on_notice = after_notice(self)
                 else:
                     self.ex.reporter.warn("the node's watchdog started no upload on the interruption notice")
-            return "preempted", f"interruption notice on the node ({notice})"
+            return AttemptOutcome.PREEMPTED, f"interruption notice on the node ({notice})"
         return None
 
     @staticmethod
-    def _lost_at_launch(current: Attempt, exc: CloudtrainError) -> tuple[str, str] | None:
+    def _lost_at_launch(current: Attempt, exc: CloudtrainError) -> tuple[AttemptOutcome, str] | None:
         """(outcome, reason) when the cloud ended the machine while it started (lifecycle cleaned
         up): no cluster was handed over, so where it was comes with the error."""
         if not isinstance(exc, LaunchLostError):
@@ -296,9 +299,9 @@ class Recovery:
         current.cloud, current.region, current.zone = lost.cloud, lost.region, lost.zone
         current.instance_type, current.spot = lost.instance_type, lost.spot
         current.hourly_price_usd, current.incarnation = lost.hourly_price, lost.incarnation
-        return ("preempted" if lost.spot else "lost"), exc.message
+        return (AttemptOutcome.PREEMPTED if lost.spot else AttemptOutcome.LOST), exc.message
 
-    def _lost_while_collecting(self, current: Attempt) -> tuple[str, str] | None:
+    def _lost_while_collecting(self, current: Attempt) -> tuple[AttemptOutcome, str] | None:
         """(outcome, reason) when the attempt's job succeeded but its results could not be
         collected because the node went: the next attempt resumes from the kept checkpoint (a
         finished job's last one: it only writes its results again) and collects again."""
@@ -525,10 +528,10 @@ def resume(executor: Runs, loaded: Any, run_id: str, teardown: Any, runs_dir: Pa
     row = store.get_run(run_id)
     if row is None or not row.run_dir:
         raise Usage(f"no run {run_id!r}", hint="`cloudtrain status` lists recent runs")
-    if row.status == "running" and row.driver_alive():
+    if row.status == RunStatus.RUNNING and row.driver_alive():
         raise Usage(f"run {run_id} is still driven by cloudtrain (pid {row.pid})",
                     hint="wait for it, or stop it with Ctrl-C in its terminal")
-    if row.status == "succeeded":
+    if row.status == RunStatus.SUCCEEDED:
         raise Usage(f"run {run_id} succeeded already", hint=f"its results are in {row.run_dir}")
     if loaded.recipe.recovery is None:
         raise Usage(f"run {run_id}: the recipe has no recover: (and is not spot), so there is nothing to resume",
