@@ -32,3 +32,16 @@ from cloudtrain.testing.metadata import metadata_server  # noqa: F401
 from cloudtrain.testing.blob import azure_blobs  # noqa: F401
 from cloudtrain.testing.mux import no_mux_left, ssh_persist_off  # noqa: F401
 from cloudtrain.testing.postgres import postgres_server, state_backend  # noqa: F401
+
+
+import pytest  # noqa: E402
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """The CLI fork server (testing/forkcli.py) ends with the session that started it, before
+    anything checks what the tests left running."""
+    from cloudtrain.testing import forkcli
+
+    forkcli.stop_server()
+
