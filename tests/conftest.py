@@ -78,6 +78,22 @@ def _survivors(roots: list[str]) -> list[tuple[int, str]]:
     return found
 
 
+# The longest tests (a TensorFlow job, a real minute of a cloud's billing or of Slurm's time limit,
+# a sweep) start first and the quick tier comes last: with `--dist load` (scripts/test.sh) each
+# worker takes the next test as it finishes one, so the run ends on short tests on every worker,
+# not on one worker's two-minute test begun late.
+LONGEST_FIRST = ("tests/e2e/", "tests/jobs/", "tests/sweep/", "tests/watchdog/", "tests/testing/")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    def weight(item: pytest.Item) -> int:
+        if item.get_closest_marker("quick") is not None:
+            return 2
+        return 0 if item.nodeid.startswith(LONGEST_FIRST) else 1
+
+    items.sort(key=weight)  # stable: a module's tests stay together and in order
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if not Path("/proc/self/stat").exists() or hasattr(session.config, "workerinput"):
         return
