@@ -58,6 +58,15 @@ PRELOAD = (
 )
 
 
+# What a fresh interpreter reads from the environment at its start, before any of our code: a
+# call whose environment sets these otherwise than the server's is started as a subprocess.
+STARTUP_ENV = ("PYTHONPATH", "PYTHONHOME", "PYTHONSAFEPATH", "PYTHONNOUSERSITE", "PYTHONUSERBASE",
+               "PYTHONPLATLIBDIR", "PYTHONUNBUFFERED", "PYTHONIOENCODING", "PYTHONUTF8", "PYTHONLEGACYWINDOWSSTDIO",
+               "PYTHONHASHSEED", "PYTHONWARNINGS", "PYTHONDEVMODE", "PYTHONMALLOC", "PYTHONFAULTHANDLER",
+               "PYTHONTRACEMALLOC", "PYTHONOPTIMIZE", "PYTHONINSPECT", "PYTHONVERBOSE", "PYTHONPROFILEIMPORTTIME",
+               "PYTHONNODEBUGRANGES", "PYTHONINTMAXSTRDIGITS", "PYTHONBREAKPOINT", "PYTHONSTARTUP")
+
+
 def enabled() -> bool:
     return os.environ.get(ENABLE_ENV, "1") != "0" and hasattr(os, "fork") and hasattr(socket, "AF_UNIX")
 
@@ -234,6 +243,7 @@ class _Server:
     proc: subprocess.Popen
     path: str
     alive_w: int
+    startup: dict[str, str | None]  # its STARTUP_ENV
 
 
 _server: _Server | None = None
@@ -254,7 +264,7 @@ def _start() -> _Server:
         proc.kill()
         proc.wait()
         raise RuntimeError(f"the CLI fork server did not start (exit {proc.poll()})")
-    return _Server(proc, path, alive_w)
+    return _Server(proc, path, alive_w, {name: os.environ.get(name) for name in STARTUP_ENV})
 
 
 def _server_now() -> _Server:
@@ -284,12 +294,21 @@ def stop_server() -> None:
         _server = None
 
 
+def _sigint_default() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def run(argv: Sequence[str], *, env: Mapping[str, str], cwd: str | Path, input: str | None = None,
         timeout: float | None = None, default_sigint: bool = False) -> subprocess.CompletedProcess:
     """`python -m cloudtrain ARGV` as subprocess.run(..., capture_output=True, text=True) runs it
     (stdin: `input`, or nothing). `default_sigint`: Ctrl-C works in it even if it is ignored here,
     as a preexec_fn resetting SIGINT gives a subprocess."""
     server = _server_now()
+    if any(env.get(name) != value for name, value in server.startup.items()):
+        return subprocess.run([sys.executable, "-m", "cloudtrain", *map(str, argv)], env=dict(env), cwd=str(cwd),
+                              input=input, stdin=subprocess.DEVNULL if input is None else None,
+                              capture_output=True, text=True, timeout=timeout, check=False,
+                              preexec_fn=_sigint_default if default_sigint else None)
     stdin_r = os.open(os.devnull, os.O_RDONLY) if input is None else None
     in_r, in_w = os.pipe() if input is not None else (stdin_r, -1)
     out_r, out_w = os.pipe()

@@ -95,3 +95,16 @@ def test_the_server_ends_when_stopped_and_starts_again_when_needed(env: dict[str
     assert first.proc.poll() is not None
     assert forkcli.run(["--help"], env=env, cwd=tmp_path, timeout=60).returncode == 0
     assert forkcli._server_now().proc.pid != first.proc.pid
+
+
+def test_an_environment_a_fresh_interpreter_reads_at_its_start_gets_a_fresh_interpreter(
+        env: dict[str, str], tmp_path: Path) -> None:
+    # PYTHONPATH is read before any of our code runs: a forked child could not honour it, so that
+    # call is a subprocess of its own (which imports the module named on it at start).
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text("import sys; sys.stderr.write('fresh interpreter\\n')\n")
+    plain = forkcli.run(["--help"], env=env, cwd=tmp_path, timeout=60)
+    fresh = forkcli.run(["--help"], env={**env, "PYTHONPATH": str(site)}, cwd=tmp_path, timeout=60)
+    assert plain.returncode == fresh.returncode == 0
+    assert "fresh interpreter" not in plain.stderr and "fresh interpreter" in fresh.stderr
