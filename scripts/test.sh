@@ -6,8 +6,10 @@ scripts/setup.sh --test
 # Four workers on two cores: with the CLI forked from a server that has imported it
 # (cloudtrain/testing/forkcli.py), most tests wait on sshd, fake clouds, watchdog ticks and real
 # billing minutes, not on the CPU (2 workers: 28.3 min, 4: 18.5 min, same commit and load).
-# `--dist load` hands each worker the next test as it finishes one; the longest start first
-# (tests/conftest.py). CLOUDTRAIN_TEST_WORKERS=0 runs in one process.
+# `--dist load --maxschedchunk 1` hands each worker the next test as it finishes one (by default
+# each worker gets a quarter of its share up front: with the longest first, one worker's chunk of
+# e2e tests was the run's last 5 minutes); the longest start first (tests/conftest.py).
+# CLOUDTRAIN_TEST_WORKERS=0 runs in one process.
 # `scripts/test.sh -m quick` runs only the edit-loop tier (docs/testing.md); CI runs everything.
 # Bytecode is cached: with PYTHONDONTWRITEBYTECODE (set on some images) every worker re-rewrote every
 # test module's asserts at collection (~10 s of CPU each) and every CLI subprocess compiled the
@@ -17,4 +19,4 @@ unset PYTHONDONTWRITEBYTECODE
 # not once per test worker (~50 s each); .venv/ is git-ignored.
 export CLOUDTRAIN_TEST_ROOTFS_CACHE="${CLOUDTRAIN_TEST_ROOTFS_CACHE:-$PWD/.venv/rootfs-cache}"
 .venv/bin/python -m compileall -q cloudtrain >/dev/null
-exec .venv/bin/python -m pytest -n "${CLOUDTRAIN_TEST_WORKERS:-4}" --dist load "$@"
+exec .venv/bin/python -m pytest -n "${CLOUDTRAIN_TEST_WORKERS:-4}" --dist load --maxschedchunk 1 "$@"

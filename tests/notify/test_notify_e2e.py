@@ -134,8 +134,11 @@ def test_email_through_apprise_to_an_smtp_server(tmp_path: Path, monkeypatch: py
     finally:
         smtp.stop()
     assert done.returncode == 4, done.stderr
-    [mail] = inbox.mails
-    assert b"Subject: cloudtrain run.failed" in mail and b"exit 4" in mail
+    # At least once (docs/notifications.md): on a machine busy enough that a send's reply misses its
+    # timeout after the server took the mail, a later command sends the same event again.
+    assert inbox.mails
+    for mail in inbox.mails:
+        assert b"Subject: cloudtrain run.failed" in mail and b"exit 4" in mail
     assert "my inbox: delivered" in events
 
 

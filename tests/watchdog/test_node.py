@@ -295,14 +295,21 @@ def test_a_node_clock_behind_the_laptop_still_deletes_on_time(node_dir: NodeDir,
 def test_an_extended_lease_keeps_the_node_and_a_kept_lease_forces_the_delete(node_dir: NodeDir,
                                                                             tmp_path: Path) -> None:
     marker = tmp_path / "deleted"
-    config = node_dir.config(lease=lease(1.5), action={"kind": "shutdown", "effect": "delete"},
+    # The old lease leaves the second `ensure` (a Python process of its own) time to land before it
+    # ends, also on a machine busy enough to take seconds to start one.
+    old = lease(8)
+    config = node_dir.config(lease=old, action={"kind": "shutdown", "effect": "delete"},
                              action_key="i-test:delete", shutdown_command=marker_command(marker))
     assert node_dir.watchdog("ensure", dict(config))["running"]
     # A new trial on the warm VM: the lease moves an hour on before the old one ends.
     assert node_dir.watchdog("ensure", {**config, "lease": lease(3600)})["status"] == "written"
+    assert time.time() < old["until"], "the second ensure landed after the old lease ended: nothing to show"
     wait_until(lambda: any(d == "config" and "lease: delete by" in detail for d, detail in decisions(node_dir.log)),
                what="the new lease taken")
-    wait_until(lambda: sum(1 for d, _ in decisions(node_dir.log) if d == "idle") >= 10, what="ticks past the old lease")
+    wait_until(lambda: time.time() > old["until"], what="the old lease's end")
+    past = sum(1 for d, _ in decisions(node_dir.log) if d == "idle")
+    wait_until(lambda: sum(1 for d, _ in decisions(node_dir.log) if d == "idle") >= past + 5,
+               what="ticks past the old lease")
     assert not marker.exists()
     # `cloudtrain autostop NAME -i ...` (no --down) keeps the lease, and with it the delete action:
     # the stop it sends is not taken.
