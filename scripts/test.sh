@@ -19,4 +19,4 @@ unset PYTHONDONTWRITEBYTECODE
 # not once per test worker (~50 s each); .venv/ is git-ignored.
 export CLOUDTRAIN_TEST_ROOTFS_CACHE="${CLOUDTRAIN_TEST_ROOTFS_CACHE:-$PWD/.venv/rootfs-cache}"
 .venv/bin/python -m compileall -q cloudtrain >/dev/null
-exec .venv/bin/python -m pytest -n "${CLOUDTRAIN_TEST_WORKERS:-4}" --dist load --maxschedchunk 1 "$@"
+exec .venv/bin/python -m pytest -n "${CLOUDTRAIN_TEST_WORKERS:-6}" --dist load --maxschedchunk 1 "$@"

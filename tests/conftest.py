@@ -17,6 +17,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
@@ -134,6 +135,16 @@ def cli_env(**extra: str) -> dict[str, str]:
     env = dict(os.environ)
     env.update(extra)
     return env
+
+
+def cli_as(env: Mapping[str, str], *args: str, cwd: Path | None = None, timeout: float = 600,
+           ) -> subprocess.CompletedProcess:
+    """`cloudtrain ARGS` with exactly this environment (another member's laptop, say), as
+    `cloudtrain()` runs it: forked from the preloaded CLI where it can be."""
+    if forkcli.enabled():
+        return forkcli.run(list(args), env=env, cwd=cwd or os.getcwd(), timeout=timeout)
+    return subprocess.run([sys.executable, "-m", "cloudtrain", *args], env=dict(env), cwd=cwd, capture_output=True,
+                          text=True, timeout=timeout, check=False)
 
 
 def cloudtrain(*args: str, cwd: Path | None = None, timeout: float = 600, **popen) -> subprocess.CompletedProcess:

@@ -11,8 +11,8 @@ import json
 import os
 import secrets
 import subprocess
-import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -20,6 +20,7 @@ import pytest
 from cloudtrain.testing import sshd
 from cloudtrain.testing.aws import AwsCloud
 from cloudtrain.testing.postgres import PostgresServer
+from tests.conftest import cli_as
 
 if not sshd.sshd_available() and not os.environ.get("CI"):
     pytest.skip("OpenSSH sshd is not installed (apt-get install openssh-server)", allow_module_level=True)
@@ -58,8 +59,7 @@ def _member_env(cloud: AwsCloud, root: Path, url: str, owner: str) -> dict[str, 
 
 
 def _cli(env: dict[str, str], *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "cloudtrain", *args], env=env, capture_output=True, text=True,
-                          timeout=timeout, check=False)
+    return cli_as(env, *args, timeout=timeout)
 
 
 def test_racing_ups_of_two_members_stay_within_the_team_budget(aws_cloud: AwsCloud, team_db, tmp_path: Path) -> None:  # noqa: ANN001
@@ -88,13 +88,12 @@ def test_racing_ups_of_two_members_stay_within_the_team_budget(aws_cloud: AwsClo
 
     names = [[aws_cloud.new_cluster(f"{who[0]}{i}") for i in range(PER_MEMBER)] for who in ("alice", "bob")]
     started = time.time()
-    procs = [(m, name, subprocess.Popen([sys.executable, "-m", "cloudtrain", "up", recipe, "--cluster", name],
-                                        env=envs[m], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-             for i in range(PER_MEMBER) for m in (0, 1) for name in [names[m][i]]]
-    results = []
-    for member, name, proc in procs:
-        out, err = proc.communicate(timeout=600)
-        results.append((member, name, proc.returncode, err))
+    # All the `up`s at once, each a CLI process of its own (a thread here waits for each).
+    launches = [(m, names[m][i]) for i in range(PER_MEMBER) for m in (0, 1)]
+    with ThreadPoolExecutor(len(launches)) as pool:
+        done = list(pool.map(lambda launch: _cli(envs[launch[0]], "up", recipe, "--cluster", launch[1], timeout=600),
+                             launches))
+    results = [(member, name, proc.returncode, proc.stderr) for (member, name), proc in zip(launches, done)]
     took = time.time() - started
     admitted = [(m, n) for m, n, rc, _ in results if rc == 0]
     refusals = [err.strip().splitlines()[-1] for _, _, rc, err in results if rc != 0]

@@ -11,7 +11,6 @@ import json
 import os
 import secrets
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,6 +18,7 @@ import pytest
 import yaml
 
 from cloudtrain.testing.postgres import PostgresServer
+from tests.conftest import cli_as
 
 RECIPE = ("name: p\nresources: {cloud: aws, instance_type: t3.medium}\nrun: 'true'\n"
           "autostop: {idle_minutes: 120}\nbudget: {max_hours: 2}\n")
@@ -49,8 +49,7 @@ def _env(root: Path, url: str, config: dict) -> dict[str, str]:
 
 
 def _cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "cloudtrain", *args], env=env, capture_output=True, text=True,
-                          timeout=120, check=False)
+    return cli_as(env, *args, timeout=120)
 
 
 def _refused(done: subprocess.CompletedProcess) -> str:

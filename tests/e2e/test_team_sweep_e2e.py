@@ -29,6 +29,7 @@ from cloudtrain.testing import sshd
 from cloudtrain.testing.aws import AwsCloud
 from cloudtrain.testing.postgres import connection as pg_connection
 from cloudtrain.testing.wait import wait_until
+from tests.conftest import cli_as
 from tests.e2e.test_team_budget_e2e import _member_env, team_db  # noqa: F401 - team_db: a fixture
 
 if not sshd.sshd_available() and not os.environ.get("CI"):
@@ -58,8 +59,7 @@ def _sweep_recipe(cloud: AwsCloud, work: Path, marks: Path, trials: int) -> Path
 
 
 def _cli(env: dict[str, str], *args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "cloudtrain", *args], env=env, cwd=cwd, capture_output=True, text=True,
-                          timeout=300, check=False)
+    return cli_as(env, *args, cwd=cwd, timeout=300)
 
 
 def _start(env: dict[str, str], recipe: Path) -> subprocess.Popen:

@@ -25,6 +25,8 @@ from typing import Any
 import numpy as np
 import pytest
 
+from cloudtrain.testing.once import once_per_session
+
 ROOT = Path(__file__).resolve().parents[2]
 JOB = ROOT / "cloudtrain" / "jobs" / "mnist_cnn.py"
 TINY = ["--data", "bundled", "--limit-train", "640", "--batch-size", "64", "--progress-every", "5"]  # 10 steps
@@ -193,12 +195,26 @@ def test_standalone_file_imports_only_stdlib_numpy_tensorflow() -> None:
 
 # ---------------------------------------------------------------- training runs
 
+def _trained_once(factory: pytest.TempPathFactory, name: str, *args: str, **kwargs: Any,
+                  ) -> tuple[Path, subprocess.CompletedProcess[str]]:
+    """`run_job(BASE/out, *args)` once in this run, whichever worker asks first (a training is
+    ~8 s of CPU: not once per worker that gets one of the tests reading it). Tests read BASE/out
+    and never write there; one that reruns the job copies it first."""
+
+    def build(base: Path) -> None:
+        res = run_job(base / "out", *args, **kwargs)
+        assert res.returncode == 0, res.stderr[-3000:]
+        (base / "stdout").write_text(res.stdout)
+        (base / "stderr").write_text(res.stderr)
+
+    base = once_per_session(factory, name, build)
+    return base / "out", subprocess.CompletedProcess(args, 0, (base / "stdout").read_text(),
+                                                     (base / "stderr").read_text())
+
+
 @pytest.fixture(scope="module")
 def one_epoch(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess[str]]:
-    out = tmp_path_factory.mktemp("one_epoch")
-    res = run_job(out, *TINY, "--epochs", "1")
-    assert res.returncode == 0, res.stderr[-3000:]
-    return out, res
+    return _trained_once(tmp_path_factory, "mnist-one-epoch", *TINY, "--epochs", "1")
 
 
 def test_one_epoch_run_writes_every_artifact(one_epoch: tuple[Path, subprocess.CompletedProcess[str]]) -> None:
@@ -243,8 +259,10 @@ def test_one_epoch_run_writes_every_artifact(one_epoch: tuple[Path, subprocess.C
         assert "(Conv2D): /job:localhost/replica:0/task:0/device:CPU:0" in f.read()
 
 
-def test_finished_output_is_not_retrained(one_epoch: tuple[Path, subprocess.CompletedProcess[str]]) -> None:
-    out, _ = one_epoch
+def test_finished_output_is_not_retrained(one_epoch: tuple[Path, subprocess.CompletedProcess[str]],
+                                          tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    shutil.copytree(one_epoch[0], out)  # the shared run stays as it was written
     before = (out / "metrics.json").stat().st_mtime_ns
     t0 = time.perf_counter()
     offset = size(out / "progress.jsonl")
@@ -293,16 +311,18 @@ def test_gpu_request_fails_clearly_without_gpu(tmp_path: Path) -> None:
 def mirrored(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The job alone in a directory with its data file, as cloudtrain ships it to a VM, mirrored
     over two logical CPUs: BASE/vm holds the job, BASE/out its outputs."""
-    base = tmp_path_factory.mktemp("mirrored")
-    vm = base / "vm"
-    vm.mkdir()
-    shutil.copy(JOB, vm / "mnist_cnn.py")
-    shutil.copy(job.find_bundled(JOB.parent), vm / "mnist_5k.csv.gz")
-    env = _env(PYTHONPATH="")
-    res = run_job(base / "out", *TINY, "--epochs", "1", "--batch-size", "32", "--strategy", "mirrored",
-                  "--cpu-devices", "2", env=env, script=vm / "mnist_cnn.py")
-    assert res.returncode == 0, res.stderr[-3000:]
-    return base
+
+    def build(base: Path) -> None:
+        vm = base / "vm"
+        vm.mkdir()
+        shutil.copy(JOB, vm / "mnist_cnn.py")
+        shutil.copy(job.find_bundled(JOB.parent), vm / "mnist_5k.csv.gz")
+        env = _env(PYTHONPATH="")
+        res = run_job(base / "out", *TINY, "--epochs", "1", "--batch-size", "32", "--strategy", "mirrored",
+                      "--cpu-devices", "2", env=env, script=vm / "mnist_cnn.py")
+        assert res.returncode == 0, res.stderr[-3000:]
+
+    return once_per_session(tmp_path_factory, "mnist-mirrored", build)
 
 
 def test_mirrored_over_two_logical_cpus_as_standalone_file(mirrored: Path) -> None:
