@@ -19,4 +19,8 @@ unset PYTHONDONTWRITEBYTECODE
 # not once per test worker (~50 s each); .venv/ is git-ignored.
 export CLOUDTRAIN_TEST_ROOTFS_CACHE="${CLOUDTRAIN_TEST_ROOTFS_CACHE:-$PWD/.venv/rootfs-cache}"
 .venv/bin/python -m compileall -q cloudtrain >/dev/null
+# One collection first writes the test modules' assertion-rewritten bytecode once; otherwise each
+# worker of a fresh checkout rewrites every test module itself (six times the CPU). Its errors, if
+# any, are the run's own and are reported by it.
+.venv/bin/python -m pytest --collect-only -q -p no:xdist "$@" >/dev/null 2>&1 || true
 exec .venv/bin/python -m pytest -n "${CLOUDTRAIN_TEST_WORKERS:-6}" --dist load --maxschedchunk 1 "$@"
