@@ -137,14 +137,15 @@ def cli_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def cli_as(env: Mapping[str, str], *args: str, cwd: Path | None = None, timeout: float = 600,
-           ) -> subprocess.CompletedProcess:
+def cli_as(env: Mapping[str, str], *args: str, cwd: Path | str | None = None, timeout: float = 600,
+           sigint: bool = False) -> subprocess.CompletedProcess:
     """`cloudtrain ARGS` with exactly this environment (another member's laptop, say), as
-    `cloudtrain()` runs it: forked from the preloaded CLI where it can be."""
+    `cloudtrain()` runs it: forked from the preloaded CLI where it can be. `sigint`: Ctrl-C works
+    in it even if this process ignores it."""
     if forkcli.enabled():
-        return forkcli.run(list(args), env=env, cwd=cwd or os.getcwd(), timeout=timeout)
+        return forkcli.run(list(args), env=env, cwd=cwd or os.getcwd(), timeout=timeout, default_sigint=sigint)
     return subprocess.run([sys.executable, "-m", "cloudtrain", *args], env=dict(env), cwd=cwd, capture_output=True,
-                          text=True, timeout=timeout, check=False)
+                          text=True, timeout=timeout, check=False, preexec_fn=default_sigint if sigint else None)
 
 
 def cloudtrain(*args: str, cwd: Path | None = None, timeout: float = 600, **popen) -> subprocess.CompletedProcess:

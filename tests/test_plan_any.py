@@ -16,7 +16,6 @@ import csv
 import json
 import os
 import subprocess
-import sys
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +29,7 @@ from cloudtrain.config import Config
 from cloudtrain.errors import CredentialsError, NotAvailableError, UsageError
 from cloudtrain.plan import Plan, make_plan, refused_field
 from cloudtrain.recipe import Recipe
+from tests.conftest import cli_as
 
 REPO = Path(__file__).resolve().parents[1]
 CATALOG_DIR = REPO / "cloudtrain" / "catalog_data"
@@ -457,8 +457,7 @@ def run_plan(fakes: Any, tmp_path: Path, resources: dict, top: dict, missing: Se
     path = workdir / "recipe.yaml"
     path.write_text(yaml.safe_dump({"name": "p", "run": "true", "resources": {"cloud": "any", **resources}, **top}))
     env = {**os.environ, "HOME": str(user_home), "CLOUDTRAIN_HOME": str(home), "CLOUDTRAIN_CONFIG": str(config)}
-    result = subprocess.run([sys.executable, "-m", "cloudtrain", "plan", str(path), *args], cwd=workdir, env=env, check=False,
-                            capture_output=True, text=True, timeout=300)
+    result = cli_as(env, "plan", str(path), *args, cwd=workdir, timeout=300)
     return PlanRun(result, home, workdir)
 
 

@@ -12,7 +12,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
@@ -24,7 +23,7 @@ from cloudtrain.remote.transport import SKIPPED
 from cloudtrain.testing.mux import mux_pids, stop_muxes
 from cloudtrain.testing.sshd import SshdFactory, SshdVM
 from cloudtrain.testing.wait import wait_until
-from tests.conftest import cli_env, start_cli
+from tests.conftest import cli_as, cli_env, start_cli
 
 # docs/design/sync.md, "Round trips": after connecting, per CLI invocation.
 WARM_RUN_UNCHANGED = 5
@@ -36,8 +35,7 @@ LOGS = 2
 
 def _ct(*args: str, env: dict[str, str], trips: Path) -> tuple[subprocess.CompletedProcess, list[dict]]:
     trips.write_text("")
-    proc = subprocess.run([sys.executable, "-m", "cloudtrain", *args], capture_output=True, text=True, timeout=300,
-                          env=cli_env(**env, **{LOG_ENV: str(trips)}))
+    proc = cli_as(cli_env(**env, **{LOG_ENV: str(trips)}), *args, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc, [json.loads(line) for line in trips.read_text().splitlines() if line.strip()]
 
@@ -76,8 +74,7 @@ def _warm_cluster(sshd_vm_factory: SshdFactory, tmp_path: Path):  # noqa: ANN202
     # One run first: the node has the runtime, the workdir and a job (what `logs` reads).
     _ct("run", str(recipe), "--keep", "--runs-dir", str(tmp_path / "runs"), env=env, trips=trips)
     yield recipe, env, trips, tmp_path, vm
-    subprocess.run([sys.executable, "-m", "cloudtrain", "down", "loop"], capture_output=True, timeout=120,
-                   env=cli_env(**env))
+    cli_as(cli_env(**env), "down", "loop", timeout=120)
 
 
 @pytest.mark.parametrize(("what", "args", "bound"), [
@@ -289,5 +286,4 @@ def test_a_first_up_sends_the_new_workdir_without_asking_for_its_manifest(sshd_v
         assert "sent 1 of 5 files" in proc.stdout + proc.stderr, proc.stdout + proc.stderr
         assert (workdir / "module_0.py").read_text() == "VALUE = 'edited'\n"
     finally:
-        subprocess.run([sys.executable, "-m", "cloudtrain", "down", "first"], capture_output=True, timeout=120,
-                       env=cli_env())
+        cli_as(cli_env(), "down", "first", timeout=120)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import cli_env, default_sigint
+from tests.conftest import cli_as, cli_env, default_sigint
 
 
 @pytest.fixture(autouse=True)
@@ -19,8 +19,7 @@ def _watchdog_stays_in_the_test(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def sweep_cli(*args: str, cwd: Path | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "cloudtrain", "sweep", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=timeout, env=cli_env(), preexec_fn=default_sigint, check=False)
+    return cli_as(cli_env(), "sweep", *args, cwd=cwd, timeout=timeout, sigint=True)
 
 
 def start_sweep_cli(*args: str, cwd: Path | None = None) -> subprocess.Popen:

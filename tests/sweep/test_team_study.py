@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import secrets
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,7 +20,7 @@ from cloudtrain.state.optuna_tables import study_tables
 from cloudtrain.sweep.space import OptunaSampler, study_location
 from cloudtrain.testing.postgres import PostgresServer
 from cloudtrain.testing.postgres import connection as pg_connection
-from tests.conftest import cli_env
+from tests.conftest import cli_as, cli_env
 
 
 def _sweep() -> Sweep:
@@ -123,5 +122,4 @@ def test_a_member_without_optuna_tables_is_told_what_the_admin_runs(
 
 
 def _cli_as(url: str, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "cloudtrain", *args], env=cli_env(CLOUDTRAIN_STATE_URL=url),
-                          capture_output=True, text=True, timeout=300, check=False)
+    return cli_as(cli_env(CLOUDTRAIN_STATE_URL=url), *args, timeout=300)

@@ -25,6 +25,7 @@ from cloudtrain.node import bundle
 from cloudtrain.node.protocol import ENV_CLUSTER, ENV_EFFECT, ENV_INSTANCE_ID, PROGRAM_NAME
 from cloudtrain.testing.metadata import metadata_server  # noqa: F401 - a fixture for these tests
 from cloudtrain.testing.wait import wait_until  # noqa: F401 - these tests' waits
+from tests.conftest import cli_as
 
 RUNNER = paths.templates_dir() / "runner.sh"
 
@@ -272,8 +273,7 @@ def idle_period_now(cloud: Any, monkeypatch: pytest.MonkeyPatch, idle_s: float, 
 def autostop_cli(cloud: Any, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     """`cloudtrain autostop ARGS...` in a fake cloud's environment, as a user runs it."""
     env = {**os.environ, **cloud.env}
-    return subprocess.run([sys.executable, "-m", "cloudtrain", "autostop", *args], cwd=str(cloud.root), env=env,
-                          capture_output=True, text=True, timeout=timeout, check=False)
+    return cli_as(env, "autostop", *args, cwd=cloud.root, timeout=timeout)
 
 
 # ---------------------------------------------------------------------------------------- GPUs

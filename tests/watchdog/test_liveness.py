@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -22,6 +21,7 @@ from typing import Any
 import pytest
 
 from cloudtrain.testing import sshd
+from tests.conftest import cli_as
 from tests.lazy import requires
 from tests.watchdog.conftest import decisions, wait_until
 
@@ -44,8 +44,7 @@ def quick_marks(cloud: Any, monkeypatch: pytest.MonkeyPatch) -> None:
 def elsewhere(cloud: Any, home: Path, *args: str) -> subprocess.CompletedProcess:
     """`cloudtrain ARGS` under another CLOUDTRAIN_HOME with the same config and owner."""
     env = {**os.environ, **cloud.env, "CLOUDTRAIN_HOME": str(home)}
-    return subprocess.run([sys.executable, "-m", "cloudtrain", *args], env=env, capture_output=True, text=True,
-                          timeout=300, check=False)
+    return cli_as(env, *args, timeout=300)
 
 
 def keeps_and_then_ages(cloud: Any, tmp_path: Path, mark_of: Callable[[], int | None], log: Path) -> None:
