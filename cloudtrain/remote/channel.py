@@ -98,13 +98,15 @@ class RemoteProcess:
         return text.splitlines()[-1] if text else ""
 
     def feed(self, source: InputSource) -> None:
+        # Counted as sent here, before the caller's first wait: the writer thread may first run
+        # after that wait (a loaded machine) and the answer come within it, and the turn was lost.
+        if self.counter is not None:
+            self.counter.sent()
         self._writer = threading.Thread(target=self._write, args=(source,), name=f"ssh-stdin-{self.what}", daemon=True)
         self._writer.start()
 
     def _write(self, source: InputSource) -> None:
         try:
-            if self.counter is not None:
-                self.counter.sent()
             if isinstance(source, (bytes, bytearray, memoryview)):
                 view = memoryview(source)
                 for start in range(0, len(view), CHUNK):
