@@ -142,17 +142,14 @@ def cli_as(env: Mapping[str, str], *args: str, cwd: Path | str | None = None, ti
     """`cloudtrain ARGS` with exactly this environment (another member's laptop, say), as
     `cloudtrain()` runs it: forked from the preloaded CLI where it can be. `sigint`: Ctrl-C works
     in it even if this process ignores it."""
-    if forkcli.enabled():
-        return forkcli.run(list(args), env=env, cwd=cwd or os.getcwd(), timeout=timeout, default_sigint=sigint)
-    return subprocess.run([sys.executable, "-m", "cloudtrain", *args], env=dict(env), cwd=cwd, capture_output=True,
-                          text=True, timeout=timeout, check=False, preexec_fn=default_sigint if sigint else None)
+    return forkcli.cli(list(args), env=env, cwd=cwd or os.getcwd(), timeout=timeout, default_sigint=sigint)
 
 
 def cloudtrain(*args: str, cwd: Path | None = None, timeout: float = 600, **popen) -> subprocess.CompletedProcess:
     """Run the real CLI as a subprocess, the way a user does (forked from one that has imported
     it, cloudtrain/testing/forkcli.py, unless popen asks for more than input)."""
-    if forkcli.enabled() and set(popen) <= {"input"}:
-        return forkcli.run(list(args), env=cli_env(), cwd=cwd or os.getcwd(), timeout=timeout, **popen)
+    if set(popen) <= {"input"}:
+        return forkcli.cli(list(args), env=cli_env(), cwd=cwd or os.getcwd(), timeout=timeout, **popen)
     return subprocess.run(
         [sys.executable, "-m", "cloudtrain", *args], cwd=cwd, capture_output=True, text=True, timeout=timeout,
         env=cli_env(), **popen,

@@ -36,9 +36,7 @@ import json
 import os
 import re
 import secrets
-import signal
 import subprocess
-import sys
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -54,11 +52,6 @@ from cloudtrain.testing.sshd import SshdFactory, SshdVM
 
 # The shape of every fixture's config; clouds add their own sections on top.
 BASE_SSH_CONFIG = {"connect_timeout_s": 5, "connect_retries_s": 30, "add_include": False}
-
-
-def _default_sigint() -> None:
-    # A background pytest (nohup, CI) may have SIGINT ignored; a user's CLI would not.
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def cluster_name(hint: str = "t") -> str:
@@ -280,14 +273,8 @@ class FakeCloud:
         (cwd: the cloud's temp dir unless given)."""
         env = dict(os.environ)
         env.update(self.env)
-        if forkcli.enabled():
-            proc = forkcli.run([str(a) for a in args], env=env, cwd=str(cwd or self.root), input=input,
-                               timeout=timeout, default_sigint=True)
-        else:
-            proc = subprocess.run(
-                [sys.executable, "-m", "cloudtrain", *map(str, args)], cwd=str(cwd or self.root), env=env,
-                capture_output=True, text=True, timeout=timeout, input=input, preexec_fn=_default_sigint, check=False,
-            )
+        proc = forkcli.cli([str(a) for a in args], env=env, cwd=str(cwd or self.root), input=input,
+                           timeout=timeout, default_sigint=True)
         return CliResult(tuple(map(str, args)), proc.returncode, proc.stdout, proc.stderr)
 
     def run(self, recipe: str | Path, *args: str, cluster: str | None = None, timeout: float = 900,

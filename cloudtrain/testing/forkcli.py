@@ -298,6 +298,23 @@ def _sigint_default() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
+def cli(argv: Sequence[str], *, env: Mapping[str, str], cwd: str | Path, input: str | None = None,
+        timeout: float | None = None, default_sigint: bool = False) -> subprocess.CompletedProcess:
+    """`python -m cloudtrain ARGV`, captured: forked from this process's server (`run`), or a
+    plain subprocess when `CLOUDTRAIN_TEST_FORK_CLI=0` turned that off."""
+    if enabled():
+        return run(argv, env=env, cwd=cwd, input=input, timeout=timeout, default_sigint=default_sigint)
+    return _subprocess(argv, env, cwd, input, timeout, default_sigint)
+
+
+def _subprocess(argv: Sequence[str], env: Mapping[str, str], cwd: str | Path, input: str | None,
+                timeout: float | None, default_sigint: bool) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "cloudtrain", *map(str, argv)], env=dict(env), cwd=str(cwd),
+                          input=input, stdin=subprocess.DEVNULL if input is None else None,
+                          capture_output=True, text=True, timeout=timeout, check=False,
+                          preexec_fn=_sigint_default if default_sigint else None)
+
+
 def run(argv: Sequence[str], *, env: Mapping[str, str], cwd: str | Path, input: str | None = None,
         timeout: float | None = None, default_sigint: bool = False) -> subprocess.CompletedProcess:
     """`python -m cloudtrain ARGV` as subprocess.run(..., capture_output=True, text=True) runs it
@@ -305,10 +322,7 @@ def run(argv: Sequence[str], *, env: Mapping[str, str], cwd: str | Path, input: 
     as a preexec_fn resetting SIGINT gives a subprocess."""
     server = _server_now()
     if any(env.get(name) != value for name, value in server.startup.items()):
-        return subprocess.run([sys.executable, "-m", "cloudtrain", *map(str, argv)], env=dict(env), cwd=str(cwd),
-                              input=input, stdin=subprocess.DEVNULL if input is None else None,
-                              capture_output=True, text=True, timeout=timeout, check=False,
-                              preexec_fn=_sigint_default if default_sigint else None)
+        return _subprocess(argv, env, cwd, input, timeout, default_sigint)
     stdin_r = os.open(os.devnull, os.O_RDONLY) if input is None else None
     in_r, in_w = os.pipe() if input is not None else (stdin_r, -1)
     out_r, out_w = os.pipe()
