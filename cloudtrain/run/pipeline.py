@@ -136,6 +136,9 @@ class _Run:
     # What a recovering run's last attempt collected (inside the attempt, so that a node lost while
     # collecting is relaunched like any loss); _finish then does not collect a second time.
     collected: Collected | None = None
+    # Another command's `down` removed the cluster under this run (Pipeline._taken_down): nothing
+    # is left to end, collect from or tear down.
+    gone: bool = False
 
     @property
     def job_id(self) -> str:
@@ -262,14 +265,20 @@ class Executor:
             r.exit_code, r.error = exc.job_exit_code, exc.message
             if exc.cancelled:
                 r.status = RunStatus.CANCELLED
-            end_jobs(self.store, self.reporter, r.nodes, r.jobs_started)
-            if r.job_id in r.jobs_started and r.uploaded is None:
+            if self._taken_down(r):
+                r.error = None  # the job ended because its cluster went: _gone says so
+            else:
+                end_jobs(self.store, self.reporter, r.nodes, r.jobs_started)
+            if r.job_id in r.jobs_started and r.uploaded is None and not r.gone:
                 self._upload(r, failed_job=True)  # a failed job's checkpoints matter as much
         except CloudtrainError as exc:
             r.error = exc.one_line()
             usage_error = exc if isinstance(exc, UsageError) else None
             _keep_bootstrap_log(exc, run_dir, self.reporter)
-            end_jobs(self.store, self.reporter, r.nodes, r.jobs_started)
+            if self._taken_down(r):
+                r.error = None  # the job ended because its cluster went: _gone says so
+            else:
+                end_jobs(self.store, self.reporter, r.nodes, r.jobs_started)
         except Exception as exc:
             r.error = f"internal error: {type(exc).__name__}: {exc}"
             end_jobs(self.store, self.reporter, r.nodes, r.jobs_started)
@@ -384,11 +393,24 @@ class Executor:
         collected = Collected()
         if r.collected is not None:
             collected = r.collected  # collected inside the recovering run's last attempt
+        elif r.nodes and self._taken_down(r):
+            collected = Collected(error="the cluster was taken down")  # said once, by _gone
         elif r.nodes:
             collected = self._collect(r)
         with _no_interrupts() as signals:
             result = self._teardown_and_record(r, teardown, collected, signals)
         return result
+
+    def _taken_down(self, r: _Run) -> bool:
+        """Whether another command's `down` removed this run's cluster. Its `down` holds the
+        cluster's lock from ending the jobs to removing the row, so a job that ended under it is
+        seen here as a cluster gone, not as a node to collect from (settled() waits for the lock)."""
+        if r.cluster is None or not r.jobs_started:
+            return False
+        if not r.gone:
+            current = self.lc.settled(r.cluster.record.name)
+            r.gone = current is None or current.uid != r.cluster.record.uid
+        return r.gone
 
     def _collect(self, r: _Run) -> Collected:
         """Bring results home. Whatever goes wrong here (a signal, the laptop's disk full, the run
@@ -437,7 +459,7 @@ class Executor:
         if r.nodes:
             for refused in collected.refused:
                 self.reporter.warn(f"refused result {refused.member!r}: {refused.reason}")
-            if not collected.complete:
+            if not collected.complete and not r.gone:
                 r.fail(f"collect failed: {collected.error}")
                 self.reporter.warn(f"collect failed: {collected.error}")
         policy: str | None = None
@@ -446,7 +468,7 @@ class Executor:
             # stopped again, one that was running keeps running).
             auto = "down" if r.created else ("stop" if r.was_stopped else "keep")
             policy = auto if teardown == "auto" else teardown
-        if r.nodes:
+        if r.nodes and not r.gone:
             self._say_empty_results(r, collected, policy)
         hourly = r.cluster.record.hourly_price if r.cluster else 0.0
         teardown_done = "none"
@@ -523,7 +545,7 @@ class Executor:
         assert r.cluster is not None
         name = r.cluster.record.name
         provider = r.cluster.provider
-        current = self.lc.settled(name)
+        current = None if r.gone else self.lc.settled(name)
         if current is None or current.uid != r.cluster.record.uid:
             return self._gone(r, results_at_risk)
         if policy in ("down", "stop"):
@@ -556,7 +578,7 @@ class Executor:
         to tear down or to collect from, and saying "kept, collect fetches them" would be false."""
         assert r.cluster is not None
         name = r.cluster.record.name
-        lost = "; what was not collected went with it" if results_at_risk else ""
+        lost = "; the results and logs it held that were not home went with it" if results_at_risk else ""
         self.reporter.warn(f"cluster {name} was taken down by another command while this run went on{lost}")
         r.fail(f"cluster {name} was taken down during the run")
         return "gone"

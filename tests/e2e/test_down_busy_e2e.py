@@ -57,7 +57,13 @@ def test_down_yes_during_a_run_and_the_runs_last_words_are_true(local_cloud: Fak
             run.communicate()
     assert run.returncode != 0, out + err
     assert f"cluster {local_cloud.cluster} was taken down by another command" in err, err
-    assert "collect" not in err.split("was taken down")[1] and "fetches them" not in err, err  # no promise it can't keep
+    # No promise it can't keep, and no step it did not take: the other command's `down` ended the
+    # job and removed the node, so this run neither collects from it nor tears it down, and says so once.
+    assert "cloudtrain collect" not in err and "fetches them" not in err, err
+    assert "teardown that follows" not in err and "collect failed" not in err, err
+    assert "could not read the state" not in err and "a typo in `results:`" not in err, err
+    assert err.count("was taken down") == 1, err
     record = json.loads((Path(out.strip().splitlines()[-1]) / "run.json").read_text())
     assert record["teardown"] == "gone" and record["status"] != "succeeded"
+    assert record["error"] == f"cluster {local_cloud.cluster} was taken down during the run", record
     assert local_cloud.leftovers() == []
