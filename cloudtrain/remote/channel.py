@@ -130,6 +130,8 @@ class RemoteProcess:
                     del self._stderr[:-_STDERR_KEEP]
                     continue
                 if chan.recv_ready():
+                    if self.counter is not None:
+                        self.counter.answered(self.what)  # a turn even if it was in before this read
                     return chan.recv(size)
             except transfer_errors() as exc:
                 raise lost(self.label, self.what, exc) from None

@@ -287,6 +287,8 @@ class NodeHelper:
                     continue
                 if chan.recv_ready():
                     self._buffer += chan.recv(CHUNK)
+                    if not waited:
+                        self.counter.answered(what)
                     return True
             except transfer_errors() as exc:
                 self.discard()

@@ -5,7 +5,8 @@ request, a command's input, a request to the node helper) and then blocks until 
 Several requests sent before the first wait are ONE round trip (pipelining, or channels opened
 concurrently); a response that streams on after the first bytes costs none. The counter is told
 of every send and every blocking wait by remote/ssh.py, remote/channel.py and remote/helper.py, so
-the figure is counted, never estimated.
+the figure is counted, never estimated. A turn counts when the answer is read, whether the reader
+blocked for it or found it already in (a busy laptop reads late; the node's latency was paid).
 
 `CLOUDTRAIN_ROUNDTRIPS_LOG=FILE` appends one JSON line per closed SSH transport (node, connects,
 round_trips after connecting, waits, sessions, and `turns`: what each round trip waited for): how
@@ -53,6 +54,15 @@ class RoundTrips:
         """The laptop is about to block until the node answers (`what`: for the log of turns)."""
         with self._lock:
             self.waits += 1
+            if self._pending:
+                self._pending = False
+                self.round_trips += 1
+                self.turns.append(what or "?")
+
+    def answered(self, what: str = "") -> None:
+        """An answer was read that was already in (the caller did not block for it): if something
+        was sent since the last turn, that turn was still paid, only while the laptop was busy."""
+        with self._lock:
             if self._pending:
                 self._pending = False
                 self.round_trips += 1
