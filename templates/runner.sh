@@ -11,11 +11,17 @@
 #                                     GRACE seconds (default 10); print its final status line
 #                                     (nothing for a job dir that does not exist)
 #   runner.sh kill-all JOBSDIR [GRACE] kill every job under JOBSDIR (used by `down` and `cancel`)
-#   runner.sh follow   JOBDIR OFFSET  print the log from byte OFFSET as it grows; return once the job
-#                                     is over and all of it is printed (checked every 50 ms on the node)
+#   runner.sh follow   JOBDIR OFFSET [EVENTS]
+#                                     print the log from byte OFFSET as it grows; return once the job
+#                                     is over and all of it is printed (checked every 50 ms on the node).
+#                                     With EVENTS (a byte offset into JOBDIR/progress) the job's progress
+#                                     events come too, and every piece is framed: "L N\n" or "P N\n",
+#                                     then N bytes of the log or of the events
 #
 # JOBDIR holds cmd.sh (the job) and env.sh (exported variables, mode 0600). The runner writes
-# pid, started_at, log (stdout+stderr), exit_code and ended_at. exit_code is written atomically
+# pid, started_at, log (stdout+stderr), exit_code and ended_at. The job may append its progress
+# events to CLOUDTRAIN_PROGRESS_FILE (JOBDIR/progress: one JSON object per line, cloudtrain's
+# progress protocol), beside its log, which stays the job's own words for people. exit_code is written atomically
 # last, so its presence means the job and every process it started are over. The job survives
 # the CLI and SSH going away.
 #
@@ -183,6 +189,7 @@ _supervise)
     cd "$jobdir" || exit 1
     unset CLOUDTRAIN_ASKED_BY  # the node helper that started us is no business of the job's
     export CLOUDTRAIN_JOB_DIR="$jobdir"
+    export CLOUDTRAIN_PROGRESS_FILE="$jobdir/progress"
     # The identity first: whoever sees the pid also finds what makes it this process.
     proc_identity $$ > identity.tmp && mv identity.tmp identity
     echo $$ > pid.tmp && mv pid.tmp pid
@@ -314,6 +321,7 @@ kill)
     ;;
 follow)
     off=${3:-0}
+    events=${4:-}
     [ -d "$jobdir" ] || { echo "runner: no job in $jobdir" >&2; exit 3; }
     while :; do
         over=0
@@ -324,8 +332,17 @@ follow)
         fi
         size=$(wc -c 2>/dev/null < "$jobdir/log" || echo 0)
         if [ "$size" -gt "$off" ]; then
+            [ -n "$events" ] && printf 'L %d\n' $((size - off))
             tail -c +$((off + 1)) "$jobdir/log" | head -c $((size - off))
             off=$size
+        fi
+        if [ -n "$events" ] && [ -f "$jobdir/progress" ]; then
+            esize=$(wc -c < "$jobdir/progress")
+            if [ "$esize" -gt "$events" ]; then
+                printf 'P %d\n' $((esize - events))
+                tail -c +$((events + 1)) "$jobdir/progress" | head -c $((esize - events))
+                events=$esize
+            fi
         fi
         [ "$over" = 1 ] && exit 0
         # Whoever asked is gone (channel closed, CLI killed): stop instead of polling until the job ends.

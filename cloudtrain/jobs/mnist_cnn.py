@@ -9,7 +9,8 @@ What goes where, one line per fact:
                           `cloudtrain run` and `cloudtrain logs` show them as they are
   OUTPUT/progress.jsonl   the same events for programs: one JSON object per line with
                           "cloudtrain": "progress" and a "type" of start, step, epoch or done (appended,
-                          so a resumed or repeated run adds to it)
+                          so a resumed or repeated run adds to it); also to $CLOUDTRAIN_PROGRESS_FILE
+                          when cloudtrain's runner gives one (how `cloudtrain run` hears the epochs)
   OUTPUT/tensorflow.log   TensorFlow's native (C/C++) output and Python-level library warnings, which
                           never reach stdout or stderr (placement lines go to device_placement.log.gz)
   stderr                  this job's own errors: one line for bad input, a traceback for a crash
@@ -380,10 +381,16 @@ class Reporter:
 
     def __init__(self, stream: TextIO) -> None:
         self.stream: TextIO | None = stream
-        self.events: TextIO | None = None
+        self.events: list[TextIO] = []
 
     def open_progress(self, out: Path) -> None:
-        self.events = open(out / PROGRESS_FILE, "a", buffering=1, encoding="utf-8")
+        self.events = [open(out / PROGRESS_FILE, "a", buffering=1, encoding="utf-8")]
+        runner = os.environ.get("CLOUDTRAIN_PROGRESS_FILE")
+        if runner:
+            try:
+                self.events.append(open(runner, "a", buffering=1, encoding="utf-8"))
+            except OSError as exc:  # e.g. a Slurm node that does not share the job's directory
+                self.log(f"progress events stay in {out / PROGRESS_FILE}: cannot append to {runner} ({exc.strerror})")
 
     def _write(self, line: str) -> None:
         if self.stream is None:
@@ -400,8 +407,8 @@ class Reporter:
     def progress(self, kind: str, **fields: Any) -> None:
         obj: dict[str, Any] = {"cloudtrain": "progress", "type": kind}
         obj.update({k: round(v, 6) if isinstance(v, float) else v for k, v in fields.items()})
-        if self.events is not None:
-            self.events.write(json.dumps(obj, separators=(",", ":")) + "\n")
+        for events in self.events:
+            events.write(json.dumps(obj, separators=(",", ":")) + "\n")
         text = progress_text(obj)
         if text is not None:
             self._write(text)

@@ -236,29 +236,87 @@ def end_all(transport: Transport, layout: NodeLayout, *, remove: bool, grace_s: 
         raise failed
 
 
-def stream_log(transport: Transport, layout: NodeLayout, job_id: str, offset: int) -> Iterator[bytes]:
-    """The job's log from byte `offset`, as it is written, until the job is over (runner.sh follow)."""
-    return transport.stream(["sh", layout.runner, "follow", layout.job_dir(job_id), str(offset)],
-                            what="following the job log")
+LOG, EVENTS = b"L", b"P"  # what a piece of a follow is: the job's log, or its progress events
+
+
+class Deframer:
+    """runner.sh follow's framed output ("L N\\n" or "P N\\n", then N bytes) as (kind, bytes) pieces.
+    A frame's bytes may come over several chunks: each part is given as it comes."""
+
+    def __init__(self, label: str) -> None:
+        self.label = label
+        self._head = b""
+        self._kind = LOG
+        self._left = 0
+
+    def feed(self, chunk: bytes) -> Iterator[tuple[bytes, bytes]]:
+        while chunk:
+            if self._left:
+                part, chunk = chunk[: self._left], chunk[self._left :]
+                self._left -= len(part)
+                yield self._kind, part
+                continue
+            end = chunk.find(b"\n")
+            if end < 0:
+                self._head += chunk
+                if len(self._head) > 32:
+                    raise RemoteError(f"{self.label}: unreadable job follow: {self._head[:40]!r}")
+                return
+            head, chunk = self._head + chunk[:end], chunk[end + 1 :]
+            self._head = b""
+            kind, _, size = head.partition(b" ")
+            if kind not in (LOG, EVENTS) or not size.isdigit():
+                raise RemoteError(f"{self.label}: unreadable job follow: {head[:40]!r}")
+            self._kind, self._left = kind, int(size)
+
+    def close(self) -> None:
+        """The follow ended: a frame cut short means the node's files changed under it."""
+        if self._left or self._head:
+            raise RemoteError(f"{self.label}: the job follow ended inside a frame")
+
+
+def _follow_argv(layout: NodeLayout, job_id: str, offset: int, events: int | None) -> list[str]:
+    argv = ["sh", layout.runner, "follow", layout.job_dir(job_id), str(offset)]
+    return argv if events is None else [*argv, str(events)]
+
+
+def _pieces(label: str, chunks: Iterator[bytes], events: int | None) -> Iterator[tuple[bytes, bytes]]:
+    if events is None:
+        for chunk in chunks:
+            yield LOG, chunk
+        return
+    deframer = Deframer(label)
+    for chunk in chunks:
+        yield from deframer.feed(chunk)
+    deframer.close()
+
+
+def stream_log(transport: Transport, layout: NodeLayout, job_id: str, offset: int,
+               events: int | None = None) -> Iterator[tuple[bytes, bytes]]:
+    """The job's log from byte `offset`, as it is written, until the job is over (runner.sh follow),
+    as (LOG, bytes) pieces; with `events` (a byte offset) its progress events too, as (EVENTS, bytes)."""
+    chunks = transport.stream(_follow_argv(layout, job_id, offset, events), what="following the job log")
+    return _pieces(transport.label, chunks, events)
 
 
 @dataclass(frozen=True)
 class LogFollow:
-    chunks: Iterator[bytes]  # the log from the offset until the job is over
+    pieces: Iterator[tuple[bytes, bytes]]  # (LOG or EVENTS, bytes) from the offsets until the job is over
     final: Callable[[], JobStatus]  # then its state (asked with the follow)
     abort: Callable[[], None]  # give up before reading (the caller's own error)
 
 
-def follow_log(transport: Transport, layout: NodeLayout, job_id: str, offset: int) -> LogFollow:
+def follow_log(transport: Transport, layout: NodeLayout, job_id: str, offset: int,
+               events: int | None = None) -> LogFollow:
     """stream_log and the job's status once it ends, asked together: over the node helper the
     status request goes with the follow and is answered right after it (no extra round trip).
     Read the stream to its end before asking the status."""
     if not pipelining(transport):
-        return LogFollow(stream_log(transport, layout, job_id, offset), lambda: status(transport, layout, job_id),
-                         lambda: None)
+        return LogFollow(stream_log(transport, layout, job_id, offset, events),
+                         lambda: status(transport, layout, job_id), lambda: None)
     start = transport.start  # type: ignore[attr-defined]
     job_dir = layout.job_dir(job_id)
-    follower = start(shlex.join(["sh", layout.runner, "follow", job_dir, str(offset)]), what="following the job log")
+    follower = start(shlex.join(_follow_argv(layout, job_id, offset, events)), what="following the job log")
     asked = start(shlex.join(["sh", layout.runner, "status", job_dir]), what="checking the job's state")
 
     def chunks() -> Iterator[bytes]:
@@ -286,7 +344,7 @@ def follow_log(transport: Transport, layout: NodeLayout, job_id: str, offset: in
         follower.close()
         asked.close()
 
-    return LogFollow(chunks(), final, abort)
+    return LogFollow(_pieces(transport.label, chunks(), events), final, abort)
 
 
 # Per job directory: runner.sh's status line, the log's size on a line, then that many bytes of it.
@@ -355,17 +413,27 @@ def _parse_logs(label: str, data: bytes, job_ids: Sequence[str]) -> dict[str, tu
 LOG_CHUNK = 1 << 20
 
 
-def poll(transport: Transport, layout: NodeLayout, job_id: str, offset: int,
-         limit: int = LOG_CHUNK) -> tuple[JobStatus, bytes]:
+def poll(transport: Transport, layout: NodeLayout, job_id: str, offset: int, limit: int = LOG_CHUNK,
+         events: int | None = None) -> tuple[JobStatus, bytes, bytes]:
     """The job's status, then up to `limit` bytes of its log from `offset`, in one command. The
-    status is read first: when it says finished, a short read is the whole rest of the log."""
+    status is read first: when it says finished, a short read is the whole rest of the log. With
+    `events` (a byte offset), up to `limit` bytes of its progress events from there too (else b"")."""
     job_dir = layout.job_dir(job_id)
-    script = ('sh "$1" status "$2" || exit 1; [ -f "$2/log" ] || exit 0; '
-              'tail -c +"$3" "$2/log" | head -c "$4"')
-    result = transport.run(["sh", "-c", script, "sh", layout.runner, job_dir, str(offset + 1), str(limit)],
-                           what="checking the job")
+    # The events first, after their size on a line: the log's bytes run to the end of the answer.
+    script = ('sh "$1" status "$2" || exit 1; '
+              'if [ -n "$5" ]; then e=0; [ -f "$2/progress" ] && e=$(($(tail -c +"$5" "$2/progress" | head -c "$4" | wc -c))); '
+              'echo "$e"; [ "$e" -gt 0 ] && tail -c +"$5" "$2/progress" | head -c "$e"; fi; '
+              '[ -f "$2/log" ] || exit 0; tail -c +"$3" "$2/log" | head -c "$4"')
+    result = transport.run(["sh", "-c", script, "sh", layout.runner, job_dir, str(offset + 1), str(limit),
+                            "" if events is None else str(events + 1)], what="checking the job")
     line, _, data = result.stdout.partition(b"\n")
-    return parse_status(transport.label, line.decode(errors="replace")), data
+    state = parse_status(transport.label, line.decode(errors="replace"))
+    if events is None:
+        return state, data, b""
+    size, _, data = data.partition(b"\n")
+    if not size.strip().isdigit() or len(data) < int(size):
+        raise RemoteError(f"{transport.label}: unreadable job events {size[:40]!r}")
+    return state, data[int(size):], data[: int(size)]
 
 
 def read_log(transport: Transport, layout: NodeLayout, job_id: str, offset: int, limit: int = LOG_CHUNK) -> bytes:

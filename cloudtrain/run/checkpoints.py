@@ -262,32 +262,9 @@ def upload(nodes: Iterable[Any], kept: Path, trial: int, rel: str | None = None)
     on_all(list(nodes), one, label=lambda n: f"node {n.rank}")
 
 
-_EPOCH_LINE = re.compile(r"^epoch (\d+)/(\d+)((?:\s+[a-z_]+ -?[\d.]+(?:e[-+]?\d+)?)*)")
-
-
-def epoch_event(line: str) -> dict[str, Any] | None:
-    """`epoch 3/8  loss 1.0652  accuracy 0.6797  val_loss 0.9591  val_accuracy 0.7375  0.1s` (the
-    bundled job's readable epoch line, events.progress_text) as the progress event it renders."""
-    match = _EPOCH_LINE.match(line.strip())
-    if match is None:
-        return None
-    event: dict[str, Any] = {"cloudtrain": "progress", "type": "epoch", "epoch": int(match.group(1)),
-                             "epochs": int(match.group(2))}
-    for key, value in re.findall(r"([a-z_]+) (-?[\d.]+(?:e[-+]?\d+)?)", match.group(3)):
-        try:
-            event[key] = float(value)
-        except ValueError:
-            log.debug("epoch line %r: %s=%r is not a number", line, key, value)
-    return event
-
-
-def epoch_done(line: str, event: dict[str, Any] | None, rank: int = 0) -> int | None:
-    """The epoch a job's output line reports done: its progress event's (`event`, parsed already),
-    or rank 0's readable epoch line (the bundled job prints that; its JSON events go to
-    outputs/progress.jsonl, not to the log a run follows)."""
-    if event is None:
-        event = epoch_event(line) if rank == 0 else None
-    if event is None or event.get("type") != "epoch":
+def epoch_done(event: dict[str, Any]) -> int | None:
+    """The epoch a progress event reports done (its checkpoint is written), else None."""
+    if event.get("type") != "epoch":
         return None
     epoch = event.get("epoch")
     return epoch if isinstance(epoch, int) and not isinstance(epoch, bool) else None

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from cloudtrain.errors import CloudtrainError
+from cloudtrain.run.checkpoints import epoch_done
 
 if TYPE_CHECKING:
     from cloudtrain.run.checkpoints import Puller
@@ -89,8 +90,8 @@ class Policy(Protocol):
     def before_job(self, nodes: Sequence[Any]) -> None:
         """Just before the job starts, on its nodes (after sync and setup)."""
 
-    def epoch(self, epoch: int) -> None:
-        """The job reported this epoch done (its checkpoint is written)."""
+    def progress(self, event: dict[str, Any]) -> None:
+        """A progress event of the job (an epoch done: its checkpoint is written)."""
 
     def ended(self, error: BaseException | None) -> Ended:
         """Classify and record how the attempt ended (`error`: what it raised, or None)."""
@@ -145,7 +146,7 @@ class Once:
     def before_job(self, nodes: Sequence[Any]) -> None:
         return None
 
-    def epoch(self, epoch: int) -> None:
+    def progress(self, event: dict[str, Any]) -> None:
         return None
 
     def ended(self, error: BaseException | None) -> Ended:
@@ -167,11 +168,15 @@ class Trial(Once):
     VM's watcher's (sweep/backend.py); the pipeline checks it between phases, collect included.
     Before the job: the reserve (`job_start_by`) is checked, and the checkpoint a lost predecessor
     kept (`carry`) goes into the job's checkpoint directory `rel` on every node (run/carry.py;
-    without it the job starts over, said). Epochs go to the attempt's checkpoint `puller`."""
+    without it the job starts over, said). Each epoch the job reports goes to the attempt's
+    checkpoint `puller` and to `on_epoch` (the sweep's intermediate values, for pruning)."""
 
     def __init__(self, token: StopToken, job_start_by: float, rel: str, warn: Callable[[str], None],
-                 puller: Puller | None = None, carry: Path | None = None) -> None:
+                 puller: Puller | None = None, carry: Path | None = None,
+                 on_epoch: Callable[[dict[str, Any]], None] | None = None) -> None:
         self.token = token
+        self.on_epoch = on_epoch  # each epoch's event, once (the sweep's intermediate values)
+        self.epochs_heard = 0
         self.job_start_by = job_start_by
         self.rel = rel
         self.warn = warn
@@ -190,6 +195,12 @@ class Trial(Once):
         if self.carry is not None:
             carry.onto(nodes, self.carry, self.rel, self.warn)
 
-    def epoch(self, epoch: int) -> None:
+    def progress(self, event: dict[str, Any]) -> None:
+        epoch = epoch_done(event)
+        if epoch is None or epoch <= self.epochs_heard:
+            return  # a job may both print and write an event: heard once
+        self.epochs_heard = epoch
         if self.puller is not None:
             self.puller.epoch(epoch)
+        if self.on_epoch is not None:
+            self.on_epoch(event)

@@ -7,13 +7,13 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from typing import Any
 
 from cloudtrain.cluster.nodes import Node
 from cloudtrain.errors import JobFailedError, RemoteError
 from cloudtrain.events import Reporter, parse_progress
 from cloudtrain.remote import jobs
 from cloudtrain.remote.jobs import JobState
-from cloudtrain.run.checkpoints import epoch_done
 from cloudtrain.run.stop import StopToken
 
 POLL_S = 0.5
@@ -26,7 +26,7 @@ def follow(node: Node, job_id: str, offset: int, reporter: Reporter, *, others: 
            on_offset: Callable[[int], None] | None = None, raw: Callable[[str], None] | None = None,
            until_finished: bool = True, on_worker_failure: Callable[[], None] | None = None,
            submitted: Callable[[], object] | None = None, stop: StopToken | None = None,
-           on_epoch: Callable[[int], None] | None = None) -> jobs.JobStatus:
+           on_event: Callable[[dict[str, Any]], None] | None = None) -> jobs.JobStatus:
     """Stream complete log lines from `offset` until the job ends; survives dropped connections.
 
     Only whole lines are emitted and `on_offset` gets the byte offset just past each one, so a
@@ -37,33 +37,36 @@ def follow(node: Node, job_id: str, offset: int, reporter: Reporter, *, others: 
     not yet read) is read once the follow is asked: both go to the node in one round trip.
     `stop`: the attempt's stop token (run/stop.py). Its waits (a poll's interval, the backoff
     after a dropped link) wait on it: once it is set, the follow ends at once instead of sleeping
-    on (a retry raises the error it just got, a poll raises AttemptStopped). `on_epoch`: the run's
-    controller hears each epoch the job reports done, beside the reporter (run/controller.py: the
-    reporter only displays).
+    on (a retry raises the error it just got, a poll raises AttemptStopped). `on_event`: the run's
+    controller hears each progress event of the job (run/controller.py: the reporter only
+    displays): those it appends to CLOUDTRAIN_PROGRESS_FILE, which come beside the log, and any
+    protocol line it prints. Without it, no events are asked of the node.
     """
     # A Ctrl-C between printing a line and recording its offset would repeat it on resume: each
     # line is printed and recorded under _line(), and Ctrl-C is taken between lines.
     if until_finished and not others:
         with _interrupts_between_lines():
-            return _follow_streaming(node, job_id, offset, reporter, on_offset, raw, submitted, stop, on_epoch)
+            return _follow_streaming(node, job_id, offset, reporter, on_offset, raw, submitted, stop, on_event)
     if submitted is not None:
         submitted()
     pending = b""
     last_check = 0.0
+    events = _Events(on_event)
     while True:
-        # The state and the log's news in one round trip; read on only while chunks come full.
-        status, chunk = _retry(lambda: jobs.poll(node.transport, node.layout, job_id, offset + len(pending)),
-                               stop=stop)
+        # The state and the log's (and events') news in one round trip; read on only while chunks come full.
+        status, chunk, news = _retry(lambda: jobs.poll(node.transport, node.layout, job_id, offset + len(pending),
+                                                       events=events.asked), stop=stop)
+        events.feed(news)
         while chunk:
             lines, pending = split_lines(pending + chunk)
             with _interrupts_between_lines():
-                offset = _emit_lines(lines, offset, node.rank, reporter, raw, on_offset, on_epoch)
+                offset = _emit_lines(lines, offset, node.rank, reporter, raw, on_offset, on_event)
             if len(chunk) < jobs.LOG_CHUNK:
                 break
             chunk = _read_retrying(node, job_id, offset + len(pending), stop)
         if status.finished or not until_finished:
             if pending and status.finished:
-                _emit(pending.decode("utf-8", errors="replace"), node.rank, reporter, raw, False, on_epoch)
+                _emit(pending.decode("utf-8", errors="replace"), node.rank, reporter, raw, False)
                 offset += len(pending)
                 if on_offset:
                     on_offset(offset)
@@ -87,16 +90,17 @@ def follow(node: Node, job_id: str, offset: int, reporter: Reporter, *, others: 
 def _follow_streaming(node: Node, job_id: str, offset: int, reporter: Reporter,
                       on_offset: Callable[[int], None] | None, raw: Callable[[str], None] | None,
                       submitted: Callable[[], object] | None = None, stop: StopToken | None = None,
-                      on_epoch: Callable[[int], None] | None = None) -> jobs.JobStatus:
+                      on_event: Callable[[dict[str, Any]], None] | None = None) -> jobs.JobStatus:
     """One command on the node streams the log as it grows and returns when the job is over: no
     poll interval on the client, the end is seen within the runner's 50 ms. A dropped link resumes
     from the last byte received."""
     pending = b""
+    events = _Events(on_event)
     failures, delay = 0, 0.5
     while True:
         try:
             # The final status is asked with the follow: no round trip of its own once the job ends.
-            following = jobs.follow_log(node.transport, node.layout, job_id, offset + len(pending))
+            following = jobs.follow_log(node.transport, node.layout, job_id, offset + len(pending), events.asked)
             final = following.final
             if submitted is not None:
                 # The job's start was asked just before: its answer (or its error, raised as the
@@ -111,9 +115,12 @@ def _follow_streaming(node: Node, job_id: str, offset: int, reporter: Reporter,
                     following.abort()  # skipped with the start: asked again, with the start sent again
                     submitted = answered.answer
                     continue
-            for chunk in following.chunks:
+            for kind, chunk in following.pieces:
+                if kind == jobs.EVENTS:
+                    events.feed(chunk)
+                    continue
                 lines, pending = split_lines(pending + chunk)
-                offset = _emit_lines(lines, offset, node.rank, reporter, raw, on_offset, on_epoch)
+                offset = _emit_lines(lines, offset, node.rank, reporter, raw, on_offset, on_event)
                 failures, delay = 0, 0.5
             break
         except _StartFailed as wrapper:
@@ -135,11 +142,35 @@ def _follow_streaming(node: Node, job_id: str, offset: int, reporter: Reporter,
     if not status.finished:
         status = status_retrying(node, job_id, stop)
     if pending:
-        _emit(pending.decode("utf-8", errors="replace"), node.rank, reporter, raw, False, on_epoch)
+        _emit(pending.decode("utf-8", errors="replace"), node.rank, reporter, raw, False)
         offset += len(pending)
         if on_offset:
             on_offset(offset)
     return status
+
+
+class _Events:
+    """The job's progress events beside its log (CLOUDTRAIN_PROGRESS_FILE): whole lines go to
+    `on_event`; the byte offset asked next resumes after what already came (a dropped link)."""
+
+    def __init__(self, on_event: Callable[[dict[str, Any]], None] | None) -> None:
+        self.on_event = on_event
+        self.offset = 0
+        self.pending = b""
+
+    @property
+    def asked(self) -> int | None:
+        return None if self.on_event is None else self.offset + len(self.pending)
+
+    def feed(self, data: bytes) -> None:
+        if not data or self.on_event is None:
+            return
+        lines, self.pending = split_lines(self.pending + data)
+        for line, used in lines:
+            self.offset += used
+            event = parse_progress(line.decode("utf-8", errors="replace"))
+            if event is not None:
+                self.on_event(event)
 
 
 class _StartFailed(Exception):
@@ -168,11 +199,11 @@ def split_lines(data: bytes) -> tuple[list[tuple[bytes, int]], bytes]:
 
 def _emit_lines(lines: list[tuple[bytes, int]], offset: int, rank: int, reporter: Reporter,
                 raw: Callable[[str], None] | None, on_offset: Callable[[int], None] | None,
-                on_epoch: Callable[[int], None] | None = None) -> int:
+                on_event: Callable[[dict[str, Any]], None] | None = None) -> int:
     """Emit each line and record the offset past it, one line at a time; the new offset."""
     for line, used in lines:
         with _line():
-            _emit(line.decode("utf-8", errors="replace"), rank, reporter, raw, True, on_epoch)
+            _emit(line.decode("utf-8", errors="replace"), rank, reporter, raw, True, on_event if rank == 0 else None)
             offset += used
             if on_offset:
                 on_offset(offset)
@@ -226,19 +257,17 @@ def _interrupts_between_lines() -> Iterator[None]:
 
 
 def _emit(text: str, rank: int, reporter: Reporter, raw: Callable[[str], None] | None, progress: bool = True,
-          on_epoch: Callable[[int], None] | None = None) -> None:
+          on_event: Callable[[dict[str, Any]], None] | None = None) -> None:
     if raw is not None:
         raw(text)
         return
     event = parse_progress(text) if progress else None
-    if event is not None:
-        reporter.progress(event)
-    else:
+    if event is None:
         reporter.log_line(text, rank)
-    if on_epoch is not None:
-        epoch = epoch_done(text, event, rank)
-        if epoch is not None:
-            on_epoch(epoch)
+        return
+    reporter.progress(event)
+    if on_event is not None:  # a job that prints the protocol instead of writing its progress file
+        on_event(event)
 
 
 def status_retrying(node: Node, job_id: str, stop: StopToken | None = None) -> jobs.JobStatus:

@@ -7,6 +7,7 @@ import socket
 import sys
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from cloudtrain.cluster.nodes import Node, on_all
 from cloudtrain.errors import JobFailedError, RemoteError
@@ -23,12 +24,12 @@ from cloudtrain.state import JobRecord, StateStore
 
 def run_job(store: StateStore, reporter: Reporter, nodes: Sequence[Node], run_id: str, job_id: str, script: str,
             recipe: Recipe, what: str, started: list[str], stop: StopToken | None = None,
-            on_epoch: Callable[[int], None] | None = None) -> None:
+            on_event: Callable[[dict[str, Any]], None] | None = None) -> None:
     """Start `script` as job `job_id` on every node, stream rank 0's log, wait for all; raise
     JobFailedError naming the first node that did not succeed. `started` gets the job id before
     the submit: a job whose start cannot be confirmed must still be ended by the caller. `stop`:
     the attempt's stop token (run/stop.py); the follow's and the wait's pauses end when it is set.
-    `on_epoch`: told each epoch the job reports done (the run's controller, run/controller.py)."""
+    `on_event`: told each progress event of the job (the run's controller, run/controller.py)."""
     now = time.time()
     store.insert_job(JobRecord(
         id=job_id, cluster=nodes[0].record.cluster, run_id=run_id, job_dir=nodes[0].layout.job_dir(job_id),
@@ -48,7 +49,7 @@ def run_job(store: StateStore, reporter: Reporter, nodes: Sequence[Node], run_id
         on_all(list(nodes), lambda n: jobs.submit(n.transport, n.layout, job_id, script, envs[n.rank]))
     final = follow(nodes[0], job_id, 0, reporter, others=nodes[1:],
                    on_worker_failure=lambda: kill_everywhere(nodes, job_id, reporter), submitted=submitted,
-                   stop=stop, on_epoch=on_epoch)
+                   stop=stop, on_event=on_event)
     statuses = [final] + [_wait_finished(n, job_id, reporter, stop=stop) for n in nodes[1:]]
     worst = next((s for s in statuses if s.state != JobState.SUCCEEDED), final)
     store.update_job(job_id, status=worst.state, exit_code=worst.exit_code, ended_at=time.time())

@@ -344,9 +344,9 @@ class Executor:
                 script = batch_job(recipe, script, recipe.setup, r.job_id, cluster_name)
             # The attempt's token (a sweep trial's, or this recovering attempt's): a stop ends the
             # job's retry and poll waits at once, not after their backoff (run/follow.py `pause`).
-            # Each epoch the job reports goes to the policy beside the reporter (its checkpoint puller).
+            # The job's progress events go to the policy beside the reporter (its checkpoint puller).
             run_job(self.store, self.reporter, r.nodes, run_id, r.job_id, script, recipe, "job", r.jobs_started,
-                    stop=r.clock.stop, on_epoch=r.policy.epoch)
+                    stop=r.clock.stop, on_event=r.policy.progress)
 
     def _attempt_and_collect(self, r: _Run, cluster_name: str) -> None:
         """A recovering run's attempt: the job, then its results home while the cloud watcher is

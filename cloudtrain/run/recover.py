@@ -55,7 +55,7 @@ from cloudtrain.run.stop import StopToken
 from cloudtrain.state import RunStatus
 from cloudtrain.run import carry, checkpoints
 from cloudtrain.node.protocol import NOTICE_FILE
-from cloudtrain.run.checkpoints import CHECKPOINT_ENV
+from cloudtrain.run.checkpoints import CHECKPOINT_ENV, epoch_done
 
 if TYPE_CHECKING:
     from cloudtrain.cluster.lifecycle import Cluster, Lifecycle
@@ -472,9 +472,10 @@ class Recovery:
             self._log.write(text + "\n")
             self._log.flush()
 
-    def epoch(self, epoch: int) -> None:
-        """The follow path's word that the job finished an epoch: its checkpoint comes home."""
-        if self.puller is not None:
+    def progress(self, event: dict[str, Any]) -> None:
+        """The job's progress events (run/follow.py): an epoch done brings its checkpoint home."""
+        epoch = epoch_done(event)
+        if epoch is not None and self.puller is not None:
             self.puller.epoch(epoch)
 
     def before_job(self, nodes: Sequence[Any]) -> None:

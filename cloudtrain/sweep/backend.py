@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import queue
 import shutil
 import threading
@@ -56,7 +57,7 @@ from cloudtrain.config import Config
 from cloudtrain.errors import CloudtrainError
 from cloudtrain.recipe import LoadedRecipe
 from cloudtrain.run import checkpoints
-from cloudtrain.run.checkpoints import CHECKPOINT_ENV, Puller, epoch_event
+from cloudtrain.run.checkpoints import CHECKPOINT_ENV, Puller
 from cloudtrain.run.controller import Trial
 from cloudtrain.run.gone import Gone, GoneKind
 from cloudtrain.run.stop import StopKind, StopToken
@@ -104,9 +105,9 @@ class _Handle:
 
 
 class TrialReporter:
-    """The pipeline's Reporter for one attempt: progress becomes events, chatter is dropped. It
-    decides nothing: a stop is the attempt's token; the reserve, the carry and the checkpoint puller
-    are the attempt's policy (run/controller.py `Trial`)."""
+    """The pipeline's Reporter for one attempt: its phase is noted, warnings go on, chatter is
+    dropped. It decides nothing: a stop is the attempt's token; the reserve, the carry, the
+    checkpoint puller and the epochs' values are the attempt's policy (run/controller.py `Trial`)."""
 
     def __init__(self, backend: PipelineBackend, key: tuple[int, int], handle: _Handle) -> None:
         self.backend = backend
@@ -120,19 +121,10 @@ class TrialReporter:
         return None
 
     def log_line(self, line: str, node: int = 0) -> None:
-        # The bundled job prints its epoch events as readable lines (the JSON protocol goes to its
-        # progress.jsonl): read them back, from rank 0 only.
-        event = epoch_event(line) if node == 0 else None
-        if event is not None:
-            self.progress(event)
+        return None
 
     def progress(self, event: dict[str, Any]) -> None:
-        if event.get("type") != "epoch":
-            return
-        value = event.get(self.backend.spec.progress_metric)
-        epoch = event.get("epoch")
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and isinstance(epoch, int):
-            self.backend.put(Progress(self.key[0], self.key[1], epoch, float(value)))
+        return None
 
     def info(self, message: str) -> None:
         return None
@@ -147,9 +139,6 @@ class _Quiet(TrialReporter):
         self.what = what
 
     def phase_start(self, phase: str, detail: str = "") -> None:
-        return None
-
-    def progress(self, event: dict[str, Any]) -> None:
         return None
 
     def warn(self, message: str) -> None:
@@ -276,7 +265,7 @@ class PipelineBackend:
                 # job, epochs to the checkpoint puller, the attempt's token checked between phases.
                 policy = Trial(handle.token, action.job_start_by, checkpoints.node_dir(action.trial),
                                lambda message: self.warn(f"trial {action.trial}: {message}"), handle.puller,
-                               handle.carry)
+                               handle.carry, on_epoch=lambda event: self._epoch_value(key, event))
                 result = Executor(lc, TrialReporter(self, key, handle)).run(loaded, handle.cluster, "keep", runs,
                                                                             env_overrides=env, policy=policy)
                 outcome, value, error = self.judge(result.run_dir, result.status, result.exit_code, result.error,
@@ -482,6 +471,12 @@ class PipelineBackend:
 
     # judging a finished run ------------------------------------------------------------------------
 
+    def _epoch_value(self, key: tuple[int, int], event: dict[str, Any]) -> None:
+        """An epoch's value of the sweep's progress metric, for the scheduler (pruning)."""
+        value = event.get(self.spec.progress_metric)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            self.put(Progress(key[0], key[1], int(event["epoch"]), float(value)))
+
     def judge(self, run_dir: Path, status: str, exit_code: int | None, error: str | None,
               handle: _Handle | None) -> tuple[Outcome, float | None, str | None]:
         from cloudtrain.state import RunStatus
@@ -599,8 +594,11 @@ class PipelineBackend:
             cluster = lc.get(handle.cluster)
             nodes = connect(list(cluster.nodes), cluster.provider, lc.config)
             handle.phase = "run"
+            # Its epochs as in the attempt the dead CLI ran: the checkpoint puller, the values.
+            epochs = Trial(handle.token, math.inf, checkpoints.node_dir(trial), self.warn, handle.puller,
+                           on_epoch=lambda event: self._epoch_value(key, event))
             final = follow(nodes[0], f"{run.id}-run", 0, TrialReporter(self, key, handle), others=nodes[1:],
-                           stop=handle.token, on_epoch=handle.puller.epoch if handle.puller is not None else None)
+                           stop=handle.token, on_event=epochs.progress)
             handle.phase = "collect"
             paths = json.loads(run.result_paths) if run.result_paths else []
             run_dir = Path(run.run_dir)

@@ -3,10 +3,11 @@ $CLOUDTRAIN_CHECKPOINT_DIR and can be held mid-run, a recipe for it, the CLI sta
 background, and each cloud fake's way of finding and preempting the cluster's machine.
 
 The job (TRAIN) resumes from $CLOUDTRAIN_CHECKPOINT_DIR, checkpoints there after every step (a new
-file, then rename: the contract in docs/recovery.md) and prints an epoch line after it. The first
+file, then rename: the contract in docs/recovery.md), then prints an epoch line for people and
+appends the epoch's progress event to $CLOUDTRAIN_PROGRESS_FILE (what the laptop acts on). The first
 attempt waits after step 3 until the test has preempted its machine (`<marks>/go`), so the loss is
 mid-run; a test that wants the loss later touches `go` first. On SIGTERM (the watchdog's, on an
-interruption notice) it writes a last checkpoint with a `final` mark that no epoch line announces:
+interruption notice) it writes a last checkpoint with a `final` mark that no epoch event announces:
 only the notice's pull can bring that one home. The notice TERMs every process of the job, its
 `sleep` too: `|| :` keeps `set -e` from ending the script when the sleep dies first, before the TERM
 trap has run (dash exits on the failed command and the pending trap never runs). Every start is
@@ -43,6 +44,7 @@ TRAIN = textwrap.dedent("""\
       i=$((i + 1)); total=$((total + i * i))
       echo "$i $total" > "$ckpt/state.new" && mv "$ckpt/state.new" "$ckpt/state"
       echo "epoch $i/{steps}  loss 0.$i"
+      printf '{{"cloudtrain":"progress","type":"epoch","epoch":%d,"epochs":{steps}}}\\n' "$i" >> "$CLOUDTRAIN_PROGRESS_FILE"
       if [ "$i" = 3 ] && [ ! -f "$MARKS/go" ]; then
         while [ ! -f "$MARKS/go" ]; do sleep 0.1 || :; done
       fi

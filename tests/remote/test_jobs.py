@@ -80,8 +80,52 @@ def test_every_log_and_state_read_from_one_answer() -> None:
     (GOOD + b"\nsome\nlines", "running", b"some\nlines"),
 ])
 def test_poll_reads_the_state_then_the_log(answer: bytes, state: str, log: bytes) -> None:
-    got, data = jobs.poll(_Answers(answer), LAYOUT, "a", 0)  # type: ignore[arg-type]
-    assert (got.state, data) == (state, log)
+    got, data, events = jobs.poll(_Answers(answer), LAYOUT, "a", 0)  # type: ignore[arg-type]
+    assert (got.state, data, events) == (state, log, b"")
+
+
+def test_poll_with_events_reads_them_before_the_log() -> None:
+    event = b'{"cloudtrain":"progress","type":"epoch","epoch":1}\n'
+    answer = GOOD + b"\n" + str(len(event)).encode() + b"\n" + event + b"epoch 1/2\n"
+    got, log, events = jobs.poll(_Answers(answer), LAYOUT, "a", 0, events=0)  # type: ignore[arg-type]
+    assert (got.state, log, events) == ("running", b"epoch 1/2\n", event)
+
+
+@pytest.mark.parametrize("rest", [b"", b"many\nx", b"9\nshort"])
+def test_poll_with_unreadable_events_is_one_remote_error(rest: bytes) -> None:
+    with pytest.raises(RemoteError, match="unreadable job events"):
+        jobs.poll(_Answers(GOOD + b"\n" + rest), LAYOUT, "a", 0, events=0)  # type: ignore[arg-type]
+
+
+FRAMED = b"L 6\nline 1P 3\nabcL 1\n\nP 2\nde"
+
+
+@pytest.mark.parametrize("size", [1, 2, 5, 100])
+def test_a_framed_follow_reads_the_same_in_chunks_of_any_size(size: int) -> None:
+    deframer = jobs.Deframer("fake-node")
+    pieces = [p for at in range(0, len(FRAMED), size) for p in deframer.feed(FRAMED[at : at + size])]
+    deframer.close()
+    joined: dict[bytes, bytes] = {jobs.LOG: b"", jobs.EVENTS: b""}
+    for kind, data in pieces:
+        joined[kind] += data
+    assert joined == {jobs.LOG: b"line 1\n", jobs.EVENTS: b"abcde"}
+
+
+@pytest.mark.parametrize(("data", "says"), [
+    (b"X 3\nabc", "unreadable job follow"),
+    (b"L many\n", "unreadable job follow"),
+    (b"L" * 100, "unreadable job follow"),  # a header without its newline, past any real one
+])
+def test_an_unreadable_follow_is_one_remote_error(data: bytes, says: str) -> None:
+    with pytest.raises(RemoteError, match=says):
+        list(jobs.Deframer("fake-node").feed(data))
+
+
+def test_a_follow_that_ends_inside_a_frame_says_so() -> None:
+    deframer = jobs.Deframer("fake-node")
+    assert list(deframer.feed(b"L 5\nab")) == [(jobs.LOG, b"ab")]
+    with pytest.raises(RemoteError, match="ended inside a frame"):
+        deframer.close()
 
 
 def test_poll_with_an_unreadable_state_is_one_remote_error() -> None:

@@ -103,14 +103,18 @@ class _Puller:
 def test_a_trial_is_one_attempt_under_its_token_and_checks_its_reserve_before_the_job(tmp_path: Path) -> None:
     r = _run(tmp_path, _Said())
     token, puller, warned = StopToken("c"), _Puller(), []
-    trial = Trial(token, time.time() + 60, ".cloudtrain-checkpoints/t0000", warned.append, puller)  # type: ignore[arg-type]
+    values: list[dict[str, Any]] = []
+    trial = Trial(token, time.time() + 60, ".cloudtrain-checkpoints/t0000", warned.append, puller,  # type: ignore[arg-type]
+                  on_epoch=values.append)
     attempt, made = _script(RemoteError("the VM went"), None)
     with pytest.raises(RemoteError):  # a loss is the scheduler's to retry, never retried in place
         Controller(trial).run(r, attempt)
     assert len(made) == 1 and r.clock.stop is token  # collect after it honours the token too
-    trial.epoch(3)
+    for epoch in (3, 3, 2):  # a job that prints and writes its events: each epoch is heard once
+        trial.progress({"cloudtrain": "progress", "type": "epoch", "epoch": epoch, "val_accuracy": 0.5})
+    trial.progress({"cloudtrain": "progress", "type": "step", "epoch": 4, "step": 20})
     trial.before_job([])  # within its reserve, nothing carried: nothing to do
-    assert puller.epochs == [3] and warned == []
+    assert puller.epochs == [3] and [v["epoch"] for v in values] == [3] and warned == []
     late = Trial(token, time.time() - 1, ".cloudtrain-checkpoints/t0000", warned.append)
     with pytest.raises(ReserveSpent, match="reserved for them"):
         late.before_job([])
@@ -235,12 +239,18 @@ def test_a_recovering_run_stops_relaunching_when_its_restarts_are_spent(tmp_path
 
 # epochs are the controller's, beside the reporter ------------------------------------------------------
 
-def test_the_follow_path_tells_the_policy_each_epoch_beside_the_reporter() -> None:
-    reporter, epochs = _Said(), []
-    follow._emit("epoch 2/8  loss 0.5", 0, reporter, None, True, epochs.append)  # type: ignore[arg-type]
-    follow._emit("epoch 3/8  loss 0.4", 1, reporter, None, True, epochs.append)  # type: ignore[arg-type]  (rank 1)
+def test_the_policy_hears_the_jobs_progress_events_never_its_words_for_people() -> None:
+    reporter, events = _Said(), []
+    # The bundled job's readable epoch line is for people: no event (no regex reads the log).
+    follow._emit("epoch 2/8  loss 0.5", 0, reporter, None, True, events.append)  # type: ignore[arg-type]
     line = json.dumps({"cloudtrain": "progress", "type": "epoch", "epoch": 4, "epochs": 8})
-    follow._emit(line, 0, reporter, None, True, epochs.append)  # type: ignore[arg-type]
-    follow._emit("epoch 6/8", 0, reporter, None, False, epochs.append)  # type: ignore[arg-type]  (a last partial line)
-    assert epochs == [2, 4, 6]
-    assert [kind for kind, _ in reporter.said] == ["line", "line", "progress", "line"]
+    follow._emit(line, 0, reporter, None, True, events.append)  # type: ignore[arg-type]  (the protocol, printed)
+    # What the job appends to CLOUDTRAIN_PROGRESS_FILE comes beside the log, in pieces of any size.
+    beside = follow._Events(events.append)
+    first = b'{"cloudtrain":"progress","type":"epoch","epoch":5,"epochs":8}\n'
+    beside.feed(first + b'{"cloudtrain":"progr')
+    assert beside.asked == len(first) + len(b'{"cloudtrain":"progr')  # a resume goes on after what came
+    beside.feed(b'ess","type":"epoch","epoch":6,"epochs":8}\nnot an event\n')
+    assert [e["epoch"] for e in events] == [4, 5, 6]
+    assert [kind for kind, _ in reporter.said] == ["line", "progress"]
+    assert follow._Events(None).asked is None  # nobody listens: the node is asked for no events

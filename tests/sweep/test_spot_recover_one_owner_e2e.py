@@ -43,6 +43,7 @@ while [ "$i" -lt 4 ]; do
   i=$((i + 1))
   echo "$i" > "$ckpt/state.new" && mv "$ckpt/state.new" "$ckpt/state"
   echo "epoch $i/4  loss 0.$i"
+  printf '{"cloudtrain":"progress","type":"epoch","epoch":%d,"epochs":4,"loss":0.%d}\\n' "$i" "$i" >> "$CLOUDTRAIN_PROGRESS_FILE"
   if [ "$CLOUDTRAIN_SWEEP_ATTEMPT" = 1 ] && [ "$i" = 2 ]; then
     while [ ! -f "$MARKS/go" ]; do sleep 0.2; done  # until the machine is taken back (go: the test's end)
   fi

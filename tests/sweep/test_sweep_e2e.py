@@ -281,7 +281,8 @@ def test_a_preempted_trial_resumes_from_its_last_checkpoint(tmp_path: Path) -> N
     marks = tmp_path / "marks"
     marks.mkdir()
     # Resumes from $CLOUDTRAIN_CHECKPOINT_DIR (its step and its history of steps), checkpoints there
-    # after every step (new file, then rename), then prints the epoch line; the first attempt waits
+    # after every step (new file, then rename), then prints the epoch line and appends its progress
+    # event (what the checkpoint puller hears, run/follow.py); the first attempt waits
     # after step 3 until the test has taken its VM away (`go`), so the loss is mid-run.
     recipe = _shell_sweep(tmp_path, "sweep-ckpt", f"""\
         ckpt="$CLOUDTRAIN_CHECKPOINT_DIR"; mkdir -p "$ckpt"
@@ -294,6 +295,7 @@ def test_a_preempted_trial_resumes_from_its_last_checkpoint(tmp_path: Path) -> N
           echo "$i" >> "$ckpt/history"
           echo "$i" > "$ckpt/step.new" && mv "$ckpt/step.new" "$ckpt/step"
           echo "epoch $i/12  loss 0.5"
+          printf '{{"cloudtrain":"progress","type":"epoch","epoch":%d,"epochs":12,"loss":0.5}}\\n' "$i" >> "$CLOUDTRAIN_PROGRESS_FILE"
           if [ "$i" = 3 ] && [ ! -f {marks}/go ]; then
             while [ ! -f {marks}/go ]; do sleep 0.1; done
           fi
