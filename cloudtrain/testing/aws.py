@@ -176,6 +176,11 @@ class FaultInjector:
     book: RequestBook[Ec2Request, Fault] = field(default_factory=lambda: RequestBook(_is_action))
     # Seconds before EC2 takes a new IAM instance profile (_profile_not_yet_in_ec2); real AWS: ~5-15.
     profile_propagation_s: float = 3.0
+    # Held while moto answers a stop or a terminate and the observers power the machine off; what
+    # describes instances to a test (AwsCloud.instances) takes it too. EC2 says "terminated" (or
+    # "stopped") of a machine that is off; moto says it at once, and a test that saw it before the
+    # VM's jobs were ended let one of them finish on a terminated machine (a CI failure).
+    transitions: threading.RLock = field(default_factory=threading.RLock)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property
@@ -255,8 +260,13 @@ class FaultInjector:
             return _error_answer(fault, request, start_response)
         if not self.observers:
             return self.app(environ, start_response)
-        status, headers, body = _capture(self.app, environ)
-        self._notify(request, int(status.split()[0]), body)
+        if request.action in ("StopInstances", "TerminateInstances"):
+            with self.transitions:
+                status, headers, body = _capture(self.app, environ)
+                self._notify(request, int(status.split()[0]), body)
+        else:
+            status, headers, body = _capture(self.app, environ)
+            self._notify(request, int(status.split()[0]), body)
         start_response(status, headers)
         return [body]
 
@@ -742,10 +752,11 @@ class AwsCloud(FakeCloud):
         with self._lock:
             launched = dict(self._launched)
         found = []
-        for region in sorted(set(launched.values())):
-            ids = [i for i, r in launched.items() if r == region]
-            for reservation in self._ec2(region).describe_instances(InstanceIds=ids)["Reservations"]:
-                found += reservation["Instances"]
+        with self.faults.transitions:  # a state moto has, the machine has too (FaultInjector.transitions)
+            for region in sorted(set(launched.values())):
+                ids = [i for i, r in launched.items() if r == region]
+                for reservation in self._ec2(region).describe_instances(InstanceIds=ids)["Reservations"]:
+                    found += reservation["Instances"]
         if cluster is not None:
             found = [i for i in found if {"Key": "cloudtrain-cluster", "Value": cluster} in i.get("Tags", [])]
         if states is not None:

@@ -10,6 +10,7 @@ import errno
 import os
 import pwd
 import socket
+import threading
 import time
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from cloudtrain.names import NAME_RE
 from cloudtrain.testing.aws import AwsCloud
 from cloudtrain.testing.cloud import LocalCloud, SshCloud
 from cloudtrain.testing.tcpproxy import TcpProxy
+from cloudtrain.testing.wait import wait_until
 from tests.lazy import Lazy
 
 botocore_errors = Lazy("botocore.exceptions")
@@ -284,3 +286,31 @@ def test_every_fixture_routes_every_watchdog_action_to_its_fake(fake_cloud, name
     cloud = fake_cloud(name)
     assert names in cloud.env.get(variable, ""), cloud.env
     assert os.environ.get(variable) == cloud.env[variable]  # the CLI the test runs sees it
+
+
+def test_an_instance_the_fake_calls_terminated_is_one_whose_machine_is_off(aws_cloud: AwsCloud,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """EC2 says "terminated" of a machine that is off. moto says it at once; the VM is powered off
+    after moto answered, so a test that saw the state could let a job finish on a terminated machine
+    (CI: a sweep trial's job finished twice). Here powering off is made slow: whoever sees the state
+    finds the machine off."""
+    ec2 = aws_cloud.server.client("ec2", aws_cloud.region)  # through the front, as cloudtrain calls it
+    (launched,) = ec2.run_instances(ImageId=aws_cloud.image(), MinCount=1, MaxCount=1,
+                                    InstanceType="t3.medium")["Instances"]
+    instance = launched["InstanceId"]
+    assert aws_cloud.machines.vm(instance).running
+    power_off, off = aws_cloud.machines.power_off, threading.Event()
+
+    def slowly(instance_id: str) -> None:
+        time.sleep(1.0)
+        power_off(instance_id)
+        off.set()
+
+    monkeypatch.setattr(aws_cloud.machines, "power_off", slowly)
+    terminating = threading.Thread(target=lambda: ec2.terminate_instances(InstanceIds=[instance]))
+    terminating.start()
+    try:
+        wait_until(lambda: aws_cloud.instances(states=["terminated"]), 30, "the instance terminated")
+        assert off.is_set() and not aws_cloud.machines.vm(instance).running
+    finally:
+        terminating.join(30)
