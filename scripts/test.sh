@@ -5,7 +5,7 @@ cd "$(dirname "$0")/.."
 scripts/setup.sh --test
 # Six workers on two cores: with the CLI forked from a server that has imported it
 # (cloudtrain/testing/forkcli.py), most tests wait on sshd, fake clouds, watchdog ticks and real
-# billing minutes, not on the CPU (clean clone beside a CPU burner: 4 workers 28.4 min, 6: 15.5-16 min
+# billing minutes, not on the CPU (clean clone beside a CPU burner: 4 workers 28.4 min, 6: 13-13.5 min
 # of tests; the suite's CPU is ~1,300 s, so two cores bound it near 11 min).
 # `--dist load --maxschedchunk 1` hands each worker the next test as it finishes one (by default
 # each worker gets a quarter of its share up front: with the longest first, one worker's chunk of

@@ -19,11 +19,11 @@
 #                                     then N bytes of the log or of the events
 #
 # JOBDIR holds cmd.sh (the job) and env.sh (exported variables, mode 0600). The runner writes
-# pid, started_at, log (stdout+stderr), exit_code and ended_at. The job may append its progress
-# events to CLOUDTRAIN_PROGRESS_FILE (JOBDIR/progress: one JSON object per line, cloudtrain's
-# progress protocol), beside its log, which stays the job's own words for people. exit_code is written atomically
+# pid, started_at, log (stdout+stderr), exit_code and ended_at. exit_code is written atomically
 # last, so its presence means the job and every process it started are over. The job survives
-# the CLI and SSH going away.
+# the CLI and SSH going away. The job may append its progress events to CLOUDTRAIN_PROGRESS_FILE
+# (JOBDIR/progress: one JSON object per line, cloudtrain's progress protocol), beside its log,
+# which stays the job's own words for people.
 #
 # What "everything it started" means: the supervisor is a session leader (setsid), so the job and
 # its descendants share its session id even when they make process groups of their own. A job's

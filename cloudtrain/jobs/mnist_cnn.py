@@ -407,8 +407,9 @@ class Reporter:
     def progress(self, kind: str, **fields: Any) -> None:
         obj: dict[str, Any] = {"cloudtrain": "progress", "type": kind}
         obj.update({k: round(v, 6) if isinstance(v, float) else v for k, v in fields.items()})
+        line = json.dumps(obj, separators=(",", ":")) + "\n"
         for events in self.events:
-            events.write(json.dumps(obj, separators=(",", ":")) + "\n")
+            events.write(line)
         text = progress_text(obj)
         if text is not None:
             self._write(text)

@@ -43,6 +43,7 @@ moto, boto3 and botocore are imported when a server starts, never when this modu
 from __future__ import annotations
 
 import base64
+import contextlib
 import io
 import json
 import os
@@ -260,11 +261,8 @@ class FaultInjector:
             return _error_answer(fault, request, start_response)
         if not self.observers:
             return self.app(environ, start_response)
-        if request.action in ("StopInstances", "TerminateInstances"):
-            with self.transitions:
-                status, headers, body = _capture(self.app, environ)
-                self._notify(request, int(status.split()[0]), body)
-        else:
+        changing = request.action in ("StopInstances", "TerminateInstances")
+        with self.transitions if changing else contextlib.nullcontext():
             status, headers, body = _capture(self.app, environ)
             self._notify(request, int(status.split()[0]), body)
         start_response(status, headers)
