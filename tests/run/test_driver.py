@@ -97,8 +97,11 @@ def _pid_alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    # A zombie still answers kill 0: ask its state.
-    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    # A zombie still answers kill 0: ask its state (reaped meanwhile: its /proc entry is gone too).
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
 
 
 def test_a_driven_run_starts_returns_finishes_and_comes_home(local_cloud: Any, sshd_vm_factory: Any,
